@@ -1,0 +1,1 @@
+"""The accelerator host: receiver, prefetch, training steps, and the job's dispatcher."""

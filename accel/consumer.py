@@ -1,0 +1,257 @@
+"""The consumer (`stoker train`): receive on an event loop, step on the main thread.
+
+An event-loop thread (uvloop + zmq.asyncio) owns both sockets: the data ROUTER (credits,
+checks, duplicate drops, into the prefetch queue) and the dispatcher's control ROUTER. The
+main thread takes batches from the queue and runs the accelerator's step, so receiving the
+next batches overlaps the current step. Finished steps go back to the loop, which returns
+credit and acks completed units to the in-process dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import uvloop
+import zmq
+import zmq.asyncio
+
+from accel.accelerators import Accelerator
+from accel.batch import ReceivedBatch
+from accel.control_server import ControlServer
+from accel.dispatcher import Dispatcher
+from accel.job import JobConfig
+from accel.ledger import Ledger
+from accel.metrics import ConsumerMetrics
+from accel.receiver import Receiver
+from pipeline.plan import EpochPlan
+from pipeline.shards import Manifest
+from protos.endpoints import advertised, bind
+from protos.framing import MAX_FRAME_BYTES, MAX_FRAMES
+
+log = logging.getLogger("stoker.consumer")
+_END = object()
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    data_bind: str = "tcp://127.0.0.1:5560"
+    control_bind: str = "tcp://127.0.0.1:5561"
+    advertise_host: str | None = None  # host name workers use to reach this machine
+    metrics_port: int | None = 9560  # None: no HTTP endpoint
+    metrics_addr: str = "127.0.0.1"
+    credit_window: int = 3  # batches in flight per worker process
+    host_timeout_s: float = 10.0
+
+
+@dataclass
+class Summary:
+    samples: int
+    unique_samples: int
+    duplicates_dropped: int
+    epochs: int
+    elapsed_s: float
+    startup_s: float
+    delivered_samples_per_s: float
+    stall_fraction: float
+    batches: int
+    hosts: int
+    procs_per_host: int
+    skipped_samples: int
+    skipped: list[dict]
+    frames_dropped: dict[str, int]
+    units_released: int
+    stage_seconds: dict[str, float]
+    per_epoch_unique: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Consumer:
+    def __init__(self, cfg: ConsumerConfig, job: JobConfig, accelerator: Accelerator,
+                 metrics: ConsumerMetrics | None = None) -> None:
+        self.cfg = cfg
+        self.job = job
+        self.accelerator = accelerator
+        self.metrics = metrics or ConsumerMetrics()
+        self.manifest = Manifest.load(job.manifest_uri)
+        plan = EpochPlan(self.manifest, job.unit_size, job.epochs, job.seed)
+        self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release)
+        self.ledger = Ledger(self.manifest.num_samples, job.epochs)
+        self.queue: queue.Queue = queue.Queue()
+        self.data_endpoint = ""
+        self.control_endpoint = ""
+        self.metrics_port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._receiver: Receiver | None = None
+
+    def _count_release(self, reason: str, units: int) -> None:
+        self.metrics.releases.labels(reason=reason).inc(units)
+
+    # ---- start-up -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind sockets and the metrics endpoint; raise here if a port is taken."""
+        if self.cfg.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+        self._thread = threading.Thread(target=self._run_loop, name="stoker-receive", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run_loop(self) -> None:
+        loop = uvloop.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # surfaced to the main thread
+            self._error = exc
+            self._ready.set()
+            self.queue.put(_END)
+        finally:
+            loop.close()
+
+    async def _serve(self) -> None:
+        ctx = zmq.asyncio.Context()
+        data = ctx.socket(zmq.ROUTER)
+        control = ctx.socket(zmq.ROUTER)
+        try:
+            for sock in (data, control):
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                sock.setsockopt(zmq.LINGER, 0)
+            data.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + (1 << 20))
+            data.setsockopt(zmq.RCVHWM, 10_000)
+            control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+            self.data_endpoint = advertised(bind(data, self.cfg.data_bind, "data"), self.cfg.advertise_host)
+            self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
+                                               self.cfg.advertise_host)
+            spec = self.job.spec(self.data_endpoint)
+            self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
+                                      self.metrics, self._unit_done)
+            server = ControlServer(control, self.dispatcher, spec, self.metrics)
+            server.update_gauges()
+            self._ready.set()
+            await asyncio.gather(self._pump(data, self._receiver.handle, MAX_FRAMES + 2),
+                                 self._pump(control, server.handle, 3),
+                                 self._ticker(server))
+        finally:
+            data.close(0)
+            control.close(0)
+            ctx.term()
+
+    async def _pump(self, sock: zmq.asyncio.Socket, handle: Callable[[list], None], max_parts: int) -> None:
+        while not self._stop.is_set():
+            try:
+                frames = await asyncio.wait_for(sock.recv_multipart(copy=False), timeout=0.25)
+            except TimeoutError:
+                continue
+            if len(frames) > max_parts:
+                self.metrics.frames_dropped.labels(reason="frame_count").inc()
+                if self._receiver is not None:
+                    self._receiver.dropped["frame_count"] = self._receiver.dropped.get("frame_count", 0) + 1
+                continue
+            handle(frames)
+
+    async def _ticker(self, server: ControlServer) -> None:
+        while not self._stop.is_set():
+            server.tick()
+            await asyncio.sleep(0.5)
+
+    def _unit_done(self, unit_id: int) -> None:
+        self.dispatcher.ack(unit_id)
+        if self.dispatcher.finished:
+            self.queue.put(_END)
+
+    # ---- training loop ------------------------------------------------------------------
+    def run(self, on_step: Callable[[Consumer], None] | None = None, hosts: int = 0,
+            procs_per_host: int = 0) -> Summary:
+        """Step through every batch of the job; returns the closing summary."""
+        if self._loop is None:
+            self.start()
+        assert self._loop is not None and self._receiver is not None
+        started = time.perf_counter()
+        startup = stall = compute = 0.0
+        batches = 0
+        first = True
+        while True:
+            waited_from = time.perf_counter()
+            item = self._next()
+            waited = time.perf_counter() - waited_from
+            if item is _END:
+                break
+            batch: ReceivedBatch = item
+            if first:
+                startup, first = waited, False
+            else:
+                stall += waited
+                self.metrics.input_wait.observe(waited)
+            step_from = time.perf_counter()
+            if batch.size:
+                self.accelerator.step(batch)
+            step_s = time.perf_counter() - step_from
+            compute += step_s
+            self.metrics.step_seconds.observe(step_s)
+            self.metrics.samples.inc(batch.size)
+            self.metrics.batches.inc()
+            batches += 1
+            self._loop.call_soon_threadsafe(self._receiver.step_done, batch)
+            if on_step:
+                on_step(self)
+        if self._error is not None:
+            raise self._error
+        elapsed = time.perf_counter() - started
+        steady = max(elapsed - startup, 1e-9)
+        stages = self._receiver.stages
+        skipped = sorted(self.ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id))
+        return Summary(
+            samples=self.ledger.samples,
+            unique_samples=self.ledger.unique_samples,
+            duplicates_dropped=self.ledger.duplicate_samples,
+            epochs=self.job.epochs,
+            elapsed_s=elapsed,
+            startup_s=startup,
+            delivered_samples_per_s=self.ledger.samples / steady,
+            stall_fraction=stall / steady,
+            batches=batches,
+            hosts=hosts,
+            procs_per_host=procs_per_host,
+            skipped_samples=len(skipped),
+            skipped=[asdict(s) for s in skipped],
+            frames_dropped=dict(self._receiver.dropped),
+            units_released=self.dispatcher.stats().releases,
+            stage_seconds={"decode": stages.decode, "augment": stages.augment, "send": stages.send,
+                           "wait_for_credit": stages.wait_for_credit, "receive": stages.receive,
+                           "step": compute, "stall": stall},
+            per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
+        )
+
+    def _next(self) -> object:
+        while True:
+            try:
+                return self.queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive():
+                    return _END
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

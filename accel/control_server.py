@@ -1,0 +1,102 @@
+"""The dispatcher's control socket: maps ControlRequest messages onto `Dispatcher` calls.
+
+Requests carry an id; a retried request (the worker timed out waiting for the reply) gets
+the cached reply instead of a second lease.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from accel.dispatcher import Dispatcher
+from accel.metrics import ConsumerMetrics
+from accel.receiver import send_error
+from protos import stoker_pb2 as pb
+from protos.framing import MAX_HEADER_BYTES
+
+log = logging.getLogger("stoker.dispatcher")
+
+
+class ControlServer:
+    def __init__(self, socket: zmq.Socket, dispatcher: Dispatcher, job: pb.JobSpec,
+                 metrics: ConsumerMetrics) -> None:
+        self.socket = socket
+        self.dispatcher = dispatcher
+        self.job = job
+        self.metrics = metrics
+        self._last_reply: dict[bytes, tuple[int, bytes]] = {}
+
+    def handle(self, frames: list) -> None:
+        peer = bytes(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        if len(frames) != 2 or len(frames[1]) > MAX_HEADER_BYTES:
+            self._drop("bad_frames", peer)
+            return
+        request = pb.ControlRequest()
+        try:
+            request.ParseFromString(frames[1].bytes if hasattr(frames[1], "bytes") else frames[1])
+        except Exception:  # protobuf DecodeError
+            self._drop("bad_header", peer)
+            return
+        if request.WhichOneof("kind") is None:
+            self._drop("bad_header", peer)
+            return
+        cached = self._last_reply.get(peer)
+        if cached and cached[0] == request.request_id:
+            self._send(peer, cached[1])
+            return
+        reply = self._answer(request)
+        reply.request_id = request.request_id
+        payload = reply.SerializeToString()
+        self._last_reply[peer] = (request.request_id, payload)
+        self._send(peer, payload)
+        self.update_gauges()
+
+    def _answer(self, request: pb.ControlRequest) -> pb.ControlReply:
+        d = self.dispatcher
+        kind = request.WhichOneof("kind")
+        if kind == "register":
+            d.heartbeat(request.register.host_id)
+            log.info("host %s registered with %d processes", request.register.host_id, request.register.procs)
+            return pb.ControlReply(registered=pb.Registered(job=self.job))
+        if kind == "heartbeat":
+            d.heartbeat(request.heartbeat.host_id)
+            return pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+        if kind == "lease":
+            if d.finished:
+                return pb.ControlReply(finished=pb.Finished())
+            unit = d.lease(request.lease.host_id, request.lease.worker_id)
+            if unit is None:
+                return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
+            return pb.ControlReply(unit=pb.WorkUnit(
+                unit_id=unit.unit_id, epoch=unit.epoch, shard_index=unit.shard_index,
+                start=unit.start, stop=unit.stop, first_sample_id=unit.first_sample_id))
+        if kind == "release":
+            r = request.release
+            count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released")
+            log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
+            return pb.ControlReply(ok=pb.Ok())
+        return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
+
+    def tick(self) -> None:
+        """Periodic: expire silent hosts."""
+        for host in self.dispatcher.expire_hosts():
+            log.warning("host %s missed its heartbeats; its units are re-leased", host)
+        self.update_gauges()
+
+    def update_gauges(self) -> None:
+        stats = self.dispatcher.stats()
+        self.metrics.units.labels(state="pending").set(stats.pending)
+        self.metrics.units.labels(state="leased").set(stats.leased)
+        self.metrics.units.labels(state="done").set(stats.done)
+        self.metrics.workers_alive.set(stats.hosts_alive)
+
+    def _send(self, peer: bytes, payload: bytes) -> None:
+        error = send_error(self.socket.send_multipart([peer, payload], flags=zmq.NOBLOCK))
+        if error is not None:
+            log.info("control peer %r unreachable: %s", peer, error)
+
+    def _drop(self, reason: str, peer: bytes) -> None:
+        self.metrics.control_dropped.labels(reason=reason).inc()
+        log.warning("dropped a control message from %r: %s", peer, reason)

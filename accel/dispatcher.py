@@ -1,0 +1,109 @@
+"""The dispatcher: owns the epoch plan, leases work units, takes acks, re-leases lost work.
+
+Pure state, no sockets: `control_server` maps control messages onto these methods, and the
+consumer calls `ack` directly when it runs in the same process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from pipeline.plan import EpochPlan, Unit
+
+
+@dataclass
+class Lease:
+    unit: Unit
+    host_id: str
+    worker_id: str
+    leased_at: float
+
+
+@dataclass
+class DispatcherStats:
+    pending: int
+    leased: int
+    done: int
+    hosts_alive: int
+    releases: int
+
+
+@dataclass
+class Dispatcher:
+    plan: EpochPlan
+    host_timeout_s: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    on_release: Callable[[str, int], None] | None = None  # (reason, units) for metrics
+    _pending: deque[Unit] = field(init=False)
+    _leased: dict[int, Lease] = field(init=False, default_factory=dict)
+    _done: set[int] = field(init=False, default_factory=set)
+    _hosts: dict[str, float] = field(init=False, default_factory=dict)
+    _releases: int = field(init=False, default=0)
+    total_units: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        units = [u for epoch in range(self.plan.epochs) for u in self.plan.units(epoch)]
+        self._pending = deque(units)
+        self.total_units = len(units)
+
+    # ---- hosts -------------------------------------------------------------------------
+    def heartbeat(self, host_id: str) -> None:
+        """Registration and heartbeats both mark a host alive."""
+        self._hosts[host_id] = self.clock()
+
+    def expire_hosts(self) -> list[str]:
+        """Declare hosts silent for longer than host_timeout_s dead; re-lease their units."""
+        now = self.clock()
+        dead = [h for h, seen in self._hosts.items() if now - seen > self.host_timeout_s]
+        for host in dead:
+            del self._hosts[host]
+            self.release(host, None, "host_timeout")
+        return dead
+
+    # ---- units -------------------------------------------------------------------------
+    def lease(self, host_id: str, worker_id: str) -> Unit | None:
+        """The next unit for this worker, or None when every remaining unit is leased."""
+        self._hosts[host_id] = self.clock()
+        while self._pending:
+            unit = self._pending.popleft()
+            if unit.unit_id in self._done:
+                continue
+            self._leased[unit.unit_id] = Lease(unit, host_id, worker_id, self.clock())
+            return unit
+        return None
+
+    def ack(self, unit_id: int) -> bool:
+        """The consumer has stepped every batch of the unit; True the first time."""
+        if unit_id in self._done:
+            return False
+        self._done.add(unit_id)
+        self._leased.pop(unit_id, None)
+        return True
+
+    def release(self, host_id: str, worker_ids: Iterable[str] | None, reason: str) -> int:
+        """Put a host's (or some of its workers') unacked units back at the front of the queue."""
+        wanted = set(worker_ids) if worker_ids else None
+        lost = [lease for lease in self._leased.values()
+                if lease.host_id == host_id and (wanted is None or lease.worker_id in wanted)]
+        for lease in sorted(lost, key=lambda item: item.leased_at, reverse=True):
+            del self._leased[lease.unit.unit_id]
+            self._pending.appendleft(lease.unit)
+        if lost:
+            self._releases += len(lost)
+            if self.on_release:
+                self.on_release(reason, len(lost))
+        return len(lost)
+
+    def leases_of(self, host_id: str) -> list[Lease]:
+        return [lease for lease in self._leased.values() if lease.host_id == host_id]
+
+    @property
+    def finished(self) -> bool:
+        return len(self._done) == self.total_units
+
+    def stats(self) -> DispatcherStats:
+        return DispatcherStats(len(self._pending), len(self._leased), len(self._done),
+                               len(self._hosts), self._releases)

@@ -1,0 +1,43 @@
+"""What a job is: the dataset, the plan and the transform that every worker must apply."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from pipeline.augment import REFERENCE_AREA
+from protos import stoker_pb2 as pb
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    manifest_uri: str
+    epochs: int = 1
+    batch_size: int = 64
+    unit_batches: int = 4  # batches per work unit
+    seed: int = 0
+    image_size: int = 224
+    transform: str = "train"  # or "eval"
+    min_area: float = REFERENCE_AREA[0]
+    max_area: float = REFERENCE_AREA[1]
+    checksum: bool = False
+    heartbeat_s: float = 1.0
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.unit_batches < 1:
+            raise ValueError("epochs, batch size and unit batches must be at least 1")
+        if self.transform not in ("train", "eval"):
+            raise ValueError(f"transform must be train or eval, not {self.transform!r}")
+        if not 0 < self.min_area <= self.max_area <= 1:
+            raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
+
+    @property
+    def unit_size(self) -> int:
+        return self.batch_size * self.unit_batches
+
+    def spec(self, data_endpoint: str) -> pb.JobSpec:
+        return pb.JobSpec(job_id=self.job_id, manifest_uri=self.manifest_uri, data_endpoint=data_endpoint,
+                          batch_size=self.batch_size, image_size=self.image_size, transform=self.transform,
+                          seed=self.seed, min_area=self.min_area, max_area=self.max_area,
+                          heartbeat_s=self.heartbeat_s, checksum=self.checksum)

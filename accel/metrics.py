@@ -1,0 +1,47 @@
+"""Prometheus metrics of the consumer and the in-process dispatcher (one registry per job)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ConsumerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.samples = Counter("stoker_consumer_samples", "Samples consumed by training steps", registry=r)
+        self.batches = Counter("stoker_consumer_batches", "Batches consumed by training steps", registry=r)
+        self.bytes_received = Counter("stoker_consumer_bytes_received", "Tensor bytes received", registry=r)
+        self.duplicates = Counter("stoker_consumer_duplicates_dropped",
+                                  "Samples dropped because their batch was already delivered", registry=r)
+        self.frames_dropped = Counter("stoker_consumer_frames_dropped",
+                                      "Messages dropped as malformed or unauthorised", ["reason"], registry=r)
+        self.skipped = Counter("stoker_consumer_samples_skipped",
+                               "Samples the workers could not decode (reported in batch headers)", registry=r)
+        self.step_seconds = Histogram("stoker_consumer_step_seconds", "Compute time per training step",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.input_wait = Histogram("stoker_consumer_input_wait_seconds",
+                                    "Time a step waited for its batch (stall)", buckets=STEP_BUCKETS, registry=r)
+        self.device_copy = Histogram("stoker_consumer_device_copy_seconds",
+                                     "Host-to-device copy time per batch", buckets=STEP_BUCKETS, registry=r)
+        self.queue_depth = Gauge("stoker_consumer_queue_depth", "Batches waiting in the prefetch queue",
+                                 registry=r)
+        self.senders = Gauge("stoker_consumer_senders", "Worker processes holding a credit window", registry=r)
+        self.units = Gauge("stoker_dispatcher_units", "Work units by state", ["state"], registry=r)
+        self.workers_alive = Gauge("stoker_dispatcher_workers_alive", "Worker hosts with a live heartbeat",
+                                   registry=r)
+        self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
+                                ["reason"], registry=r)
+        self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
+                                       "Control messages dropped as malformed", ["reason"], registry=r)
+
+    def serve(self, port: int, addr: str) -> int:
+        """Serve /metrics; returns the bound port (useful with port 0)."""
+        try:
+            server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
+                          f"(pick another with --metrics-port)") from exc
+        return int(server.server_port)

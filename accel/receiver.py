@@ -1,0 +1,183 @@
+"""The consumer's data socket: credit windows, frame checks, duplicate drops.
+
+Runs on the consumer's event loop. A sender may send only while it holds credit; credit for
+a batch comes back when the training step has finished with it, so the memory held on the
+consumer is bounded by the senders' windows. Anything malformed or from a peer that never
+said hello is dropped and counted; it never reaches the prefetch queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from accel.batch import ReceivedBatch
+from accel.ledger import InvalidBatch, Ledger, Skipped
+from accel.metrics import ConsumerMetrics
+from protos import stoker_pb2 as pb
+from protos.framing import FrameError, decode_tensors, parse_data_message
+
+log = logging.getLogger("stoker.consumer")
+
+
+@dataclass
+class _Peer:
+    worker_id: str
+    outstanding: int = 0  # credits granted and not yet returned
+
+
+@dataclass
+class StageTotals:
+    decode: float = 0.0
+    augment: float = 0.0
+    send: float = 0.0
+    wait_for_credit: float = 0.0
+    receive: float = 0.0
+
+
+class Receiver:
+    def __init__(self, socket: zmq.Socket, job_id: str, window: int, ledger: Ledger,
+                 out: queue.Queue, metrics: ConsumerMetrics,
+                 on_unit_done: Callable[[int], None]) -> None:
+        self.socket = socket
+        self.job_id = job_id
+        self.window = window
+        self.ledger = ledger
+        self.out = out
+        self.metrics = metrics
+        self.on_unit_done = on_unit_done
+        self.peers: dict[bytes, _Peer] = {}
+        self.stages = StageTotals()
+        self.dropped: dict[str, int] = {}
+
+    # ---- incoming -----------------------------------------------------------------------
+    def handle(self, frames: list) -> None:
+        started = time.perf_counter()
+        peer_id = bytes(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        body = frames[1:]
+        if not body:
+            self._drop("empty", peer_id, "no frames after the routing id")
+            return
+        try:
+            message = parse_data_message(body[0])
+        except FrameError as exc:
+            self._drop(exc.reason, peer_id, str(exc))
+            return
+        kind = message.WhichOneof("kind")
+        if kind == "hello":
+            self._hello(peer_id, message.hello, extra_frames=len(body) - 1)
+        elif kind == "bye":
+            self.peers.pop(peer_id, None)
+            self.metrics.senders.set(len(self.peers))
+        else:
+            self._batch(peer_id, message.batch, body[1:], started)
+
+    def _hello(self, peer_id: bytes, hello: pb.Hello, extra_frames: int) -> None:
+        if extra_frames:
+            self._drop("bad_header", peer_id, "hello with trailing frames")
+            return
+        if hello.job_id != self.job_id:
+            self._reply(peer_id, pb.DataReply(reject=pb.Reject(reason=f"job {hello.job_id!r} is not {self.job_id!r}")))
+            self._drop("wrong_job", peer_id, hello.job_id)
+            return
+        peer = self.peers.setdefault(peer_id, _Peer(hello.worker_id))
+        self.metrics.senders.set(len(self.peers))
+        self._grant(peer_id, self.window - peer.outstanding)
+
+    def _batch(self, peer_id: bytes, header: pb.BatchHeader, frames: list, started: float) -> None:
+        peer = self.peers.get(peer_id)
+        if peer is None:
+            self._drop("unknown_peer", peer_id, "batch from a peer that never said hello")
+            return
+        peer.outstanding = max(0, peer.outstanding - 1)
+        try:
+            if header.job_id != self.job_id:
+                raise FrameError("wrong_job", header.job_id)
+            tensors = decode_tensors(header, frames)
+            sample_ids = np.asarray(header.sample_ids, dtype=np.int64)
+            self._check_shapes(tensors.parts, len(sample_ids))
+            fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids)
+        except (FrameError, InvalidBatch) as exc:
+            self._drop(getattr(exc, "reason", "bad_accounting"), peer_id, str(exc))
+            self._grant(peer_id, 1)
+            return
+        if not fresh:
+            self.metrics.duplicates.inc(len(sample_ids))
+            self._grant(peer_id, 1)
+            return
+        self.ledger.record_skips(header.epoch, [Skipped(header.epoch, s.sample_id, s.key, s.reason)
+                                               for s in header.skipped])
+        self.metrics.skipped.inc(len(header.skipped))
+        self.metrics.bytes_received.inc(tensors.nbytes)
+        stages = header.stages
+        self.stages.decode += stages.decode
+        self.stages.augment += stages.augment
+        self.stages.send += stages.send
+        self.stages.wait_for_credit += stages.wait_for_credit
+        received_s = time.perf_counter() - started
+        self.stages.receive += received_s
+        self.out.put(ReceivedBatch(peer_id, header, tensors, sample_ids, received_s))
+        self.metrics.queue_depth.set(self.out.qsize())
+
+    @staticmethod
+    def _check_shapes(parts: dict[str, list[np.ndarray]], n: int) -> None:
+        if not n:
+            if parts:
+                raise FrameError("size_mismatch", "an empty batch carries tensors")
+            return
+        for name in ("image", "label"):
+            if name not in parts:
+                raise FrameError("size_mismatch", f"batch has no {name!r} tensor")
+            rows = sum(p.shape[0] if p.ndim else 1 for p in parts[name])
+            if rows != n:
+                raise FrameError("size_mismatch", f"{name}: {rows} rows for {n} sample ids")
+        image_parts = parts["image"]
+        if any(p.ndim != 4 or p.shape[3] != 3 or p.dtype != np.uint8 for p in image_parts):
+            raise FrameError("size_mismatch", "image frames must be uint8 (n, h, w, 3)")
+
+    # ---- after the step ----------------------------------------------------------------
+    def step_done(self, batch: ReceivedBatch) -> None:
+        """Return the batch's credit and close its unit when that was the unit's last step."""
+        header = batch.header
+        if self.ledger.stepped(header.epoch, header.unit_id, header.batch_index, header.last_in_unit,
+                               batch.sample_ids):
+            self.on_unit_done(header.unit_id)
+        if batch.peer in self.peers:
+            self._grant(batch.peer, 1)
+        self.metrics.queue_depth.set(self.out.qsize())
+
+    # ---- outgoing ----------------------------------------------------------------------
+    def _grant(self, peer_id: bytes, batches: int) -> None:
+        if batches <= 0:
+            return
+        peer = self.peers.get(peer_id)
+        if peer is not None:
+            peer.outstanding += batches
+        self._reply(peer_id, pb.DataReply(credit=pb.Credit(batches=batches)))
+
+    def _reply(self, peer_id: bytes, reply: pb.DataReply) -> None:
+        sent = self.socket.send_multipart([peer_id, reply.SerializeToString()], flags=zmq.NOBLOCK)
+        error = send_error(sent)
+        if error is not None:  # ROUTER_MANDATORY: the peer is gone, or its queue is full
+            log.info("peer %r unreachable (%s); forgetting it", peer_id, error)
+            if self.peers.pop(peer_id, None) is not None:
+                self.metrics.senders.set(len(self.peers))
+
+    def _drop(self, reason: str, peer_id: bytes, detail: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        self.metrics.frames_dropped.labels(reason=reason).inc()
+        log.warning("dropped a message from %r: %s (%s)", peer_id, reason, detail[:200])
+
+
+def send_error(sent: object) -> BaseException | None:
+    """The error of a non-blocking send, from a plain socket (None) or an asyncio future."""
+    if hasattr(sent, "done") and sent.done():
+        return sent.exception()
+    return None
+

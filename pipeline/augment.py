@@ -1,0 +1,139 @@
+"""ResNet-50 v1.5 image transforms with DCT-scaled (draft) JPEG decoding.
+
+A transform first chooses a crop box in the coordinates of the stored JPEG, from the image
+size alone (read from the header, no decode). The decoder then asks libjpeg for the largest
+DCT reduction (1/2, 1/4, 1/8) that still leaves the crop at least as large as the output,
+and resizes just that box. Random resized crops of small areas thus decode at a fraction of
+the full cost.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+# MLPerf's reference (TF sample_distorted_bounding_box) and torchvision's defaults.
+REFERENCE_AREA = (0.05, 1.0)
+TORCHVISION_AREA = (0.08, 1.0)
+
+
+class DecodeError(ValueError):
+    """The bytes are not a decodable JPEG."""
+
+
+@dataclass(frozen=True)
+class Crop:
+    """A crop box in stored-image pixels, and whether to mirror the result."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+    flip: bool = False
+
+
+@dataclass(frozen=True)
+class TrainTransform:
+    """Random resized crop + random horizontal flip (MLPerf ResNet-50 v1.5 training)."""
+
+    size: int = 224
+    min_area: float = REFERENCE_AREA[0]
+    max_area: float = REFERENCE_AREA[1]
+    min_ratio: float = 3 / 4
+    max_ratio: float = 4 / 3
+    flip_probability: float = 0.5
+    attempts: int = 10
+
+    def crop(self, width: int, height: int, rng: np.random.Generator) -> Crop:
+        """torchvision's RandomResizedCrop sampling, with a centre-crop fallback."""
+        area = width * height
+        log_lo, log_hi = math.log(self.min_ratio), math.log(self.max_ratio)
+        flip = bool(rng.random() < self.flip_probability)
+        for _ in range(self.attempts):
+            target = area * rng.uniform(self.min_area, self.max_area)
+            ratio = math.exp(rng.uniform(log_lo, log_hi))
+            w = round(math.sqrt(target * ratio))
+            h = round(math.sqrt(target / ratio))
+            if 0 < w <= width and 0 < h <= height:
+                left = int(rng.integers(0, width - w + 1))
+                top = int(rng.integers(0, height - h + 1))
+                return Crop(left, top, w, h, flip)
+        in_ratio = width / height
+        if in_ratio < self.min_ratio:
+            w, h = width, round(width / self.min_ratio)
+        elif in_ratio > self.max_ratio:
+            h, w = height, round(height * self.max_ratio)
+        else:
+            w, h = width, height
+        return Crop((width - w) // 2, (height - h) // 2, w, h, flip)
+
+
+@dataclass(frozen=True)
+class EvalTransform:
+    """Resize the shorter side to `resize`, then centre-crop `size` (MLPerf evaluation)."""
+
+    size: int = 224
+    resize: int = 256
+
+    def crop(self, width: int, height: int, rng: np.random.Generator | None = None) -> Crop:
+        """The centre square that becomes `size` pixels after the shorter-side resize."""
+        side = min(width, height) * self.size / self.resize
+        return Crop((width - side) / 2, (height - side) / 2, side, side, False)
+
+
+Transform = TrainTransform | EvalTransform
+
+
+@dataclass
+class DecodedSample:
+    """One augmented image and the seconds spent decoding and augmenting it."""
+
+    pixels: np.ndarray  # uint8, (size, size, 3)
+    decode_s: float
+    augment_s: float
+
+
+def _draft_request(width: int, height: int, crop: Crop, size: int) -> tuple[int, int]:
+    """The image size to ask libjpeg for so that the crop still covers `size` pixels."""
+    return (
+        max(1, math.ceil(width * size / max(crop.width, 1e-6))),
+        max(1, math.ceil(height * size / max(crop.height, 1e-6))),
+    )
+
+
+def decode_augment(
+    jpeg: bytes | memoryview,
+    transform: Transform,
+    rng: np.random.Generator | None,
+    draft: bool = True,
+) -> DecodedSample:
+    """Decode a JPEG (only as finely as the crop needs) and apply the transform."""
+    started = time.perf_counter()
+    try:
+        image = Image.open(io.BytesIO(jpeg))
+        if image.format != "JPEG":
+            raise DecodeError(f"not a JPEG but {image.format}")
+        width, height = image.size
+        crop = transform.crop(width, height, rng)
+        if draft:
+            image.draft("RGB", _draft_request(width, height, crop, transform.size))
+        image.load()
+    except DecodeError:
+        raise
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
+    decoded = time.perf_counter()
+    sx, sy = image.size[0] / width, image.size[1] / height
+    box = (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
+    out = image.resize((transform.size, transform.size), Image.Resampling.BILINEAR, box=box)
+    if out.mode != "RGB":
+        out = out.convert("RGB")
+    pixels = np.asarray(out)
+    if crop.flip:
+        pixels = np.ascontiguousarray(pixels[:, ::-1])
+    return DecodedSample(pixels, decoded - started, time.perf_counter() - decoded)

@@ -1,0 +1,24 @@
+"""Deterministic randomness keyed by (seed, epoch, name).
+
+Every random choice in Stoker (unit order, sample order, crop, flip) comes from a generator
+derived here, so a sample's augmentation does not depend on which process or host made it,
+and a redone work unit yields byte-identical batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+def key_hash(key: str | bytes) -> int:
+    """A stable 64-bit hash of a sample key (Python's hash() is salted per process)."""
+    data = key.encode() if isinstance(key, str) else key
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def derived_rng(seed: int, epoch: int, key: str | bytes | int) -> np.random.Generator:
+    """A generator that depends only on (seed, epoch, key)."""
+    word = key if isinstance(key, int) else key_hash(key)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, word])))

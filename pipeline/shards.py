@@ -1,0 +1,192 @@
+"""Arrow IPC image shards (`key, label, jpeg`) and their JSON manifest.
+
+Shards are read memory-mapped: a JPEG handed to the decoder is a view into the mapped file,
+never a copy made by Stoker. Any `pyarrow.fs` URI can hold shards; non-local filesystems are
+read into memory once per shard.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class ShardInfo:
+    path: str  # relative to the manifest's folder
+    num_samples: int
+    num_bytes: int
+    sha256: str
+    first_sample_id: int
+
+
+@dataclass
+class Manifest:
+    """What a set of shards holds; sample ids are global row numbers across shards."""
+
+    kind: str
+    classes: list[str]
+    shards: list[ShardInfo]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    version: int = MANIFEST_VERSION
+    uri: str = ""  # where it was loaded from (not saved)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    def shard_uri(self, index: int) -> str:
+        base = self.uri.rsplit("/", 1)[0] if "/" in self.uri else "."
+        return f"{base}/{self.shards[index].path}"
+
+    def save(self, path: str | Path) -> None:
+        data = asdict(self)
+        data.pop("uri")
+        data["num_samples"] = self.num_samples
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, uri: str | Path) -> Manifest:
+        uri = str(uri)
+        if not uri.endswith(".json"):
+            uri = f"{uri.rstrip('/')}/{MANIFEST_NAME}"
+        fs, path = _filesystem(uri)
+        with fs.open_input_stream(path) as stream:
+            data = json.loads(stream.read())
+        if data.get("version") != MANIFEST_VERSION:
+            raise ValueError(f"{uri}: manifest version {data.get('version')} is not {MANIFEST_VERSION}")
+        data.pop("num_samples", None)
+        shards = [ShardInfo(**s) for s in data.pop("shards")]
+        return cls(shards=shards, uri=uri, **data)
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in uri:
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.LocalFileSystem(), os.path.abspath(uri)
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ShardWriter:
+    """Writes rows into Arrow IPC shards of about `target_bytes` each."""
+
+    def __init__(self, folder: str | Path, prefix: str = "train", target_bytes: int = 256 << 20,
+                 rows_per_batch: int = 256) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix
+        self.target_bytes = target_bytes
+        self.rows_per_batch = rows_per_batch
+        self.shards: list[ShardInfo] = []
+        self._rows: list[tuple[str, int, bytes]] = []
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._path: Path | None = None
+        self._count = 0
+        self._bytes = 0
+        self._next_id = 0
+
+    def add(self, key: str, label: int, jpeg: bytes) -> None:
+        self._rows.append((key, label, jpeg))
+        self._bytes += len(jpeg)
+        self._count += 1
+        if len(self._rows) >= self.rows_per_batch:
+            self._flush_rows()
+        if self._bytes >= self.target_bytes:
+            self._close_shard()
+
+    def _flush_rows(self) -> None:
+        if not self._rows:
+            return
+        if self._writer is None:
+            self._path = self.folder / f"{self.prefix}-{len(self.shards):05d}.arrow"
+            self._writer = pa.ipc.new_file(str(self._path), IMAGE_SCHEMA)
+        keys, labels, jpegs = zip(*self._rows, strict=True)
+        self._writer.write_batch(pa.record_batch(
+            [pa.array(keys, pa.string()), pa.array(labels, pa.int32()), pa.array(jpegs, pa.binary())],
+            schema=IMAGE_SCHEMA))
+        self._rows = []
+
+    def _close_shard(self) -> None:
+        self._flush_rows()
+        if self._writer is None:
+            return
+        self._writer.close()
+        assert self._path is not None
+        self.shards.append(ShardInfo(self._path.name, self._count, self._path.stat().st_size,
+                                     file_sha256(self._path), self._next_id))
+        self._next_id += self._count
+        self._writer, self._path, self._count, self._bytes = None, None, 0, 0
+
+    def close(self) -> list[ShardInfo]:
+        self._close_shard()
+        return self.shards
+
+
+class ShardReader:
+    """Random access to one shard's rows without copying the JPEG bytes."""
+
+    def __init__(self, uri: str) -> None:
+        fs, path = _filesystem(uri)
+        if isinstance(fs, pafs.LocalFileSystem):
+            source = pa.memory_map(path, "r")
+        else:
+            with fs.open_input_file(path) as f:
+                source = pa.BufferReader(f.read_buffer())
+        self.uri = uri
+        reader = pa.ipc.open_file(source)
+        if not reader.schema.equals(IMAGE_SCHEMA):
+            raise ValueError(f"{uri}: schema {reader.schema} is not {IMAGE_SCHEMA}")
+        self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self._starts: list[int] = []
+        self._views: list[tuple[np.ndarray, memoryview]] = []
+        row = 0
+        for batch in self._batches:
+            self._starts.append(row)
+            row += batch.num_rows
+            jpeg = batch.column(2)
+            offsets = np.frombuffer(jpeg.buffers()[1], dtype=np.int32)[jpeg.offset: jpeg.offset + len(jpeg) + 1]
+            self._views.append((offsets, memoryview(jpeg.buffers()[2])))
+        self._rows = row
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def _locate(self, row: int) -> tuple[int, int]:
+        if not 0 <= row < self._rows:
+            raise IndexError(f"row {row} outside shard of {self._rows}")
+        index = bisect.bisect_right(self._starts, row) - 1
+        return index, row - self._starts[index]
+
+    def jpeg(self, row: int) -> memoryview:
+        index, local = self._locate(row)
+        offsets, data = self._views[index]
+        return data[offsets[local]: offsets[local + 1]]
+
+    def key(self, row: int) -> str:
+        index, local = self._locate(row)
+        return self._batches[index].column(0)[local].as_py()
+
+    def label(self, row: int) -> int:
+        index, local = self._locate(row)
+        return self._batches[index].column(1)[local].as_py()

@@ -1,0 +1,118 @@
+"""Multipart framing: [DataMessage header, raw tensor frames...].
+
+Tensors travel as raw buffers (sent with copy=False, read back as numpy views of the
+received frames, never pickled). A tensor larger than MAX_FRAME_BYTES is split along its
+first axis: glibc serves allocations above its 32 MiB mmap-threshold ceiling with fresh
+mmaps, which halves throughput.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from protos import stoker_pb2 as pb
+
+MAX_FRAME_BYTES = 32 * 1024 * 1024 - 64 * 1024
+MAX_HEADER_BYTES = 1 << 20
+MAX_FRAMES = 64
+ALLOWED_DTYPES = frozenset({"|u1", "|i1", "|b1", "<u2", "<i2", "<i4", "<u4", "<i8", "<f2", "<f4", "<f8"})
+
+
+class FrameError(ValueError):
+    """A message that does not follow the protocol; `reason` labels the drop counter."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def _buffer(frame: object) -> memoryview:
+    """The bytes of a zmq.Frame, bytes or buffer, without copying."""
+    buf = getattr(frame, "buffer", frame)
+    return memoryview(buf).cast("B")  # type: ignore[arg-type]
+
+
+def parse_data_message(frame: object) -> pb.DataMessage:
+    data = _buffer(frame)
+    if len(data) > MAX_HEADER_BYTES:
+        raise FrameError("bad_header", f"header of {len(data)} bytes exceeds {MAX_HEADER_BYTES}")
+    message = pb.DataMessage()
+    try:
+        message.ParseFromString(data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise FrameError("bad_header", str(exc)) from exc
+    if message.WhichOneof("kind") is None:
+        raise FrameError("bad_header", "message has no kind")
+    return message
+
+
+def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], checksum: bool,
+                   max_frame_bytes: int = MAX_FRAME_BYTES) -> list[object]:
+    """Fill header.frames (and crc32) and return the tensor frames to send after it."""
+    frames: list[object] = []
+    crc = 0
+    del header.frames[:]
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        dtype = array.dtype.str
+        if dtype not in ALLOWED_DTYPES:
+            raise ValueError(f"tensor {name}: dtype {dtype} cannot travel")
+        rows = array.shape[0] if array.ndim else 1
+        row_bytes = array.nbytes // rows if rows else array.nbytes
+        per_frame = max(1, max_frame_bytes // max(row_bytes, 1))
+        pieces = [array] if rows <= per_frame else [array[i:i + per_frame] for i in range(0, rows, per_frame)]
+        for piece in pieces:
+            header.frames.add(tensor=name, dtype=dtype, shape=list(piece.shape), nbytes=piece.nbytes)
+            if checksum:
+                crc = zlib.crc32(piece.data, crc)
+            frames.append(piece)
+    header.has_crc32 = checksum
+    header.crc32 = crc if checksum else 0
+    return frames
+
+
+@dataclass
+class ReceivedTensors:
+    """Tensors of a received batch: per name, the numpy views of its frames in order."""
+
+    parts: dict[str, list[np.ndarray]]
+    nbytes: int
+
+    def array(self, name: str) -> np.ndarray:
+        """The whole tensor; a copy only when it arrived in several frames."""
+        parts = self.parts[name]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def decode_tensors(header: pb.BatchHeader, frames: Sequence[object]) -> ReceivedTensors:
+    """Check every frame against the header and view it as numpy; raise FrameError if off."""
+    if len(frames) != len(header.frames):
+        raise FrameError("frame_count", f"header declares {len(header.frames)} frames, got {len(frames)}")
+    if len(frames) > MAX_FRAMES:
+        raise FrameError("frame_count", f"{len(frames)} frames exceed {MAX_FRAMES}")
+    parts: dict[str, list[np.ndarray]] = {}
+    crc = 0
+    total = 0
+    for spec, frame in zip(header.frames, frames, strict=True):
+        if spec.dtype not in ALLOWED_DTYPES:
+            raise FrameError("bad_dtype", f"dtype {spec.dtype!r} is not allowed")
+        if any(d < 0 for d in spec.shape):
+            raise FrameError("size_mismatch", f"negative dimension in {list(spec.shape)}")
+        dtype = np.dtype(spec.dtype)
+        expected = math.prod(spec.shape) * dtype.itemsize
+        data = _buffer(frame)
+        if expected != spec.nbytes or len(data) != expected:
+            raise FrameError("size_mismatch", f"{spec.tensor}: shape {list(spec.shape)} x {dtype} is "
+                             f"{expected} bytes, header says {spec.nbytes}, frame has {len(data)}")
+        if header.has_crc32:
+            crc = zlib.crc32(data, crc)
+        total += len(data)
+        parts.setdefault(spec.tensor, []).append(np.frombuffer(data, dtype=dtype).reshape(tuple(spec.shape)))
+    if header.has_crc32 and crc != header.crc32:
+        raise FrameError("checksum", f"crc32 {crc:#010x} != header {header.crc32:#010x}")
+    return ReceivedTensors(parts, total)

@@ -1,0 +1,196 @@
+"""The `stoker` command: a thin layer that parses arguments and calls the packages."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from stoker import __version__
+
+DEFAULT_DATA_BIND = "tcp://127.0.0.1:5560"
+DEFAULT_CONTROL_BIND = "tcp://127.0.0.1:5561"
+
+
+def _add_job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--unit-batches", type=int, default=4, help="batches per work unit (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--transform", choices=("train", "eval"), default="train")
+    p.add_argument("--crop-area", choices=("reference", "torchvision"), default="reference",
+                   help="random-resized-crop area range: MLPerf reference 0.05-1.0 or torchvision 0.08-1.0")
+    p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
+
+
+def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
+    p.add_argument("--accel", choices=("null", "simulated"), default="null")
+    p.add_argument("--rate", type=float, help="samples/s of --accel simulated")
+    p.add_argument("--data-bind", default=DEFAULT_DATA_BIND, help=f"data socket (default {DEFAULT_DATA_BIND})")
+    p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
+                   help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
+    p.add_argument("--advertise-host", help="host name workers use to reach this machine")
+    p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"/metrics port (default {metrics_port})")
+    p.add_argument("--metrics-addr", default="127.0.0.1")
+    p.add_argument("--credit-window", type=int, default=3, help="batches in flight per worker process")
+    p.add_argument("--json", metavar="PATH", help="write the closing summary here")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stoker", description="Keep accelerators fed.")
+    parser.add_argument("--version", action="version", version=f"stoker {__version__}")
+    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    data = sub.add_parser("data", help="make or inspect datasets").add_subparsers(dest="data_command", required=True)
+    synth = data.add_parser("imagenet-synth", help="write an ImageNet-like set made from real photos")
+    synth.add_argument("dir")
+    synth.add_argument("--images", type=int, default=2000)
+    synth.add_argument("--classes", type=int, default=10)
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--procs", type=int)
+    stats = data.add_parser("stats", help="size/format statistics of an ImageNet-layout folder")
+    stats.add_argument("dir")
+
+    prepare = sub.add_parser("prepare", help="convert a dataset into shards").add_subparsers(
+        dest="prepare_command", required=True)
+    imagenet = prepare.add_parser("imagenet", help="ImageNet-layout folder -> Arrow IPC shards + manifest")
+    imagenet.add_argument("src")
+    imagenet.add_argument("dst")
+    imagenet.add_argument("--shard-mb", type=float, default=256)
+    imagenet.add_argument("--procs", type=int)
+    imagenet.add_argument("--seed", type=int, default=0)
+
+    worker = sub.add_parser("worker", help="the per-host decode/augment daemon")
+    worker.add_argument("--connect", required=True, help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
+    worker.add_argument("--procs", type=int, default=1)
+    worker.add_argument("--host-id", default="")
+    worker.add_argument("--metrics-port", type=int, default=9561)
+    worker.add_argument("--metrics-addr", default="127.0.0.1")
+    worker.add_argument("--no-metrics", action="store_true")
+    worker.add_argument("--once", action="store_true", help="exit after one job")
+
+    train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host")
+    train.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
+    _add_job_args(train)
+    _add_consumer_args(train, 9560)
+
+    run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine")
+    run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set)")
+    run.add_argument("--images", type=int, default=2000, help="size of the generated default set")
+    run.add_argument("--hosts", type=int, default=2)
+    run.add_argument("--procs", type=int, default=1, help="decode processes per host")
+    run.add_argument("--worker-metrics-port", type=int, default=9561, help="host i serves on this + i")
+    _add_job_args(run)
+    _add_consumer_args(run, 9560)
+    return parser
+
+
+def _job_args(args: argparse.Namespace) -> dict:
+    from pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
+
+    lo, hi = REFERENCE_AREA if args.crop_area == "reference" else TORCHVISION_AREA
+    return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
+                image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
+                checksum=args.checksum)
+
+
+def _consumer_config(args: argparse.Namespace):
+    from accel.consumer import ConsumerConfig
+
+    return ConsumerConfig(data_bind=args.data_bind, control_bind=args.control_bind,
+                          advertise_host=args.advertise_host,
+                          metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+                          metrics_addr=args.metrics_addr, credit_window=args.credit_window)
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "imagenet-synth":
+        from pipeline.synth import SynthConfig, generate
+
+        total = generate(args.dir, SynthConfig(images=args.images, classes=args.classes, seed=args.seed),
+                         processes=args.procs)
+        print(f"wrote {args.images} images ({total / 1e6:.1f} MB) to {args.dir}/train")
+        return 0
+    from pipeline.stats import folder_stats
+
+    print(json.dumps(folder_stats(args.dir).as_dict(), indent=1))
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from pipeline.prepare import PrepareConfig, prepare_imagenet
+
+    result = prepare_imagenet(args.src, args.dst, PrepareConfig(
+        shard_bytes=int(args.shard_mb * (1 << 20)), seed=args.seed, processes=args.procs))
+    for item in result.skipped:
+        print(f"skipped {item['path']}: {item['reason']}", file=sys.stderr)
+    m = result.manifest
+    print(f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, to {args.dst}; "
+          f"skipped {len(result.skipped)} file(s)")
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from workers.multiproc import prepare_multiproc_dir
+
+    prepare_multiproc_dir()  # before prometheus_client is imported
+    from workers.daemon import WorkerConfig, WorkerDaemon
+
+    cfg = WorkerConfig(connect=args.connect, procs=args.procs, host_id=args.host_id,
+                       metrics_port=None if args.no_metrics else args.metrics_port,
+                       metrics_addr=args.metrics_addr, once=args.once)
+    return WorkerDaemon(cfg).run()
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from accel.accelerators import make_accelerator
+    from accel.consumer import Consumer
+    from accel.job import JobConfig
+    from stoker.embedded import _Progress, print_summary
+
+    job = JobConfig(manifest_uri=args.data, **_job_args(args))
+    consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate))
+    consumer.start()
+    print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
+          + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
+    progress = _Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress)
+    try:
+        summary = consumer.run(on_step=progress)
+        progress.close(consumer)
+    finally:
+        consumer.stop()
+    print_summary(summary, args.json)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from stoker.embedded import RunConfig, print_summary, run_embedded
+
+    cfg = RunConfig(data=args.data, images=args.images, hosts=args.hosts, procs=args.procs, accel=args.accel,
+                    rate=args.rate, consumer=_consumer_config(args),
+                    worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
+                    progress=not args.no_progress, log_level=args.log_level)
+    summary = run_embedded(_job_args(args), cfg)
+    print_summary(summary, args.json)
+    return 0
+
+
+COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "train": _cmd_train,
+            "run": _cmd_run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"stoker: error: {exc}", file=sys.stderr)
+        return 2

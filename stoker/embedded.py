@@ -1,0 +1,112 @@
+"""`stoker run`: dispatcher + consumer in this process, worker daemons as child processes.
+
+Each worker daemon is a real `stoker worker` process (one per emulated host) talking to the
+consumer over loopback TCP, exactly as daemons on separate hosts would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from accel.accelerators import make_accelerator
+from accel.consumer import Consumer, ConsumerConfig, Summary
+from accel.job import JobConfig
+from stoker.datasets import default_imagenet
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    data: str | None = None  # manifest; None: the default generated set
+    images: int = 2000  # size of the default set
+    hosts: int = 2
+    procs: int = 1
+    accel: str = "null"
+    rate: float | None = None
+    consumer: ConsumerConfig = ConsumerConfig()
+    worker_metrics_port: int | None = 9561  # host i serves on this + i
+    progress: bool = True
+    log_level: str = "WARNING"
+
+
+def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str) -> list[str]:
+    cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--connect", connect,
+           "--procs", str(procs), "--host-id", host_id, "--once"]
+    cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--no-metrics"]
+    return cmd
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = tqdm(total=total, unit="img", desc="stoker run", disable=not enabled, smoothing=0.1)
+        self.last = 0.0
+
+    def __call__(self, consumer: Consumer) -> None:
+        now = time.monotonic()
+        done = consumer.ledger.samples
+        if now - self.last < 0.25:
+            return
+        self.last = now
+        stats = consumer.dispatcher.stats()
+        self.bar.set_postfix_str(f"queue={consumer.queue.qsize()} units={stats.done}/{consumer.dispatcher.total_units}"
+                                 f" hosts={stats.hosts_alive}", refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def close(self, consumer: Consumer) -> None:
+        self.bar.update(consumer.ledger.samples - self.bar.n)
+        self.bar.close()
+
+
+def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
+    """Run one job end to end; job_args are JobConfig fields other than manifest_uri."""
+    manifest = cfg.data or str(default_imagenet(cfg.images, progress=cfg.progress))
+    job = JobConfig(manifest_uri=manifest, **job_args)
+    consumer = Consumer(cfg.consumer, job, make_accelerator(cfg.accel, cfg.rate))
+    consumer.start()
+    daemons: list[subprocess.Popen] = []
+    progress = _Progress(job.epochs * consumer.manifest.num_samples, cfg.progress)
+    try:
+        for i in range(cfg.hosts):
+            port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
+            daemons.append(subprocess.Popen(worker_command(consumer.control_endpoint, f"host{i}", cfg.procs,
+                                                           port, cfg.log_level)))
+        summary = consumer.run(on_step=progress, hosts=cfg.hosts, procs_per_host=cfg.procs)
+        progress.close(consumer)
+    finally:
+        _stop_daemons(daemons)
+        consumer.stop()
+    return summary
+
+
+def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for proc in daemons:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+    for proc in daemons:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def print_summary(summary: Summary, json_path: str | None) -> None:
+    s = summary
+    print(f"delivered {s.samples} samples ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
+          f"{s.hosts} host(s) x {s.procs_per_host} process(es): {s.delivered_samples_per_s:.0f} samples/s, "
+          f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
+    print(f"duplicates dropped: {s.duplicates_dropped}; skipped as undecodable: {s.skipped_samples}; "
+          f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased: {s.units_released}")
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
+    print(f"stage seconds: {stages}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(s.as_dict(), indent=1))
+        print(f"summary written to {json_path}")

@@ -1,0 +1,1 @@
+"""The per-host worker daemon: process pool, leases, credit-aware senders, worker metrics."""

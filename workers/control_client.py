@@ -1,0 +1,79 @@
+"""Request/reply with the dispatcher that survives a slow or absent dispatcher.
+
+A DEALER socket with a reply timeout; on timeout the socket is closed and reopened (so no
+stale requests pile up) and the same request id is resent, with exponential back-off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+
+from protos import stoker_pb2 as pb
+
+log = logging.getLogger("stoker.worker")
+
+
+class DispatcherUnreachable(ConnectionError):
+    pass
+
+
+class ControlClient:
+    def __init__(self, ctx: zmq.Context, endpoint: str, identity: str, reply_timeout_s: float = 2.0) -> None:
+        self.ctx = ctx
+        self.endpoint = endpoint
+        self.identity = identity
+        self.reply_timeout_s = reply_timeout_s
+        self._ids = itertools.count(1)
+        self._socket: zmq.Socket | None = None
+
+    def _open(self) -> zmq.Socket:
+        if self._socket is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt_string(zmq.IDENTITY, self.identity)
+            sock.connect(self.endpoint)
+            self._socket = sock
+        return self._socket
+
+    def _reset(self) -> None:
+        if self._socket is not None:
+            self._socket.close(0)
+            self._socket = None
+
+    def request(self, request: pb.ControlRequest, give_up_after_s: float | None = 30.0,
+                should_stop: Callable[[], bool] = lambda: False) -> pb.ControlReply:
+        """Send and wait for the matching reply; raise DispatcherUnreachable past the deadline."""
+        request.request_id = next(self._ids)
+        payload = request.SerializeToString()
+        deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
+        backoff = 0.05
+        while True:
+            if should_stop():
+                raise DispatcherUnreachable("stopping")
+            sock = self._open()
+            try:
+                sock.send(payload, flags=zmq.NOBLOCK)
+            except zmq.Again:  # not connected yet (IMMEDIATE keeps nothing queued): keep the socket
+                pass
+            else:
+                if sock.poll(int(self.reply_timeout_s * 1000), zmq.POLLIN):
+                    reply = pb.ControlReply()
+                    reply.ParseFromString(sock.recv())
+                    if reply.request_id == request.request_id:
+                        return reply
+                    continue  # a late reply to an earlier try: ask again, the answer is cached
+                self._reset()  # sent but unanswered: start afresh so nothing stale is queued
+            if deadline is not None and time.monotonic() > deadline:
+                raise DispatcherUnreachable(f"no answer from the dispatcher at {self.endpoint} "
+                                            f"for {give_up_after_s:.0f} s")
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def close(self) -> None:
+        self._reset()

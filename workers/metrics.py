@@ -1,0 +1,36 @@
+"""Worker metrics, aggregated across the daemon's processes (multi-process mode)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+
+IMAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.samples = Counter("stoker_worker_samples", "Samples produced into sent batches")
+        self.batches = Counter("stoker_worker_batches", "Batches sent")
+        self.bytes_sent = Counter("stoker_worker_bytes_sent", "Tensor bytes sent")
+        self.decode_errors = Counter("stoker_worker_decode_errors", "Samples skipped as undecodable")
+        self.credit_wait = Counter("stoker_worker_credit_wait_seconds",
+                                   "Time spent waiting for consumer credit (host ahead of accelerator)")
+        self.decode_seconds = Histogram("stoker_worker_decode_seconds", "JPEG decode time per image",
+                                        buckets=IMAGE_BUCKETS)
+        self.augment_seconds = Histogram("stoker_worker_augment_seconds", "Crop/resize/flip time per image",
+                                         buckets=IMAGE_BUCKETS)
+        self.units = Counter("stoker_worker_units", "Work units completed")
+        self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash")
+        self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum")
+
+
+def serve_multiprocess(port: int, addr: str) -> int:
+    """Serve the aggregate of every process's metrics files; returns the bound port."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    try:
+        server, _ = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise OSError(f"cannot serve worker metrics on {addr}:{port}: {exc.strerror or exc} "
+                      f"(pick another with --metrics-port)") from exc
+    return int(server.server_port)

@@ -1,0 +1,86 @@
+"""A worker process's data connection to the consumer: hello, credit, zero-copy sends.
+
+IMMEDIATE is set, so while the consumer is not up a send fails at once instead of queueing;
+the sender retries its hello with back-off and never piles batches up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import zmq
+
+from protos import stoker_pb2 as pb
+
+
+class Rejected(ConnectionError):
+    pass
+
+
+class DataSender:
+    def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str, job_id: str) -> None:
+        self.endpoint = endpoint
+        self.worker_id = worker_id
+        self.job_id = job_id
+        self.credit = 0
+        self.bytes_sent = 0
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt_string(zmq.IDENTITY, worker_id)
+        sock.connect(endpoint)
+        self.socket = sock
+        self._welcomed = False  # the consumer answered our hello
+
+    def _hello(self) -> None:
+        hello = pb.DataMessage(hello=pb.Hello(worker_id=self.worker_id, job_id=self.job_id))
+        try:
+            self.socket.send(hello.SerializeToString(), flags=zmq.NOBLOCK)
+        except zmq.Again:  # no connection yet; the next hello will try again
+            pass
+
+    def _read_replies(self, timeout_ms: int) -> None:
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return
+        while True:
+            try:
+                data = self.socket.recv(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            reply = pb.DataReply()
+            reply.ParseFromString(data)
+            if reply.WhichOneof("kind") == "credit":
+                self.credit += reply.credit.batches
+                self._welcomed = True
+            elif reply.WhichOneof("kind") == "reject":
+                raise Rejected(f"consumer at {self.endpoint} refused us: {reply.reject.reason}")
+
+    def wait_for_credit(self, should_stop: Callable[[], bool]) -> float:
+        """Block until a credit is held; returns seconds waited. Says hello until welcomed."""
+        started = time.perf_counter()
+        backoff, next_hello = 0.05, 0.0
+        while self.credit <= 0 and not should_stop():
+            if not self._welcomed and time.monotonic() >= next_hello:
+                self._hello()
+                next_hello = time.monotonic() + backoff
+                backoff = min(backoff * 2, 2.0)
+            self._read_replies(100)
+        return time.perf_counter() - started
+
+    def send(self, header: pb.BatchHeader, frames: list[object]) -> None:
+        """Send one batch; the caller must hold credit. Frames go out without a copy."""
+        if self.credit <= 0:
+            raise RuntimeError("send without credit")
+        message = pb.DataMessage(batch=header).SerializeToString()
+        self.socket.send_multipart([message, *frames], copy=False)
+        self.credit -= 1
+        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+
+    def close(self) -> None:
+        try:
+            self.socket.send(pb.DataMessage(bye=pb.Bye(worker_id=self.worker_id)).SerializeToString(),
+                             flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        self.socket.close()
