@@ -100,7 +100,9 @@ class Consumer:
 
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
-        """Bind sockets and the metrics endpoint; raise here if a port is taken."""
+        """Bind sockets and the metrics endpoint; raise here if a port is taken. Idempotent."""
+        if self._thread is not None:
+            return
         if self.cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         self._thread = threading.Thread(target=self._run_loop, name="stoker-receive", daemon=True)

@@ -170,9 +170,10 @@ class Receiver:
                 self.metrics.senders.set(len(self.peers))
 
     def _drop(self, reason: str, peer_id: bytes, detail: str) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        count = self.dropped[reason] = self.dropped.get(reason, 0) + 1
         self.metrics.frames_dropped.labels(reason=reason).inc()
-        log.warning("dropped a message from %r: %s (%s)", peer_id, reason, detail[:200])
+        if count <= 3 or count % 1000 == 0:  # a flood of junk must not become a flood of logs
+            log.warning("dropped a message from %r: %s (%s); %d so far", peer_id, reason, detail[:200], count)
 
 
 def send_error(sent: object) -> BaseException | None:

@@ -1,0 +1,48 @@
+# Stoker: `make run` sets up and runs the default job; `make test` sets up and runs the tests.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev
+# pillow-simd compiles from source: build it for AVX2 where the CPU has it.
+SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
+
+.PHONY: setup run test lint bench protos clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	CC="$(SIMD_CC)" $(BIN)/pip install -q -e '.[dev]'
+	# pillow and pillow-simd both install the module PIL and the last one installed wins:
+	# if anything pulled in stock pillow, remove it and put pillow-simd back on top.
+	if $(BIN)/pip show -q pillow >/dev/null 2>&1; then \
+	  $(BIN)/pip uninstall -q -y pillow; \
+	  CC="$(SIMD_CC)" $(BIN)/pip install -q --force-reinstall --no-deps pillow-simd==12.1.1.post0; \
+	fi
+	touch $@
+
+run: setup
+	$(BIN)/stoker run --epochs 1 --json run-summary.json
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python -m benchmarks spine
+
+protos: setup
+	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. stoker.proto
+
+clean:
+	rm -rf $(VENV) *.egg-info run-summary.json

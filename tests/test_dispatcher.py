@@ -1,0 +1,62 @@
+"""Dispatcher leases, acks, releases and host expiry; the consumer's ledger."""
+
+import numpy as np
+
+from accel.dispatcher import Dispatcher
+from accel.ledger import Ledger
+from pipeline.plan import EpochPlan
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_released_units_are_leased_again_first(manifest):
+    d = Dispatcher(EpochPlan(manifest, 32, 2, 0))
+    a = d.lease("h0", "h0/p0.1")
+    b = d.lease("h1", "h1/p0.1")
+    assert d.release("h0", ["h0/p0.1"], "crash") == 1
+    assert d.lease("h1", "h1/p0.1").unit_id == a.unit_id
+    assert d.ack(b.unit_id) and not d.ack(b.unit_id)
+
+
+def test_every_unit_is_done_once_even_with_releases(manifest):
+    d = Dispatcher(EpochPlan(manifest, 32, 2, 0))
+    done = []
+    while (unit := d.lease("h", "w")) is not None:
+        if len(done) % 3 == 0:
+            d.release("h", None, "test")
+            unit = d.lease("h", "w")
+        d.ack(unit.unit_id)
+        done.append(unit.unit_id)
+    assert d.finished and sorted(done) == list(range(d.total_units))
+
+
+def test_a_silent_host_loses_its_leases(manifest):
+    clock = Clock()
+    d = Dispatcher(EpochPlan(manifest, 32, 1, 0), host_timeout_s=5, clock=clock)
+    d.heartbeat("h0")
+    unit = d.lease("h0", "w")
+    clock.now = 3
+    d.heartbeat("h1")
+    assert d.expire_hosts() == []
+    clock.now = 6
+    assert d.expire_hosts() == ["h0"]
+    assert d.lease("h1", "w1").unit_id == unit.unit_id
+
+
+def test_ledger_drops_duplicates_and_completes_units():
+    ledger = Ledger(num_samples=10, epochs=1)
+    ids = np.array([0, 1, 2])
+    assert ledger.admit(0, 7, 0, ids)
+    assert not ledger.admit(0, 7, 0, ids)
+    assert ledger.duplicate_samples == 3
+    assert not ledger.stepped(0, 7, 0, False, ids)
+    assert ledger.admit(0, 7, 1, np.array([3]))
+    assert ledger.stepped(0, 7, 1, True, np.array([3]))
+    assert not ledger.admit(0, 7, 1, np.array([3]))  # a redo after completion is a duplicate
+    assert ledger.unique_samples == ledger.samples == 4 and ledger.collisions == 0
