@@ -1,0 +1,13 @@
+"""`python -m benchmarks NAME`: run one benchmark (for now: spine)."""
+
+import sys
+
+from benchmarks import spine
+
+BENCHMARKS = {"spine": spine.main}
+
+if __name__ == "__main__":
+    name = sys.argv[1] if len(sys.argv) > 1 else "spine"
+    if name not in BENCHMARKS:
+        raise SystemExit(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    BENCHMARKS[name]()

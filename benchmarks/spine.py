@@ -1,0 +1,92 @@
+"""Service overhead: the bare decode+augment loop vs `stoker` end to end, one core each.
+
+(a) bare: benchmarks.bare_loop pinned to core 0.
+(b) stoker: one `stoker worker` daemon with one decode process pinned to core 0, sending over
+    loopback ZeroMQ to a null consumer (+ dispatcher) pinned to core 1.
+Runs alternate a, b, a, b, ... and the medians and their ratio are written to
+benchmarks/results/spine.{json,md}. Target: b >= 0.9 x a (the service costs under 10%).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from accel.accelerators import NullAccelerator
+from accel.consumer import Consumer, ConsumerConfig
+from accel.job import JobConfig
+from stoker.datasets import default_imagenet
+
+RESULTS = Path(__file__).parent / "results"
+WORKER_CORE, CONSUMER_CORE = "0", 1
+
+
+def run_bare(manifest: str) -> float:
+    out = subprocess.run(["taskset", "-c", WORKER_CORE, sys.executable, "-m", "benchmarks.bare_loop",
+                          "--manifest", manifest], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"]
+
+
+def run_stoker(manifest: str) -> float:
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
+    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, epochs=1), NullAccelerator())
+    consumer.start()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    worker = subprocess.Popen(["taskset", "-c", WORKER_CORE, sys.executable, "-m", "stoker", "worker", "--connect",
+                               consumer.control_endpoint, "--procs", "1", "--host-id", "bench", "--once",
+                               "--no-metrics"], env=env)
+    try:
+        summary = consumer.run(hosts=1, procs_per_host=1)
+    finally:
+        worker.wait(30)
+        consumer.stop()
+    assert summary.unique_samples == summary.samples == consumer.manifest.num_samples
+    return summary.delivered_samples_per_s
+
+
+def main(repeats: int = 3) -> dict:
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("the spine benchmark needs two cores (worker and consumer on separate cores)")
+    manifest = str(default_imagenet())
+    os.sched_setaffinity(0, {CONSUMER_CORE})
+    for path in Path(manifest).parent.glob("*.arrow"):  # warm the page cache
+        path.read_bytes()
+    bare, stoker = [], []
+    for i in range(repeats):
+        bare.append(run_bare(manifest))
+        stoker.append(run_stoker(manifest))
+        print(f"round {i + 1}: bare {bare[-1]:.0f} img/s, stoker {stoker[-1]:.0f} img/s", flush=True)
+    result = {
+        "benchmark": "spine",
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "images": manifest_size(manifest),
+        "repeats": repeats,
+        "bare_loop_images_per_s": bare,
+        "stoker_images_per_s": stoker,
+        "bare_median": statistics.median(bare),
+        "stoker_median": statistics.median(stoker),
+    }
+    result["ratio"] = result["stoker_median"] / result["bare_median"]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "spine.json").write_text(json.dumps(result, indent=1))
+    table = ("| contender (1 decode core, train transform, batch 64) | images/s per core, median of "
+             f"{repeats} |\n|---|---|\n"
+             f"| (a) bare decode+augment loop, one process | {result['bare_median']:.0f} |\n"
+             f"| (b) `stoker worker` -> ZeroMQ -> null consumer | {result['stoker_median']:.0f} |\n"
+             f"| ratio (b)/(a) | {result['ratio']:.3f} |\n")
+    (RESULTS / "spine.md").write_text(table)
+    print(table)
+    return result
+
+
+def manifest_size(manifest: str) -> int:
+    from pipeline.shards import Manifest
+
+    return Manifest.load(manifest).num_samples
