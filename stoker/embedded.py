@@ -47,19 +47,18 @@ class _Progress:
         self.bar = tqdm(total=total, unit="img", desc="stoker run", disable=not enabled, smoothing=0.1)
         self.last = 0.0
 
-    def __call__(self, consumer: Consumer) -> None:
+    def __call__(self, consumer: Consumer, force: bool = False) -> None:
         now = time.monotonic()
-        done = consumer.ledger.samples
-        if now - self.last < 0.25:
+        if now - self.last < 0.25 and not force:
             return
         self.last = now
         stats = consumer.dispatcher.stats()
         self.bar.set_postfix_str(f"queue={consumer.queue.qsize()} units={stats.done}/{consumer.dispatcher.total_units}"
                                  f" hosts={stats.hosts_alive}", refresh=False)
-        self.bar.update(done - self.bar.n)
+        self.bar.update(consumer.ledger.samples - self.bar.n)
 
     def close(self, consumer: Consumer) -> None:
-        self.bar.update(consumer.ledger.samples - self.bar.n)
+        self(consumer, force=True)
         self.bar.close()
 
 
