@@ -1,5 +1,5 @@
 # Stoker: `make run` sets up and runs the default job; `make test` sets up and runs the tests.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev

@@ -173,7 +173,8 @@ class WorkerDaemon:
             reply = self.client.request(pb.ControlRequest(heartbeat=pb.Heartbeat(
                 host_id=self.host_id, worker_ids=ids)), give_up_after_s=5.0, should_stop=lambda: self.stopping)
         except DispatcherUnreachable as exc:
-            log.warning("%s: heartbeat unanswered: %s", self.host_id, exc)
+            if not self.stopping:
+                log.warning("%s: heartbeat unanswered: %s", self.host_id, exc)
             return None
         return reply.WhichOneof("kind")
 
