@@ -32,7 +32,7 @@ from accel.receiver import Receiver
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from protos.endpoints import advertised, bind
-from protos.framing import MAX_FRAME_BYTES, MAX_FRAMES
+from protos.framing import MAX_FRAME_BYTES
 
 log = logging.getLogger("stoker.consumer")
 _END = object()
@@ -144,24 +144,19 @@ class Consumer:
             server = ControlServer(control, self.dispatcher, spec, self.metrics)
             server.update_gauges()
             self._ready.set()
-            await asyncio.gather(self._pump(data, self._receiver.handle, MAX_FRAMES + 2),
-                                 self._pump(control, server.handle, 3),
+            await asyncio.gather(self._pump(data, self._receiver.handle),
+                                 self._pump(control, server.handle),
                                  self._ticker(server))
         finally:
             data.close(0)
             control.close(0)
             ctx.term()
 
-    async def _pump(self, sock: zmq.asyncio.Socket, handle: Callable[[list], None], max_parts: int) -> None:
+    async def _pump(self, sock: zmq.asyncio.Socket, handle: Callable[[list], None]) -> None:
         while not self._stop.is_set():
             try:
                 frames = await asyncio.wait_for(sock.recv_multipart(copy=False), timeout=0.25)
             except TimeoutError:
-                continue
-            if len(frames) > max_parts:
-                self.metrics.frames_dropped.labels(reason="frame_count").inc()
-                if self._receiver is not None:
-                    self._receiver.dropped["frame_count"] = self._receiver.dropped.get("frame_count", 0) + 1
                 continue
             handle(frames)
 

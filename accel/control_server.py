@@ -14,7 +14,7 @@ from accel.dispatcher import Dispatcher
 from accel.metrics import ConsumerMetrics
 from accel.receiver import send_error
 from protos import stoker_pb2 as pb
-from protos.framing import MAX_HEADER_BYTES
+from protos.framing import MAX_HEADER_BYTES, frame_bytes
 
 log = logging.getLogger("stoker.dispatcher")
 
@@ -29,13 +29,13 @@ class ControlServer:
         self._last_reply: dict[bytes, tuple[int, bytes]] = {}
 
     def handle(self, frames: list) -> None:
-        peer = bytes(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        peer = frame_bytes(frames[0])
         if len(frames) != 2 or len(frames[1]) > MAX_HEADER_BYTES:
             self._drop("bad_frames", peer)
             return
         request = pb.ControlRequest()
         try:
-            request.ParseFromString(frames[1].bytes if hasattr(frames[1], "bytes") else frames[1])
+            request.ParseFromString(frame_bytes(frames[1]))
         except Exception:  # protobuf DecodeError
             self._drop("bad_header", peer)
             return

@@ -21,7 +21,7 @@ from accel.batch import ReceivedBatch
 from accel.ledger import InvalidBatch, Ledger, Skipped
 from accel.metrics import ConsumerMetrics
 from protos import stoker_pb2 as pb
-from protos.framing import FrameError, decode_tensors, parse_data_message
+from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
 
 log = logging.getLogger("stoker.consumer")
 
@@ -59,10 +59,13 @@ class Receiver:
     # ---- incoming -----------------------------------------------------------------------
     def handle(self, frames: list) -> None:
         started = time.perf_counter()
-        peer_id = bytes(frames[0].bytes if hasattr(frames[0], "bytes") else frames[0])
+        peer_id = frame_bytes(frames[0])
         body = frames[1:]
         if not body:
             self._drop("empty", peer_id, "no frames after the routing id")
+            return
+        if len(body) > MAX_FRAMES + 1:
+            self._drop("frame_count", peer_id, f"{len(body)} frames")
             return
         try:
             message = parse_data_message(body[0])

@@ -21,6 +21,7 @@ from pathlib import Path
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
+from pipeline.shards import Manifest
 from stoker.datasets import default_imagenet
 
 RESULTS = Path(__file__).parent / "results"
@@ -66,7 +67,7 @@ def main(repeats: int = 3) -> dict:
         "benchmark": "spine",
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-        "images": manifest_size(manifest),
+        "images": Manifest.load(manifest).num_samples,
         "repeats": repeats,
         "bare_loop_images_per_s": bare,
         "stoker_images_per_s": stoker,
@@ -85,8 +86,3 @@ def main(repeats: int = 3) -> dict:
     print(table)
     return result
 
-
-def manifest_size(manifest: str) -> int:
-    from pipeline.shards import Manifest
-
-    return Manifest.load(manifest).num_samples

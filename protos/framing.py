@@ -37,6 +37,11 @@ def _buffer(frame: object) -> memoryview:
     return memoryview(buf).cast("B")  # type: ignore[arg-type]
 
 
+def frame_bytes(frame: object) -> bytes:
+    """The bytes of a small frame (routing id, control message), whatever its type."""
+    return bytes(_buffer(frame))
+
+
 def parse_data_message(frame: object) -> pb.DataMessage:
     data = _buffer(frame)
     if len(data) > MAX_HEADER_BYTES:

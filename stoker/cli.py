@@ -150,14 +150,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.accelerators import make_accelerator
     from accel.consumer import Consumer
     from accel.job import JobConfig
-    from stoker.embedded import _Progress, print_summary
+    from stoker.embedded import Progress, print_summary
 
     job = JobConfig(manifest_uri=args.data, **_job_args(args))
     consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate))
     consumer.start()
     print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
           + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
-    progress = _Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress)
+    progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress)
     try:
         summary = consumer.run(on_step=progress)
         progress.close(consumer)

@@ -42,7 +42,7 @@ def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | N
     return cmd
 
 
-class _Progress:
+class Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.bar = tqdm(total=total, unit="img", desc="stoker run", disable=not enabled, smoothing=0.1)
         self.last = 0.0
@@ -69,7 +69,7 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
     consumer = Consumer(cfg.consumer, job, make_accelerator(cfg.accel, cfg.rate))
     consumer.start()
     daemons: list[subprocess.Popen] = []
-    progress = _Progress(job.epochs * consumer.manifest.num_samples, cfg.progress)
+    progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress)
     try:
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i

@@ -109,7 +109,7 @@ class WorkerDaemon:
 
     def _spawn(self, child: _Child, job: pb.JobSpec) -> None:
         child.incarnation += 1
-        worker_id = f"{self.host_id}/p{child.index}.{child.incarnation}"
+        worker_id = self._worker_id(child)
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job.SerializeToString())
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()

@@ -129,12 +129,12 @@ def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: ImageBatc
     header.stages.wait_for_credit = waited
     header.stages.send = send_s
     header.created_unix = time.time()
-    sender.send(header, frames)
+    nbytes = sender.send(header, frames)
     metrics.credit_wait.inc(waited)
     metrics.batches.inc()
     metrics.samples.inc(len(batch.sample_ids))
     metrics.decode_errors.inc(len(batch.skipped))
-    metrics.bytes_sent.inc(sum(memoryview(f).nbytes for f in frames))
+    metrics.bytes_sent.inc(nbytes)
     for seconds in batch.decode_times:
         metrics.decode_seconds.observe(seconds)
     for seconds in batch.augment_times:

@@ -68,14 +68,18 @@ class DataSender:
             self._read_replies(100)
         return time.perf_counter() - started
 
-    def send(self, header: pb.BatchHeader, frames: list[object]) -> None:
-        """Send one batch; the caller must hold credit. Frames go out without a copy."""
+    def send(self, header: pb.BatchHeader, frames: list[object]) -> int:
+        """Send one batch; the caller must hold credit. Frames go out without a copy.
+
+        Returns the tensor bytes sent."""
         if self.credit <= 0:
             raise RuntimeError("send without credit")
         message = pb.DataMessage(batch=header).SerializeToString()
         self.socket.send_multipart([message, *frames], copy=False)
         self.credit -= 1
-        self.bytes_sent += sum(memoryview(f).nbytes for f in frames)
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        self.bytes_sent += nbytes
+        return nbytes
 
     def close(self) -> None:
         try:
