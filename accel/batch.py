@@ -20,7 +20,19 @@ class ReceivedBatch:
 
     @property
     def size(self) -> int:
-        return int(self.sample_ids.size)
+        """Rows: images, or rows of tokens (a packed row holds several sequences)."""
+        return int(self.header.rows)
+
+    @property
+    def sequences(self) -> int:
+        return int(self.header.text.sequences)
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.header.text.real_tokens)
+
+    def tensor(self, name: str) -> np.ndarray:
+        return self.tensors.array(name)
 
     @property
     def images(self) -> np.ndarray:

@@ -29,8 +29,10 @@ from accel.job import JobConfig
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
+from accel.schema import schema_of
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
+from pipeline.text.vocab import Vocab
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
 
@@ -68,9 +70,31 @@ class Summary:
     units_released: int
     stage_seconds: dict[str, float]
     per_epoch_unique: list[int] = field(default_factory=list)
+    dataset: str = "imagenet"
+    rows: int = 0  # rows stepped: images, or rows of tokens
+    # text only (None for images): BERT examples and tokens stepped, and padding as sent
+    sequences: int | None = None
+    sequences_per_s: float | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    padding_fraction: float | None = None  # padding share of the token slots that were sent
+    padding_fraction_before_packing: float | None = None  # ... had each sequence had its own row
+    masked_fraction: float | None = None  # masked-LM targets per real token
+    random_next_fraction: float | None = None  # sequences whose B is a random next sentence
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def check_dataset(job: JobConfig, manifest: Manifest) -> None:
+    """Fail at start-up, with the fix, when the shards do not fit the job."""
+    if job.dataset == "wikipedia":
+        if not manifest.vocab:
+            raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards, not text: "
+                             f"make text shards with `stoker prepare wikipedia`")
+        Vocab.load(manifest.relative_uri(manifest.vocab))  # raises VocabError (a ValueError) if unusable
+    elif manifest.kind != "imagenet":
+        raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards; run with --dataset {manifest.kind}")
 
 
 class Consumer:
@@ -81,6 +105,7 @@ class Consumer:
         self.accelerator = accelerator
         self.metrics = metrics or ConsumerMetrics()
         self.manifest = Manifest.load(job.manifest_uri)
+        check_dataset(job, self.manifest)
         plan = EpochPlan(self.manifest, job.unit_size, job.epochs, job.seed)
         self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release)
         self.ledger = Ledger(self.manifest.num_samples, job.epochs)
@@ -140,7 +165,7 @@ class Consumer:
                                                self.cfg.advertise_host)
             spec = self.job.spec(self.data_endpoint)
             self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
-                                      self.metrics, self._unit_done)
+                                      self.metrics, self._unit_done, schema_of(self.job))
             server = ControlServer(control, self.dispatcher, spec, self.metrics)
             server.update_gauges()
             self._ready.set()
@@ -179,7 +204,7 @@ class Consumer:
         assert self._loop is not None and self._receiver is not None
         started = time.perf_counter()
         startup = stall = compute = 0.0
-        batches = 0
+        batches = rows = sequences = tokens = 0
         first = True
         while True:
             waited_from = time.perf_counter()
@@ -202,6 +227,12 @@ class Consumer:
             self.metrics.samples.inc(batch.size)
             self.metrics.batches.inc()
             batches += 1
+            rows += batch.size
+            if batch.sequences:
+                sequences += batch.sequences
+                tokens += batch.real_tokens
+                self.metrics.sequences.inc(batch.sequences)
+                self.metrics.tokens.inc(batch.real_tokens)
             self._loop.call_soon_threadsafe(self._receiver.step_done, batch)
             if on_step:
                 on_step(self)
@@ -211,6 +242,15 @@ class Consumer:
         steady = max(elapsed - startup, 1e-9)
         stages = self._receiver.stages
         skipped = sorted(self.ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id))
+        text = self._receiver.text
+        work = ({"examples": stages.examples, "pack": stages.pack} if self.job.dataset == "wikipedia"
+                else {"decode": stages.decode, "augment": stages.augment})
+        text_fields = {} if self.job.dataset != "wikipedia" else dict(
+            sequences=sequences, sequences_per_s=sequences / steady, tokens=tokens, tokens_per_s=tokens / steady,
+            padding_fraction=text.padding_fraction,
+            padding_fraction_before_packing=text.padding_fraction_before_packing,
+            masked_fraction=text.masked_tokens / text.real_tokens if text.real_tokens else 0.0,
+            random_next_fraction=text.random_next / text.sequences if text.sequences else 0.0)
         return Summary(
             samples=self.ledger.samples,
             unique_samples=self.ledger.unique_samples,
@@ -227,10 +267,12 @@ class Consumer:
             skipped=[asdict(s) for s in skipped],
             frames_dropped=dict(self._receiver.dropped),
             units_released=self.dispatcher.stats().releases,
-            stage_seconds={"decode": stages.decode, "augment": stages.augment, "send": stages.send,
-                           "wait_for_credit": stages.wait_for_credit, "receive": stages.receive,
-                           "step": compute, "stall": stall},
+            stage_seconds={**work, "send": stages.send, "wait_for_credit": stages.wait_for_credit,
+                           "receive": stages.receive, "step": compute, "stall": stall},
             per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
+            dataset=self.job.dataset,
+            rows=rows,
+            **text_fields,
         )
 
     def _next(self) -> object:

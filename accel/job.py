@@ -6,25 +6,32 @@ import uuid
 from dataclasses import dataclass, field
 
 from pipeline.augment import REFERENCE_AREA
+from pipeline.text.examples import TextConfig
 from protos import stoker_pb2 as pb
+
+DATASETS = ("imagenet", "wikipedia")
 
 
 @dataclass(frozen=True)
 class JobConfig:
     manifest_uri: str
+    dataset: str = "imagenet"  # or "wikipedia" (BERT pretraining text)
     epochs: int = 1
-    batch_size: int = 64
-    unit_batches: int = 4  # batches per work unit
+    batch_size: int = 64  # images, or rows of tokens
+    unit_batches: int = 4  # a unit holds batch_size * unit_batches images or documents
     seed: int = 0
     image_size: int = 224
     transform: str = "train"  # or "eval"
     min_area: float = REFERENCE_AREA[0]
     max_area: float = REFERENCE_AREA[1]
+    text: TextConfig = TextConfig()
     checksum: bool = False
     heartbeat_s: float = 1.0
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, not {self.dataset!r}")
         if self.epochs < 1 or self.batch_size < 1 or self.unit_batches < 1:
             raise ValueError("epochs, batch size and unit batches must be at least 1")
         if self.transform not in ("train", "eval"):
@@ -37,7 +44,13 @@ class JobConfig:
         return self.batch_size * self.unit_batches
 
     def spec(self, data_endpoint: str) -> pb.JobSpec:
+        t = self.text
         return pb.JobSpec(job_id=self.job_id, manifest_uri=self.manifest_uri, data_endpoint=data_endpoint,
                           batch_size=self.batch_size, image_size=self.image_size, transform=self.transform,
                           seed=self.seed, min_area=self.min_area, max_area=self.max_area,
-                          heartbeat_s=self.heartbeat_s, checksum=self.checksum)
+                          heartbeat_s=self.heartbeat_s, checksum=self.checksum, dataset=self.dataset,
+                          text=pb.TextSpec(seq_len=t.seq_len, max_predictions=t.max_predictions,
+                                           masked_lm_prob=t.masked_lm_prob, short_seq_prob=t.short_seq_prob,
+                                           whole_word_mask=t.whole_word_mask, pack=t.pack,
+                                           pack_max_sequences=t.pack_max_sequences))
+

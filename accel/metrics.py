@@ -11,8 +11,16 @@ class ConsumerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.samples = Counter("stoker_consumer_samples", "Samples consumed by training steps", registry=r)
+        self.samples = Counter("stoker_consumer_samples", "Rows consumed by training steps (images, or rows of tokens)",
+                               registry=r)
         self.batches = Counter("stoker_consumer_batches", "Batches consumed by training steps", registry=r)
+        self.sequences = Counter("stoker_consumer_sequences", "Text: BERT examples consumed by training steps",
+                                 registry=r)
+        self.tokens = Counter("stoker_consumer_tokens", "Text: non-padding tokens consumed by training steps",
+                              registry=r)
+        self.padding = Gauge("stoker_consumer_padding_fraction",
+                             "Text: share of token slots that are padding, one sequence per row (packing=before) "
+                             "and as received (packing=after), over the job so far", ["packing"], registry=r)
         self.bytes_received = Counter("stoker_consumer_bytes_received", "Tensor bytes received", registry=r)
         self.duplicates = Counter("stoker_consumer_duplicates_dropped",
                                   "Samples dropped because their batch was already delivered", registry=r)

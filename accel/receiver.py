@@ -20,6 +20,7 @@ import zmq
 from accel.batch import ReceivedBatch
 from accel.ledger import InvalidBatch, Ledger, Skipped
 from accel.metrics import ConsumerMetrics
+from accel.schema import BatchSchema
 from protos import stoker_pb2 as pb
 from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
 
@@ -38,15 +39,46 @@ class StageTotals:
     augment: float = 0.0
     send: float = 0.0
     wait_for_credit: float = 0.0
+    examples: float = 0.0
+    pack: float = 0.0
     receive: float = 0.0
+
+
+@dataclass
+class TextTotals:
+    """Token accounting of admitted text batches (padding before/after packing)."""
+
+    sequences: int = 0
+    real_tokens: int = 0
+    token_slots: int = 0
+    unpacked_token_slots: int = 0
+    masked_tokens: int = 0
+    random_next: int = 0
+
+    def add(self, stats: pb.TextStats) -> None:
+        self.sequences += stats.sequences
+        self.real_tokens += stats.real_tokens
+        self.token_slots += stats.token_slots
+        self.unpacked_token_slots += stats.unpacked_token_slots
+        self.masked_tokens += stats.masked_tokens
+        self.random_next += stats.random_next
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1 - self.real_tokens / self.token_slots if self.token_slots else 0.0
+
+    @property
+    def padding_fraction_before_packing(self) -> float:
+        return 1 - self.real_tokens / self.unpacked_token_slots if self.unpacked_token_slots else 0.0
 
 
 class Receiver:
     def __init__(self, socket: zmq.Socket, job_id: str, window: int, ledger: Ledger,
                  out: queue.Queue, metrics: ConsumerMetrics,
-                 on_unit_done: Callable[[int], None]) -> None:
+                 on_unit_done: Callable[[int], None], schema: BatchSchema) -> None:
         self.socket = socket
         self.job_id = job_id
+        self.schema = schema
         self.window = window
         self.ledger = ledger
         self.out = out
@@ -54,6 +86,7 @@ class Receiver:
         self.on_unit_done = on_unit_done
         self.peers: dict[bytes, _Peer] = {}
         self.stages = StageTotals()
+        self.text = TextTotals()
         self.dropped: dict[str, int] = {}
 
     # ---- incoming -----------------------------------------------------------------------
@@ -104,7 +137,7 @@ class Receiver:
                 raise FrameError("wrong_job", header.job_id)
             tensors = decode_tensors(header, frames)
             sample_ids = np.asarray(header.sample_ids, dtype=np.int64)
-            self._check_shapes(tensors.parts, len(sample_ids))
+            self.schema.check(header, tensors.parts)
             fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids)
         except (FrameError, InvalidBatch) as exc:
             self._drop(getattr(exc, "reason", "bad_accounting"), peer_id, str(exc))
@@ -123,26 +156,16 @@ class Receiver:
         self.stages.augment += stages.augment
         self.stages.send += stages.send
         self.stages.wait_for_credit += stages.wait_for_credit
+        self.stages.examples += stages.examples
+        self.stages.pack += stages.pack
+        if header.HasField("text"):
+            self.text.add(header.text)
+            self.metrics.padding.labels(packing="before").set(self.text.padding_fraction_before_packing)
+            self.metrics.padding.labels(packing="after").set(self.text.padding_fraction)
         received_s = time.perf_counter() - started
         self.stages.receive += received_s
         self.out.put(ReceivedBatch(peer_id, header, tensors, sample_ids, received_s))
         self.metrics.queue_depth.set(self.out.qsize())
-
-    @staticmethod
-    def _check_shapes(parts: dict[str, list[np.ndarray]], n: int) -> None:
-        if not n:
-            if parts:
-                raise FrameError("size_mismatch", "an empty batch carries tensors")
-            return
-        for name in ("image", "label"):
-            if name not in parts:
-                raise FrameError("size_mismatch", f"batch has no {name!r} tensor")
-            rows = sum(p.shape[0] if p.ndim else 1 for p in parts[name])
-            if rows != n:
-                raise FrameError("size_mismatch", f"{name}: {rows} rows for {n} sample ids")
-        image_parts = parts["image"]
-        if any(p.ndim != 4 or p.shape[3] != 3 or p.dtype != np.uint8 for p in image_parts):
-            raise FrameError("size_mismatch", "image frames must be uint8 (n, h, w, 3)")
 
     # ---- after the step ----------------------------------------------------------------
     def step_done(self, batch: ReceivedBatch) -> None:

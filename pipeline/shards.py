@@ -40,6 +40,9 @@ class Manifest:
     classes: list[str]
     shards: list[ShardInfo]
     skipped: list[dict[str, str]] = field(default_factory=list)
+    vocab: str = ""  # text sets: the WordPiece vocab.txt, relative to the manifest's folder
+    vocab_size: int = 0
+    vocab_sha256: str = ""
     version: int = MANIFEST_VERSION
     uri: str = ""  # where it was loaded from (not saved)
 
@@ -48,8 +51,12 @@ class Manifest:
         return sum(s.num_samples for s in self.shards)
 
     def shard_uri(self, index: int) -> str:
+        return self.relative_uri(self.shards[index].path)
+
+    def relative_uri(self, name: str) -> str:
+        """URI of a file named relative to the manifest's folder."""
         base = self.uri.rsplit("/", 1)[0] if "/" in self.uri else "."
-        return f"{base}/{self.shards[index].path}"
+        return f"{base}/{name}"
 
     def save(self, path: str | Path) -> None:
         data = asdict(self)
@@ -64,7 +71,7 @@ class Manifest:
         uri = str(uri)
         if not uri.endswith(".json"):
             uri = f"{uri.rstrip('/')}/{MANIFEST_NAME}"
-        fs, path = _filesystem(uri)
+        fs, path = filesystem(uri)
         with fs.open_input_stream(path) as stream:
             data = json.loads(stream.read())
         if data.get("version") != MANIFEST_VERSION:
@@ -74,7 +81,7 @@ class Manifest:
         return cls(shards=shards, uri=uri, **data)
 
 
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if "://" in uri:
         return pafs.FileSystem.from_uri(uri)
     return pafs.LocalFileSystem(), os.path.abspath(uri)
@@ -147,7 +154,7 @@ class ShardReader:
     """Random access to one shard's rows without copying the JPEG bytes."""
 
     def __init__(self, uri: str) -> None:
-        fs, path = _filesystem(uri)
+        fs, path = filesystem(uri)
         if isinstance(fs, pafs.LocalFileSystem):
             source = pa.memory_map(path, "r")
         else:

@@ -14,15 +14,28 @@ DEFAULT_CONTROL_BIND = "tcp://127.0.0.1:5561"
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", choices=("imagenet", "wikipedia"),
+                   help="imagenet (ResNet-50 images) or wikipedia (BERT pretraining text); "
+                        "default: what the manifest holds, else imagenet")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--unit-batches", type=int, default=4, help="batches per work unit (default 4)")
+    p.add_argument("--batch-size", type=int, default=64, help="images, or rows of tokens (default 64)")
+    p.add_argument("--unit-batches", type=int, default=4,
+                   help="a work unit holds batch-size x unit-batches images or documents (default 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--transform", choices=("train", "eval"), default="train")
     p.add_argument("--crop-area", choices=("reference", "torchvision"), default="reference",
                    help="random-resized-crop area range: MLPerf reference 0.05-1.0 or torchvision 0.08-1.0")
     p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
+    text = p.add_argument_group("wikipedia (BERT pretraining) options")
+    text.add_argument("--seq-len", type=int, default=128, help="tokens per row (default 128)")
+    text.add_argument("--max-predictions", type=int, default=0,
+                      help="masked-LM targets per sequence (default: 20 at 128, 76 at 512)")
+    text.add_argument("--masked-lm-prob", type=float, default=0.15)
+    text.add_argument("--short-seq-prob", type=float, default=0.1)
+    text.add_argument("--whole-word-mask", action="store_true", help="mask whole words, not single pieces")
+    text.add_argument("--pack", action="store_true", help="pack several sequences into each row")
+    text.add_argument("--pack-max-sequences", type=int, default=3, help="sequences per packed row (default 3)")
 
 
 def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
@@ -54,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--procs", type=int)
     stats = data.add_parser("stats", help="size/format statistics of an ImageNet-layout folder")
     stats.add_argument("dir")
+    wiki = data.add_parser("wikipedia", help="write real English Wikipedia text and BERT's vocab.txt")
+    wiki.add_argument("dir")
+    wiki.add_argument("--docs", type=int, help="keep only the first N articles (default: all ~10,000)")
 
     prepare = sub.add_parser("prepare", help="convert a dataset into shards").add_subparsers(
         dest="prepare_command", required=True)
@@ -63,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     imagenet.add_argument("--shard-mb", type=float, default=256)
     imagenet.add_argument("--procs", type=int)
     imagenet.add_argument("--seed", type=int, default=0)
+    wikipedia = prepare.add_parser("wikipedia", help="BERT-format text -> tokenized Parquet shards + manifest")
+    wikipedia.add_argument("src", help="a text file or folder of .txt files: one sentence (or paragraph) per "
+                                       "line, a blank line between documents")
+    wikipedia.add_argument("dst")
+    wikipedia.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
+    wikipedia.add_argument("--docs-per-shard", type=int, default=4096)
+    wikipedia.add_argument("--cased", action="store_true", help="do not lowercase (for a cased vocab)")
+    wikipedia.add_argument("--seed", type=int, default=0)
 
     worker = sub.add_parser("worker", help="the per-host decode/augment daemon")
     worker.add_argument("--connect", required=True, help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
@@ -79,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_consumer_args(train, 9560)
 
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine")
-    run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set)")
-    run.add_argument("--images", type=int, default=2000, help="size of the generated default set")
+    run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
+                                    "prepared Wikipedia text with --dataset wikipedia)")
+    run.add_argument("--images", type=int, default=2000, help="size of the generated default image set")
     run.add_argument("--hosts", type=int, default=2)
     run.add_argument("--procs", type=int, default=1, help="decode processes per host")
     run.add_argument("--worker-metrics-port", type=int, default=9561, help="host i serves on this + i")
@@ -91,11 +116,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _job_args(args: argparse.Namespace) -> dict:
     from pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
+    from pipeline.text.examples import TextConfig
 
     lo, hi = REFERENCE_AREA if args.crop_area == "reference" else TORCHVISION_AREA
+    text = TextConfig(seq_len=args.seq_len, max_predictions=args.max_predictions, masked_lm_prob=args.masked_lm_prob,
+                      short_seq_prob=args.short_seq_prob, whole_word_mask=args.whole_word_mask, pack=args.pack,
+                      pack_max_sequences=args.pack_max_sequences)
     return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
                 image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
-                checksum=args.checksum)
+                checksum=args.checksum, text=text)
+
+
+def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
+    """--dataset, else what the manifest holds, else imagenet."""
+    if args.dataset:
+        return args.dataset
+    if manifest_uri:
+        from pipeline.shards import Manifest
+
+        return "wikipedia" if Manifest.load(manifest_uri).vocab else "imagenet"
+    return "imagenet"
 
 
 def _consumer_config(args: argparse.Namespace):
@@ -108,6 +148,13 @@ def _consumer_config(args: argparse.Namespace):
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
+    if args.data_command == "wikipedia":
+        from pipeline.text.corpus import write_wikipedia
+
+        corpus = write_wikipedia(args.dir, documents=args.docs)
+        print(f"wrote {corpus.documents} Wikipedia articles to {corpus.text} and BERT's vocabulary to {corpus.vocab}\n"
+              f"next: stoker prepare wikipedia {corpus.text} SHARDS_DIR --vocab {corpus.vocab}")
+        return 0
     if args.data_command == "imagenet-synth":
         from pipeline.synth import SynthConfig, generate
 
@@ -122,6 +169,8 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
+    if args.prepare_command == "wikipedia":
+        return _prepare_wikipedia(args)
     from pipeline.prepare import PrepareConfig, prepare_imagenet
 
     result = prepare_imagenet(args.src, args.dst, PrepareConfig(
@@ -131,6 +180,21 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     m = result.manifest
     print(f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, to {args.dst}; "
           f"skipped {len(result.skipped)} file(s)")
+    return 0
+
+
+def _prepare_wikipedia(args: argparse.Namespace) -> int:
+    from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
+
+    result = prepare_wikipedia(args.src, args.dst, args.vocab, TextPrepareConfig(
+        docs_per_shard=args.docs_per_shard, seed=args.seed, lowercase=not args.cased))
+    for item in result.skipped[:20]:
+        print(f"skipped {item['path']}: {item['reason']}", file=sys.stderr)
+    if len(result.skipped) > 20:
+        print(f"... and {len(result.skipped) - 20} more (listed in the manifest)", file=sys.stderr)
+    m = result.manifest
+    print(f"wrote {m.num_samples} documents ({result.sentences} sentences, {result.tokens} tokens) in "
+          f"{len(m.shards)} shard(s) to {args.dst}; skipped {len(result.skipped)} document(s)")
     return 0
 
 
@@ -152,12 +216,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.job import JobConfig
     from stoker.embedded import Progress, print_summary
 
-    job = JobConfig(manifest_uri=args.data, **_job_args(args))
+    job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
     consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate))
     consumer.start()
     print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
           + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
-    progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress)
+    progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress, job.dataset)
     try:
         summary = consumer.run(on_step=progress)
         progress.close(consumer)
@@ -170,7 +234,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from stoker.embedded import RunConfig, print_summary, run_embedded
 
-    cfg = RunConfig(data=args.data, images=args.images, hosts=args.hosts, procs=args.procs, accel=args.accel,
+    cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
+                    procs=args.procs, accel=args.accel,
                     rate=args.rate, consumer=_consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
                     progress=not args.no_progress, log_level=args.log_level)

@@ -1,13 +1,15 @@
-"""The default dataset: generated and prepared on first use, then reused from the cache."""
+"""The default datasets: fetched or generated and prepared on first use, then reused from the cache."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.photos import cache_dir
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import MANIFEST_NAME
 from pipeline.synth import SynthConfig, generate
+from pipeline.text.corpus import write_wikipedia
+from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
+from pipeline.wheels import cache_dir
 
 DEFAULT_IMAGES = 2000
 
@@ -25,4 +27,17 @@ def default_imagenet(images: int = DEFAULT_IMAGES, root: Path | None = None, pro
         (raw / ".complete").touch()
     print(f"stoker: preparing shards in {base / 'shards'}", flush=True)
     prepare_imagenet(raw, base / "shards", PrepareConfig(progress=progress))
+    return manifest
+
+
+def default_wikipedia(root: Path | None = None, progress: bool = True) -> Path:
+    """Path of the manifest of the real Wikipedia lead sections, tokenized, making it if needed."""
+    base = (root or cache_dir()) / "wikipedia-en"
+    manifest = base / "shards" / MANIFEST_NAME
+    if manifest.exists():
+        return manifest
+    print(f"stoker: fetching Wikipedia text and BERT's vocabulary into {base / 'raw'}", flush=True)
+    corpus = write_wikipedia(base / "raw")
+    print(f"stoker: tokenizing into {base / 'shards'}", flush=True)
+    prepare_wikipedia(corpus.text, base / "shards", corpus.vocab, TextPrepareConfig(progress=progress))
     return manifest

@@ -18,12 +18,13 @@ from tqdm import tqdm
 from accel.accelerators import make_accelerator
 from accel.consumer import Consumer, ConsumerConfig, Summary
 from accel.job import JobConfig
-from stoker.datasets import default_imagenet
+from stoker.datasets import default_imagenet, default_wikipedia
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    data: str | None = None  # manifest; None: the default generated set
+    data: str | None = None  # manifest; None: the default set of the dataset
+    dataset: str = "imagenet"  # or "wikipedia"
     images: int = 2000  # size of the default set
     hosts: int = 2
     procs: int = 1
@@ -43,8 +44,9 @@ def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | N
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.bar = tqdm(total=total, unit="img", desc="stoker run", disable=not enabled, smoothing=0.1)
+    def __init__(self, total: int, enabled: bool, dataset: str = "imagenet") -> None:
+        unit = "doc" if dataset == "wikipedia" else "img"
+        self.bar = tqdm(total=total, unit=unit, desc="stoker run", disable=not enabled, smoothing=0.1)
         self.last = 0.0
 
     def __call__(self, consumer: Consumer, force: bool = False) -> None:
@@ -64,12 +66,17 @@ class Progress:
 
 def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
     """Run one job end to end; job_args are JobConfig fields other than manifest_uri."""
-    manifest = cfg.data or str(default_imagenet(cfg.images, progress=cfg.progress))
-    job = JobConfig(manifest_uri=manifest, **job_args)
+    if cfg.data:
+        manifest = cfg.data
+    elif cfg.dataset == "wikipedia":
+        manifest = str(default_wikipedia(progress=cfg.progress))
+    else:
+        manifest = str(default_imagenet(cfg.images, progress=cfg.progress))
+    job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
     consumer = Consumer(cfg.consumer, job, make_accelerator(cfg.accel, cfg.rate))
     consumer.start()
     daemons: list[subprocess.Popen] = []
-    progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress)
+    progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress, job.dataset)
     try:
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
@@ -99,11 +106,16 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
 
 def print_summary(summary: Summary, json_path: str | None) -> None:
     s = summary
-    print(f"delivered {s.samples} samples ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
-          f"{s.hosts} host(s) x {s.procs_per_host} process(es): {s.delivered_samples_per_s:.0f} samples/s, "
+    noun = "documents" if s.dataset == "wikipedia" else "samples"
+    print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
+          f"{s.hosts} host(s) x {s.procs_per_host} process(es): {s.delivered_samples_per_s:.0f} {noun}/s, "
           f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
-    print(f"duplicates dropped: {s.duplicates_dropped}; skipped as undecodable: {s.skipped_samples}; "
+    print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
           f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased: {s.units_released}")
+    if s.tokens is not None:
+        print(f"text: {s.sequences} sequences in {s.rows} rows, {s.sequences_per_s:.0f} sequences/s, "
+              f"{s.tokens_per_s:.0f} tokens/s; padding {100 * s.padding_fraction:.1f}% as sent, "
+              f"{100 * s.padding_fraction_before_packing:.1f}% with one sequence per row")
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
     print(f"stage seconds: {stages}")
     if json_path:

@@ -10,6 +10,7 @@ import pytest
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import Manifest, ShardReader, ShardWriter
 from pipeline.synth import SynthConfig, generate
+from tests.helpers import Job
 
 TEST_IMAGES = 160
 
@@ -50,3 +51,38 @@ def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
 def log_dir(tmp_path) -> Path:
     yield tmp_path
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+WIKI_DOCS = 1200
+
+
+@pytest.fixture(scope="session")
+def wiki_corpus(tmp_path_factory):
+    """The first WIKI_DOCS real Wikipedia lead sections and BERT's real vocab.txt."""
+    from pipeline.text.corpus import write_wikipedia
+
+    return write_wikipedia(tmp_path_factory.mktemp("wiki-raw"), documents=WIKI_DOCS)
+
+
+@pytest.fixture(scope="session")
+def wiki_manifest(wiki_corpus, tmp_path_factory) -> Manifest:
+    """Those documents tokenized into three Parquet shards."""
+    from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
+
+    dst = tmp_path_factory.mktemp("wiki-shards")
+    cfg = TextPrepareConfig(docs_per_shard=WIKI_DOCS // 3, progress=False)
+    return prepare_wikipedia(wiki_corpus.text, dst, wiki_corpus.vocab, cfg).manifest
+
+
+@pytest.fixture
+def run_job(log_dir):
+    jobs: list[Job] = []
+
+    def start(consumer, **kwargs) -> Job:
+        job = Job(consumer, log_dir, **kwargs)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.close()

@@ -19,82 +19,11 @@ import pytest
 import zmq
 
 from accel.accelerators import NullAccelerator, SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig, Summary
+from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from protos import stoker_pb2 as pb
 from protos.endpoints import PortInUseError
-from tests.helpers import Daemon, free_port, scrape, wait_for
-
-
-def consumer_for(manifest_uri: str, epochs: int = 2, accel=None, **job) -> Consumer:
-    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
-    job.setdefault("batch_size", 16)
-    job.setdefault("unit_batches", 2)
-    return Consumer(cfg, JobConfig(manifest_uri=manifest_uri, epochs=epochs, **job), accel or NullAccelerator())
-
-
-class Job:
-    """A consumer running in a thread plus worker daemons in subprocesses."""
-
-    def __init__(self, consumer: Consumer, log_dir, hosts: int = 2, procs: int = 1, start_workers: bool = True):
-        self.consumer = consumer
-        self.log_dir = log_dir
-        self.hosts, self.procs = hosts, procs
-        self.daemons: list[Daemon] = []
-        self.summary: Summary | None = None
-        self.error: BaseException | None = None
-        consumer.start()
-        if start_workers:
-            self.start_workers()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def start_workers(self) -> None:
-        for i in range(self.hosts):
-            self.daemons.append(Daemon(self.consumer.control_endpoint, f"host{i}", self.procs, self.log_dir))
-
-    def _run(self) -> None:
-        try:
-            self.summary = self.consumer.run(hosts=self.hosts, procs_per_host=self.procs)
-        except BaseException as exc:  # reported by finish()
-            self.error = exc
-
-    def finish(self, timeout: float = 120) -> Summary:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the job did not finish; worker logs:\n" + self.logs()
-        assert self.error is None, self.error
-        codes = [d.wait(timeout=30) for d in self.daemons]  # with --once they leave by themselves
-        assert codes == [0] * len(codes), self.logs()
-        assert self.summary is not None
-        return self.summary
-
-    def logs(self) -> str:
-        return "\n".join(d.output()[-3000:] for d in self.daemons)
-
-    def close(self) -> None:
-        for d in self.daemons:
-            d.stop()
-        self.consumer.stop()
-
-
-@pytest.fixture
-def run_job(log_dir):
-    jobs: list[Job] = []
-
-    def start(consumer: Consumer, **kwargs) -> Job:
-        job = Job(consumer, log_dir, **kwargs)
-        jobs.append(job)
-        return job
-
-    yield start
-    for job in jobs:
-        job.close()
-
-
-def assert_exactly_once(summary: Summary, num_samples: int, epochs: int, skipped_per_epoch: int = 0) -> None:
-    expected = epochs * (num_samples - skipped_per_epoch)
-    assert summary.samples == summary.unique_samples == expected
-    assert summary.per_epoch_unique == [num_samples - skipped_per_epoch] * epochs
+from tests.helpers import Daemon, assert_exactly_once, consumer_for, free_port, scrape, wait_for
 
 
 def test_two_hosts_deliver_every_sample_exactly_once_and_metrics_agree(manifest, run_job):

@@ -22,7 +22,7 @@ from prometheus_client import multiprocess
 from protos import stoker_pb2 as pb
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.metrics import WorkerMetrics, serve_multiprocess
-from workers.process import EXIT_FINISHED, ProcessSpec, process_main
+from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, ProcessSpec, process_main
 
 log = logging.getLogger("stoker.worker")
 
@@ -63,6 +63,7 @@ class WorkerDaemon:
         self.mp = mp.get_context("spawn")
         self.metrics_port: int | None = None
         self._finished_job = ""
+        self.failed = False  # a process could not serve the job at all
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping:
@@ -88,7 +89,7 @@ class WorkerDaemon:
         finally:
             self.client.close()
             self.ctx.term()
-        return 0
+        return 1 if self.failed else 0
 
     def _register(self) -> pb.JobSpec | None:
         """Wait for a dispatcher (back-off inside the client) and take its job."""
@@ -153,6 +154,12 @@ class WorkerDaemon:
         proc.join()
         multiprocess.mark_process_dead(proc.pid)
         if proc.exitcode == EXIT_FINISHED or self.stopping:
+            child.finished = True
+            return
+        if proc.exitcode == EXIT_BAD_JOB:  # restarting cannot help; the process logged why
+            log.error("%s: process %s cannot serve job %s; not restarting it", self.host_id,
+                      self._worker_id(child), job.job_id)
+            self.failed = True
             child.finished = True
             return
         worker_id = self._worker_id(child)

@@ -19,6 +19,14 @@ class WorkerMetrics:
                                         buckets=IMAGE_BUCKETS)
         self.augment_seconds = Histogram("stoker_worker_augment_seconds", "Crop/resize/flip time per image",
                                          buckets=IMAGE_BUCKETS)
+        self.sequences = Counter("stoker_worker_sequences", "Text: BERT examples produced into sent batches")
+        self.tokens = Counter("stoker_worker_tokens", "Text: non-padding tokens sent")
+        self.token_slots = Counter("stoker_worker_token_slots",
+                                   "Text: token slots one sequence per row would take (packing=before) and "
+                                   "that were sent (packing=after); padding = 1 - tokens / slots", ["packing"])
+        self.example_seconds = Counter("stoker_worker_example_seconds",
+                                       "Text: time making examples (pairs, truncation, masking)")
+        self.pack_seconds = Counter("stoker_worker_pack_seconds", "Text: time packing and writing rows")
         self.units = Counter("stoker_worker_units", "Work units completed")
         self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash")
         self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum")

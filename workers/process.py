@@ -1,4 +1,4 @@
-"""One decode/augment process: lease a unit, build its batches, send each under credit.
+"""One worker process: lease a unit, make its batches (images or text), send each under credit.
 
 SIGINT is ignored (the daemon coordinates shutdown); SIGTERM means drain: finish the batch
 in hand, say goodbye to the consumer and exit 0. The daemon hands unfinished units back.
@@ -13,21 +13,21 @@ from dataclasses import dataclass
 
 import zmq
 
-from pipeline.augment import EvalTransform, TrainTransform, Transform
-from pipeline.batching import ImageBatch, unit_batches
 from pipeline.plan import Unit
-from pipeline.shards import Manifest, ShardReader
+from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
 from protos.framing import encode_tensors
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.metrics import WorkerMetrics
 from workers.sender import DataSender, Rejected
+from workers.sources import Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
 
 EXIT_FINISHED = 0
 EXIT_DISPATCHER_LOST = 3
 EXIT_REJECTED = 4
+EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusable): do not restart
 
 
 @dataclass(frozen=True)
@@ -38,28 +38,12 @@ class ProcessSpec:
     job: bytes  # serialized pb.JobSpec
 
 
-def transform_of(job: pb.JobSpec) -> Transform:
-    if job.transform == "eval":
-        return EvalTransform(size=job.image_size)
-    return TrainTransform(size=job.image_size, min_area=job.min_area, max_area=job.max_area)
-
-
 class _Stop:
     def __init__(self) -> None:
         self.requested = False
 
     def __call__(self) -> bool:
         return self.requested
-
-
-def build_header(job: pb.JobSpec, worker_id: str, unit: Unit, batch: ImageBatch) -> pb.BatchHeader:
-    header = pb.BatchHeader(job_id=job.job_id, worker_id=worker_id, epoch=unit.epoch, unit_id=unit.unit_id,
-                            batch_index=batch.batch_index, last_in_unit=batch.last, sample_ids=batch.sample_ids)
-    for sample_id, key, reason in batch.skipped:
-        header.skipped.add(sample_id=sample_id, key=key, reason=reason[:200])
-    header.stages.decode = batch.decode_s
-    header.stages.augment = batch.augment_s
-    return header
 
 
 def run_process(spec: ProcessSpec) -> int:
@@ -71,10 +55,12 @@ def run_process(spec: ProcessSpec) -> int:
     job = pb.JobSpec()
     job.ParseFromString(spec.job)
     metrics = WorkerMetrics()
+    try:
+        source = make_source(Manifest.load(job.manifest_uri), job)
+    except (OSError, ValueError) as exc:
+        log.error("%s: cannot serve job %s: %s", spec.worker_id, job.job_id, exc)
+        return EXIT_BAD_JOB
     metrics.processes.inc()
-    manifest = Manifest.load(job.manifest_uri)
-    readers: dict[int, ShardReader] = {}
-    transform = transform_of(job)
     ctx = zmq.Context()
     control = ControlClient(ctx, spec.control_endpoint, spec.worker_id)
     sender = DataSender(ctx, job.data_endpoint, spec.worker_id, job.job_id)
@@ -92,9 +78,7 @@ def run_process(spec: ProcessSpec) -> int:
                 raise RuntimeError(f"unexpected reply to a lease request: {reply}")
             w = reply.unit
             unit = Unit(w.unit_id, w.epoch, w.shard_index, w.start, w.stop, w.first_sample_id)
-            if unit.shard_index not in readers:
-                readers[unit.shard_index] = ShardReader(manifest.shard_uri(unit.shard_index))
-            for batch in unit_batches(readers[unit.shard_index], unit, transform, job.batch_size, job.seed):
+            for batch in source.batches(unit):
                 _send_batch(job, spec, unit, batch, sender, metrics, stop)
                 if stop():
                     break
@@ -116,12 +100,13 @@ def run_process(spec: ProcessSpec) -> int:
         ctx.term()
 
 
-def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: ImageBatch, sender: DataSender,
+def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender,
                 metrics: WorkerMetrics, stop: _Stop) -> None:
     framing_from = time.perf_counter()
-    header = build_header(job, spec.worker_id, unit, batch)
-    tensors = {"image": batch.images, "label": batch.labels} if batch.sample_ids else {}
-    frames = encode_tensors(header, tensors, checksum=job.checksum)
+    header = batch.header
+    header.job_id, header.worker_id = job.job_id, spec.worker_id
+    header.epoch, header.unit_id = unit.epoch, unit.unit_id
+    frames = encode_tensors(header, batch.tensors, checksum=job.checksum)
     send_s = time.perf_counter() - framing_from
     waited = sender.wait_for_credit(stop)
     if sender.credit <= 0:  # stopped while waiting
@@ -132,13 +117,8 @@ def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: ImageBatc
     nbytes = sender.send(header, frames)
     metrics.credit_wait.inc(waited)
     metrics.batches.inc()
-    metrics.samples.inc(len(batch.sample_ids))
-    metrics.decode_errors.inc(len(batch.skipped))
     metrics.bytes_sent.inc(nbytes)
-    for seconds in batch.decode_times:
-        metrics.decode_seconds.observe(seconds)
-    for seconds in batch.augment_times:
-        metrics.augment_seconds.observe(seconds)
+    batch.observe(metrics)
 
 
 def process_main(spec: ProcessSpec) -> None:

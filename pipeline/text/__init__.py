@@ -1,0 +1,1 @@
+"""Text for BERT pretraining: vocabulary, corpus, tokenized shards, examples and packing."""

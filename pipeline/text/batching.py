@@ -1,0 +1,108 @@
+"""Whole text batches from one work unit: examples, masking, optional packing, fixed shapes.
+
+A unit is a range of one shard's documents. Its documents are visited in the unit's seeded
+order, every example of every document is made, then the unit's sequences are packed (or
+kept one per row), the rows shuffled, and cut into batches of `batch_size` rows; only the
+unit's last batch can be short. Each document is listed (in `doc_ids`) in exactly one batch:
+the first that holds one of its sequences. Unusable documents are listed in `skipped` of
+the last batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.plan import Unit
+from pipeline.seeds import derived_rng
+from pipeline.text.docs import DocShard
+from pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
+from pipeline.text.layout import assemble
+from pipeline.text.packing import pack
+
+
+@dataclass
+class TextBatch:
+    tensors: dict[str, np.ndarray]
+    doc_ids: list[int]
+    skipped: list[tuple[int, str, str]]  # (doc id, key, reason)
+    batch_index: int
+    last: bool
+    rows: int
+    sequences: int
+    real_tokens: int
+    token_slots: int  # rows * seq_len: what was sent
+    unpacked_slots: int  # sequences * seq_len: what one sequence per row would have sent
+    examples_s: float = 0.0  # the unit's example-making time, on its first batch
+    pack_s: float = 0.0
+    masked: int = 0
+    random_next: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TextUnitSource:
+    """Makes the batches of units over one shard (the shard's valid rows are the random-next pool)."""
+
+    shard: DocShard
+    cfg: TextConfig
+    specials: Specials
+    seed: int
+
+    def __post_init__(self) -> None:
+        self.pool = valid_rows(self.shard)
+
+    def sequences(self, unit: Unit) -> tuple[list[Sequence], list[tuple[int, str, str]]]:
+        sequences: list[Sequence] = []
+        skipped: list[tuple[int, str, str]] = []
+        for row in unit.sample_order(self.seed):
+            row = int(row)
+            doc_id = unit.first_sample_id + row
+            key = self.shard.key(row)
+            problem = self.shard.problem(row)
+            if problem:
+                skipped.append((doc_id, key, problem))
+                continue
+            rng = derived_rng(self.seed, unit.epoch, key)
+            sequences += document_sequences(self.shard, row, doc_id, self.pool, self.cfg, self.specials, rng)
+        return sequences, skipped
+
+    def batches(self, unit: Unit, batch_size: int) -> Iterator[TextBatch]:
+        started = time.perf_counter()
+        sequences, skipped = self.sequences(unit)
+        made = time.perf_counter()
+        rows = self._rows(unit, sequences)
+        packed = time.perf_counter()
+        claimed: set[int] = set()
+        count = max(1, -(-len(rows) // batch_size))
+        for index in range(count):
+            chunk = rows[index * batch_size: (index + 1) * batch_size]
+            flat = [seq for row in chunk for seq in row]
+            doc_ids = list(dict.fromkeys(s.doc_id for s in flat if s.doc_id not in claimed))
+            claimed.update(doc_ids)
+            build_from = time.perf_counter()
+            tensors = assemble(chunk, self.cfg)
+            assemble_s = time.perf_counter() - build_from
+            last = index == count - 1
+            real = sum(len(s) for s in flat)
+            yield TextBatch(
+                tensors=tensors, doc_ids=doc_ids, skipped=skipped if last else [], batch_index=index, last=last,
+                rows=len(chunk), sequences=len(flat), real_tokens=real,
+                token_slots=len(chunk) * self.cfg.seq_len, unpacked_slots=len(flat) * self.cfg.seq_len,
+                examples_s=(made - started) if index == 0 else 0.0,
+                pack_s=((packed - made) if index == 0 else 0.0) + assemble_s,
+                masked=sum(s.masked_positions.size for s in flat),
+                random_next=sum(s.is_random_next for s in flat),
+                lengths=[len(s) for s in flat])
+
+    def _rows(self, unit: Unit, sequences: list[Sequence]) -> list[list[Sequence]]:
+        rng = derived_rng(self.seed, unit.epoch, f"rows-{unit.shard_index}-{unit.start}")
+        if not self.cfg.pack:
+            return [[sequences[int(i)]] for i in rng.permutation(len(sequences))]
+        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+        preds = np.fromiter((s.masked_positions.size for s in sequences), dtype=np.int64, count=len(sequences))
+        packs = pack(lengths, preds, self.cfg.seq_len, self.cfg.pack_max_sequences, self.cfg.predictions_per_row)
+        return [[sequences[i] for i in packs[int(p)]] for p in rng.permutation(len(packs))]

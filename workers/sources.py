@@ -1,0 +1,172 @@
+"""Batch sources: what a worker process makes of a leased unit, for each kind of dataset.
+
+A source turns a unit into outgoing batches: the tensors, the header fields that describe
+them, and how they count in the worker's metrics. A shard that cannot be opened or fails
+its checks does not crash the process: the unit is answered with one empty last batch that
+lists every one of its samples as skipped, with the reason, so nothing is lost silently and
+the dispatcher does not hand the same broken unit out forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.augment import EvalTransform, TrainTransform, Transform
+from pipeline.batching import unit_batches
+from pipeline.plan import Unit
+from pipeline.shards import Manifest, ShardReader
+from pipeline.text.batching import TextUnitSource
+from pipeline.text.docs import ShardError, read_doc_shard
+from pipeline.text.examples import Specials, TextConfig
+from pipeline.text.vocab import Vocab
+from protos import stoker_pb2 as pb
+from workers.metrics import WorkerMetrics
+
+log = logging.getLogger("stoker.worker")
+
+
+@dataclass
+class Outgoing:
+    header: pb.BatchHeader  # sample ids, skips, rows, stages and text stats; identity fields are the sender's
+    tensors: dict[str, np.ndarray]
+    observe: Callable[[WorkerMetrics], None]  # count the batch once it is sent
+
+
+class BatchSource(Protocol):
+    def batches(self, unit: Unit) -> Iterator[Outgoing]: ...
+
+
+def transform_of(job: pb.JobSpec) -> Transform:
+    if job.transform == "eval":
+        return EvalTransform(size=job.image_size)
+    return TrainTransform(size=job.image_size, min_area=job.min_area, max_area=job.max_area)
+
+
+def text_config(job: pb.JobSpec) -> TextConfig:
+    t = job.text
+    return TextConfig(seq_len=t.seq_len, max_predictions=t.max_predictions, masked_lm_prob=t.masked_lm_prob,
+                      short_seq_prob=t.short_seq_prob, whole_word_mask=t.whole_word_mask, pack=t.pack,
+                      pack_max_sequences=t.pack_max_sequences)
+
+
+def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: int, last: bool,
+            index: int) -> pb.BatchHeader:
+    header = pb.BatchHeader(batch_index=index, last_in_unit=last, sample_ids=sample_ids, rows=rows)
+    for sample_id, key, reason in skipped:
+        header.skipped.add(sample_id=sample_id, key=key, reason=reason[:200])
+    return header
+
+
+def unreadable_unit(unit: Unit, keys: Callable[[int], str] | None, reason: str) -> Outgoing:
+    """The one batch that answers a unit whose shard cannot be used: every sample skipped."""
+    skipped = [(unit.first_sample_id + row, keys(row) if keys else f"row {row}", reason)
+               for row in range(unit.start, unit.stop)]
+
+    def observe(metrics: WorkerMetrics) -> None:
+        metrics.decode_errors.inc(len(skipped))
+
+    return Outgoing(_header([], skipped, 0, True, 0), {}, observe)
+
+
+class ImageSource:
+    def __init__(self, manifest: Manifest, job: pb.JobSpec) -> None:
+        self.manifest = manifest
+        self.job = job
+        self.transform = transform_of(job)
+        self.readers: dict[int, ShardReader | str] = {}  # shard -> reader, or why it cannot be read
+
+    def _reader(self, shard: int) -> ShardReader | str:
+        if shard not in self.readers:
+            try:
+                self.readers[shard] = ShardReader(self.manifest.shard_uri(shard))
+            except (OSError, ValueError) as exc:
+                log.error("shard %s is unusable: %s", self.manifest.shard_uri(shard), exc)
+                self.readers[shard] = f"unreadable shard: {exc}"
+        return self.readers[shard]
+
+    def batches(self, unit: Unit) -> Iterator[Outgoing]:
+        reader = self._reader(unit.shard_index)
+        if isinstance(reader, str):
+            yield unreadable_unit(unit, None, reader)
+            return
+        for batch in unit_batches(reader, unit, self.transform, self.job.batch_size, self.job.seed):
+            header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last, batch.batch_index)
+            header.stages.decode = batch.decode_s
+            header.stages.augment = batch.augment_s
+            tensors = {"image": batch.images, "label": batch.labels} if batch.sample_ids else {}
+
+            def observe(metrics: WorkerMetrics, batch=batch) -> None:
+                metrics.samples.inc(len(batch.sample_ids))
+                metrics.decode_errors.inc(len(batch.skipped))
+                for seconds in batch.decode_times:
+                    metrics.decode_seconds.observe(seconds)
+                for seconds in batch.augment_times:
+                    metrics.augment_seconds.observe(seconds)
+
+            yield Outgoing(header, tensors, observe)
+
+
+class TextSource:
+    def __init__(self, manifest: Manifest, job: pb.JobSpec) -> None:
+        self.manifest = manifest
+        self.job = job
+        self.cfg = text_config(job)
+        if not manifest.vocab:
+            raise ValueError(f"{manifest.uri}: a wikipedia job needs a text manifest with a vocab "
+                             f"(this one is {manifest.kind!r}); make one with `stoker prepare wikipedia`")
+        vocab = Vocab.load(manifest.relative_uri(manifest.vocab))
+        if manifest.vocab_sha256 and vocab.sha256 != manifest.vocab_sha256:
+            raise ValueError(f"{manifest.vocab}: not the vocabulary the shards were tokenized with (sha256 differs)")
+        self.specials = Specials.of(vocab)
+        self.shards: dict[int, TextUnitSource | str] = {}
+
+    def _shard(self, index: int) -> TextUnitSource | str:
+        if index not in self.shards:
+            uri = self.manifest.shard_uri(index)
+            try:
+                shard = read_doc_shard(uri, self.manifest.shards[index], self.specials.vocab_size)
+                self.shards[index] = TextUnitSource(shard, self.cfg, self.specials, self.job.seed)
+            except ShardError as exc:
+                log.error("shard %s is unusable: %s", uri, exc)
+                self.shards[index] = f"unreadable shard: {exc}"
+        return self.shards[index]
+
+    def batches(self, unit: Unit) -> Iterator[Outgoing]:
+        source = self._shard(unit.shard_index)
+        if isinstance(source, str):
+            yield unreadable_unit(unit, None, source)
+            return
+        for batch in source.batches(unit, self.job.batch_size):
+            header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
+            header.stages.examples = batch.examples_s
+            header.stages.pack = batch.pack_s
+            header.text.CopyFrom(pb.TextStats(
+                sequences=batch.sequences, real_tokens=batch.real_tokens, token_slots=batch.token_slots,
+                unpacked_token_slots=batch.unpacked_slots, masked_tokens=batch.masked,
+                random_next=batch.random_next))
+            tensors = batch.tensors if batch.rows else {}
+
+            def observe(metrics: WorkerMetrics, batch=batch) -> None:
+                metrics.samples.inc(len(batch.doc_ids))
+                metrics.decode_errors.inc(len(batch.skipped))
+                metrics.sequences.inc(batch.sequences)
+                metrics.tokens.inc(batch.real_tokens)
+                metrics.token_slots.labels(packing="before").inc(batch.unpacked_slots)
+                metrics.token_slots.labels(packing="after").inc(batch.token_slots)
+                metrics.example_seconds.inc(batch.examples_s)
+                metrics.pack_seconds.inc(batch.pack_s)
+
+            yield Outgoing(header, tensors, observe)
+
+
+def make_source(manifest: Manifest, job: pb.JobSpec) -> BatchSource:
+    if job.dataset == "wikipedia":
+        return TextSource(manifest, job)
+    if manifest.kind != "imagenet":
+        raise ValueError(f"{manifest.uri}: an imagenet job cannot read a {manifest.kind!r} manifest")
+    return ImageSource(manifest, job)
