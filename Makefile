@@ -40,6 +40,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks spine
+	$(BIN)/python -m benchmarks text
 
 protos: setup
 	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. stoker.proto

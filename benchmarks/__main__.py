@@ -1,10 +1,10 @@
-"""`python -m benchmarks NAME`: run one benchmark (for now: spine)."""
+"""`python -m benchmarks NAME`: run one benchmark (spine or text)."""
 
 import sys
 
-from benchmarks import spine
+from benchmarks import spine, text
 
-BENCHMARKS = {"spine": spine.main}
+BENCHMARKS = {"spine": spine.main, "text": text.main}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "spine"

@@ -93,3 +93,16 @@ def test_stoker_run_wikipedia_writes_padding_and_tokens_per_second(wiki_manifest
     assert summary["tokens_per_s"] > 0
     assert summary["padding_fraction"] < 0.5 * summary["padding_fraction_before_packing"]
     assert "padding" in result.stdout
+
+
+def test_a_process_that_cannot_serve_the_job_exits_with_its_own_code(tmp_path, wiki_manifest):
+    from protos import stoker_pb2 as pb
+    from workers.process import EXIT_BAD_JOB, ProcessSpec, run_process
+
+    folder = tmp_path / "shards"
+    shutil.copytree(str(wiki_manifest.uri).rsplit("/", 1)[0], folder)
+    (folder / "vocab.txt").write_text("[PAD]\nnot a wordpiece vocabulary\n")
+    job = pb.JobSpec(job_id="j", manifest_uri=str(folder / "manifest.json"), dataset="wikipedia",
+                     data_endpoint="tcp://127.0.0.1:1", text=pb.TextSpec(seq_len=128, pack_max_sequences=3))
+    spec = ProcessSpec("h", "h/p0.1", "tcp://127.0.0.1:1", job.SerializeToString())
+    assert run_process(spec) == EXIT_BAD_JOB

@@ -49,17 +49,17 @@ class _Stop:
 def run_process(spec: ProcessSpec) -> int:
     """The child's main loop; returns its exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stop = _Stop()
-    signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "requested", True))
     job = pb.JobSpec()
     job.ParseFromString(spec.job)
-    metrics = WorkerMetrics()
     try:
         source = make_source(Manifest.load(job.manifest_uri), job)
     except (OSError, ValueError) as exc:
         log.error("%s: cannot serve job %s: %s", spec.worker_id, job.job_id, exc)
         return EXIT_BAD_JOB
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "requested", True))
+    metrics = WorkerMetrics()
     metrics.processes.inc()
     ctx = zmq.Context()
     control = ControlClient(ctx, spec.control_endpoint, spec.worker_id)
