@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from pipeline.augment import REFERENCE_AREA
+from pipeline.augment import DECODERS, REFERENCE_AREA
 from pipeline.text.examples import TextConfig
 from protos import stoker_pb2 as pb
 
@@ -24,6 +24,7 @@ class JobConfig:
     transform: str = "train"  # or "eval"
     min_area: float = REFERENCE_AREA[0]
     max_area: float = REFERENCE_AREA[1]
+    decoder: str = "auto"  # crop-window C decoder where built, else pillow-simd
     text: TextConfig = TextConfig()
     checksum: bool = False
     heartbeat_s: float = 1.0
@@ -36,6 +37,8 @@ class JobConfig:
             raise ValueError("epochs, batch size and unit batches must be at least 1")
         if self.transform not in ("train", "eval"):
             raise ValueError(f"transform must be train or eval, not {self.transform!r}")
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
 
@@ -49,6 +52,7 @@ class JobConfig:
                           batch_size=self.batch_size, image_size=self.image_size, transform=self.transform,
                           seed=self.seed, min_area=self.min_area, max_area=self.max_area,
                           heartbeat_s=self.heartbeat_s, checksum=self.checksum, dataset=self.dataset,
+                          decoder=self.decoder,
                           text=pb.TextSpec(seq_len=t.seq_len, max_predictions=t.max_predictions,
                                            masked_lm_prob=t.masked_lm_prob, short_seq_prob=t.short_seq_prob,
                                            whole_word_mask=t.whole_word_mask, pack=t.pack,

@@ -47,7 +47,7 @@ class _Sample:
 
 
 def _samples(reader: ShardReader, unit: Unit, transform: Transform, seed: int,
-             draft: bool) -> Iterator[_Sample | list[tuple[int, str, str]]]:
+             decoder: str) -> Iterator[_Sample | list[tuple[int, str, str]]]:
     """Decoded samples in unit order; a trailing list holds skips after the last good one."""
     skipped: list[tuple[int, str, str]] = []
     for row in unit.sample_order(seed):
@@ -55,7 +55,7 @@ def _samples(reader: ShardReader, unit: Unit, transform: Transform, seed: int,
         sample_id = unit.first_sample_id + row
         rng = derived_rng(seed, unit.epoch, sample_id)
         try:
-            decoded = decode_augment(reader.jpeg(row), transform, rng, draft=draft)
+            decoded = decode_augment(reader.jpeg(row), transform, rng, decoder)
         except DecodeError as exc:
             skipped.append((sample_id, reader.key(row), str(exc)))
             continue
@@ -65,9 +65,9 @@ def _samples(reader: ShardReader, unit: Unit, transform: Transform, seed: int,
 
 
 def unit_batches(reader: ShardReader, unit: Unit, transform: Transform, batch_size: int,
-                 seed: int, draft: bool = True) -> Iterator[ImageBatch]:
+                 seed: int, decoder: str = "auto") -> Iterator[ImageBatch]:
     """Every batch of `unit`; always at least one (possibly empty) batch marked last."""
-    stream = _samples(reader, unit, transform, seed, draft)
+    stream = _samples(reader, unit, transform, seed, decoder)
     pending: list[_Sample] = []
     index = 0
     for item in stream:

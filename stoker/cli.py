@@ -26,6 +26,9 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transform", choices=("train", "eval"), default="train")
     p.add_argument("--crop-area", choices=("reference", "torchvision"), default="reference",
                    help="random-resized-crop area range: MLPerf reference 0.05-1.0 or torchvision 0.08-1.0")
+    p.add_argument("--decoder", choices=("auto", "crop", "pillow", "full"), default="auto",
+                   help="JPEG decoding: crop (libjpeg-turbo, crop window only), pillow (pillow-simd draft), "
+                        "full (every pixel); auto: crop where built (default)")
     p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
     text = p.add_argument_group("wikipedia (BERT pretraining) options")
     text.add_argument("--seq-len", type=int, default=128, help="tokens per row (default 128)")
@@ -124,7 +127,7 @@ def _job_args(args: argparse.Namespace) -> dict:
                       pack_max_sequences=args.pack_max_sequences)
     return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
                 image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
-                checksum=args.checksum, text=text)
+                checksum=args.checksum, decoder=args.decoder, text=text)
 
 
 def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:

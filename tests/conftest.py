@@ -30,7 +30,7 @@ def manifest(raw_images, tmp_path_factory) -> Manifest:
 
 @pytest.fixture(scope="session")
 def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
-    """The same samples with one JPEG truncated in the middle of its entropy-coded data."""
+    """The same samples with one JPEG truncated early in its entropy-coded data."""
     dst = tmp_path_factory.mktemp("corrupt")
     writer = ShardWriter(dst, target_bytes=4 << 20)
     victim = ""
@@ -38,9 +38,9 @@ def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
         reader = ShardReader(manifest.shard_uri(index))
         for row in range(len(reader)):
             data = bytes(reader.jpeg(row))
-            if not victim:
+            if not victim:  # cut inside the first rows: any crop window reaches the cut
                 victim = reader.key(row)
-                data = data[: len(data) // 3]
+                data = data[: len(data) // 20]
             writer.add(reader.key(row), reader.label(row), data)
     corrupt = Manifest(kind="imagenet", classes=manifest.classes, shards=writer.close())
     corrupt.save(dst / "manifest.json")

@@ -57,8 +57,8 @@ def test_draft_decoding_matches_full_decoding(manifest):
     diffs = []
     for row in range(40):
         data = reader.jpeg(row)
-        fast = decode_augment(data, TrainTransform(), derived_rng(0, 0, row), draft=True).pixels
-        full = decode_augment(data, TrainTransform(), derived_rng(0, 0, row), draft=False).pixels
+        fast = decode_augment(data, TrainTransform(), derived_rng(0, 0, row), decoder="pillow").pixels
+        full = decode_augment(data, TrainTransform(), derived_rng(0, 0, row), decoder="full").pixels
         diffs.append(np.abs(fast.astype(int) - full.astype(int)).mean())
     assert np.median(diffs) < 6.0, diffs
     assert max(diffs) < 16.0, diffs

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.augment import EvalTransform, TrainTransform, Transform
+from pipeline.augment import CROP_DECODER_AVAILABLE, EvalTransform, TrainTransform, Transform
 from pipeline.batching import unit_batches
 from pipeline.plan import Unit
 from pipeline.shards import Manifest, ShardReader
@@ -78,6 +78,10 @@ class ImageSource:
         self.manifest = manifest
         self.job = job
         self.transform = transform_of(job)
+        self.decoder = job.decoder or "auto"
+        if self.decoder == "crop" and not CROP_DECODER_AVAILABLE:
+            log.warning("the crop-window decoder was not built on this host (no libjpeg-turbo headers at "
+                        "install time); decoding with pillow-simd")
         self.readers: dict[int, ShardReader | str] = {}  # shard -> reader, or why it cannot be read
 
     def _reader(self, shard: int) -> ShardReader | str:
@@ -94,7 +98,7 @@ class ImageSource:
         if isinstance(reader, str):
             yield unreadable_unit(unit, None, reader)
             return
-        for batch in unit_batches(reader, unit, self.transform, self.job.batch_size, self.job.seed):
+        for batch in unit_batches(reader, unit, self.transform, self.job.batch_size, self.job.seed, self.decoder):
             header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last, batch.batch_index)
             header.stages.decode = batch.decode_s
             header.stages.augment = batch.augment_s
