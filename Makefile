@@ -39,8 +39,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 bench: setup
-	$(BIN)/python -m benchmarks spine
-	$(BIN)/python -m benchmarks text
+	$(BIN)/python -m benchmarks all
 
 protos: setup
 	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. stoker.proto

@@ -1,13 +1,16 @@
-"""`python -m benchmarks NAME`: run one benchmark (spine or text)."""
+"""`python -m benchmarks NAME`: run one benchmark (spine, text, suite) or all of them."""
 
+import os
 import sys
 
-from benchmarks import spine, text
+from benchmarks import spine, suite, text
 
-BENCHMARKS = {"spine": spine.main, "text": text.main}
+BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main}
 
 if __name__ == "__main__":
-    name = sys.argv[1] if len(sys.argv) > 1 else "spine"
-    if name not in BENCHMARKS:
-        raise SystemExit(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
-    BENCHMARKS[name]()
+    name = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if name != "all" and name not in BENCHMARKS:
+        raise SystemExit(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or all")
+    for chosen in BENCHMARKS if name == "all" else [name]:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # each benchmark pins itself
+        BENCHMARKS[chosen]()

@@ -149,19 +149,37 @@ def decode_augment(
     return _decode_pillow(jpeg, transform, rng, draft=decoder != "full")
 
 
-def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: np.random.Generator | None, width: int,
-                   height: int, started: float) -> DecodedSample:
-    crop = transform.crop(width, height, rng)
-    denom = dct_denominator(width, height, _draft_request(width, height, crop, transform.size))
+@dataclass(frozen=True)
+class Window:
+    """What the crop decoder decodes: scale 1/denom, rows [top, bottom) and columns [left, right)
+    of the scaled image, and the crop box (floats) in those scaled coordinates."""
+
+    denom: int
+    left: int
+    top: int
+    right: int
+    bottom: int
+    box: tuple[float, float, float, float]
+
+
+def crop_window(width: int, height: int, crop: Crop, size: int) -> Window:
+    denom = dct_denominator(width, height, _draft_request(width, height, crop, size))
     scaled_w, scaled_h = -(-width // denom), -(-height // denom)
     sx, sy = scaled_w / width, scaled_h / height
     box = (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
-    left = max(0, math.floor(box[0]) - _FILTER_MARGIN)
-    top = max(0, math.floor(box[1]) - _FILTER_MARGIN)
-    right = min(scaled_w, math.ceil(box[2]) + _FILTER_MARGIN)
-    bottom = min(scaled_h, math.ceil(box[3]) + _FILTER_MARGIN)
+    return Window(denom,
+                  max(0, math.floor(box[0]) - _FILTER_MARGIN), max(0, math.floor(box[1]) - _FILTER_MARGIN),
+                  min(scaled_w, math.ceil(box[2]) + _FILTER_MARGIN), min(scaled_h, math.ceil(box[3]) + _FILTER_MARGIN),
+                  box)
+
+
+def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: np.random.Generator | None, width: int,
+                   height: int, started: float) -> DecodedSample:
+    crop = transform.crop(width, height, rng)
+    w = crop_window(width, height, crop, transform.size)
+    box = w.box
     try:
-        pixels, region_w, region_h, x, y = _jpegcrop.decode(jpeg, denom, left, top, right, bottom)
+        pixels, region_w, region_h, x, y = _jpegcrop.decode(jpeg, w.denom, w.left, w.top, w.right, w.bottom)
     except ValueError as exc:
         raise DecodeError(str(exc)) from exc
     decoded = time.perf_counter()

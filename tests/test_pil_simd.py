@@ -18,3 +18,14 @@ def test_pil_comes_from_pillow_simd():
 
 def test_decoder_is_libjpeg_turbo():
     assert features.check_feature("libjpeg_turbo")
+
+
+def test_the_crop_decoder_is_built_where_libjpeg_turbo_headers_are():
+    """`make setup` installs the headers, so a silent fallback to pillow-simd would be a build bug."""
+    from pathlib import Path
+
+    from pipeline import augment
+
+    if Path("/usr/include/jpeglib.h").exists():
+        assert augment.CROP_DECODER_AVAILABLE
+        assert augment._jpegcrop.LIBJPEG_TURBO_VERSION_NUMBER >= 2000000
