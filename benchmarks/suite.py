@@ -38,7 +38,7 @@ from accel.job import JobConfig
 from pipeline import augment
 from pipeline.augment import TrainTransform, crop_window
 from pipeline.plan import EpochPlan
-from pipeline.seeds import derived_rng
+from pipeline.seeds import sample_random
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource
 from pipeline.text.docs import read_doc_shard
@@ -128,7 +128,7 @@ def write_inputs(files: list[str]) -> tuple[Path, Path]:
         width, height, _, colorspace, _ = augment._jpegcrop.header(data)
         if colorspace in ("cmyk", "ycck"):
             continue
-        w = crop_window(width, height, transform.crop(width, height, derived_rng(0, 0, index)), transform.size)
+        w = crop_window(width, height, transform.crop(width, height, sample_random(0, 0, index)), transform.size)
         lines.append(f"{path} {w.denom} {w.left} {w.top} {w.right} {w.bottom}")
     windows.write_text("\n".join(lines) + "\n")
     return listing, windows

@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.augment import DecodedSample, DecodeError, Transform, decode_augment
 from pipeline.plan import Unit
-from pipeline.seeds import derived_rng
+from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
 
 
@@ -53,7 +53,7 @@ def _samples(reader: ShardReader, unit: Unit, transform: Transform, seed: int,
     for row in unit.sample_order(seed):
         row = int(row)
         sample_id = unit.first_sample_id + row
-        rng = derived_rng(seed, unit.epoch, sample_id)
+        rng = sample_random(seed, unit.epoch, sample_id)
         try:
             decoded = decode_augment(reader.jpeg(row), transform, rng, decoder)
         except DecodeError as exc:

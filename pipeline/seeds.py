@@ -8,6 +8,8 @@ and a redone work unit yields byte-identical batches.
 from __future__ import annotations
 
 import hashlib
+import random
+import struct
 
 import numpy as np
 
@@ -22,3 +24,9 @@ def derived_rng(seed: int, epoch: int, key: str | bytes | int) -> np.random.Gene
     """A generator that depends only on (seed, epoch, key)."""
     word = key if isinstance(key, int) else key_hash(key)
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, word])))
+
+
+def sample_random(seed: int, epoch: int, sample_id: int) -> random.Random:
+    """A cheap per-sample generator for image crops: a few draws do not need numpy's machinery."""
+    digest = hashlib.blake2b(struct.pack("<qqq", seed, epoch, sample_id), digest_size=8).digest()
+    return random.Random(int.from_bytes(digest, "little"))

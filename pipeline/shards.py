@@ -165,6 +165,8 @@ class ShardReader:
         if not reader.schema.equals(IMAGE_SCHEMA):
             raise ValueError(f"{uri}: schema {reader.schema} is not {IMAGE_SCHEMA}")
         self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self._labels = np.concatenate([b.column(1).to_numpy() for b in self._batches]) if self._batches else \
+            np.zeros(0, np.int32)
         self._starts: list[int] = []
         self._views: list[tuple[np.ndarray, memoryview]] = []
         row = 0
@@ -195,5 +197,6 @@ class ShardReader:
         return self._batches[index].column(0)[local].as_py()
 
     def label(self, row: int) -> int:
-        index, local = self._locate(row)
-        return self._batches[index].column(1)[local].as_py()
+        if not 0 <= row < self._rows:
+            raise IndexError(f"row {row} outside shard of {self._rows}")
+        return int(self._labels[row])

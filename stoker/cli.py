@@ -51,6 +51,8 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"/metrics port (default {metrics_port})")
     p.add_argument("--metrics-addr", default="127.0.0.1")
     p.add_argument("--credit-window", type=int, default=3, help="batches in flight per worker process")
+    p.add_argument("--host-timeout", type=float, default=10.0,
+                   help="seconds without a heartbeat before a host's units are re-leased (default 10)")
     p.add_argument("--json", metavar="PATH", help="write the closing summary here")
     p.add_argument("--no-progress", action="store_true")
 
@@ -114,6 +116,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-metrics-port", type=int, default=9561, help="host i serves on this + i")
     _add_job_args(run)
     _add_consumer_args(run, 9560)
+
+    lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    up = lab_sub.add_parser("up", help="make the hosts and start a consumer and one worker daemon per host")
+    up.add_argument("--hosts", type=int, default=3)
+    up.add_argument("--cores-per-host", type=float, default=1.0, help="CPU quota of each host (default 1)")
+    up.add_argument("--procs", type=int, default=1, help="worker processes per host")
+    up.add_argument("--link-gbit", type=float, help="shape each host's link to this rate")
+    up.add_argument("--link-latency-ms", type=float, help="add this one-way latency to each host's link")
+    up.add_argument("--loopback", action="store_true", help="no namespaces: everything on 127.0.0.1")
+    up.add_argument("train_args", nargs=argparse.REMAINDER,
+                    help="after --: options for the consumer's `stoker train` (default data: the generated set)")
+    lab_sub.add_parser("status", help="what the lab is made of and whether its processes live")
+    lab_sub.add_parser("wait", help="wait for the job to finish and print its summary")
+    lab_sub.add_parser("down", help="stop everything and remove what the lab made (safe to repeat)")
+    for name, text in (("kill", "kill -9 a host's whole daemon"), ("cut", "drop every packet on a host's link"),
+                       ("heal", "undo cut")):
+        op = lab_sub.add_parser(name, help=text)
+        op.add_argument("host", help="h0, h1, ...")
     return parser
 
 
@@ -147,7 +168,8 @@ def _consumer_config(args: argparse.Namespace):
     return ConsumerConfig(data_bind=args.data_bind, control_bind=args.control_bind,
                           advertise_host=args.advertise_host,
                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                          metrics_addr=args.metrics_addr, credit_window=args.credit_window)
+                          metrics_addr=args.metrics_addr, credit_window=args.credit_window,
+                          host_timeout_s=args.host_timeout)
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -247,8 +269,46 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lab(args: argparse.Namespace) -> int:
+    from stoker.lab import cluster
+
+    command = args.lab_command
+    if command == "up":
+        train_args = [a for a in args.train_args if a != "--"]
+        if "--data" not in train_args:
+            from stoker.datasets import default_imagenet
+
+            train_args += ["--data", str(default_imagenet())]
+        state = cluster.Lab(cluster.LabConfig(hosts=args.hosts, cores_per_host=args.cores_per_host, procs=args.procs,
+                                              link_gbit=args.link_gbit, link_latency_ms=args.link_latency_ms,
+                                              loopback=args.loopback)).up(train_args)
+        _print_lab(state)
+    elif command == "status":
+        _print_lab(cluster.current())
+    elif command == "wait":
+        print(json.dumps(cluster.wait(), indent=1))
+    elif command == "down":
+        removed = cluster.down()
+        print("removed: " + (", ".join(removed) if removed else "nothing (no lab was up)"))
+    else:
+        {"kill": cluster.kill_host, "cut": cluster.cut, "heal": cluster.heal}[command](args.host)
+        print(f"{command}: {args.host}")
+    return 0
+
+
+def _print_lab(state) -> None:
+    from stoker.lab.cluster import _alive
+
+    print(f"lab ({state.mode}){': ' + state.note.lstrip('; ') if state.note else ''}")
+    for member in state.members.values():
+        where = f"netns {member.netns}" if member.netns else "root namespace"
+        print(f"  {member.name:6} {member.address:15} {where:18} pid {member.pid} "
+              f"{'up' if _alive(member.pid) else 'exited'}  metrics {member.metrics}  log {member.log}")
+    print(f"workers connect to {state.control_endpoint}; summary will be written to {state.summary}")
+
+
 COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "train": _cmd_train,
-            "run": _cmd_run}
+            "run": _cmd_run, "lab": _cmd_lab}
 
 
 def main(argv: list[str] | None = None) -> int:

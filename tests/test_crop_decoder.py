@@ -12,7 +12,7 @@ from PIL import Image
 
 from pipeline import augment
 from pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
-from pipeline.seeds import derived_rng
+from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
 
 pytestmark = pytest.mark.skipif(not augment.CROP_DECODER_AVAILABLE, reason="built without libjpeg-turbo headers")
@@ -40,8 +40,8 @@ def test_crop_window_decoding_agrees_with_pillow_simd(manifest, transform):
     assert len(flavours) >= 300
     worst, means = 0, []
     for index, (key, data) in enumerate(flavours):
-        crop = decode_augment(data, transform, derived_rng(0, 0, index), decoder="crop").pixels
-        pillow = decode_augment(data, transform, derived_rng(0, 0, index), decoder="pillow").pixels
+        crop = decode_augment(data, transform, sample_random(0, 0, index), decoder="crop").pixels
+        pillow = decode_augment(data, transform, sample_random(0, 0, index), decoder="pillow").pixels
         assert crop.shape == pillow.shape == (224, 224, 3) and crop.dtype == np.uint8, key
         diff = np.abs(crop.astype(int) - pillow.astype(int))
         worst = max(worst, int(diff.max()))
@@ -54,7 +54,7 @@ def test_greyscale_comes_out_as_equal_channels(manifest):
     data = bytes(ShardReader(manifest.shard_uri(0)).jpeg(0))
     buf = io.BytesIO()
     Image.open(io.BytesIO(data)).convert("L").save(buf, "JPEG")
-    pixels = decode_augment(buf.getvalue(), TrainTransform(), derived_rng(0, 0, 0), decoder="crop").pixels
+    pixels = decode_augment(buf.getvalue(), TrainTransform(), sample_random(0, 0, 0), decoder="crop").pixels
     assert np.array_equal(pixels[..., 0], pixels[..., 1]) and np.array_equal(pixels[..., 1], pixels[..., 2])
 
 
@@ -70,13 +70,13 @@ def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
     code = (
         "import sys; sys.modules['pipeline._jpegcrop'] = None\n"
         "from pipeline import augment\n"
-        "from pipeline.seeds import derived_rng\n"
+        "from pipeline.seeds import sample_random\n"
         "from pipeline.shards import Manifest, ShardReader\n"
         "assert not augment.CROP_DECODER_AVAILABLE\n"
         f"data = ShardReader(Manifest.load({manifest.uri!r}).shard_uri(0)).jpeg(0)\n"
         "for decoder in ('auto', 'crop'):\n"
-        "    out = augment.decode_augment(data, augment.TrainTransform(), derived_rng(0, 0, 5), decoder)\n"
-        "    ref = augment.decode_augment(data, augment.TrainTransform(), derived_rng(0, 0, 5), 'pillow')\n"
+        "    out = augment.decode_augment(data, augment.TrainTransform(), sample_random(0, 0, 5), decoder)\n"
+        "    ref = augment.decode_augment(data, augment.TrainTransform(), sample_random(0, 0, 5), 'pillow')\n"
         "    assert (out.pixels == ref.pixels).all()\n"
         "print('fallback ok')\n"
     )

@@ -1,0 +1,363 @@
+"""The emulated cluster: one network namespace per host, veths into a bridge, CPU quotas, shaping.
+
+Addresses come from 198.18.0.0/15 (RFC 2544's benchmarking range): the bridge in the root
+namespace is 198.18.0.254, the accelerator namespace 198.18.0.1, host i 198.18.0.(10 + i).
+Each host's `stoker worker` daemon runs inside its namespace and a CPU cgroup with
+`cores_per_host` CPUs of quota; the consumer (+ dispatcher) runs in the accelerator
+namespace. Everything made is written to a state file as soon as it exists, so `down`
+removes it all, also after a crash, and running `down` twice is harmless. Without root or
+without namespaces the lab falls back to loopback addresses and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stoker.lab.system import (
+    LabError,
+    can_use_namespaces,
+    cgroup_pids,
+    cpu_cgroup_dir,
+    link_exists,
+    make_cpu_cgroup,
+    netns_list,
+    remove_cgroup_tree,
+    run,
+)
+
+log = logging.getLogger("stoker.lab")
+
+PREFIX = "stk-"
+BRIDGE = "stkbr0"
+BRIDGE_ADDRESS = "198.18.0.254"
+ACCEL_ADDRESS = "198.18.0.1"
+CGROUP_NAME = "stoker-lab"
+DATA_PORT, CONTROL_PORT, METRICS_PORT, WORKER_METRICS_PORT = 5560, 5561, 9560, 9561
+
+
+def host_address(index: int) -> str:
+    return f"198.18.0.{10 + index}"
+
+
+def state_dir() -> Path:
+    if os.environ.get("STOKER_LAB_DIR"):
+        return Path(os.environ["STOKER_LAB_DIR"])
+    return Path("/run/stoker-lab") if os.geteuid() == 0 else Path.home() / ".cache" / "stoker" / "lab"
+
+
+@dataclass
+class LabConfig:
+    hosts: int = 3
+    cores_per_host: float = 1.0
+    procs: int = 1  # worker processes per host
+    link_gbit: float | None = None
+    link_latency_ms: float | None = None
+    loopback: bool = False  # force the fallback even where namespaces work
+
+
+@dataclass
+class Member:
+    name: str  # "accel" or "h0", "h1", ...
+    address: str
+    netns: str | None
+    pid: int | None = None
+    log: str = ""
+    metrics: str = ""  # URL of its /metrics
+
+
+@dataclass
+class LabState:
+    mode: str  # "netns" or "loopback"
+    config: dict
+    netns: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # in the root namespace
+    cgroups: list[str] = field(default_factory=list)
+    members: dict[str, Member] = field(default_factory=dict)
+    summary: str = ""  # where the consumer writes its closing summary
+    note: str = ""
+
+    def save(self) -> None:
+        folder = state_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        data = asdict(self)
+        tmp = folder / "state.json.tmp"
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, folder / "state.json")
+
+    @classmethod
+    def load(cls) -> LabState | None:
+        path = state_dir() / "state.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data["members"] = {k: Member(**v) for k, v in data["members"].items()}
+        return cls(**data)
+
+    @property
+    def consumer(self) -> Member:
+        return self.members["accel"]
+
+    @property
+    def control_endpoint(self) -> str:
+        return f"tcp://{self.consumer.address}:{CONTROL_PORT}"
+
+
+class Lab:
+    def __init__(self, cfg: LabConfig) -> None:
+        self.cfg = cfg
+
+    # ---- up ---------------------------------------------------------------------------------
+    def up(self, train_args: list[str]) -> LabState:
+        """Build the cluster and start the consumer and one worker daemon per host."""
+        if LabState.load() is not None:
+            raise LabError(f"a lab is already up (state in {state_dir()}); run `stoker lab down` first")
+        why_not = "forced by --loopback" if self.cfg.loopback else can_use_namespaces()
+        mode = "netns" if why_not is None else "loopback"
+        state = LabState(mode=mode, config=asdict(self.cfg),
+                         note="" if why_not is None else f"no network namespaces ({why_not}): loopback addresses")
+        state.summary = str(state_dir() / "summary.json")
+        state.save()
+        try:
+            if mode == "netns":
+                self._network(state)
+            self._cgroups(state)
+            self._start_consumer(state, train_args)
+            for index in range(self.cfg.hosts):
+                self._start_worker(state, index)
+        except BaseException:
+            down()
+            raise
+        return state
+
+    def _network(self, state: LabState) -> None:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        state.links.append(BRIDGE)
+        state.save()
+        run("ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        members = [("accel", ACCEL_ADDRESS)] + [(f"h{i}", host_address(i)) for i in range(self.cfg.hosts)]
+        for name, address in members:
+            ns, veth = f"{PREFIX}{name}", f"stkv-{name}"
+            run("ip", "netns", "add", ns)
+            state.netns.append(ns)
+            state.save()
+            run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            state.links.append(veth)
+            state.save()
+            run("ip", "link", "set", veth, "master", BRIDGE, "up")
+            run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            if name != "accel" and (self.cfg.link_gbit or self.cfg.link_latency_ms):
+                shape = ["delay", f"{self.cfg.link_latency_ms or 0}ms"]
+                if self.cfg.link_gbit:
+                    shape += ["rate", f"{self.cfg.link_gbit}gbit"]
+                run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", *shape)
+
+    def _cgroups(self, state: LabState) -> None:
+        root = cpu_cgroup_dir(CGROUP_NAME)
+        if root is None or os.geteuid() != 0:
+            state.note += "; no CPU quotas (no writable cgroup filesystem)"
+            return
+        state.cgroups.append(str(root))
+        state.save()
+        for index in range(self.cfg.hosts):
+            make_cpu_cgroup(root / f"h{index}", self.cfg.cores_per_host)
+
+    def _start_consumer(self, state: LabState, train_args: list[str]) -> None:
+        netns = state.mode == "netns"
+        address = ACCEL_ADDRESS if netns else "127.0.0.1"
+        member = Member("accel", address, f"{PREFIX}accel" if netns else None,
+                        log=str(state_dir() / "accel.log"), metrics=f"http://{address}:{METRICS_PORT}/metrics")
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress",
+               "--data-bind", f"tcp://{address}:{DATA_PORT}", "--control-bind", f"tcp://{address}:{CONTROL_PORT}",
+               "--metrics-addr", address, "--metrics-port", str(METRICS_PORT), "--json", state.summary, *train_args]
+        member.pid = _spawn(cmd, member.netns, None, Path(member.log))
+        state.members["accel"] = member
+        state.save()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not _alive(member.pid):
+                raise LabError(f"the consumer exited at start; its log ({member.log}):\n{_tail(member.log)}")
+            try:
+                urllib.request.urlopen(member.metrics, timeout=1).read()
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise LabError(f"the consumer did not come up within 60 s; see {member.log}")
+
+    def _start_worker(self, state: LabState, index: int) -> None:
+        netns = state.mode == "netns"
+        name = f"h{index}"
+        address = host_address(index) if netns else "127.0.0.1"
+        port = WORKER_METRICS_PORT if netns else WORKER_METRICS_PORT + index
+        member = Member(name, address, f"{PREFIX}{name}" if netns else None, log=str(state_dir() / f"{name}.log"),
+                        metrics=f"http://{address}:{port}/metrics")
+        cgroup = Path(state.cgroups[0]) / name if state.cgroups else None
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--connect", state.control_endpoint,
+               "--procs", str(self.cfg.procs), "--host-id", name, "--metrics-addr", address,
+               "--metrics-port", str(port)]
+        member.pid = _spawn(cmd, member.netns, cgroup, Path(member.log))
+        state.members[name] = member
+        state.save()
+
+
+# ---- operations on a running lab ----------------------------------------------------------
+
+def current() -> LabState:
+    state = LabState.load()
+    if state is None:
+        raise LabError("no lab is up (start one with `stoker lab up`)")
+    return state
+
+
+def kill_host(name: str) -> None:
+    """kill -9 a host's whole daemon: the daemon and every worker process it started."""
+    member = _member(current(), name)
+    if member.pid is not None:
+        _signal_group(member.pid, signal.SIGKILL)
+
+
+def cut(name: str) -> None:
+    """Drop every packet on a host's link (netem loss 100%); `heal` undoes it."""
+    state = current()
+    ns = _member(state, name).netns
+    if ns is None:
+        raise LabError("cutting a link needs the namespace mode (this lab runs on loopback)")
+    run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "loss", "100%")
+
+
+def heal(name: str) -> None:
+    state = current()
+    ns = _member(state, name).netns
+    if ns is None:
+        raise LabError("healing a link needs the namespace mode (this lab runs on loopback)")
+    cfg = LabConfig(**state.config)
+    if cfg.link_gbit or cfg.link_latency_ms:
+        shape = ["delay", f"{cfg.link_latency_ms or 0}ms"] + (["rate", f"{cfg.link_gbit}gbit"] if cfg.link_gbit else [])
+        run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *shape)
+    else:
+        run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+
+def wait(timeout_s: float | None = None) -> dict:
+    """Wait for the consumer to finish its job; its closing summary."""
+    state = current()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while _alive(state.consumer.pid):
+        if deadline is not None and time.monotonic() > deadline:
+            raise LabError(f"the job is still running after {timeout_s:.0f} s")
+        time.sleep(0.2)
+    path = Path(state.summary)
+    if not path.exists():
+        raise LabError(f"the consumer exited without a summary; its log:\n{_tail(state.consumer.log)}")
+    return json.loads(path.read_text())
+
+
+def down() -> list[str]:
+    """Stop every process and remove everything the lab made; what was removed."""
+    state = LabState.load()
+    removed: list[str] = []
+    members = list(state.members.values()) if state else []
+    for member in members:
+        if member.pid is not None and _alive(member.pid):
+            _signal_group(member.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while any(m.pid is not None and _alive(m.pid) for m in members) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for member in members:
+        if member.pid is not None and _alive(member.pid):
+            _signal_group(member.pid, signal.SIGKILL)
+    cgroup_root = cpu_cgroup_dir(CGROUP_NAME)
+    cgroups = [Path(p) for p in (state.cgroups if state else [])] + ([cgroup_root] if cgroup_root else [])
+    for path in cgroups:
+        for pid in cgroup_pids(path):
+            _kill(pid, signal.SIGKILL)
+    if members or cgroups:
+        time.sleep(0.2)
+    # by name too, so a crash between making something and saving the state leaves nothing
+    for ns in sorted(set((state.netns if state else []) + [n for n in netns_list() if n.startswith(PREFIX)])):
+        if run("ip", "netns", "del", ns, check=False).returncode == 0:
+            removed.append(f"netns {ns}")
+    for link in sorted(set((state.links if state else []) + [BRIDGE])):
+        if link_exists(link) and run("ip", "link", "del", link, check=False).returncode == 0:
+            removed.append(f"link {link}")
+    for path in cgroups:
+        if path.exists():
+            remove_cgroup_tree(path)
+            removed.append(f"cgroup {path}")
+    state_file = state_dir() / "state.json"
+    if state_file.exists():
+        state_file.unlink()
+        removed.append(f"state {state_file}")
+    return removed
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+def _member(state: LabState, name: str) -> Member:
+    if name not in state.members:
+        raise LabError(f"no member {name!r}; the lab has {', '.join(state.members)}")
+    return state.members[name]
+
+
+def _spawn(cmd: list[str], netns: str | None, cgroup: Path | None, log_path: Path) -> int:
+    """Start a process in its own session, namespace and cgroup; its pid."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def enter_cgroup() -> None:  # in the child, before exec: its children inherit the group
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    full = (["ip", "netns", "exec", netns] if netns else []) + cmd
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=enter_cgroup, env=env)
+    return proc.pid
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        _kill(pid, sig)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
