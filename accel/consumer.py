@@ -261,7 +261,7 @@ class Consumer:
             delivered_samples_per_s=self.ledger.samples / steady,
             stall_fraction=stall / steady,
             batches=batches,
-            hosts=hosts,
+            hosts=hosts or len(self.dispatcher.hosts_seen),
             procs_per_host=procs_per_host,
             skipped_samples=len(skipped),
             skipped=[asdict(s) for s in skipped],

@@ -42,6 +42,7 @@ class Dispatcher:
     _done: set[int] = field(init=False, default_factory=set)
     _hosts: dict[str, float] = field(init=False, default_factory=dict)
     _releases: int = field(init=False, default=0)
+    hosts_seen: set[str] = field(init=False, default_factory=set)  # every host that ever registered or leased
     total_units: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +54,7 @@ class Dispatcher:
     def heartbeat(self, host_id: str) -> None:
         """Registration and heartbeats both mark a host alive."""
         self._hosts[host_id] = self.clock()
+        self.hosts_seen.add(host_id)
 
     def expire_hosts(self) -> list[str]:
         """Declare hosts silent for longer than host_timeout_s dead; re-lease their units."""
@@ -67,6 +69,7 @@ class Dispatcher:
     def lease(self, host_id: str, worker_id: str) -> Unit | None:
         """The next unit for this worker, or None when every remaining unit is leased."""
         self._hosts[host_id] = self.clock()
+        self.hosts_seen.add(host_id)
         while self._pending:
             unit = self._pending.popleft()
             if unit.unit_id in self._done:

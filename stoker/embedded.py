@@ -107,8 +107,9 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
 def print_summary(summary: Summary, json_path: str | None) -> None:
     s = summary
     noun = "documents" if s.dataset == "wikipedia" else "samples"
+    procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
     print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
-          f"{s.hosts} host(s) x {s.procs_per_host} process(es): {s.delivered_samples_per_s:.0f} {noun}/s, "
+          f"{s.hosts} host(s){procs}: {s.delivered_samples_per_s:.0f} {noun}/s, "
           f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
     print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
           f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased: {s.units_released}")

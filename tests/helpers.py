@@ -26,8 +26,13 @@ def free_port() -> int:
 
 
 def scrape(port: int) -> dict[str, float]:
+    """Every sample of a loopback /metrics page, keyed by name{labels}."""
+    return scrape_url(f"http://127.0.0.1:{port}/metrics")
+
+
+def scrape_url(url: str) -> dict[str, float]:
     """Every sample of a /metrics page, keyed by name{labels}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

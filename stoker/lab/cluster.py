@@ -157,11 +157,8 @@ class Lab:
             run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             run("ip", "-n", ns, "link", "set", "eth0", "up")
             run("ip", "-n", ns, "link", "set", "lo", "up")
-            if name != "accel" and (self.cfg.link_gbit or self.cfg.link_latency_ms):
-                shape = ["delay", f"{self.cfg.link_latency_ms or 0}ms"]
-                if self.cfg.link_gbit:
-                    shape += ["rate", f"{self.cfg.link_gbit}gbit"]
-                run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", *shape)
+            if name != "accel":
+                shape_link(ns, self.cfg.link_gbit, self.cfg.link_latency_ms)
 
     def _cgroups(self, state: LabState) -> None:
         root = cpu_cgroup_dir(CGROUP_NAME)
@@ -227,26 +224,36 @@ def kill_host(name: str) -> None:
         _signal_group(member.pid, signal.SIGKILL)
 
 
+def shape_link(ns: str, gbit: float | None, latency_ms: float | None) -> None:
+    """Rate (tbf) and one-way latency (netem) on a namespace's eth0."""
+    if latency_ms:
+        shape = ["delay", f"{latency_ms}ms"] + (["rate", f"{gbit}gbit"] if gbit else [])
+        result = run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *shape,
+                     check=False)
+        if result.returncode != 0:
+            raise LabError(f"cannot add latency: {result.stderr.strip()} (this kernel has no sch_netem; "
+                           f"--link-gbit alone works with tbf)")
+    elif gbit:
+        burst = max(32 * 1024, int(gbit * 1e9 / 8 / 250))  # at least one timer tick's worth of bytes
+        run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", f"{gbit}gbit",
+            "burst", str(burst), "latency", "50ms")
+
+
 def cut(name: str) -> None:
-    """Drop every packet on a host's link (netem loss 100%); `heal` undoes it."""
-    state = current()
-    ns = _member(state, name).netns
-    if ns is None:
-        raise LabError("cutting a link needs the namespace mode (this lab runs on loopback)")
-    run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "loss", "100%")
+    """Take a host's link down: nothing gets in or out until `heal`."""
+    run("ip", "-n", _namespace_of(name), "link", "set", "eth0", "down")
 
 
 def heal(name: str) -> None:
-    state = current()
-    ns = _member(state, name).netns
+    ns = _namespace_of(name)
+    run("ip", "-n", ns, "link", "set", "eth0", "up")
+
+
+def _namespace_of(name: str) -> str:
+    ns = _member(current(), name).netns
     if ns is None:
-        raise LabError("healing a link needs the namespace mode (this lab runs on loopback)")
-    cfg = LabConfig(**state.config)
-    if cfg.link_gbit or cfg.link_latency_ms:
-        shape = ["delay", f"{cfg.link_latency_ms or 0}ms"] + (["rate", f"{cfg.link_gbit}gbit"] if cfg.link_gbit else [])
-        run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *shape)
-    else:
-        run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        raise LabError("cutting a link needs the namespace mode (this lab runs on loopback)")
+    return ns
 
 
 def wait(timeout_s: float | None = None) -> dict:
