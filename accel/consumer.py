@@ -30,9 +30,11 @@ from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
 from accel.schema import schema_of
+from accel.zap import ZapHandler
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.vocab import Vocab
+from protos.curve import ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
 
@@ -49,6 +51,18 @@ class ConsumerConfig:
     metrics_addr: str = "127.0.0.1"
     credit_window: int = 3  # batches in flight per worker process
     host_timeout_s: float = 10.0
+    keys: str | None = None  # CURVE key folder (stoker keys init): encrypt, admit allow-listed workers only
+    insecure: bool = False  # allow binding non-loopback addresses without keys
+
+    def check_exposure(self) -> None:
+        """Without keys, refuse to listen beyond loopback unless told to."""
+        if self.keys or self.insecure:
+            return
+        for endpoint in (self.data_bind, self.control_bind):
+            if not is_loopback(endpoint):
+                raise ValueError(f"refusing to bind {endpoint} without CURVE keys: anyone who can reach it could "
+                                 f"feed or steal batches; make keys with `stoker keys init DIR` and pass --keys DIR, "
+                                 f"or pass --insecure on a trusted network")
 
 
 @dataclass
@@ -104,6 +118,8 @@ class Consumer:
         self.job = job
         self.accelerator = accelerator
         self.metrics = metrics or ConsumerMetrics()
+        cfg.check_exposure()
+        self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, self.manifest)
         plan = EpochPlan(self.manifest, job.unit_size, job.epochs, job.seed)
@@ -151,12 +167,15 @@ class Consumer:
 
     async def _serve(self) -> None:
         ctx = zmq.asyncio.Context()
+        zap = ZapHandler(ctx, self.server_keys, self.metrics) if self.server_keys else None  # before any bind
         data = ctx.socket(zmq.ROUTER)
         control = ctx.socket(zmq.ROUTER)
         try:
             for sock in (data, control):
                 sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 sock.setsockopt(zmq.LINGER, 0)
+                if self.server_keys:
+                    self.server_keys.apply(sock)
             data.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + (1 << 20))
             data.setsockopt(zmq.RCVHWM, 10_000)
             control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
@@ -169,12 +188,15 @@ class Consumer:
             server = ControlServer(control, self.dispatcher, spec, self.metrics)
             server.update_gauges()
             self._ready.set()
-            await asyncio.gather(self._pump(data, self._receiver.handle),
-                                 self._pump(control, server.handle),
-                                 self._ticker(server))
+            tasks = [self._pump(data, self._receiver.handle), self._pump(control, server.handle), self._ticker(server)]
+            if zap is not None:
+                tasks.append(zap.serve(self._stop))
+            await asyncio.gather(*tasks)
         finally:
             data.close(0)
             control.close(0)
+            if zap is not None:
+                zap.close()
             ctx.term()
 
     async def _pump(self, sock: zmq.asyncio.Socket, handle: Callable[[list], None]) -> None:

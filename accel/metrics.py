@@ -42,6 +42,8 @@ class ConsumerMetrics:
                                    registry=r)
         self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
                                 ["reason"], registry=r)
+        self.auth = Counter("stoker_consumer_auth", "CURVE connections admitted or refused by the allow-list",
+                            ["result"], registry=r)
         self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
                                        "Control messages dropped as malformed", ["reason"], registry=r)
 

@@ -51,6 +51,10 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"/metrics port (default {metrics_port})")
     p.add_argument("--metrics-addr", default="127.0.0.1")
     p.add_argument("--credit-window", type=int, default=3, help="batches in flight per worker process")
+    p.add_argument("--keys", metavar="DIR", help="CURVE keys (stoker keys init): encrypt every link and admit only "
+                                                 "allow-listed workers")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow binding beyond loopback without --keys (trusted networks only)")
     p.add_argument("--host-timeout", type=float, default=10.0,
                    help="seconds without a heartbeat before a host's units are re-leased (default 10)")
     p.add_argument("--json", metavar="PATH", help="write the closing summary here")
@@ -101,6 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-addr", default="127.0.0.1")
     worker.add_argument("--no-metrics", action="store_true")
     worker.add_argument("--once", action="store_true", help="exit after one job")
+    worker.add_argument("--keys", metavar="DIR", help="CURVE key folder holding server.key and workers/NAME.key_secret")
+    worker.add_argument("--key-name", default="", help="this host's key NAME (default: the host id)")
+
+    keys = sub.add_parser("keys", help="CURVE keys and the allow-list of worker hosts").add_subparsers(
+        dest="keys_command", required=True)
+    keys_init = keys.add_parser("init", help="make the service's key pair and an empty allow-list")
+    keys_init.add_argument("dir")
+    keys_add = keys.add_parser("add", help="make a worker key pair and allow-list it")
+    keys_add.add_argument("dir")
+    keys_add.add_argument("name")
+    keys_list = keys.add_parser("list", help="list the keys and the allow-list")
+    keys_list.add_argument("dir")
 
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host")
     train.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
@@ -169,7 +185,7 @@ def _consumer_config(args: argparse.Namespace):
                           advertise_host=args.advertise_host,
                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
                           metrics_addr=args.metrics_addr, credit_window=args.credit_window,
-                          host_timeout_s=args.host_timeout)
+                          host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure)
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -231,7 +247,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     cfg = WorkerConfig(connect=args.connect, procs=args.procs, host_id=args.host_id,
                        metrics_port=None if args.no_metrics else args.metrics_port,
-                       metrics_addr=args.metrics_addr, once=args.once)
+                       metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name)
     return WorkerDaemon(cfg).run()
 
 
@@ -266,6 +282,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     progress=not args.no_progress, log_level=args.log_level)
     summary = run_embedded(_job_args(args), cfg)
     print_summary(summary, args.json)
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from protos import curve
+
+    if args.keys_command == "init":
+        folder = curve.init_keys(args.dir)
+        print(f"made {folder}/server.key (give it to every worker host) and {folder}/server.key_secret "
+              f"(keep it on the accelerator host); add workers with `stoker keys add {folder} NAME`")
+    elif args.keys_command == "add":
+        secret = curve.add_worker(args.dir, args.name)
+        print(f"allow-listed {args.name}; give {secret} and {args.dir}/server.key to that host and run "
+              f"`stoker worker --keys DIR --key-name {args.name} ...` there")
+    else:
+        print(json.dumps(curve.list_keys(args.dir), indent=1))
     return 0
 
 
@@ -308,7 +340,7 @@ def _print_lab(state) -> None:
 
 
 COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "train": _cmd_train,
-            "run": _cmd_run, "lab": _cmd_lab}
+            "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys}
 
 
 def main(argv: list[str] | None = None) -> int:

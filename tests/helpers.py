@@ -44,13 +44,15 @@ def scrape_url(url: str) -> dict[str, float]:
 class Daemon:
     """A real `stoker worker` process."""
 
-    def __init__(self, connect: str, host_id: str, procs: int, log_dir: Path, once: bool = True) -> None:
+    def __init__(self, connect: str, host_id: str, procs: int, log_dir: Path, once: bool = True,
+                 extra: tuple[str, ...] = ()) -> None:
         self.metrics_port = free_port()
         self.log_path = log_dir / f"{host_id}.log"
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--connect", connect,
                "--procs", str(procs), "--host-id", host_id, "--metrics-port", str(self.metrics_port)]
         if once:
             cmd.append("--once")
+        cmd += extra
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)

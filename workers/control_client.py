@@ -14,6 +14,7 @@ from collections.abc import Callable
 import zmq
 
 from protos import stoker_pb2 as pb
+from protos.curve import ClientKeys
 
 log = logging.getLogger("stoker.worker")
 
@@ -23,8 +24,10 @@ class DispatcherUnreachable(ConnectionError):
 
 
 class ControlClient:
-    def __init__(self, ctx: zmq.Context, endpoint: str, identity: str, reply_timeout_s: float = 2.0) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, identity: str, reply_timeout_s: float = 2.0,
+                 curve: ClientKeys | None = None) -> None:
         self.ctx = ctx
+        self.curve = curve
         self.endpoint = endpoint
         self.identity = identity
         self.reply_timeout_s = reply_timeout_s
@@ -37,6 +40,8 @@ class ControlClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt_string(zmq.IDENTITY, self.identity)
+            if self.curve is not None:
+                self.curve.apply(sock)
             sock.connect(self.endpoint)
             self._socket = sock
         return self._socket

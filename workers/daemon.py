@@ -20,6 +20,7 @@ import zmq
 from prometheus_client import multiprocess
 
 from protos import stoker_pb2 as pb
+from protos.curve import ClientKeys
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.metrics import WorkerMetrics, serve_multiprocess
 from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, ProcessSpec, process_main
@@ -37,6 +38,8 @@ class WorkerConfig:
     once: bool = False  # exit after one job instead of waiting for the next
     drain_timeout_s: float = 10.0
     dispatcher_lost_s: float = 30.0  # leave a job whose dispatcher stays silent this long
+    keys: str | None = None  # CURVE key folder (server.key + workers/<key_name>.key_secret)
+    key_name: str = ""
 
     def resolved_host_id(self) -> str:
         return self.host_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -59,7 +62,8 @@ class WorkerDaemon:
         self.metrics = WorkerMetrics()
         self.stopping = False
         self.ctx = zmq.Context()
-        self.client = ControlClient(self.ctx, cfg.connect, f"{self.host_id}/daemon")
+        self.curve = ClientKeys.load(cfg.keys, cfg.key_name or self.host_id) if cfg.keys else None
+        self.client = ControlClient(self.ctx, cfg.connect, f"{self.host_id}/daemon", curve=self.curve)
         self.mp = mp.get_context("spawn")
         self.metrics_port: int | None = None
         self._finished_job = ""
@@ -111,7 +115,7 @@ class WorkerDaemon:
     def _spawn(self, child: _Child, job: pb.JobSpec) -> None:
         child.incarnation += 1
         worker_id = self._worker_id(child)
-        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job.SerializeToString())
+        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job.SerializeToString(), self.curve)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
 

@@ -16,6 +16,7 @@ import zmq
 from pipeline.plan import Unit
 from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
+from protos.curve import ClientKeys
 from protos.framing import encode_tensors
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.metrics import WorkerMetrics
@@ -36,6 +37,7 @@ class ProcessSpec:
     worker_id: str
     control_endpoint: str
     job: bytes  # serialized pb.JobSpec
+    curve: ClientKeys | None = None  # this host's CURVE keys, when the service uses them
 
 
 class _Stop:
@@ -62,8 +64,8 @@ def run_process(spec: ProcessSpec) -> int:
     metrics = WorkerMetrics()
     metrics.processes.inc()
     ctx = zmq.Context()
-    control = ControlClient(ctx, spec.control_endpoint, spec.worker_id)
-    sender = DataSender(ctx, job.data_endpoint, spec.worker_id, job.job_id)
+    control = ControlClient(ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
+    sender = DataSender(ctx, job.data_endpoint, spec.worker_id, job.job_id, curve=spec.curve)
     try:
         while not stop():
             reply = control.request(pb.ControlRequest(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import zmq
 
 from protos import stoker_pb2 as pb
+from protos.curve import ClientKeys
 
 
 class Rejected(ConnectionError):
@@ -19,7 +20,8 @@ class Rejected(ConnectionError):
 
 
 class DataSender:
-    def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str, job_id: str) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str, job_id: str,
+                 curve: ClientKeys | None = None) -> None:
         self.endpoint = endpoint
         self.worker_id = worker_id
         self.job_id = job_id
@@ -29,6 +31,8 @@ class DataSender:
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt_string(zmq.IDENTITY, worker_id)
+        if curve is not None:
+            curve.apply(sock)
         sock.connect(endpoint)
         self.socket = sock
         self._welcomed = False  # the consumer answered our hello

@@ -4,7 +4,8 @@ Addresses come from 198.18.0.0/15 (RFC 2544's benchmarking range): the bridge in
 namespace is 198.18.0.254, the accelerator namespace 198.18.0.1, host i 198.18.0.(10 + i).
 Each host's `stoker worker` daemon runs inside its namespace and a CPU cgroup with
 `cores_per_host` CPUs of quota; the consumer (+ dispatcher) runs in the accelerator
-namespace. Everything made is written to a state file as soon as it exists, so `down`
+namespace. Every link uses CURVE with keys made for the lab (the consumer admits exactly
+its hosts). Everything made is written to a state file as soon as it exists, so `down`
 removes it all, also after a crash, and running `down` twice is harmless. Without root or
 without namespaces the lab falls back to loopback addresses and says so.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +24,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from protos.curve import add_worker, init_keys
 from stoker.lab.system import (
     LabError,
     can_use_namespaces,
@@ -127,6 +130,7 @@ class Lab:
         state.summary = str(state_dir() / "summary.json")
         state.save()
         try:
+            self._keys()
             if mode == "netns":
                 self._network(state)
             self._cgroups(state)
@@ -137,6 +141,15 @@ class Lab:
             down()
             raise
         return state
+
+    def _keys(self) -> None:
+        """Fresh CURVE keys for this lab: the consumer admits exactly its hosts."""
+        folder = state_dir() / "keys"
+        if folder.exists():
+            shutil.rmtree(folder)
+        init_keys(folder)
+        for index in range(self.cfg.hosts):
+            add_worker(folder, f"h{index}")
 
     def _network(self, state: LabState) -> None:
         run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -177,7 +190,8 @@ class Lab:
                         log=str(state_dir() / "accel.log"), metrics=f"http://{address}:{METRICS_PORT}/metrics")
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress",
                "--data-bind", f"tcp://{address}:{DATA_PORT}", "--control-bind", f"tcp://{address}:{CONTROL_PORT}",
-               "--metrics-addr", address, "--metrics-port", str(METRICS_PORT), "--json", state.summary, *train_args]
+               "--metrics-addr", address, "--metrics-port", str(METRICS_PORT), "--json", state.summary,
+               "--keys", str(state_dir() / "keys"), *train_args]
         member.pid = _spawn(cmd, member.netns, None, Path(member.log))
         state.members["accel"] = member
         state.save()
@@ -202,7 +216,7 @@ class Lab:
         cgroup = Path(state.cgroups[0]) / name if state.cgroups else None
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--connect", state.control_endpoint,
                "--procs", str(self.cfg.procs), "--host-id", name, "--metrics-addr", address,
-               "--metrics-port", str(port)]
+               "--metrics-port", str(port), "--keys", str(state_dir() / "keys"), "--key-name", name]
         member.pid = _spawn(cmd, member.netns, cgroup, Path(member.log))
         state.members[name] = member
         state.save()
@@ -302,6 +316,9 @@ def down() -> list[str]:
         if path.exists():
             remove_cgroup_tree(path)
             removed.append(f"cgroup {path}")
+    if (state_dir() / "keys").exists():
+        shutil.rmtree(state_dir() / "keys")
+        removed.append("lab keys")
     state_file = state_dir() / "state.json"
     if state_file.exists():
         state_file.unlink()
