@@ -10,17 +10,19 @@ credit and acks completed units to the in-process dispatcher.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import uvloop
 import zmq
 import zmq.asyncio
 
+from accel import checkpoint
 from accel.accelerators import Accelerator
 from accel.batch import ReceivedBatch
 from accel.control_server import ControlServer
@@ -113,7 +115,11 @@ def check_dataset(job: JobConfig, manifest: Manifest) -> None:
 
 class Consumer:
     def __init__(self, cfg: ConsumerConfig, job: JobConfig, accelerator: Accelerator,
-                 metrics: ConsumerMetrics | None = None) -> None:
+                 metrics: ConsumerMetrics | None = None, resume: dict | None = None) -> None:
+        """`resume`: a `state_dict()` saved earlier; the job must be the same (its id is taken from it)."""
+        if resume is not None:
+            checkpoint.check_matches(job, resume)
+            job = replace(job, job_id=resume["job"]["job_id"])
         self.cfg = cfg
         self.job = job
         self.accelerator = accelerator
@@ -123,8 +129,11 @@ class Consumer:
         self.manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, self.manifest)
         plan = EpochPlan(self.manifest, job.unit_size, job.epochs, job.seed)
-        self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release)
+        done = frozenset(resume["done_units"]) if resume else frozenset()
+        self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done)
         self.ledger = Ledger(self.manifest.num_samples, job.epochs)
+        if resume:
+            self.ledger.restore(set(done), resume["in_progress"])
         self.queue: queue.Queue = queue.Queue()
         self.data_endpoint = ""
         self.control_endpoint = ""
@@ -151,6 +160,8 @@ class Consumer:
         self._ready.wait()
         if self._error is not None:
             raise self._error
+        if self.dispatcher.finished:  # resumed from a checkpoint of a finished job
+            self.queue.put(_END)
 
     def _run_loop(self) -> None:
         loop = uvloop.new_event_loop()
@@ -296,6 +307,22 @@ class Consumer:
             rows=rows,
             **text_fields,
         )
+
+    def state_dict(self) -> dict:
+        """The data position after every step so far (see accel.checkpoint); call between steps.
+
+        It is read on the event loop after the credits of finished steps are settled, so it
+        counts exactly the steps that have returned."""
+        assert self._loop is not None
+        result: concurrent.futures.Future = concurrent.futures.Future()
+
+        def snapshot() -> None:
+            result.set_result({"version": checkpoint.STATE_VERSION, "job": checkpoint.job_fields(self.job),
+                               "done_units": self.dispatcher.done_units(), "in_progress": self.ledger.position(),
+                               "samples_stepped": self.ledger.samples})
+
+        self._loop.call_soon_threadsafe(snapshot)
+        return result.result(timeout=10)
 
     def _next(self) -> object:
         while True:

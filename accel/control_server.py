@@ -7,6 +7,7 @@ the cached reply instead of a second lease.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 import zmq
 
@@ -17,6 +18,8 @@ from protos import stoker_pb2 as pb
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 
 log = logging.getLogger("stoker.dispatcher")
+MAX_NAME = 256  # longest host or worker id accepted
+REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
 
 
 class ControlServer:
@@ -26,7 +29,8 @@ class ControlServer:
         self.dispatcher = dispatcher
         self.job = job
         self.metrics = metrics
-        self._last_reply: dict[bytes, tuple[int, bytes]] = {}
+        self._last_reply: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
+        self.dropped: dict[str, int] = {}
 
     def handle(self, frames: list) -> None:
         peer = frame_bytes(frames[0])
@@ -39,7 +43,8 @@ class ControlServer:
         except Exception:  # protobuf DecodeError
             self._drop("bad_header", peer)
             return
-        if request.WhichOneof("kind") is None:
+        kind = request.WhichOneof("kind")
+        if kind is None or _too_long(getattr(request, kind)):
             self._drop("bad_header", peer)
             return
         cached = self._last_reply.get(peer)
@@ -50,6 +55,9 @@ class ControlServer:
         reply.request_id = request.request_id
         payload = reply.SerializeToString()
         self._last_reply[peer] = (request.request_id, payload)
+        self._last_reply.move_to_end(peer)
+        if len(self._last_reply) > REPLY_CACHE_PEERS:
+            self._last_reply.popitem(last=False)
         self._send(peer, payload)
         self.update_gauges()
 
@@ -98,5 +106,14 @@ class ControlServer:
             log.info("control peer %r unreachable: %s", peer, error)
 
     def _drop(self, reason: str, peer: bytes) -> None:
+        count = self.dropped[reason] = self.dropped.get(reason, 0) + 1
         self.metrics.control_dropped.labels(reason=reason).inc()
-        log.warning("dropped a control message from %r: %s", peer, reason)
+        if count <= 3 or count % 1000 == 0:
+            log.warning("dropped a control message from %r: %s; %d so far", peer[:64], reason, count)
+
+
+def _too_long(body: object) -> bool:
+    """Names longer than MAX_NAME would let one peer grow the dispatcher's tables without bound."""
+    names = [getattr(body, f, "") for f in ("host_id", "worker_id", "reason")]
+    names += list(getattr(body, "worker_ids", []))
+    return any(len(n) > MAX_NAME for n in names if isinstance(n, str))

@@ -37,6 +37,7 @@ class Dispatcher:
     host_timeout_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
     on_release: Callable[[str, int], None] | None = None  # (reason, units) for metrics
+    done_before: frozenset[int] = frozenset()  # units a previous run completed (resume)
     _pending: deque[Unit] = field(init=False)
     _leased: dict[int, Lease] = field(init=False, default_factory=dict)
     _done: set[int] = field(init=False, default_factory=set)
@@ -47,7 +48,8 @@ class Dispatcher:
 
     def __post_init__(self) -> None:
         units = [u for epoch in range(self.plan.epochs) for u in self.plan.units(epoch)]
-        self._pending = deque(units)
+        self._done = {u.unit_id for u in units if u.unit_id in self.done_before}
+        self._pending = deque(u for u in units if u.unit_id not in self._done)
         self.total_units = len(units)
 
     # ---- hosts -------------------------------------------------------------------------
@@ -99,6 +101,9 @@ class Dispatcher:
             if self.on_release:
                 self.on_release(reason, len(lost))
         return len(lost)
+
+    def done_units(self) -> list[int]:
+        return sorted(self._done)
 
     def leases_of(self, host_id: str) -> list[Lease]:
         return [lease for lease in self._leased.values() if lease.host_id == host_id]

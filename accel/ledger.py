@@ -22,7 +22,7 @@ class Skipped:
 @dataclass
 class _UnitProgress:
     admitted: set[int] = field(default_factory=set)
-    stepped: int = 0
+    stepped: set[int] = field(default_factory=set)  # batch indexes a training step has used
     expected: int | None = None  # known once the unit's last batch arrives
 
 
@@ -70,18 +70,36 @@ class Ledger:
         delivered[sample_ids] = True
         self.samples += int(sample_ids.size)
         progress = self._units[unit_id]
-        progress.stepped += 1
+        progress.stepped.add(batch_index)
         if last:
             progress.expected = batch_index + 1
-        if progress.expected is not None and progress.stepped == progress.expected:
+        if progress.expected is not None and len(progress.stepped) == progress.expected:
             del self._units[unit_id]
             self._completed.add(unit_id)
             return True
         return False
 
+    # ---- checkpoints ---------------------------------------------------------------------
+    def position(self) -> dict[str, dict]:
+        """Units in progress: which of their batches a step has used, and how many they have."""
+        return {str(unit): {"stepped": sorted(p.stepped), "batches": p.expected}
+                for unit, p in self._units.items() if p.stepped}
+
+    def restore(self, completed: set[int], position: dict[str, dict]) -> None:
+        """Resume: completed units and already-stepped batches arrive again as duplicates."""
+        self._completed |= completed
+        for unit, entry in position.items():
+            stepped = set(entry["stepped"])
+            self._units[int(unit)] = _UnitProgress(admitted=set(stepped), stepped=stepped, expected=entry["batches"])
+
     @property
     def unique_samples(self) -> int:
         return int(sum(np.count_nonzero(d) for d in self._delivered.values()))
+
+    def delivered(self, epoch: int) -> np.ndarray:
+        """A copy of the epoch's bitmap of stepped samples."""
+        found = self._delivered.get(epoch)
+        return np.zeros(self.num_samples, dtype=bool) if found is None else found.copy()
 
     def unique_in_epoch(self, epoch: int) -> int:
         delivered = self._delivered.get(epoch)

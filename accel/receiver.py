@@ -25,6 +25,7 @@ from protos import stoker_pb2 as pb
 from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
 
 log = logging.getLogger("stoker.consumer")
+MAX_SENDERS = 4096  # credit windows held at once; memory stays bounded however many peers say hello
 
 
 @dataclass
@@ -122,7 +123,10 @@ class Receiver:
             self._reply(peer_id, pb.DataReply(reject=pb.Reject(reason=f"job {hello.job_id!r} is not {self.job_id!r}")))
             self._drop("wrong_job", peer_id, hello.job_id)
             return
-        peer = self.peers.setdefault(peer_id, _Peer(hello.worker_id))
+        if peer_id not in self.peers and len(self.peers) >= MAX_SENDERS:
+            self._drop("too_many_senders", peer_id, f"{len(self.peers)} senders already hold credit")
+            return
+        peer = self.peers.setdefault(peer_id, _Peer(hello.worker_id[:256]))
         self.metrics.senders.set(len(self.peers))
         self._grant(peer_id, self.window - peer.outstanding)
 

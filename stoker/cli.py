@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host")
     train.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
+    train.add_argument("--checkpoint", metavar="PATH", help="write the data position (a small JSON state_dict) here")
+    train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
+    train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint")
     _add_job_args(train)
     _add_consumer_args(train, 9560)
 
@@ -252,20 +255,34 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from accel import checkpoint
     from accel.accelerators import make_accelerator
     from accel.consumer import Consumer
     from accel.job import JobConfig
     from stoker.embedded import Progress, print_summary
 
     job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
-    consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate))
+    resume = checkpoint.load(args.resume) if args.resume else None
+    consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate), resume=resume)
     consumer.start()
+    job = consumer.job
     print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
           + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
     progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress, job.dataset)
+    steps = 0
+
+    def on_step(c: Consumer) -> None:
+        nonlocal steps
+        progress(c)
+        steps += 1
+        if args.checkpoint and steps % args.checkpoint_every == 0:
+            checkpoint.save(c.state_dict(), args.checkpoint)
+
     try:
-        summary = consumer.run(on_step=progress)
+        summary = consumer.run(on_step=on_step)
         progress.close(consumer)
+        if args.checkpoint:
+            checkpoint.save(consumer.state_dict(), args.checkpoint)
     finally:
         consumer.stop()
     print_summary(summary, args.json)

@@ -201,3 +201,30 @@ def test_stoker_run_cli_writes_the_summary(manifest, tmp_path):
     assert summary["samples"] == summary["unique_samples"] == 2 * manifest.num_samples
     assert summary["duplicates_dropped"] == 0 and summary["hosts"] == 2
     assert np.isfinite(summary["delivered_samples_per_s"]) and summary["delivered_samples_per_s"] > 0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_oversupplied_workers_wait_for_credit_and_memory_stays_flat(manifest, run_job):
+    """4 worker processes (~2,000 img/s of capacity here) feed a consumer that takes 60 img/s."""
+    consumer = consumer_for(manifest.uri, epochs=5, accel=SimulatedAccelerator(rate=60))
+    job = run_job(consumer, hosts=2, procs=2)
+    assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
+    time.sleep(2)  # windows fill up
+    pids = [os.getpid()] + [p for d in job.daemons for p in d.children()]
+    samples = []
+    while job.thread.is_alive() and len(samples) < 12:
+        samples.append([_rss_mb(p) for p in pids])
+        time.sleep(0.5)
+    credit_wait = sum(scrape(d.metrics_port).get("stoker_worker_credit_wait_seconds_total", 0) for d in job.daemons)
+    summary = job.finish()
+    assert_exactly_once(summary, manifest.num_samples, 5)
+    first, last = samples[1], samples[-1]
+    growth = [b - a for a, b in zip(first, last, strict=True)]
+    assert max(growth) < 25, f"RSS grew by {growth} MB while the workers were ahead"
+    assert credit_wait > 5, "workers this far ahead must spend their time waiting for credit"

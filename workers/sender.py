@@ -60,15 +60,23 @@ class DataSender:
             elif reply.WhichOneof("kind") == "reject":
                 raise Rejected(f"consumer at {self.endpoint} refused us: {reply.reject.reason}")
 
-    def wait_for_credit(self, should_stop: Callable[[], bool]) -> float:
-        """Block until a credit is held; returns seconds waited. Says hello until welcomed."""
+    def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0) -> float:
+        """Block until a credit is held; returns seconds waited.
+
+        Says hello until welcomed, and again every `rehello_after_s` while starved: a consumer
+        that restarted (from a checkpoint) does not know us, and a hello is how it learns to
+        grant credit. A consumer that does know us answers it with no new credit."""
         started = time.perf_counter()
-        backoff, next_hello = 0.05, 0.0
+        backoff = 0.05
+        next_hello = time.monotonic() + (rehello_after_s if self._welcomed else 0.0)
         while self.credit <= 0 and not should_stop():
-            if not self._welcomed and time.monotonic() >= next_hello:
+            if time.monotonic() >= next_hello:
                 self._hello()
-                next_hello = time.monotonic() + backoff
-                backoff = min(backoff * 2, 2.0)
+                if self._welcomed:
+                    next_hello = time.monotonic() + rehello_after_s
+                else:
+                    next_hello = time.monotonic() + backoff
+                    backoff = min(backoff * 2, 2.0)
             self._read_replies(100)
         return time.perf_counter() - started
 

@@ -1,0 +1,85 @@
+"""Hostile input to the dispatcher's control socket: never an exception, never a lost unit, bounded memory."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accel.control_server import REPLY_CACHE_PEERS, ControlServer
+from accel.dispatcher import Dispatcher
+from accel.metrics import ConsumerMetrics
+from accel.receiver import MAX_SENDERS
+from pipeline.plan import EpochPlan
+from pipeline.shards import Manifest, ShardInfo
+from protos import stoker_pb2 as pb
+from tests.test_receiver_fuzz import JOB, RecordingSocket, make_receiver
+
+MANIFEST = Manifest(kind="imagenet", classes=["a"],
+                    shards=[ShardInfo("s0", 100, 1, "", 0), ShardInfo("s1", 60, 1, "", 100)])
+
+
+def make_server() -> tuple[ControlServer, RecordingSocket]:
+    sock = RecordingSocket()
+    dispatcher = Dispatcher(EpochPlan(MANIFEST, 16, 2, 0), host_timeout_s=5.0)
+    return ControlServer(sock, dispatcher, pb.JobSpec(job_id=JOB), ConsumerMetrics()), sock
+
+
+hosts = st.sampled_from(["h0", "h1", "h2", "", "x" * 300])
+requests = st.one_of(
+    st.builds(lambda h, p: pb.ControlRequest(register=pb.Register(host_id=h, procs=p)), hosts, st.integers(0, 99)),
+    st.builds(lambda h: pb.ControlRequest(heartbeat=pb.Heartbeat(host_id=h)), hosts),
+    st.builds(lambda h, w: pb.ControlRequest(lease=pb.LeaseRequest(host_id=h, worker_id=w)), hosts,
+              st.sampled_from(["w0", "w1", "w" * 400])),
+    st.builds(lambda h, ws, r: pb.ControlRequest(release=pb.Release(host_id=h, worker_ids=ws, reason=r)), hosts,
+              st.lists(st.sampled_from(["w0", "w1"]), max_size=2), st.sampled_from(["crash", ""])),
+    st.just(pb.ControlRequest()),
+)
+messages = st.one_of(
+    st.builds(lambda r, i: [b"peer", r.SerializeToString()] if not setattr(r, "request_id", i) else [],
+              requests, st.integers(0, 5)),
+    st.lists(st.binary(max_size=40), min_size=1, max_size=4).map(lambda frames: [b"peer", *frames]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(batch=st.lists(messages, min_size=1, max_size=30))
+def test_malformed_and_hostile_control_traffic_keeps_the_books_straight(batch):
+    server, sock = make_server()
+    total = server.dispatcher.total_units
+    for frames in batch:
+        server.handle(frames)
+        stats = server.dispatcher.stats()
+        assert stats.pending + stats.leased + stats.done == total  # every unit in exactly one place
+    answered = len(sock.sent)
+    dropped = sum(server.dropped.values())
+    assert answered + dropped == len(batch)  # every message either answered or dropped and counted
+
+
+class DiscardingSocket:
+    def send_multipart(self, frames, flags=0):
+        return None
+
+
+def test_floods_of_new_identities_do_not_grow_memory():
+    server, _ = make_server()
+    receiver, _ = make_receiver()
+    server.socket = receiver.socket = DiscardingSocket()  # keep only what Stoker itself keeps
+    hello = pb.DataMessage(hello=pb.Hello(worker_id="w", job_id=JOB)).SerializeToString()
+    heartbeat = pb.ControlRequest(request_id=1, heartbeat=pb.Heartbeat(host_id="h0")).SerializeToString()
+    tracemalloc.start()
+    for i in range(2 * REPLY_CACHE_PEERS):  # warm up to the caps
+        server.handle([b"id%d" % i, heartbeat])
+        receiver.handle([b"id%d" % i, hello])
+    settled = tracemalloc.get_traced_memory()[0]
+    for i in range(2 * REPLY_CACHE_PEERS, 6 * REPLY_CACHE_PEERS):
+        server.handle([b"id%d" % i, heartbeat])
+        receiver.handle([b"id%d" % i, hello])
+    grown = tracemalloc.get_traced_memory()[0] - settled
+    tracemalloc.stop()
+    assert len(server._last_reply) <= REPLY_CACHE_PEERS and len(receiver.peers) <= MAX_SENDERS
+    assert receiver.dropped.get("too_many_senders", 0) > 0
+    assert grown < 2 << 20, f"{grown} bytes more after another {4 * REPLY_CACHE_PEERS} identities"
+
+

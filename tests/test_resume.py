@@ -1,0 +1,64 @@
+"""A consumer killed mid-epoch and restarted from its checkpoint: nothing repeated, nothing skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from accel import checkpoint
+from accel.accelerators import SimulatedAccelerator
+from accel.consumer import Consumer, ConsumerConfig
+from accel.job import JobConfig
+from tests.helpers import Daemon, free_port
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_restarted_consumer_continues_the_epoch_from_its_checkpoint(manifest, log_dir, tmp_path):
+    cfg = ConsumerConfig(data_bind=f"tcp://127.0.0.1:{free_port()}", control_bind=f"tcp://127.0.0.1:{free_port()}",
+                         metrics_port=None, host_timeout_s=3.0)
+    job = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=16, unit_batches=2)
+    first = Consumer(cfg, job, SimulatedAccelerator(rate=300))
+    first.start()
+    daemons = [Daemon(first.control_endpoint, f"host{i}", 1, log_dir) for i in range(2)]
+    saved: dict = {}
+    stepped_before: list[np.ndarray] = []
+
+    def step_then_maybe_die(consumer: Consumer) -> None:
+        if consumer.ledger.samples >= 0.4 * 2 * manifest.num_samples:
+            saved.update(consumer.state_dict())
+            checkpoint.save(saved, tmp_path / "data.json")
+            stepped_before.extend(consumer.ledger.delivered(e) for e in range(2))
+            raise Crash  # the process dies right after its checkpoint
+
+    try:
+        with pytest.raises(Crash):
+            first.run(on_step=step_then_maybe_die)
+    finally:
+        first.stop()  # sockets gone without a goodbye, like a killed process
+    state = checkpoint.load(tmp_path / "data.json")
+    assert state["done_units"] and len(str(state)) < 4000  # small
+    second = Consumer(cfg, job, SimulatedAccelerator(rate=300), resume=state)
+    try:
+        summary = second.run()
+        codes = [d.wait(timeout=60) for d in daemons]  # they hear "finished" from the live dispatcher
+    finally:
+        second.stop()
+    assert codes == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    assert second.job.job_id == first.job.job_id
+    for epoch in range(2):
+        before, after = stepped_before[epoch], second.ledger.delivered(epoch)
+        assert not np.any(before & after), "a sample stepped before the checkpoint was stepped again"
+        assert np.all(before | after), "a sample was skipped"
+    assert summary.samples == 2 * manifest.num_samples - state["samples_stepped"]
+    assert second.ledger.collisions == 0
+
+
+def test_a_checkpoint_of_another_job_is_refused(manifest, tmp_path):
+    job = JobConfig(manifest_uri=manifest.uri, epochs=2)
+    state = {"version": 1, "job": {**checkpoint.job_fields(job), "seed": 99}, "done_units": [], "in_progress": {}}
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
+    with pytest.raises(ValueError, match="seed"):
+        Consumer(cfg, job, SimulatedAccelerator(rate=1), resume=state)
