@@ -24,19 +24,21 @@ import zmq.asyncio
 
 from accel import checkpoint
 from accel.accelerators import Accelerator
+from accel.aio import pump
 from accel.batch import ReceivedBatch
-from accel.control_server import ControlServer
+from accel.control_server import ControlServer, control_router, ticker
 from accel.dispatcher import Dispatcher
-from accel.job import JobConfig
+from accel.job import JobConfig, job_from_spec
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
+from accel.remote_dispatcher import RemoteAcks, attach
 from accel.schema import schema_of
 from accel.zap import ZapHandler
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.vocab import Vocab
-from protos.curve import ServerKeys, is_loopback
+from protos.curve import ClientKeys, ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
 
@@ -53,6 +55,8 @@ class ConsumerConfig:
     metrics_addr: str = "127.0.0.1"
     credit_window: int = 3  # batches in flight per worker process
     host_timeout_s: float = 10.0
+    dispatcher: str | None = None  # a `stoker dispatch` endpoint; None: the dispatcher runs in this process
+    key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (stoker keys add)
     keys: str | None = None  # CURVE key folder (stoker keys init): encrypt, admit allow-listed workers only
     insecure: bool = False  # allow binding non-loopback addresses without keys
 
@@ -114,9 +118,16 @@ def check_dataset(job: JobConfig, manifest: Manifest) -> None:
 
 
 class Consumer:
-    def __init__(self, cfg: ConsumerConfig, job: JobConfig, accelerator: Accelerator,
+    def __init__(self, cfg: ConsumerConfig, job: JobConfig | None, accelerator: Accelerator,
                  metrics: ConsumerMetrics | None = None, resume: dict | None = None) -> None:
-        """`resume`: a `state_dict()` saved earlier; the job must be the same (its id is taken from it)."""
+        """`resume`: a `state_dict()` saved earlier; the job must be the same (its id is taken from it).
+        With `cfg.dispatcher` the job comes from that dispatcher and `job` must be None."""
+        client_keys = ClientKeys.load(cfg.keys, cfg.key_name) if cfg.keys and cfg.dispatcher else None
+        if cfg.dispatcher:
+            if job is not None:
+                raise ValueError("with a separate dispatcher the job is the dispatcher's; do not pass one")
+            job = job_from_spec(attach(cfg.dispatcher, cfg.key_name, client_keys))
+        assert job is not None
         if resume is not None:
             checkpoint.check_matches(job, resume)
             job = replace(job, job_id=resume["job"]["job_id"])
@@ -130,7 +141,13 @@ class Consumer:
         check_dataset(job, self.manifest)
         plan = EpochPlan(self.manifest, job.unit_size, job.epochs, job.seed)
         done = frozenset(resume["done_units"]) if resume else frozenset()
-        self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done)
+        self.dispatcher: Dispatcher | RemoteAcks
+        if cfg.dispatcher:
+            total = sum(len(plan.units(e)) for e in range(job.epochs))
+            self.dispatcher = RemoteAcks(cfg.dispatcher, cfg.key_name, total, client_keys, done_before=done)
+            self.dispatcher.on_finished = lambda: self.queue.put(_END)
+        else:
+            self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done)
         self.ledger = Ledger(self.manifest.num_samples, job.epochs)
         if resume:
             self.ledger.restore(set(done), resume["in_progress"])
@@ -180,52 +197,43 @@ class Consumer:
         ctx = zmq.asyncio.Context()
         zap = ZapHandler(ctx, self.server_keys, self.metrics) if self.server_keys else None  # before any bind
         data = ctx.socket(zmq.ROUTER)
-        control = ctx.socket(zmq.ROUTER)
+        control = None
         try:
-            for sock in (data, control):
-                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                sock.setsockopt(zmq.LINGER, 0)
-                if self.server_keys:
-                    self.server_keys.apply(sock)
+            data.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            data.setsockopt(zmq.LINGER, 0)
+            if self.server_keys:
+                self.server_keys.apply(data)
             data.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + (1 << 20))
             data.setsockopt(zmq.RCVHWM, 10_000)
-            control.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
             self.data_endpoint = advertised(bind(data, self.cfg.data_bind, "data"), self.cfg.advertise_host)
-            self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
-                                               self.cfg.advertise_host)
-            spec = self.job.spec(self.data_endpoint)
             self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
                                       self.metrics, self._unit_done, schema_of(self.job))
-            server = ControlServer(control, self.dispatcher, spec, self.metrics)
-            server.update_gauges()
-            self._ready.set()
-            tasks = [self._pump(data, self._receiver.handle), self._pump(control, server.handle), self._ticker(server)]
+            tasks = [pump(data, self._receiver.handle, self._stop)]
+            if isinstance(self.dispatcher, RemoteAcks):
+                self.control_endpoint = self.cfg.dispatcher or ""
+                tasks.append(self.dispatcher.run(ctx, self._stop))
+            else:
+                control = control_router(ctx, self.server_keys)
+                self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
+                                                   self.cfg.advertise_host)
+                server = ControlServer(control, self.dispatcher, self.job.spec(self.data_endpoint), self.metrics)
+                server.update_gauges()
+                tasks += [pump(control, server.handle, self._stop), ticker(server, self._stop)]
             if zap is not None:
                 tasks.append(zap.serve(self._stop))
+            self._ready.set()
             await asyncio.gather(*tasks)
         finally:
             data.close(0)
-            control.close(0)
+            if control is not None:
+                control.close(0)
             if zap is not None:
                 zap.close()
             ctx.term()
 
-    async def _pump(self, sock: zmq.asyncio.Socket, handle: Callable[[list], None]) -> None:
-        while not self._stop.is_set():
-            try:
-                frames = await asyncio.wait_for(sock.recv_multipart(copy=False), timeout=0.25)
-            except TimeoutError:
-                continue
-            handle(frames)
-
-    async def _ticker(self, server: ControlServer) -> None:
-        while not self._stop.is_set():
-            server.tick()
-            await asyncio.sleep(0.5)
-
     def _unit_done(self, unit_id: int) -> None:
         self.dispatcher.ack(unit_id)
-        if self.dispatcher.finished:
+        if isinstance(self.dispatcher, Dispatcher) and self.dispatcher.finished:
             self.queue.put(_END)
 
     # ---- training loop ------------------------------------------------------------------

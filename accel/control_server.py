@@ -6,15 +6,19 @@ the cached reply instead of a second lease.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections import OrderedDict
 
 import zmq
+import zmq.asyncio
 
 from accel.dispatcher import Dispatcher
 from accel.metrics import ConsumerMetrics
 from accel.receiver import send_error
 from protos import stoker_pb2 as pb
+from protos.curve import ServerKeys
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 
 log = logging.getLogger("stoker.dispatcher")
@@ -30,6 +34,7 @@ class ControlServer:
         self.job = job
         self.metrics = metrics
         self._last_reply: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
+        self.consumer_peer: bytes | None = None  # only the attached consumer may ack units
         self.dropped: dict[str, int] = {}
 
     def handle(self, frames: list) -> None:
@@ -51,6 +56,11 @@ class ControlServer:
         if cached and cached[0] == request.request_id:
             self._send(peer, cached[1])
             return
+        if kind == "ack" and peer != self.consumer_peer:
+            self._drop("not_consumer", peer)
+            return
+        if kind == "attach":
+            self.consumer_peer = peer
         reply = self._answer(request)
         reply.request_id = request.request_id
         payload = reply.SerializeToString()
@@ -80,6 +90,13 @@ class ControlServer:
             return pb.ControlReply(unit=pb.WorkUnit(
                 unit_id=unit.unit_id, epoch=unit.epoch, shard_index=unit.shard_index,
                 start=unit.start, stop=unit.stop, first_sample_id=unit.first_sample_id))
+        if kind == "attach":
+            log.info("consumer %s attached", request.attach.consumer_id)
+            return pb.ControlReply(registered=pb.Registered(job=self.job))
+        if kind == "ack":
+            for unit_id in request.ack.unit_ids:
+                d.ack(unit_id)
+            return pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
         if kind == "release":
             r = request.release
             count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released")
@@ -114,6 +131,24 @@ class ControlServer:
 
 def _too_long(body: object) -> bool:
     """Names longer than MAX_NAME would let one peer grow the dispatcher's tables without bound."""
-    names = [getattr(body, f, "") for f in ("host_id", "worker_id", "reason")]
+    names = [getattr(body, f, "") for f in ("host_id", "worker_id", "reason", "consumer_id")]
     names += list(getattr(body, "worker_ids", []))
     return any(len(n) > MAX_NAME for n in names if isinstance(n, str))
+
+
+def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> zmq.asyncio.Socket:
+    """The dispatcher's ROUTER: unroutable replies raise, small messages only, CURVE when keyed."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+    if keys is not None:
+        keys.apply(sock)
+    return sock
+
+
+async def ticker(server: ControlServer, stop: threading.Event, period_s: float = 0.5) -> None:
+    """Expire silent hosts and refresh gauges until `stop`."""
+    while not stop.is_set():
+        server.tick()
+        await asyncio.sleep(period_s)

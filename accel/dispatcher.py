@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from accel.journal import Journal
 from pipeline.plan import EpochPlan, Unit
 
 
@@ -38,19 +39,33 @@ class Dispatcher:
     clock: Callable[[], float] = time.monotonic
     on_release: Callable[[str, int], None] | None = None  # (reason, units) for metrics
     done_before: frozenset[int] = frozenset()  # units a previous run completed (resume)
-    _pending: deque[Unit] = field(init=False)
+    journal: Journal | None = None  # every lease/ack/release is made durable before it is answered
+    _pending: deque[Unit] = field(init=False)  # may hold units acked while queued; lease() skips them
+    _pending_ids: set[int] = field(init=False, default_factory=set)
     _leased: dict[int, Lease] = field(init=False, default_factory=dict)
     _done: set[int] = field(init=False, default_factory=set)
     _hosts: dict[str, float] = field(init=False, default_factory=dict)
     _releases: int = field(init=False, default=0)
+    _known: set[int] = field(init=False, default_factory=set)
     hosts_seen: set[str] = field(init=False, default_factory=set)  # every host that ever registered or leased
     total_units: int = field(init=False)
 
     def __post_init__(self) -> None:
         units = [u for epoch in range(self.plan.epochs) for u in self.plan.units(epoch)]
-        self._done = {u.unit_id for u in units if u.unit_id in self.done_before}
-        self._pending = deque(u for u in units if u.unit_id not in self._done)
+        replayed = self.journal.replayed if self.journal else None
+        done = set(self.done_before) | (replayed.done if replayed else set())
+        open_leases = replayed.leases if replayed else {}
+        self._done = {u.unit_id for u in units if u.unit_id in done}
+        now = self.clock()
+        for unit in units:  # leases from before a restart stay with their hosts for one host timeout
+            if unit.unit_id in open_leases and unit.unit_id not in self._done:
+                host, worker = open_leases[unit.unit_id]
+                self._leased[unit.unit_id] = Lease(unit, host, worker, now)
+                self._hosts.setdefault(host, now)
+        self._pending = deque(u for u in units if u.unit_id not in self._done and u.unit_id not in self._leased)
+        self._pending_ids = {u.unit_id for u in self._pending}
         self.total_units = len(units)
+        self._known = {u.unit_id for u in units}
 
     # ---- hosts -------------------------------------------------------------------------
     def heartbeat(self, host_id: str) -> None:
@@ -74,18 +89,24 @@ class Dispatcher:
         self.hosts_seen.add(host_id)
         while self._pending:
             unit = self._pending.popleft()
+            self._pending_ids.discard(unit.unit_id)
             if unit.unit_id in self._done:
                 continue
+            if self.journal:
+                self.journal.lease(unit.unit_id, host_id, worker_id)
             self._leased[unit.unit_id] = Lease(unit, host_id, worker_id, self.clock())
             return unit
         return None
 
     def ack(self, unit_id: int) -> bool:
         """The consumer has stepped every batch of the unit; True the first time."""
-        if unit_id in self._done:
+        if unit_id in self._done or unit_id not in self._known:
             return False
+        if self.journal:
+            self.journal.ack(unit_id)
         self._done.add(unit_id)
         self._leased.pop(unit_id, None)
+        self._pending_ids.discard(unit_id)
         return True
 
     def release(self, host_id: str, worker_ids: Iterable[str] | None, reason: str) -> int:
@@ -93,9 +114,12 @@ class Dispatcher:
         wanted = set(worker_ids) if worker_ids else None
         lost = [lease for lease in self._leased.values()
                 if lease.host_id == host_id and (wanted is None or lease.worker_id in wanted)]
+        if lost and self.journal:
+            self.journal.release([lease.unit.unit_id for lease in lost])
         for lease in sorted(lost, key=lambda item: item.leased_at, reverse=True):
             del self._leased[lease.unit.unit_id]
             self._pending.appendleft(lease.unit)
+            self._pending_ids.add(lease.unit.unit_id)
         if lost:
             self._releases += len(lost)
             if self.on_release:
@@ -113,5 +137,5 @@ class Dispatcher:
         return len(self._done) == self.total_units
 
     def stats(self) -> DispatcherStats:
-        return DispatcherStats(len(self._pending), len(self._leased), len(self._done),
+        return DispatcherStats(len(self._pending_ids), len(self._leased), len(self._done),
                                len(self._hosts), self._releases)

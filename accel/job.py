@@ -52,9 +52,22 @@ class JobConfig:
                           batch_size=self.batch_size, image_size=self.image_size, transform=self.transform,
                           seed=self.seed, min_area=self.min_area, max_area=self.max_area,
                           heartbeat_s=self.heartbeat_s, checksum=self.checksum, dataset=self.dataset,
-                          decoder=self.decoder,
+                          decoder=self.decoder, epochs=self.epochs, unit_batches=self.unit_batches,
                           text=pb.TextSpec(seq_len=t.seq_len, max_predictions=t.max_predictions,
                                            masked_lm_prob=t.masked_lm_prob, short_seq_prob=t.short_seq_prob,
                                            whole_word_mask=t.whole_word_mask, pack=t.pack,
                                            pack_max_sequences=t.pack_max_sequences))
 
+
+
+def job_from_spec(spec: pb.JobSpec) -> JobConfig:
+    """The job a dispatcher serves, as the consumer that attaches to it needs it."""
+    t = spec.text
+    text = TextConfig(seq_len=t.seq_len or 128, max_predictions=t.max_predictions,
+                      masked_lm_prob=t.masked_lm_prob or 0.15, short_seq_prob=t.short_seq_prob,
+                      whole_word_mask=t.whole_word_mask, pack=t.pack, pack_max_sequences=t.pack_max_sequences or 3)
+    return JobConfig(manifest_uri=spec.manifest_uri, dataset=spec.dataset or "imagenet", epochs=spec.epochs,
+                     batch_size=spec.batch_size, unit_batches=spec.unit_batches, seed=spec.seed,
+                     image_size=spec.image_size, transform=spec.transform, min_area=spec.min_area,
+                     max_area=spec.max_area, decoder=spec.decoder or "auto", text=text, checksum=spec.checksum,
+                     heartbeat_s=spec.heartbeat_s, job_id=spec.job_id)

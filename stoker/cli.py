@@ -119,12 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
     keys_list.add_argument("dir")
 
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host")
-    train.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
+    train.add_argument("--data", help="shards' manifest.json (or its folder); not with --dispatcher")
+    train.add_argument("--dispatcher", metavar="ENDPOINT",
+                       help="attach to a `stoker dispatch` at this endpoint instead of running one here")
     train.add_argument("--checkpoint", metavar="PATH", help="write the data position (a small JSON state_dict) here")
     train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint")
     _add_job_args(train)
     _add_consumer_args(train, 9560)
+
+    dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal")
+    dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
+    dispatch.add_argument("--consumer", required=True, help="the consumer's data endpoint, e.g. tcp://accel-0:5560")
+    dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
+    dispatch.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND)
+    dispatch.add_argument("--advertise-host")
+    dispatch.add_argument("--metrics-port", type=int, default=9562)
+    dispatch.add_argument("--metrics-addr", default="127.0.0.1")
+    dispatch.add_argument("--host-timeout", type=float, default=10.0)
+    dispatch.add_argument("--keys", metavar="DIR")
+    dispatch.add_argument("--insecure", action="store_true")
+    _add_job_args(dispatch)
 
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine")
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
@@ -188,7 +203,8 @@ def _consumer_config(args: argparse.Namespace):
                           advertise_host=args.advertise_host,
                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
                           metrics_addr=args.metrics_addr, credit_window=args.credit_window,
-                          host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure)
+                          host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
+                          dispatcher=getattr(args, "dispatcher", None))
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -261,7 +277,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.job import JobConfig
     from stoker.embedded import Progress, print_summary
 
-    job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
+    if bool(args.data) == bool(args.dispatcher):
+        raise ValueError("give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), not both")
+    job = None if args.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
+                                                 **_job_args(args))
     resume = checkpoint.load(args.resume) if args.resume else None
     consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate), resume=resume)
     consumer.start()
@@ -299,6 +318,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     progress=not args.no_progress, log_level=args.log_level)
     summary = run_embedded(_job_args(args), cfg)
     print_summary(summary, args.json)
+    return 0
+
+
+def _cmd_dispatch(args: argparse.Namespace) -> int:
+    from accel.dispatch_service import DispatchConfig, DispatchService
+    from accel.job import JobConfig
+
+    job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
+    service = DispatchService(DispatchConfig(
+        consumer=args.consumer, control_bind=args.control_bind, advertise_host=args.advertise_host,
+        journal=args.journal, host_timeout_s=args.host_timeout,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port, metrics_addr=args.metrics_addr,
+        keys=args.keys, insecure=args.insecure), job)
+    print(f"stoker dispatch: job {service.job.job_id}; workers and the consumer connect to {args.control_bind}",
+          flush=True)
+    service.run()
+    stats = service.dispatcher.stats()
+    print(f"dispatcher done: {stats.done}/{service.dispatcher.total_units} units, {stats.releases} re-leased")
     return 0
 
 
@@ -357,7 +394,7 @@ def _print_lab(state) -> None:
 
 
 COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "train": _cmd_train,
-            "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys}
+            "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys, "dispatch": _cmd_dispatch}
 
 
 def main(argv: list[str] | None = None) -> int:

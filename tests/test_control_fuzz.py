@@ -34,11 +34,13 @@ requests = st.one_of(
               st.sampled_from(["w0", "w1", "w" * 400])),
     st.builds(lambda h, ws, r: pb.ControlRequest(release=pb.Release(host_id=h, worker_ids=ws, reason=r)), hosts,
               st.lists(st.sampled_from(["w0", "w1"]), max_size=2), st.sampled_from(["crash", ""])),
+    st.builds(lambda ids: pb.ControlRequest(ack=pb.Ack(unit_ids=ids)), st.lists(st.integers(0, 40), max_size=5)),
+    st.just(pb.ControlRequest(attach=pb.Attach(consumer_id="c"))),
     st.just(pb.ControlRequest()),
 )
 messages = st.one_of(
-    st.builds(lambda r, i: [b"peer", r.SerializeToString()] if not setattr(r, "request_id", i) else [],
-              requests, st.integers(0, 5)),
+    st.builds(lambda r, i, peer: [peer, r.SerializeToString()] if not setattr(r, "request_id", i) else [],
+              requests, st.integers(0, 5), st.sampled_from([b"peer", b"other"])),
     st.lists(st.binary(max_size=40), min_size=1, max_size=4).map(lambda frames: [b"peer", *frames]),
 )
 

@@ -1,0 +1,117 @@
+"""`stoker dispatch`: the dispatcher as its own process, with a journal to survive restarts.
+
+By default the dispatcher lives inside the consumer. Run on its own, it owns the epoch plan
+and the control socket; workers register and lease here, the consumer attaches and acks
+here (`stoker train --dispatcher ...`), and every lease, ack and release goes to the
+journal before it is answered. Restarted with the same journal it carries on: done units
+stay done, open leases stay with their hosts for one host timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import uvloop
+import zmq.asyncio
+
+from accel.aio import pump
+from accel.checkpoint import job_fields
+from accel.consumer import check_dataset
+from accel.control_server import ControlServer, control_router, ticker
+from accel.dispatcher import Dispatcher
+from accel.job import JobConfig
+from accel.journal import Journal
+from accel.metrics import ConsumerMetrics
+from accel.zap import ZapHandler
+from pipeline.plan import EpochPlan
+from pipeline.shards import Manifest
+from protos.curve import ServerKeys, is_loopback
+from protos.endpoints import advertised, bind
+
+log = logging.getLogger("stoker.dispatcher")
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    consumer: str  # the consumer's data endpoint, which workers send batches to
+    control_bind: str = "tcp://127.0.0.1:5561"
+    advertise_host: str | None = None
+    journal: str | None = None
+    host_timeout_s: float = 10.0
+    metrics_port: int | None = 9562
+    metrics_addr: str = "127.0.0.1"
+    keys: str | None = None
+    insecure: bool = False
+    linger_s: float = 5.0  # keep answering "finished" this long after the last ack
+
+
+class DispatchService:
+    def __init__(self, cfg: DispatchConfig, job: JobConfig) -> None:
+        if not (cfg.keys or cfg.insecure or is_loopback(cfg.control_bind)):
+            raise ValueError(f"refusing to bind {cfg.control_bind} without CURVE keys (--keys DIR, or --insecure)")
+        self.journal = Journal(cfg.journal, job_fields(job)) if cfg.journal else None
+        if self.journal and self.journal.replayed:  # the same job, under the id its peers know
+            job = replace(job, job_id=self.journal.replayed.job["job_id"])
+        self.cfg = cfg
+        self.job = job
+        manifest = Manifest.load(job.manifest_uri)
+        check_dataset(job, manifest)
+        self.metrics = ConsumerMetrics()
+        if self.journal and self.journal.replayed:
+            log.info("continuing from %s: %d units done, %d leases open", cfg.journal,
+                     len(self.journal.replayed.done), len(self.journal.replayed.leases))
+        plan = EpochPlan(manifest, job.unit_size, job.epochs, job.seed)
+        self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, journal=self.journal,
+                                     on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n))
+        self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
+        self.endpoint = ""
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        """Serve until the job is finished (plus `linger_s`) or SIGTERM/SIGINT."""
+        if self.cfg.metrics_port is not None:
+            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+        loop = uvloop.new_event_loop()
+        try:
+            loop.run_until_complete(self._serve())
+        finally:
+            loop.close()
+            if self.journal:
+                self.journal.close()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop.set)
+        ctx = zmq.asyncio.Context()
+        zap = ZapHandler(ctx, self.keys, self.metrics) if self.keys else None
+        control = control_router(ctx, self.keys)
+        try:
+            self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
+            server = ControlServer(control, self.dispatcher, self.job.spec(self.cfg.consumer), self.metrics)
+            server.update_gauges()
+            self.ready.set()
+            tasks = [pump(control, server.handle, self.stop), ticker(server, self.stop), self._until_done()]
+            if zap is not None:
+                tasks.append(zap.serve(self.stop))
+            await asyncio.gather(*tasks)
+        finally:
+            control.close(0)
+            if zap is not None:
+                zap.close()
+            ctx.term()
+
+    async def _until_done(self) -> None:
+        while not self.stop.is_set() and not self.dispatcher.finished:
+            await asyncio.sleep(0.2)
+        deadline = time.monotonic() + self.cfg.linger_s  # workers and the consumer hear "finished"
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        self.stop.set()
