@@ -36,6 +36,7 @@ class DispatcherStats:
 class Dispatcher:
     plan: EpochPlan
     host_timeout_s: float = 10.0
+    lease_timeout_s: float = 600.0  # a lease older than this is handed out again even if its host lives
     clock: Callable[[], float] = time.monotonic
     on_release: Callable[[str, int], None] | None = None  # (reason, units) for metrics
     done_before: frozenset[int] = frozenset()  # units a previous run completed (resume)
@@ -80,7 +81,15 @@ class Dispatcher:
         for host in dead:
             del self._hosts[host]
             self.release(host, None, "host_timeout")
+        self._expire_leases(now)
         return dead
+
+    def _expire_leases(self, now: float) -> None:
+        """A live host whose process hangs must not hold a unit forever; redoing it is safe
+        (the consumer drops whichever copy of a batch arrives second)."""
+        stale = [lease for lease in self._leased.values() if now - lease.leased_at > self.lease_timeout_s]
+        for lease in stale:
+            self.release(lease.host_id, [lease.worker_id], "lease_expired")
 
     # ---- units -------------------------------------------------------------------------
     def lease(self, host_id: str, worker_id: str) -> Unit | None:

@@ -117,6 +117,7 @@ class RemoteAcks:
     def _socket(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         sock.setsockopt_string(zmq.IDENTITY, self.consumer_id)
         if self.curve is not None:
             self.curve.apply(sock)

@@ -60,3 +60,15 @@ def test_ledger_drops_duplicates_and_completes_units():
     assert ledger.stepped(0, 7, 1, True, np.array([3]))
     assert not ledger.admit(0, 7, 1, np.array([3]))  # a redo after completion is a duplicate
     assert ledger.unique_samples == ledger.samples == 4 and ledger.collisions == 0
+
+
+def test_a_lease_held_too_long_by_a_live_host_is_handed_out_again(manifest):
+    clock = Clock()
+    d = Dispatcher(EpochPlan(manifest, 32, 1, 0), host_timeout_s=10, lease_timeout_s=60, clock=clock)
+    stuck = d.lease("h0", "h0/p0.1")
+    for t in range(0, 70, 5):  # h0 keeps sending heartbeats, but its process never finishes
+        clock.now = t
+        d.heartbeat("h0")
+        d.expire_hosts()
+    assert d.stats().releases == 1
+    assert d.lease("h1", "h1/p0.1").unit_id == stuck.unit_id

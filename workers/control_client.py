@@ -39,6 +39,7 @@ class ControlClient:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # a job spec at most
             sock.setsockopt_string(zmq.IDENTITY, self.identity)
             if self.curve is not None:
                 self.curve.apply(sock)

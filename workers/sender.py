@@ -30,6 +30,7 @@ class DataSender:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # replies are credits and rejects: tiny
         sock.setsockopt_string(zmq.IDENTITY, worker_id)
         if curve is not None:
             curve.apply(sock)
