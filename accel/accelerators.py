@@ -43,11 +43,37 @@ class SimulatedAccelerator:
             time.sleep(left)
 
 
-def make_accelerator(kind: str, rate: float | None) -> Accelerator:
-    if kind == "null":
+@dataclass(frozen=True)
+class AccelSpec:
+    """Which backend the consumer steps with, and its settings (one place for CLI and API)."""
+
+    kind: str = "null"  # null | simulated | torch
+    rate: float | None = None  # simulated: samples (rows) per second
+    profile: str | None = None  # simulated: a named system from accel.profiles instead of a rate
+    scale: float = 1.0  # simulated profiles: shrink the rate for a small machine
+    model: str = "resnet18"  # torch
+    device: str = "cpu"
+    width: int = 64
+    lr: float = 0.1
+    label_smoothing: float = 0.0
+
+
+def make_accelerator(spec: AccelSpec, dataset: str, classes: int) -> Accelerator:
+    if spec.kind == "null":
         return NullAccelerator()
-    if kind == "simulated":
-        if rate is None:
-            raise ValueError("--accel simulated needs --rate SAMPLES_PER_S")
-        return SimulatedAccelerator(rate)
-    raise ValueError(f"unknown accelerator {kind!r} (choose null or simulated)")
+    if spec.kind == "simulated":
+        if spec.profile:
+            from accel.profiles import profile_rate
+
+            return SimulatedAccelerator(profile_rate(spec.profile, dataset, spec.scale))
+        if spec.rate is None:
+            raise ValueError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
+        return SimulatedAccelerator(spec.rate)
+    if spec.kind == "torch":
+        if dataset != "imagenet":
+            raise ValueError("--accel torch trains ResNet on imagenet jobs; the BERT step is not built yet")
+        from accel.torch_accel import TorchAccelerator, TorchConfig
+
+        return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,
+                                            label_smoothing=spec.label_smoothing), classes)
+    raise ValueError(f"unknown accelerator {spec.kind!r} (choose null, simulated or torch)")

@@ -31,6 +31,7 @@ from accel.dispatcher import Dispatcher
 from accel.job import JobConfig, job_from_spec
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
+from accel.prefetch import Prefetcher
 from accel.receiver import Receiver
 from accel.remote_dispatcher import RemoteAcks, attach
 from accel.schema import schema_of
@@ -54,6 +55,7 @@ class ConsumerConfig:
     metrics_port: int | None = 9560  # None: no HTTP endpoint
     metrics_addr: str = "127.0.0.1"
     credit_window: int = 3  # batches in flight per worker process
+    overlap: bool = True  # convert/copy batch N+1 on a side thread while step N runs
     host_timeout_s: float = 10.0
     dispatcher: str | None = None  # a `stoker dispatch` endpoint; None: the dispatcher runs in this process
     key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (stoker keys add)
@@ -247,9 +249,17 @@ class Consumer:
         startup = stall = compute = 0.0
         batches = rows = sequences = tokens = 0
         first = True
+        prepare = getattr(self.accelerator, "prepare", None)
+        copies: list[float] = []
+
+        def record_copy(seconds: float) -> None:
+            copies.append(seconds)
+            self.metrics.device_copy.observe(seconds)
+
+        prefetcher = Prefetcher(self._next, prepare, _END, record_copy) if prepare and self.cfg.overlap else None
         while True:
             waited_from = time.perf_counter()
-            item = self._next()
+            item, prepared = prefetcher.next() if prefetcher else (self._next(), None)
             waited = time.perf_counter() - waited_from
             if item is _END:
                 break
@@ -259,9 +269,16 @@ class Consumer:
             else:
                 stall += waited
                 self.metrics.input_wait.observe(waited)
+            if prepare and prefetcher is None and batch.size:  # serial: convert and copy between steps
+                copy_from = time.perf_counter()
+                prepared = prepare(batch)
+                record_copy(time.perf_counter() - copy_from)
             step_from = time.perf_counter()
             if batch.size:
-                self.accelerator.step(batch)
+                if prepare:
+                    self.accelerator.step_prepared(prepared)
+                else:
+                    self.accelerator.step(batch)
             step_s = time.perf_counter() - step_from
             compute += step_s
             self.metrics.step_seconds.observe(step_s)
@@ -309,7 +326,7 @@ class Consumer:
             frames_dropped=dict(self._receiver.dropped),
             units_released=self.dispatcher.stats().releases,
             stage_seconds={**work, "send": stages.send, "wait_for_credit": stages.wait_for_credit,
-                           "receive": stages.receive, "step": compute, "stall": stall},
+                           "receive": stages.receive, "copy": sum(copies), "step": compute, "stall": stall},
             per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
             dataset=self.job.dataset,
             rows=rows,

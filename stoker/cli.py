@@ -42,8 +42,17 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
-    p.add_argument("--accel", choices=("null", "simulated"), default="null")
-    p.add_argument("--rate", type=float, help="samples/s of --accel simulated")
+    p.add_argument("--accel", choices=("null", "simulated", "torch"), default="null")
+    p.add_argument("--rate", type=float, help="rows (images) per second of --accel simulated")
+    p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink a --profile rate (e.g. 0.01)")
+    p.add_argument("--model", choices=("resnet18", "resnet50"), default="resnet18", help="--accel torch model")
+    p.add_argument("--device", default="cpu", help="--accel torch device: cpu, cuda, cuda:1 ...")
+    p.add_argument("--width", type=int, default=64, help="--accel torch: channels of the first stage (64: standard)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--no-overlap", action="store_true",
+                   help="convert and copy each batch between steps instead of during the previous one")
     p.add_argument("--data-bind", default=DEFAULT_DATA_BIND, help=f"data socket (default {DEFAULT_DATA_BIND})")
     p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
                    help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
@@ -185,6 +194,13 @@ def _job_args(args: argparse.Namespace) -> dict:
                 checksum=args.checksum, decoder=args.decoder, text=text)
 
 
+def _accel_spec(args: argparse.Namespace):
+    from accel.accelerators import AccelSpec
+
+    return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, model=args.model,
+                     device=args.device, width=args.width, lr=args.lr, label_smoothing=args.label_smoothing)
+
+
 def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
     """--dataset, else what the manifest holds, else imagenet."""
     if args.dataset:
@@ -204,7 +220,7 @@ def _consumer_config(args: argparse.Namespace):
                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
                           metrics_addr=args.metrics_addr, credit_window=args.credit_window,
                           host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
-                          dispatcher=getattr(args, "dispatcher", None))
+                          dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap)
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -272,7 +288,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from accel import checkpoint
-    from accel.accelerators import make_accelerator
+    from accel.accelerators import NullAccelerator, make_accelerator
     from accel.consumer import Consumer
     from accel.job import JobConfig
     from stoker.embedded import Progress, print_summary
@@ -282,7 +298,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     job = None if args.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
                                                  **_job_args(args))
     resume = checkpoint.load(args.resume) if args.resume else None
-    consumer = Consumer(_consumer_config(args), job, make_accelerator(args.accel, args.rate), resume=resume)
+    consumer = Consumer(_consumer_config(args), job, NullAccelerator(), resume=resume)
+    consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes))
     consumer.start()
     job = consumer.job
     print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
@@ -312,8 +329,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from stoker.embedded import RunConfig, print_summary, run_embedded
 
     cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
-                    procs=args.procs, accel=args.accel,
-                    rate=args.rate, consumer=_consumer_config(args),
+                    procs=args.procs, accel=_accel_spec(args), consumer=_consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
                     progress=not args.no_progress, log_level=args.log_level)
     summary = run_embedded(_job_args(args), cfg)

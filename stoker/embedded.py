@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from accel.accelerators import make_accelerator
+from accel.accelerators import AccelSpec, NullAccelerator, make_accelerator
 from accel.consumer import Consumer, ConsumerConfig, Summary
 from accel.job import JobConfig
 from stoker.datasets import default_imagenet, default_wikipedia
@@ -28,8 +28,7 @@ class RunConfig:
     images: int = 2000  # size of the default set
     hosts: int = 2
     procs: int = 1
-    accel: str = "null"
-    rate: float | None = None
+    accel: AccelSpec = AccelSpec()
     consumer: ConsumerConfig = ConsumerConfig()
     worker_metrics_port: int | None = 9561  # host i serves on this + i
     progress: bool = True
@@ -73,7 +72,8 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
     else:
         manifest = str(default_imagenet(cfg.images, progress=cfg.progress))
     job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
-    consumer = Consumer(cfg.consumer, job, make_accelerator(cfg.accel, cfg.rate))
+    consumer = Consumer(cfg.consumer, job, NullAccelerator())
+    consumer.accelerator = make_accelerator(cfg.accel, job.dataset, len(consumer.manifest.classes))
     consumer.start()
     daemons: list[subprocess.Popen] = []
     progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress, job.dataset)

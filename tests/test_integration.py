@@ -40,7 +40,8 @@ def test_two_hosts_deliver_every_sample_exactly_once_and_metrics_agree(manifest,
     assert metrics["stoker_consumer_samples_total"] == summary.samples
     assert any(0 < v < summary.samples for v in seen_during), seen_during  # scraped mid-run
     assert metrics["stoker_dispatcher_units{state=done}"] == consumer.dispatcher.total_units
-    assert set(summary.stage_seconds) == {"decode", "augment", "send", "wait_for_credit", "receive", "step", "stall"}
+    assert set(summary.stage_seconds) == {"decode", "augment", "send", "wait_for_credit", "receive", "copy", "step",
+                                          "stall"}
     assert summary.stage_seconds["decode"] > 0 and summary.stage_seconds["step"] > 0
 
 
