@@ -51,14 +51,15 @@ class AccelSpec:
     rate: float | None = None  # simulated: samples (rows) per second
     profile: str | None = None  # simulated: a named system from accel.profiles instead of a rate
     scale: float = 1.0  # simulated profiles: shrink the rate for a small machine
-    model: str = "resnet18"  # torch
+    model: str = "resnet18"  # torch: resnet18 | resnet50 (imagenet), bert-tiny | bert-base | bert-large (wikipedia)
     device: str = "cpu"
     width: int = 64
     lr: float = 0.1
     label_smoothing: float = 0.0
 
 
-def make_accelerator(spec: AccelSpec, dataset: str, classes: int) -> Accelerator:
+def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
+                     seq_len: int = 128) -> Accelerator:
     if spec.kind == "null":
         return NullAccelerator()
     if spec.kind == "simulated":
@@ -69,9 +70,14 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int) -> Accelerator
         if spec.rate is None:
             raise ValueError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
         return SimulatedAccelerator(spec.rate)
+    if spec.kind == "torch" and dataset == "wikipedia":
+        from accel.bert_accel import BertAccelerator
+
+        model = spec.model if spec.model.startswith("bert") else "bert-tiny"
+        return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr)
     if spec.kind == "torch":
-        if dataset != "imagenet":
-            raise ValueError("--accel torch trains ResNet on imagenet jobs; the BERT step is not built yet")
+        if spec.model.startswith("bert"):
+            raise ValueError(f"--model {spec.model} needs --dataset wikipedia")
         from accel.torch_accel import TorchAccelerator, TorchConfig
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,

@@ -24,7 +24,7 @@ from torch import nn
 from accel.batch import ReceivedBatch
 from accel.models.resnet import resnet18, resnet50
 
-log = logging.getLogger("stoker.consumer")
+log = logging.getLogger("stoker.loss")  # the CLI shows it at INFO when training with --accel torch
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 MODELS = {"resnet50": resnet50, "resnet18": resnet18}
@@ -106,7 +106,7 @@ class TorchAccelerator:
         self.steps += 1
         if self.cfg.log_every and self.steps % self.cfg.log_every == 0:
             recent = self.losses[-self.cfg.log_every:]
-            log.warning("step %d: loss %.4f (mean of the last %d)", self.steps, sum(recent) / len(recent), len(recent))
+            log.info("step %d: loss %.4f (mean of the last %d)", self.steps, sum(recent) / len(recent), len(recent))
 
     def step(self, batch: ReceivedBatch) -> None:
         self.step_prepared(self.prepare(batch))

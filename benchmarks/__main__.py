@@ -1,11 +1,11 @@
-"""`python -m benchmarks NAME`: run one benchmark (spine, text, suite) or all of them."""
+"""`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap) or all of them."""
 
 import os
 import sys
 
-from benchmarks import spine, suite, text
+from benchmarks import overlap, spine, suite, text
 
-BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main}
+BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "overlap": overlap.main}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

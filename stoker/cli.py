@@ -46,10 +46,11 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--rate", type=float, help="rows (images) per second of --accel simulated")
     p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
     p.add_argument("--scale", type=float, default=1.0, help="shrink a --profile rate (e.g. 0.01)")
-    p.add_argument("--model", choices=("resnet18", "resnet50"), default="resnet18", help="--accel torch model")
+    p.add_argument("--model", choices=("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large"),
+                   default="resnet18", help="--accel torch model (bert-*: with --dataset wikipedia)")
     p.add_argument("--device", default="cpu", help="--accel torch device: cpu, cuda, cuda:1 ...")
     p.add_argument("--width", type=int, default=64, help="--accel torch: channels of the first stage (64: standard)")
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--no-overlap", action="store_true",
                    help="convert and copy each batch between steps instead of during the previous one")
@@ -197,8 +198,11 @@ def _job_args(args: argparse.Namespace) -> dict:
 def _accel_spec(args: argparse.Namespace):
     from accel.accelerators import AccelSpec
 
+    if args.accel == "torch":  # the loss every few steps is what a person training wants to see
+        logging.getLogger("stoker.loss").setLevel(logging.INFO)
+    lr = args.lr if args.lr is not None else (1e-4 if args.model.startswith("bert") else 0.1)
     return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, model=args.model,
-                     device=args.device, width=args.width, lr=args.lr, label_smoothing=args.label_smoothing)
+                     device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
 
 
 def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
@@ -299,7 +303,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                                                  **_job_args(args))
     resume = checkpoint.load(args.resume) if args.resume else None
     consumer = Consumer(_consumer_config(args), job, NullAccelerator(), resume=resume)
-    consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes))
+    consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes),
+                                            consumer.manifest.vocab_size, consumer.job.text.seq_len)
     consumer.start()
     job = consumer.job
     print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"

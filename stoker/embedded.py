@@ -73,7 +73,8 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
         manifest = str(default_imagenet(cfg.images, progress=cfg.progress))
     job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
     consumer = Consumer(cfg.consumer, job, NullAccelerator())
-    consumer.accelerator = make_accelerator(cfg.accel, job.dataset, len(consumer.manifest.classes))
+    consumer.accelerator = make_accelerator(cfg.accel, job.dataset, len(consumer.manifest.classes),
+                                            consumer.manifest.vocab_size, job.text.seq_len)
     consumer.start()
     daemons: list[subprocess.Popen] = []
     progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress, job.dataset)

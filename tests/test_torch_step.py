@@ -32,3 +32,37 @@ def test_resnet18_learns_from_stoker_batches_and_times_add_up(manifest, run_job,
     accounted = summary.startup_s + s["stall"] + s["step"] + (0 if overlap else s["copy"])
     assert abs(accounted - summary.elapsed_s) < 0.05 * summary.elapsed_s, (accounted, summary.elapsed_s)
     assert s["copy"] > 0
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed"])
+def test_tiny_bert_steps_on_wikipedia_batches_from_real_workers(wiki_manifest, run_job, pack):
+    from pipeline.text.examples import TextConfig
+
+    consumer = consumer_for(wiki_manifest.uri, epochs=1, dataset="wikipedia", batch_size=32,
+                            text=TextConfig(seq_len=128, pack=pack))
+    accel = make_accelerator(AccelSpec(kind="torch", model="bert-tiny", lr=1e-3), "wikipedia", 0,
+                             wiki_manifest.vocab_size, 128)
+    consumer.accelerator = accel
+    summary = run_job(consumer, hosts=1).finish(timeout=300)
+    assert_exactly_once(summary, wiki_manifest.num_samples, 1)
+    assert len(accel.losses) == summary.batches and all(np.isfinite(accel.losses))
+    assert np.mean(accel.losses[-5:]) < np.mean(accel.losses[:5]) - 1.0  # it learns (MLM starts near ln 30522)
+
+
+def test_a_packed_row_gives_each_sequence_the_same_hidden_states_as_alone():
+    """The block-diagonal mask and restarted positions make packing invisible to the model."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    model.eval()
+    a, b = torch.tensor([[1, 5, 6, 2]]), torch.tensor([[1, 7, 8, 9, 2]])
+    row = torch.cat([a, b, torch.zeros(1, 3, dtype=torch.long)], 1)
+    mask = torch.tensor([[1] * 4 + [2] * 5 + [0] * 3])
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 0, 0]])
+    blocks = ((mask[:, :, None] == mask[:, None, :]) & (mask[:, :, None] != 0))[:, None]
+    packed = model(input_ids=row, attention_mask=blocks, position_ids=positions).last_hidden_state[0]
+    assert torch.allclose(packed[:4], model(input_ids=a).last_hidden_state[0], atol=1e-5)
+    assert torch.allclose(packed[4:9], model(input_ids=b).last_hidden_state[0], atol=1e-5)

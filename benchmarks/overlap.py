@@ -1,0 +1,121 @@
+"""Real ResNet-18 steps on the CPU: fed by Stoker (overlap on and off) vs pre-made tensors in memory.
+
+The "accelerator" is core 1 (one torch thread, the consumer pinned there); one worker process
+decodes on core 0. (a) in memory: the same prepared batches stepped back to back; (b) Stoker
+with the prefetch thread converting batch N+1 during step N; (c) Stoker with conversion
+between steps (--no-overlap). Steps/s after the first batch, medians of `repeats`
+interleaved runs, written to benchmarks/results/overlap.{json,md}.
+Target: (b) within 5% of (a).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from accel.accelerators import AccelSpec, make_accelerator
+from accel.consumer import Consumer, ConsumerConfig
+from accel.job import JobConfig
+from accel.torch_accel import TorchAccelerator
+from pipeline.augment import TrainTransform, decode_augment
+from pipeline.seeds import sample_random
+from pipeline.shards import Manifest, ShardReader
+from stoker.datasets import default_imagenet
+
+RESULTS = Path(__file__).parent / "results"
+SIZE, BATCH, EPOCHS = 112, 32, 1
+SPEC = AccelSpec(kind="torch", model="resnet18", lr=0.05)
+
+
+def _accelerator(classes: int) -> TorchAccelerator:
+    torch.manual_seed(0)
+    return make_accelerator(SPEC, "imagenet", classes)
+
+
+def in_memory(manifest: Manifest, steps: int) -> float:
+    """The same kind of batches, decoded beforehand, stepped back to back."""
+    reader = ShardReader(manifest.shard_uri(0))
+    accel = _accelerator(len(manifest.classes))
+
+    class Batch:  # what prepare() reads from a received batch
+        def __init__(self, start: int) -> None:
+            rows = range(start, start + BATCH)
+            self.images = torch.from_numpy(__import__("numpy").stack([
+                decode_augment(reader.jpeg(r), TrainTransform(size=SIZE), sample_random(0, 0, r)).pixels
+                for r in rows])).numpy()
+            self.labels = __import__("numpy").array([reader.label(r) for r in rows], dtype="int32")
+
+    prepared = [accel.prepare(Batch(i * BATCH)) for i in range(4)]
+    accel.step_prepared(prepared[0])  # warm-up
+    started = time.perf_counter()
+    for i in range(steps):
+        accel.step_prepared(prepared[i % len(prepared)])
+    return steps / (time.perf_counter() - started)
+
+
+def fed(manifest_uri: str, overlap: bool) -> tuple[float, float]:
+    """Steps/s and stall fraction after the first batch, one worker process on core 0."""
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None,
+                         overlap=overlap)
+    job = JobConfig(manifest_uri=manifest_uri, epochs=EPOCHS, batch_size=BATCH, image_size=SIZE)
+    consumer = Consumer(cfg, job, _accelerator(len(Manifest.load(manifest_uri).classes)))
+    consumer.start()
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    worker = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "stoker", "worker", "--connect",
+                               consumer.control_endpoint, "--procs", "1", "--host-id", "bench", "--once",
+                               "--no-metrics"], env=env)
+    try:
+        summary = consumer.run(hosts=1, procs_per_host=1)
+    finally:
+        worker.wait(60)
+        consumer.stop()
+    steady = summary.elapsed_s - summary.startup_s
+    return (summary.batches - 1) / steady, summary.stall_fraction
+
+
+def main(repeats: int = 3) -> dict:
+    torch.set_num_threads(1)
+    os.sched_setaffinity(0, {1})
+    manifest_uri = str(default_imagenet())
+    manifest = Manifest.load(manifest_uri)
+    memory, over, serial, stall_over, stall_serial = [], [], [], [], []
+    for i in range(repeats):
+        memory.append(in_memory(manifest, 30))
+        rate, stall = fed(manifest_uri, True)
+        over.append(rate)
+        stall_over.append(stall)
+        rate, stall = fed(manifest_uri, False)
+        serial.append(rate)
+        stall_serial.append(stall)
+        print(f"round {i + 1}: in memory {memory[-1]:.2f}, overlap {over[-1]:.2f}, serial {serial[-1]:.2f} steps/s",
+              flush=True)
+    m = {"in_memory": statistics.median(memory), "overlap": statistics.median(over),
+         "serial": statistics.median(serial)}
+    result = {"benchmark": "overlap", "when": time.strftime("%Y-%m-%d %H:%M"),
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+              "model": replace(SPEC).model, "image_size": SIZE, "batch": BATCH, "repeats": repeats,
+              "steps_per_s": {"in_memory": memory, "overlap": over, "serial": serial}, "medians": m,
+              "stall_fraction": {"overlap": statistics.median(stall_over), "serial": statistics.median(stall_serial)},
+              "ratio_overlap_to_memory": m["overlap"] / m["in_memory"],
+              "ratio_serial_to_memory": m["serial"] / m["in_memory"]}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "overlap.json").write_text(json.dumps(result, indent=1))
+    table = (f"| ResNet-18 at {SIZE} px, batch {BATCH}, 1 torch thread on core 1, 1 worker process on core 0 "
+             f"| steps/s (median of {repeats}) | stall |\n|---|---|---|\n"
+             f"| (a) pre-made tensors in memory | {m['in_memory']:.2f} | - |\n"
+             f"| (b) Stoker-fed, overlap (batch N+1 converted during step N) | {m['overlap']:.2f} "
+             f"({result['ratio_overlap_to_memory']:.2f}x) | {100 * result['stall_fraction']['overlap']:.1f}% |\n"
+             f"| (c) Stoker-fed, `--no-overlap` | {m['serial']:.2f} ({result['ratio_serial_to_memory']:.2f}x) | "
+             f"{100 * result['stall_fraction']['serial']:.1f}% |\n")
+    (RESULTS / "overlap.md").write_text(table)
+    print(table)
+    return result
