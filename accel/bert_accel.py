@@ -98,3 +98,11 @@ class BertAccelerator:
 
     def step(self, batch: ReceivedBatch) -> None:
         self.step_prepared(self.prepare(batch))
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = state["steps"]

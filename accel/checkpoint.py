@@ -47,3 +47,31 @@ def load(path: str | Path) -> dict:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable checkpoint ({exc})") from exc
+
+
+def model_path(path: str | Path) -> Path:
+    return Path(f"{path}.model.pt")
+
+
+def save_all(consumer, path: str | Path) -> None:
+    """The model (when the accelerator has one) first, then the data position, at one step boundary:
+    a crash between the two leaves a data position that is not ahead of the model."""
+    state = consumer.state_dict()
+    accelerator = consumer.accelerator
+    if hasattr(accelerator, "state_dict"):
+        import torch
+
+        tmp = model_path(path).with_suffix(".tmp")
+        torch.save(accelerator.state_dict(), tmp)
+        os.replace(tmp, model_path(path))
+    save(state, path)
+
+
+def load_model(accelerator, path: str | Path) -> bool:
+    """Restore the accelerator's model and optimizer saved beside a data checkpoint, if any."""
+    if not hasattr(accelerator, "load_state_dict") or not model_path(path).exists():
+        return False
+    import torch
+
+    accelerator.load_state_dict(torch.load(model_path(path), weights_only=False))
+    return True

@@ -60,6 +60,9 @@ class TorchAccelerator:
     def __post_init__(self) -> None:
         if self.cfg.model not in MODELS:
             raise ValueError(f"unknown model {self.cfg.model!r} (choose {', '.join(MODELS)})")
+        if self.cfg.width < 16 or self.cfg.width % 16:
+            # narrower first stages crashed (heap corruption in backward) with this CPU build of torch
+            raise ValueError(f"--width {self.cfg.width}: use a multiple of 16 (64 is the published model)")
         self.device = torch.device(self.cfg.device)
         self.model = MODELS[self.cfg.model](self.classes, self.cfg.width).to(self.device)
         self.model = self.model.to(memory_format=torch.channels_last)

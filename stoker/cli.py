@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--data", help="shards' manifest.json (or its folder); not with --dispatcher")
     train.add_argument("--dispatcher", metavar="ENDPOINT",
                        help="attach to a `stoker dispatch` at this endpoint instead of running one here")
-    train.add_argument("--checkpoint", metavar="PATH", help="write the data position (a small JSON state_dict) here")
+    train.add_argument("--checkpoint", metavar="PATH",
+                       help="write the data position (a small JSON state_dict) here, and with --accel torch "
+                            "the model + optimizer to PATH.model.pt")
     train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint")
     _add_job_args(train)
@@ -305,6 +307,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     consumer = Consumer(_consumer_config(args), job, NullAccelerator(), resume=resume)
     consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, consumer.job.text.seq_len)
+    if args.resume and checkpoint.load_model(consumer.accelerator, args.resume):
+        print(f"stoker train: model and optimizer restored from {checkpoint.model_path(args.resume)}")
     consumer.start()
     job = consumer.job
     print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
@@ -317,13 +321,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         progress(c)
         steps += 1
         if args.checkpoint and steps % args.checkpoint_every == 0:
-            checkpoint.save(c.state_dict(), args.checkpoint)
+            checkpoint.save_all(c, args.checkpoint)
 
     try:
         summary = consumer.run(on_step=on_step)
         progress.close(consumer)
         if args.checkpoint:
-            checkpoint.save(consumer.state_dict(), args.checkpoint)
+            checkpoint.save_all(consumer, args.checkpoint)
     finally:
         consumer.stop()
     print_summary(summary, args.json)

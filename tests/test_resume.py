@@ -62,3 +62,30 @@ def test_a_checkpoint_of_another_job_is_refused(manifest, tmp_path):
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
     with pytest.raises(ValueError, match="seed"):
         Consumer(cfg, job, SimulatedAccelerator(rate=1), resume=state)
+
+
+def test_train_cli_checkpoints_model_and_data_and_resumes(manifest, tmp_path, log_dir):
+    """`stoker train --checkpoint` with a real model; a second run with --resume restores both."""
+    import subprocess
+    import sys
+
+    import torch
+
+    ckpt = tmp_path / "ckpt.json"
+    control = f"tcp://127.0.0.1:{free_port()}"
+    common = [sys.executable, "-m", "stoker", "train", "--data", manifest.uri, "--epochs", "1", "--batch-size", "16",
+              "--image-size", "64", "--accel", "torch", "--width", "16", "--no-progress", "--metrics-port", "-1",
+              "--data-bind", f"tcp://127.0.0.1:{free_port()}", "--control-bind", control,
+              "--checkpoint", str(ckpt), "--checkpoint-every", "3"]
+    train = subprocess.Popen(common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = Daemon(control, "h0", 1, log_dir)
+    out, _ = train.communicate(timeout=180)
+    assert train.returncode == 0, out
+    assert worker.wait(timeout=60) == 0
+    state = checkpoint.load(ckpt)
+    assert len(state["done_units"]) > 0 and checkpoint.model_path(ckpt).exists()
+    model = torch.load(checkpoint.model_path(ckpt), weights_only=False)
+    assert model["steps"] >= 10 and state["samples_stepped"] == manifest.num_samples  # saved at the end
+    again = subprocess.run([*common, "--resume", str(ckpt)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "model and optimizer restored" in again.stdout and "delivered 0 samples" in again.stdout
