@@ -9,8 +9,6 @@ per sequence, and the next-sentence head reads each sequence's own [CLS].
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -19,16 +17,16 @@ import torch
 from torch import nn
 
 from accel.batch import ReceivedBatch
+from accel.training import TrainingStep
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-log = logging.getLogger("stoker.loss")
 
 # (hidden, layers, heads, intermediate): BERT-base and -large as published; tiny for tests
 SIZES = {"bert-tiny": (128, 2, 2, 512), "bert-base": (768, 12, 12, 3072), "bert-large": (1024, 24, 16, 4096)}
 
 
 @dataclass
-class BertAccelerator:
+class BertAccelerator(TrainingStep):
     model_name: str
     vocab_size: int
     seq_len: int
@@ -87,22 +85,4 @@ class BertAccelerator:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss became {value} at step {self.steps}")
-        self.losses.append(value)
-        self.steps += 1
-        if self.log_every and self.steps % self.log_every == 0:
-            recent = self.losses[-self.log_every:]
-            log.info("step %d: loss %.4f (mean of the last %d)", self.steps, sum(recent) / len(recent), len(recent))
-
-    def step(self, batch: ReceivedBatch) -> None:
-        self.step_prepared(self.prepare(batch))
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = state["steps"]
+        self.record(loss)

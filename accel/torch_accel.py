@@ -12,8 +12,6 @@ optimizer to `TorchAccelerator(step_fn=...)`; Stoker's code does not change.
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,8 +21,8 @@ from torch import nn
 
 from accel.batch import ReceivedBatch
 from accel.models.resnet import resnet18, resnet50
+from accel.training import TrainingStep
 
-log = logging.getLogger("stoker.loss")  # the CLI shows it at INFO when training with --accel torch
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 MODELS = {"resnet50": resnet50, "resnet18": resnet18}
@@ -50,7 +48,7 @@ class Prepared:
 
 
 @dataclass
-class TorchAccelerator:
+class TorchAccelerator(TrainingStep):
     cfg: TorchConfig
     classes: int
     step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
@@ -73,6 +71,7 @@ class TorchAccelerator:
         self.std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1)
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.steps = 0
+        self.log_every = self.cfg.log_every
 
     def prepare(self, batch: ReceivedBatch) -> Prepared:
         images = torch.from_numpy(np.asarray(batch.images))  # a view of the received frame
@@ -102,22 +101,4 @@ class TorchAccelerator:
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(f"loss became {value} at step {self.steps}")
-        self.losses.append(value)
-        self.steps += 1
-        if self.cfg.log_every and self.steps % self.cfg.log_every == 0:
-            recent = self.losses[-self.cfg.log_every:]
-            log.info("step %d: loss %.4f (mean of the last %d)", self.steps, sum(recent) / len(recent), len(recent))
-
-    def step(self, batch: ReceivedBatch) -> None:
-        self.step_prepared(self.prepare(batch))
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = state["steps"]
+        self.record(loss)

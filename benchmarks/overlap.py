@@ -14,8 +14,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +24,7 @@ from accel.accelerators import AccelSpec, make_accelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from accel.torch_accel import TorchAccelerator
+from benchmarks.common import run_with_worker
 from pipeline.augment import TrainTransform, decode_augment
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest, ShardReader
@@ -68,16 +67,7 @@ def fed(manifest_uri: str, overlap: bool) -> tuple[float, float]:
                          overlap=overlap)
     job = JobConfig(manifest_uri=manifest_uri, epochs=EPOCHS, batch_size=BATCH, image_size=SIZE)
     consumer = Consumer(cfg, job, _accelerator(len(Manifest.load(manifest_uri).classes)))
-    consumer.start()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    worker = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "stoker", "worker", "--connect",
-                               consumer.control_endpoint, "--procs", "1", "--host-id", "bench", "--once",
-                               "--no-metrics"], env=env)
-    try:
-        summary = consumer.run(hosts=1, procs_per_host=1)
-    finally:
-        worker.wait(60)
-        consumer.stop()
+    summary = run_with_worker(consumer, "0")
     steady = summary.elapsed_s - summary.startup_s
     return (summary.batches - 1) / steady, summary.stall_fraction
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
+from benchmarks.common import run_with_worker
 from pipeline.shards import Manifest
 from stoker.datasets import default_imagenet
 
@@ -37,16 +38,7 @@ def run_bare(manifest: str) -> float:
 def run_stoker(manifest: str) -> float:
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
     consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, epochs=1), NullAccelerator())
-    consumer.start()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    worker = subprocess.Popen(["taskset", "-c", WORKER_CORE, sys.executable, "-m", "stoker", "worker", "--connect",
-                               consumer.control_endpoint, "--procs", "1", "--host-id", "bench", "--once",
-                               "--no-metrics"], env=env)
-    try:
-        summary = consumer.run(hosts=1, procs_per_host=1)
-    finally:
-        worker.wait(30)
-        consumer.stop()
+    summary = run_with_worker(consumer, WORKER_CORE)
     assert summary.unique_samples == summary.samples == consumer.manifest.num_samples
     return summary.delivered_samples_per_s
 

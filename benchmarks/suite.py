@@ -35,6 +35,7 @@ import numpy as np
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
+from benchmarks.common import run_with_worker
 from pipeline import augment
 from pipeline.augment import TrainTransform, crop_window
 from pipeline.plan import EpochPlan
@@ -96,16 +97,7 @@ def stoker_images(manifest: str, worker_cores: str, consumer_cores: set[int], pr
     os.sched_setaffinity(0, consumer_cores)
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
     consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, decoder=decoder), NullAccelerator())
-    consumer.start()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    worker = subprocess.Popen(["taskset", "-c", worker_cores, sys.executable, "-m", "stoker", "worker", "--connect",
-                               consumer.control_endpoint, "--procs", str(procs), "--host-id", "bench", "--once",
-                               "--no-metrics"], env=env)
-    try:
-        summary = consumer.run(hosts=1, procs_per_host=procs)
-    finally:
-        worker.wait(60)
-        consumer.stop()
+    summary = run_with_worker(consumer, worker_cores, procs)
     assert summary.unique_samples == summary.samples == consumer.manifest.num_samples
     return summary.delivered_samples_per_s
 

@@ -17,8 +17,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
+from benchmarks.common import run_with_worker
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource
@@ -74,18 +73,9 @@ def in_process(manifest: Manifest, cfg: TextConfig) -> dict:
 def through_service(manifest_uri: str, cfg: TextConfig) -> float:
     consumer_cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
     job = JobConfig(manifest_uri=manifest_uri, dataset="wikipedia", batch_size=BATCH, text=cfg, epochs=SERVICE_EPOCHS)
-    consumer = Consumer(consumer_cfg, job, NullAccelerator())
-    consumer.start()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    worker = subprocess.Popen(["taskset", "-c", str(WORKER_CORE), sys.executable, "-m", "stoker", "worker",
-                               "--connect", consumer.control_endpoint, "--procs", "1", "--host-id", "bench",
-                               "--once", "--no-metrics"], env=env)
-    try:
-        summary = consumer.run(hosts=1, procs_per_host=1)
-    finally:
-        worker.wait(30)
-        consumer.stop()
-    assert summary.per_epoch_unique == [consumer.manifest.num_samples] * SERVICE_EPOCHS
+    summary = run_with_worker(Consumer(consumer_cfg, job, NullAccelerator()), str(WORKER_CORE))
+    consumer_docs = Manifest.load(manifest_uri).num_samples
+    assert summary.per_epoch_unique == [consumer_docs] * SERVICE_EPOCHS
     return summary.sequences_per_s  # after the first batch: process start-up is not example making
 
 
