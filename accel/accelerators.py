@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from accel.batch import ReceivedBatch
 
 
@@ -43,6 +45,31 @@ class SimulatedAccelerator:
             time.sleep(left)
 
 
+@dataclass
+class ConvertingSimulatedAccelerator(SimulatedAccelerator):
+    """A simulated device fed the way a real one is: each batch is first converted on the host
+    (uint8 NHWC images to normalised float32 NCHW, token ids to int64), which the consumer's
+    prefetch thread overlaps with the previous step unless --no-overlap."""
+
+    name: str = "simulated+convert"
+
+    def prepare(self, batch: ReceivedBatch) -> int:
+        if "image" in batch.tensors.parts:
+            images = batch.images.astype(np.float32)
+            images -= np.array([123.675, 116.28, 103.53], dtype=np.float32)
+            images *= np.array([1 / 58.395, 1 / 57.12, 1 / 57.375], dtype=np.float32)
+            np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+        else:
+            for name in batch.tensors.parts:
+                batch.tensor(name).astype(np.int64)
+        return batch.size
+
+    def step_prepared(self, rows: int) -> None:
+        deadline = time.perf_counter() + rows / self.rate
+        while (left := deadline - time.perf_counter()) > 0:
+            time.sleep(left)
+
+
 @dataclass(frozen=True)
 class AccelSpec:
     """Which backend the consumer steps with, and its settings (one place for CLI and API)."""
@@ -51,6 +78,7 @@ class AccelSpec:
     rate: float | None = None  # simulated: samples (rows) per second
     profile: str | None = None  # simulated: a named system from accel.profiles instead of a rate
     scale: float = 1.0  # simulated profiles: shrink the rate for a small machine
+    convert: bool = False  # simulated: also do the host-side conversion a real device feed needs
     model: str = "resnet18"  # torch: resnet18 | resnet50 (imagenet), bert-tiny | bert-base | bert-large (wikipedia)
     device: str = "cpu"
     width: int = 64
@@ -63,13 +91,14 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
     if spec.kind == "null":
         return NullAccelerator()
     if spec.kind == "simulated":
+        kind = ConvertingSimulatedAccelerator if spec.convert else SimulatedAccelerator
         if spec.profile:
             from accel.profiles import profile_rate
 
-            return SimulatedAccelerator(profile_rate(spec.profile, dataset, spec.scale))
+            return kind(profile_rate(spec.profile, dataset, spec.scale))
         if spec.rate is None:
             raise ValueError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
-        return SimulatedAccelerator(spec.rate)
+        return kind(spec.rate)
     if spec.kind == "torch" and dataset == "wikipedia":
         from accel.bert_accel import BertAccelerator
 

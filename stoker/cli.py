@@ -46,6 +46,8 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--rate", type=float, help="rows (images) per second of --accel simulated")
     p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
     p.add_argument("--scale", type=float, default=1.0, help="shrink a --profile rate (e.g. 0.01)")
+    p.add_argument("--convert", action="store_true",
+                   help="--accel simulated: also convert each batch on the host as a real device feed would")
     p.add_argument("--model", choices=("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large"),
                    default="resnet18", help="--accel torch model (bert-*: with --dataset wikipedia)")
     p.add_argument("--device", default="cpu", help="--accel torch device: cpu, cuda, cuda:1 ...")
@@ -203,7 +205,8 @@ def _accel_spec(args: argparse.Namespace):
     if args.accel == "torch":  # the loss every few steps is what a person training wants to see
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
     lr = args.lr if args.lr is not None else (1e-4 if args.model.startswith("bert") else 0.1)
-    return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, model=args.model,
+    return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, convert=args.convert,
+                     model=args.model,
                      device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
 
 
