@@ -84,6 +84,7 @@ class AccelSpec:
     width: int = 64
     lr: float = 0.1
     label_smoothing: float = 0.0
+    optimizer: str = ""  # torch: sgd | lars (ResNet), adamw | lamb (BERT); empty: sgd / adamw
 
 
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
@@ -103,12 +104,14 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         from accel.bert_accel import BertAccelerator
 
         model = spec.model if spec.model.startswith("bert") else "bert-tiny"
-        return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr)
+        return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr,
+                               optimizer_name=spec.optimizer or "adamw")
     if spec.kind == "torch":
         if spec.model.startswith("bert"):
             raise ValueError(f"--model {spec.model} needs --dataset wikipedia")
         from accel.torch_accel import TorchAccelerator, TorchConfig
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,
-                                            label_smoothing=spec.label_smoothing), classes)
+                                            label_smoothing=spec.label_smoothing,
+                                            optimizer=spec.optimizer or "sgd"), classes)
     raise ValueError(f"unknown accelerator {spec.kind!r} (choose null, simulated or torch)")

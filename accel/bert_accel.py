@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from accel.batch import ReceivedBatch
+from accel.optimizers import LAMB
 from accel.training import TrainingStep
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,6 +33,7 @@ class BertAccelerator(TrainingStep):
     seq_len: int
     device: str = "cpu"
     lr: float = 1e-4
+    optimizer_name: str = "adamw"  # or "lamb" (MLPerf's BERT optimizer)
     log_every: int = 20
     name: str = "torch"
     losses: list[float] = field(default_factory=list)
@@ -46,7 +48,12 @@ class BertAccelerator(TrainingStep):
                             num_attention_heads=heads, intermediate_size=intermediate,
                             max_position_embeddings=max(512, self.seq_len))
         self.model = BertForPreTraining(config).to(self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.01)
+        if self.optimizer_name == "lamb":
+            self.optimizer = LAMB(self.model.parameters(), lr=self.lr)
+        elif self.optimizer_name == "adamw":
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.01)
+        else:
+            raise ValueError(f"optimizer {self.optimizer_name!r}: choose adamw or lamb for BERT")
         self.ce = nn.CrossEntropyLoss(reduction="none")
         self.steps = 0
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from accel.batch import ReceivedBatch
 from accel.models.resnet import resnet18, resnet50
+from accel.optimizers import LARS
 from accel.training import TrainingStep
 
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -37,6 +38,7 @@ class TorchConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-5
     label_smoothing: float = 0.0
+    optimizer: str = "sgd"  # or "lars" (MLPerf's large-batch ResNet-50 optimizer)
     log_every: int = 20
 
 
@@ -64,8 +66,14 @@ class TorchAccelerator(TrainingStep):
         self.device = torch.device(self.cfg.device)
         self.model = MODELS[self.cfg.model](self.classes, self.cfg.width).to(self.device)
         self.model = self.model.to(memory_format=torch.channels_last)
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
-                                         weight_decay=self.cfg.weight_decay)
+        if self.cfg.optimizer == "lars":
+            self.optimizer = LARS(self.model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
+                                  weight_decay=self.cfg.weight_decay)
+        elif self.cfg.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
+                                             weight_decay=self.cfg.weight_decay)
+        else:
+            raise ValueError(f"optimizer {self.cfg.optimizer!r}: choose sgd or lars for ResNet")
         self.loss = nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
         self.mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1)

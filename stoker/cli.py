@@ -54,6 +54,8 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--width", type=int, default=64, help="--accel torch: channels of the first stage (64: standard)")
     p.add_argument("--lr", type=float, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")
     p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--optimizer", choices=("sgd", "lars", "adamw", "lamb"),
+                   help="--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT")
     p.add_argument("--no-overlap", action="store_true",
                    help="convert and copy each batch between steps instead of during the previous one")
     p.add_argument("--data-bind", default=DEFAULT_DATA_BIND, help=f"data socket (default {DEFAULT_DATA_BIND})")
@@ -206,7 +208,7 @@ def _accel_spec(args: argparse.Namespace):
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
     lr = args.lr if args.lr is not None else (1e-4 if args.model.startswith("bert") else 0.1)
     return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, convert=args.convert,
-                     model=args.model,
+                     model=args.model, optimizer=args.optimizer or "",
                      device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
 
 

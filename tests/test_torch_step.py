@@ -66,3 +66,35 @@ def test_a_packed_row_gives_each_sequence_the_same_hidden_states_as_alone():
     packed = model(input_ids=row, attention_mask=blocks, position_ids=positions).last_hidden_state[0]
     assert torch.allclose(packed[:4], model(input_ids=a).last_hidden_state[0], atol=1e-5)
     assert torch.allclose(packed[4:9], model(input_ids=b).last_hidden_state[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lars", "lamb"])
+def test_large_batch_optimizers_fit_a_small_problem(name):
+    import torch
+
+    from accel.optimizers import LAMB, LARS
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 16)
+    y = (x @ torch.randn(16, 4)).argmax(1)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = LARS(model.parameters(), lr=5.0, weight_decay=0.0) if name == "lars" else LAMB(model.parameters(), lr=0.02)
+    losses = []
+    for _ in range(150):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
+
+
+def test_optimizer_choice_reaches_the_backends(manifest):
+    from accel.optimizers import LAMB, LARS
+
+    resnet = make_accelerator(AccelSpec(kind="torch", model="resnet18", width=16, optimizer="lars"), "imagenet", 4)
+    bert = make_accelerator(AccelSpec(kind="torch", model="bert-tiny", optimizer="lamb", lr=1e-3), "wikipedia", 0,
+                            30522, 128)
+    assert isinstance(resnet.optimizer, LARS) and isinstance(bert.optimizer, LAMB)
+    with pytest.raises(ValueError, match="sgd or lars"):
+        make_accelerator(AccelSpec(kind="torch", model="resnet18", width=16, optimizer="lamb"), "imagenet", 4)
