@@ -43,7 +43,7 @@ class DispatchConfig:
     advertise_host: str | None = None
     journal: str | None = None
     host_timeout_s: float = 10.0
-    metrics_port: int | None = 9562
+    metrics_port: int | None = 9559  # 9560 is the consumer, 9561 + i the workers of `stoker run`
     metrics_addr: str = "127.0.0.1"
     keys: str | None = None
     insecure: bool = False

@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
     dispatch.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND)
     dispatch.add_argument("--advertise-host")
-    dispatch.add_argument("--metrics-port", type=int, default=9562)
+    dispatch.add_argument("--metrics-port", type=int, default=9559)
     dispatch.add_argument("--metrics-addr", default="127.0.0.1")
     dispatch.add_argument("--host-timeout", type=float, default=10.0)
     dispatch.add_argument("--keys", metavar="DIR")
