@@ -40,7 +40,11 @@ class SimulatedAccelerator:
             raise ValueError(f"simulated accelerator rate must be positive, not {self.rate}")
 
     def step(self, batch: ReceivedBatch) -> None:
-        deadline = time.perf_counter() + batch.size / self.rate
+        self.compute(batch.size)
+
+    def compute(self, rows: int) -> None:
+        """Busy the 'device' for as long as `rows` take at `rate`."""
+        deadline = time.perf_counter() + rows / self.rate
         while (left := deadline - time.perf_counter()) > 0:
             time.sleep(left)
 
@@ -65,9 +69,7 @@ class ConvertingSimulatedAccelerator(SimulatedAccelerator):
         return batch.size
 
     def step_prepared(self, rows: int) -> None:
-        deadline = time.perf_counter() + rows / self.rate
-        while (left := deadline - time.perf_counter()) > 0:
-            time.sleep(left)
+        self.compute(rows)
 
 
 @dataclass(frozen=True)

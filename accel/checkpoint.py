@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from pipeline.files import write_atomically
+
 STATE_VERSION = 1
 _MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches")
 
@@ -33,13 +35,7 @@ def check_matches(job, state: dict) -> None:
 
 def save(state: dict, path: str | Path) -> None:
     """Write atomically (temp file, fsync, rename): a crash leaves the previous checkpoint."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, json.dumps(state))
 
 
 def load(path: str | Path) -> dict:

@@ -62,10 +62,7 @@ class JobConfig:
 
 def job_from_spec(spec: pb.JobSpec) -> JobConfig:
     """The job a dispatcher serves, as the consumer that attaches to it needs it."""
-    t = spec.text
-    text = TextConfig(seq_len=t.seq_len or 128, max_predictions=t.max_predictions,
-                      masked_lm_prob=t.masked_lm_prob or 0.15, short_seq_prob=t.short_seq_prob,
-                      whole_word_mask=t.whole_word_mask, pack=t.pack, pack_max_sequences=t.pack_max_sequences or 3)
+    text = TextConfig.from_spec(spec.text)
     return JobConfig(manifest_uri=spec.manifest_uri, dataset=spec.dataset or "imagenet", epochs=spec.epochs,
                      batch_size=spec.batch_size, unit_batches=spec.unit_batches, seed=spec.seed,
                      image_size=spec.image_size, transform=spec.transform, min_area=spec.min_area,

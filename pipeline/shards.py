@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from pipeline.files import write_atomically
+
 IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -62,9 +64,7 @@ class Manifest:
         data = asdict(self)
         data.pop("uri")
         data["num_samples"] = self.num_samples
-        tmp = Path(f"{path}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, uri: str | Path) -> Manifest:

@@ -413,13 +413,13 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
 
 def _print_lab(state) -> None:
-    from stoker.lab.cluster import _alive
+    from stoker.lab.cluster import alive
 
     print(f"lab ({state.mode}){': ' + state.note.lstrip('; ') if state.note else ''}")
     for member in state.members.values():
         where = f"netns {member.netns}" if member.netns else "root namespace"
         print(f"  {member.name:6} {member.address:15} {where:18} pid {member.pid} "
-              f"{'up' if _alive(member.pid) else 'exited'}  metrics {member.metrics}  log {member.log}")
+              f"{'up' if alive(member.pid) else 'exited'}  metrics {member.metrics}  log {member.log}")
     print(f"workers connect to {state.control_endpoint}; summary will be written to {state.summary}")
 
 

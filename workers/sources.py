@@ -47,13 +47,6 @@ def transform_of(job: pb.JobSpec) -> Transform:
     return TrainTransform(size=job.image_size, min_area=job.min_area, max_area=job.max_area)
 
 
-def text_config(job: pb.JobSpec) -> TextConfig:
-    t = job.text
-    return TextConfig(seq_len=t.seq_len, max_predictions=t.max_predictions, masked_lm_prob=t.masked_lm_prob,
-                      short_seq_prob=t.short_seq_prob, whole_word_mask=t.whole_word_mask, pack=t.pack,
-                      pack_max_sequences=t.pack_max_sequences)
-
-
 def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: int, last: bool,
             index: int) -> pb.BatchHeader:
     header = pb.BatchHeader(batch_index=index, last_in_unit=last, sample_ids=sample_ids, rows=rows)
@@ -119,7 +112,7 @@ class TextSource:
     def __init__(self, manifest: Manifest, job: pb.JobSpec) -> None:
         self.manifest = manifest
         self.job = job
-        self.cfg = text_config(job)
+        self.cfg = TextConfig.from_spec(job.text)
         if not manifest.vocab:
             raise ValueError(f"{manifest.uri}: a wikipedia job needs a text manifest with a vocab "
                              f"(this one is {manifest.kind!r}); make one with `stoker prepare wikipedia`")

@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline.files import write_atomically
 from protos.curve import add_worker, init_keys
 from stoker.lab.system import (
     LabError,
@@ -91,10 +92,7 @@ class LabState:
     def save(self) -> None:
         folder = state_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        data = asdict(self)
-        tmp = folder / "state.json.tmp"
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, folder / "state.json")
+        write_atomically(folder / "state.json", json.dumps(asdict(self), indent=1))
 
     @classmethod
     def load(cls) -> LabState | None:
@@ -197,7 +195,7 @@ class Lab:
         state.save()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if not _alive(member.pid):
+            if not alive(member.pid):
                 raise LabError(f"the consumer exited at start; its log ({member.log}):\n{_tail(member.log)}")
             try:
                 urllib.request.urlopen(member.metrics, timeout=1).read()
@@ -274,7 +272,7 @@ def wait(timeout_s: float | None = None) -> dict:
     """Wait for the consumer to finish its job; its closing summary."""
     state = current()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while _alive(state.consumer.pid):
+    while alive(state.consumer.pid):
         if deadline is not None and time.monotonic() > deadline:
             raise LabError(f"the job is still running after {timeout_s:.0f} s")
         time.sleep(0.2)
@@ -290,13 +288,13 @@ def down() -> list[str]:
     removed: list[str] = []
     members = list(state.members.values()) if state else []
     for member in members:
-        if member.pid is not None and _alive(member.pid):
+        if member.pid is not None and alive(member.pid):
             _signal_group(member.pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
-    while any(m.pid is not None and _alive(m.pid) for m in members) and time.monotonic() < deadline:
+    while any(m.pid is not None and alive(m.pid) for m in members) and time.monotonic() < deadline:
         time.sleep(0.1)
     for member in members:
-        if member.pid is not None and _alive(member.pid):
+        if member.pid is not None and alive(member.pid):
             _signal_group(member.pid, signal.SIGKILL)
     cgroup_root = cpu_cgroup_dir(CGROUP_NAME)
     cgroups = [Path(p) for p in (state.cgroups if state else [])] + ([cgroup_root] if cgroup_root else [])
@@ -350,7 +348,7 @@ def _spawn(cmd: list[str], netns: str | None, cgroup: Path | None, log_path: Pat
     return proc.pid
 
 
-def _alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> bool:
     if pid is None:
         return False
     try:
