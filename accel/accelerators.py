@@ -58,7 +58,7 @@ class ConvertingSimulatedAccelerator(SimulatedAccelerator):
     name: str = "simulated+convert"
 
     def prepare(self, batch: ReceivedBatch) -> int:
-        if "image" in batch.tensors.parts:
+        if batch.has_images:
             images = batch.images.astype(np.float32)
             images -= np.array([123.675, 116.28, 103.53], dtype=np.float32)
             images *= np.array([1 / 58.395, 1 / 57.12, 1 / 57.375], dtype=np.float32)
@@ -87,6 +87,7 @@ class AccelSpec:
     lr: float = 0.1
     label_smoothing: float = 0.0
     optimizer: str = ""  # torch: sgd | lars (ResNet), adamw | lamb (BERT); empty: sgd / adamw
+    precision: str = "fp32"  # torch ResNet: fp32 | bf16 (autocast)
 
 
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
@@ -115,5 +116,5 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,
                                             label_smoothing=spec.label_smoothing,
-                                            optimizer=spec.optimizer or "sgd"), classes)
+                                            optimizer=spec.optimizer or "sgd", precision=spec.precision), classes)
     raise ValueError(f"unknown accelerator {spec.kind!r} (choose null, simulated or torch)")

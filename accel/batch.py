@@ -35,6 +35,10 @@ class ReceivedBatch:
         return self.tensors.array(name)
 
     @property
+    def has_images(self) -> bool:
+        return "image" in self.tensors.parts
+
+    @property
     def images(self) -> np.ndarray:
         """uint8 (n, h, w, 3); a view of the frame unless it arrived split."""
         return self.tensors.array("image")

@@ -26,6 +26,7 @@ from accel import checkpoint
 from accel.accelerators import Accelerator
 from accel.aio import pump
 from accel.batch import ReceivedBatch
+from accel.bottleneck import BottleneckMonitor, Totals
 from accel.control_server import ControlServer, control_router, ticker
 from accel.dispatcher import Dispatcher
 from accel.job import JobConfig, job_from_spec
@@ -61,6 +62,7 @@ class ConsumerConfig:
     key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (stoker keys add)
     keys: str | None = None  # CURVE key folder (stoker keys init): encrypt, admit allow-listed workers only
     insecure: bool = False  # allow binding non-loopback addresses without keys
+    decode_threads: int = 1  # --decode-on accelerator: DALI's CPU threads on the consumer
 
     def check_exposure(self) -> None:
         """Without keys, refuse to listen beyond loopback unless told to."""
@@ -94,6 +96,10 @@ class Summary:
     per_epoch_unique: list[int] = field(default_factory=list)
     dataset: str = "imagenet"
     rows: int = 0  # rows stepped: images, or rows of tokens
+    rows_per_s: float = 0.0  # rows stepped per second after start-up: what the device consumed
+    bytes_received: int = 0  # tensor bytes that crossed the wire
+    time_boxed: bool = False  # stopped by max_seconds before the job was complete
+    decode_on: str = "host"  # where JPEGs were decoded; "accelerator": failures there are in `skipped`
     # text only (None for images): BERT examples and tokens stepped, and padding as sent
     sequences: int | None = None
     sequences_per_s: float | None = None
@@ -137,6 +143,7 @@ class Consumer:
         self.job = job
         self.accelerator = accelerator
         self.metrics = metrics or ConsumerMetrics()
+        self.decoding = None  # --decode-on accelerator: the decoder wrapped around the accelerator, made by run()
         cfg.check_exposure()
         self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
@@ -163,6 +170,35 @@ class Consumer:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._receiver: Receiver | None = None
+        self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
+        self.bottleneck = BottleneckMonitor(self._totals, self.metrics.registry)
+
+    def _decoding(self, accelerator: Accelerator):
+        """Wrap the accelerator so each batch's JPEGs are decoded where it runs (DALI)."""
+        from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
+
+        def count(seconds: float, failed: int) -> None:
+            self.metrics.accel_decode.observe(seconds)
+            self.metrics.accel_decode_errors.inc(failed)
+
+        device = str(getattr(accelerator, "device", "cpu"))
+        decoder = DaliJpegDecoder(self.job.image_size, self.job.batch_size, device, self.cfg.decode_threads)
+        return DecodingAccelerator(accelerator, decoder, on_decode=count, key_of=self.manifest.key_of)
+
+    def _totals(self) -> Totals:
+        """A snapshot for the bottleneck monitor: the loop's counters plus what the workers reported."""
+        p = self.progress
+        stages = self._receiver.stages if self._receiver else None
+        work = {} if stages is None else {name: getattr(stages, name) for name in
+                                          (("examples", "pack") if self.job.dataset == "wikipedia"
+                                           else ("decode", "augment"))}
+        if stages is not None:
+            work["send"] = stages.send
+        return Totals(at=time.monotonic(), stall_s=p.stall_s, step_s=p.step_s, copy_s=p.copy_s, rows=p.rows,
+                      batches=p.batches, received_batches=stages.batches if stages else 0,
+                      transit_s=stages.transit if stages else 0.0,
+                      wait_for_credit_s=stages.wait_for_credit if stages else 0.0, work_s=work,
+                      queue_depth=self.queue.qsize())
 
     def _count_release(self, reason: str, units: int) -> None:
         self.metrics.releases.labels(reason=reason).inc(units)
@@ -176,6 +212,7 @@ class Consumer:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         self._thread = threading.Thread(target=self._run_loop, name="stoker-receive", daemon=True)
         self._thread.start()
+        self.bottleneck.start()
         self._ready.wait()
         if self._error is not None:
             raise self._error
@@ -240,8 +277,11 @@ class Consumer:
 
     # ---- training loop ------------------------------------------------------------------
     def run(self, on_step: Callable[[Consumer], None] | None = None, hosts: int = 0,
-            procs_per_host: int = 0) -> Summary:
-        """Step through every batch of the job; returns the closing summary."""
+            procs_per_host: int = 0, max_seconds: float | None = None) -> Summary:
+        """Step through every batch of the job; returns the closing summary.
+
+        `max_seconds`: stop after that long past the first batch (a time-boxed measurement, as
+        `stoker sweep` makes; the job is then not complete and `time_boxed` says so)."""
         if self._loop is None:
             self.start()
         assert self._loop is not None and self._receiver is not None
@@ -249,14 +289,22 @@ class Consumer:
         startup = stall = compute = 0.0
         batches = rows = sequences = tokens = 0
         first = True
-        prepare = getattr(self.accelerator, "prepare", None)
+        time_boxed = False
+        if self.job.decode_on == "accelerator" and self.decoding is None:
+            self.decoding = self._decoding(self.accelerator)
+        stepper = self.decoding or self.accelerator
+        prepare = getattr(stepper, "prepare", None)
         copies: list[float] = []
 
         def record_copy(seconds: float) -> None:
             copies.append(seconds)
+            self.progress.copy_s += seconds
             self.metrics.device_copy.observe(seconds)
 
-        prefetcher = Prefetcher(self._next, prepare, _END, record_copy) if prepare and self.cfg.overlap else None
+        def prepare_rows(batch: ReceivedBatch) -> object:  # a unit's last batch can be empty: nothing to convert
+            return prepare(batch) if batch.size else None
+
+        prefetcher = Prefetcher(self._next, prepare_rows, _END, record_copy) if prepare and self.cfg.overlap else None
         while True:
             waited_from = time.perf_counter()
             item, prepared = prefetcher.next() if prefetcher else (self._next(), None)
@@ -268,6 +316,7 @@ class Consumer:
                 startup, first = waited, False
             else:
                 stall += waited
+                self.progress.stall_s += waited
                 self.metrics.input_wait.observe(waited)
             if prepare and prefetcher is None and batch.size:  # serial: convert and copy between steps
                 copy_from = time.perf_counter()
@@ -276,9 +325,9 @@ class Consumer:
             step_from = time.perf_counter()
             if batch.size:
                 if prepare:
-                    self.accelerator.step_prepared(prepared)
+                    stepper.step_prepared(prepared)
                 else:
-                    self.accelerator.step(batch)
+                    stepper.step(batch)
             step_s = time.perf_counter() - step_from
             compute += step_s
             self.metrics.step_seconds.observe(step_s)
@@ -286,6 +335,9 @@ class Consumer:
             self.metrics.batches.inc()
             batches += 1
             rows += batch.size
+            self.progress.step_s += step_s
+            self.progress.rows += batch.size
+            self.progress.batches += 1
             if batch.sequences:
                 sequences += batch.sequences
                 tokens += batch.real_tokens
@@ -294,15 +346,21 @@ class Consumer:
             self._loop.call_soon_threadsafe(self._receiver.step_done, batch)
             if on_step:
                 on_step(self)
+            if max_seconds is not None and time.perf_counter() - started - startup >= max_seconds:
+                time_boxed = True
+                break
         if self._error is not None:
             raise self._error
         elapsed = time.perf_counter() - started
         steady = max(elapsed - startup, 1e-9)
         stages = self._receiver.stages
-        skipped = sorted(self.ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id))
+        failed_decodes = self.decoding.failures if self.decoding else []
+        skipped = sorted([*self.ledger.skipped.values(), *failed_decodes], key=lambda s: (s.epoch, s.sample_id))
         text = self._receiver.text
         work = ({"examples": stages.examples, "pack": stages.pack} if self.job.dataset == "wikipedia"
                 else {"decode": stages.decode, "augment": stages.augment})
+        if self.decoding:  # part of "copy": the consumer's prepare decodes before it converts
+            work["decode_on_accelerator"] = self.decoding.decode_s
         text_fields = {} if self.job.dataset != "wikipedia" else dict(
             sequences=sequences, sequences_per_s=sequences / steady, tokens=tokens, tokens_per_s=tokens / steady,
             padding_fraction=text.padding_fraction,
@@ -329,7 +387,11 @@ class Consumer:
                            "receive": stages.receive, "copy": sum(copies), "step": compute, "stall": stall},
             per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
             dataset=self.job.dataset,
-            rows=rows,
+            rows=rows - len(failed_decodes),
+            rows_per_s=(rows - len(failed_decodes)) / steady,
+            bytes_received=self._receiver.bytes_received,
+            time_boxed=time_boxed,
+            decode_on=self.job.decode_on,
             **text_fields,
         )
 
@@ -359,6 +421,7 @@ class Consumer:
 
     def stop(self) -> None:
         self._stop.set()
+        self.bottleneck.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
 

@@ -10,6 +10,7 @@ from pipeline.text.examples import TextConfig
 from protos import stoker_pb2 as pb
 
 DATASETS = ("imagenet", "wikipedia")
+DECODE_PLACEMENTS = ("host", "accelerator")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class JobConfig:
     min_area: float = REFERENCE_AREA[0]
     max_area: float = REFERENCE_AREA[1]
     decoder: str = "auto"  # crop-window C decoder where built, else pillow-simd
+    decode_on: str = "host"  # or "accelerator": workers ship JPEG bytes + crops, the consumer decodes (DALI)
     text: TextConfig = TextConfig()
     checksum: bool = False
     heartbeat_s: float = 1.0
@@ -39,6 +41,10 @@ class JobConfig:
             raise ValueError(f"transform must be train or eval, not {self.transform!r}")
         if self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
+        if self.decode_on not in DECODE_PLACEMENTS:
+            raise ValueError(f"decode_on must be one of {', '.join(DECODE_PLACEMENTS)}, not {self.decode_on!r}")
+        if self.decode_on == "accelerator" and self.dataset != "imagenet":
+            raise ValueError("--decode-on accelerator applies to imagenet (JPEG) jobs only")
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
 
@@ -52,7 +58,8 @@ class JobConfig:
                           batch_size=self.batch_size, image_size=self.image_size, transform=self.transform,
                           seed=self.seed, min_area=self.min_area, max_area=self.max_area,
                           heartbeat_s=self.heartbeat_s, checksum=self.checksum, dataset=self.dataset,
-                          decoder=self.decoder, epochs=self.epochs, unit_batches=self.unit_batches,
+                          decoder=self.decoder, decode_on=self.decode_on, epochs=self.epochs,
+                          unit_batches=self.unit_batches,
                           text=pb.TextSpec(seq_len=t.seq_len, max_predictions=t.max_predictions,
                                            masked_lm_prob=t.masked_lm_prob, short_seq_prob=t.short_seq_prob,
                                            whole_word_mask=t.whole_word_mask, pack=t.pack,
@@ -66,5 +73,6 @@ def job_from_spec(spec: pb.JobSpec) -> JobConfig:
     return JobConfig(manifest_uri=spec.manifest_uri, dataset=spec.dataset or "imagenet", epochs=spec.epochs,
                      batch_size=spec.batch_size, unit_batches=spec.unit_batches, seed=spec.seed,
                      image_size=spec.image_size, transform=spec.transform, min_area=spec.min_area,
-                     max_area=spec.max_area, decoder=spec.decoder or "auto", text=text, checksum=spec.checksum,
+                     max_area=spec.max_area, decoder=spec.decoder or "auto",
+                     decode_on=spec.decode_on or "host", text=text, checksum=spec.checksum,
                      heartbeat_s=spec.heartbeat_s, job_id=spec.job_id)

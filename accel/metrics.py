@@ -34,6 +34,12 @@ class ConsumerMetrics:
                                     "Time a step waited for its batch (stall)", buckets=STEP_BUCKETS, registry=r)
         self.device_copy = Histogram("stoker_consumer_device_copy_seconds",
                                      "Host-to-device copy time per batch", buckets=STEP_BUCKETS, registry=r)
+        self.accel_decode = Histogram("stoker_consumer_decode_seconds",
+                                      "--decode-on accelerator: JPEG decode time per batch on the consumer",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.accel_decode_errors = Counter("stoker_consumer_decode_errors",
+                                           "--decode-on accelerator: samples whose JPEG failed to decode "
+                                           "on the consumer (dropped from their batch)", registry=r)
         self.queue_depth = Gauge("stoker_consumer_queue_depth", "Batches waiting in the prefetch queue",
                                  registry=r)
         self.senders = Gauge("stoker_consumer_senders", "Worker processes holding a credit window", registry=r)

@@ -43,6 +43,8 @@ class StageTotals:
     examples: float = 0.0
     pack: float = 0.0
     receive: float = 0.0
+    transit: float = 0.0  # worker sent -> consumer received, summed over batches (one clock in the lab)
+    batches: int = 0
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Receiver:
         self.on_unit_done = on_unit_done
         self.peers: dict[bytes, _Peer] = {}
         self.stages = StageTotals()
+        self.bytes_received = 0
         self.text = TextTotals()
         self.dropped: dict[str, int] = {}
 
@@ -155,6 +158,7 @@ class Receiver:
                                                for s in header.skipped])
         self.metrics.skipped.inc(len(header.skipped))
         self.metrics.bytes_received.inc(tensors.nbytes)
+        self.bytes_received += tensors.nbytes
         stages = header.stages
         self.stages.decode += stages.decode
         self.stages.augment += stages.augment
@@ -162,6 +166,8 @@ class Receiver:
         self.stages.wait_for_credit += stages.wait_for_credit
         self.stages.examples += stages.examples
         self.stages.pack += stages.pack
+        self.stages.transit += max(0.0, time.time() - header.created_unix) if header.created_unix else 0.0
+        self.stages.batches += 1
         if header.HasField("text"):
             self.text.add(header.text)
             self.metrics.padding.labels(packing="before").set(self.text.padding_fraction_before_packing)

@@ -2,13 +2,15 @@
 
 Every tensor the job's layout names must arrive, with its dtype and per-row shape, and with
 `header.rows` rows in all; nothing else may ride along. Image batches also need one sample
-id per row. A batch that breaks this is dropped and counted (`size_mismatch`), so a model
+id per row. A ragged tensor (the JPEG bytes when decoding on the accelerator) is one flat
+run of elements whose row boundaries another tensor gives: those ends must rise and the last
+must be the run's length. A batch that breaks this is dropped and counted (`size_mismatch`), so a model
 never sees a silently wrong batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from protos.framing import FrameError
 class BatchSchema:
     tensors: dict[str, TensorSpec]
     rows_are_samples: bool  # images: one sample id per row
+    ragged: dict[str, str] = field(default_factory=dict)  # flat tensor -> the tensor of its rows' end offsets
 
     def check(self, header: pb.BatchHeader, parts: dict[str, list[np.ndarray]]) -> None:
         rows = header.rows
@@ -36,6 +39,8 @@ class BatchSchema:
         if extra or missing:
             raise FrameError("size_mismatch", f"tensors {sorted(parts)} are not {sorted(self.tensors)}")
         for name, spec in self.tensors.items():
+            if name in self.ragged:
+                continue
             count = 0
             for part in parts[name]:
                 if part.ndim != len(spec.shape) + 1 or part.shape[1:] != spec.shape or part.dtype.str != spec.dtype:
@@ -44,11 +49,25 @@ class BatchSchema:
                 count += part.shape[0]
             if count != rows:
                 raise FrameError("size_mismatch", f"{name}: {count} rows, header says {rows}")
+        for name, ends in self.ragged.items():  # after the row checks: the ends are known well-formed here
+            self._check_ragged(name, self.tensors[name], parts[name], np.concatenate(parts[ends]))
+
+    @staticmethod
+    def _check_ragged(name: str, spec: TensorSpec, parts: list[np.ndarray], ends: np.ndarray) -> None:
+        if any(part.ndim != 1 or part.dtype.str != spec.dtype for part in parts):
+            raise FrameError("size_mismatch", f"{name}: must be flat {spec.dtype}")
+        total = sum(part.shape[0] for part in parts)
+        if ends.size and (ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] != total):
+            raise FrameError("size_mismatch", f"{name}: row ends do not rise to its {total} elements")
 
 
 def schema_of(job: JobConfig) -> BatchSchema:
     if job.dataset == "wikipedia":
         return BatchSchema(tensor_specs(job.text), rows_are_samples=False)
     size = job.image_size
+    if job.decode_on == "accelerator":
+        return BatchSchema({"jpeg": TensorSpec("|u1", ()), "jpeg_end": TensorSpec("<i8", ()),
+                            "crop": TensorSpec("<f4", (4,)), "flip": TensorSpec("|u1", ()),
+                            "label": TensorSpec("<i4", ())}, rows_are_samples=True, ragged={"jpeg": "jpeg_end"})
     return BatchSchema({"image": TensorSpec("|u1", (size, size, 3)), "label": TensorSpec("<i4", ())},
                        rows_are_samples=True)

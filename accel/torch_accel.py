@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from accel.batch import ReceivedBatch
+from accel.jpeg_decode import DecodedBatch
 from accel.models.resnet import resnet18, resnet50
 from accel.optimizers import LARS
 from accel.training import TrainingStep
@@ -27,6 +28,7 @@ from accel.training import TrainingStep
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 MODELS = {"resnet50": resnet50, "resnet18": resnet18}
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class TorchConfig:
     weight_decay: float = 5e-5
     label_smoothing: float = 0.0
     optimizer: str = "sgd"  # or "lars" (MLPerf's large-batch ResNet-50 optimizer)
+    precision: str = "fp32"  # or "bf16": autocast the forward pass (how A100/H100 figures are measured)
     log_every: int = 20
 
 
@@ -74,6 +77,8 @@ class TorchAccelerator(TrainingStep):
                                              weight_decay=self.cfg.weight_decay)
         else:
             raise ValueError(f"optimizer {self.cfg.optimizer!r}: choose sgd or lars for ResNet")
+        if self.cfg.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.cfg.precision!r}: choose {' or '.join(PRECISIONS)}")
         self.loss = nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
         self.mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1)
@@ -81,14 +86,27 @@ class TorchAccelerator(TrainingStep):
         self.steps = 0
         self.log_every = self.cfg.log_every
 
-    def prepare(self, batch: ReceivedBatch) -> Prepared:
-        images = torch.from_numpy(np.asarray(batch.images))  # a view of the received frame
+    def prepare(self, batch: ReceivedBatch | DecodedBatch) -> Prepared:
         labels = torch.from_numpy(np.asarray(batch.labels, dtype=np.int64))
+        if isinstance(batch.images, torch.Tensor):  # decoded on the device already (--decode-on accelerator)
+            return self._prepare_on_device(batch.images, labels)
+        images = torch.from_numpy(np.asarray(batch.images))  # a view of the received frame
         if self.copy_stream is None:
             return Prepared(self._normalise(images.to(self.device)), labels.to(self.device))
         with torch.cuda.stream(self.copy_stream):
             host = images.pin_memory()
             x = self._normalise(host.to(self.device, non_blocking=True))
+            y = labels.pin_memory().to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self.copy_stream)
+        return Prepared(x, y, ready)
+
+    def _prepare_on_device(self, images: torch.Tensor, labels: torch.Tensor) -> Prepared:
+        if self.copy_stream is None:
+            return Prepared(self._normalise(images.to(self.device)), labels.to(self.device))
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the decoder's copy-out
+            x = self._normalise(images)
             y = labels.pin_memory().to(self.device, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(self.copy_stream)
@@ -105,7 +123,8 @@ class TorchAccelerator(TrainingStep):
         if self.step_fn is not None:
             loss = self.step_fn(batch.images, batch.labels)
         else:
-            loss = self.loss(self.model(batch.images), batch.labels)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"):
+                loss = self.loss(self.model(batch.images), batch.labels)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()

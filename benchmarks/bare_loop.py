@@ -10,7 +10,7 @@ import json
 import time
 
 from pipeline.augment import TrainTransform
-from pipeline.batching import unit_batches
+from pipeline.batching import DecodeOnHost, unit_batches
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardReader
 
@@ -28,7 +28,7 @@ def main() -> None:
     images, started = 0, None
     for unit in plan.units(0):
         reader = readers.setdefault(unit.shard_index, ShardReader(manifest.shard_uri(unit.shard_index)))
-        for batch in unit_batches(reader, unit, TrainTransform(), args.batch_size, args.seed):
+        for batch in unit_batches(reader, unit, DecodeOnHost(TrainTransform()), args.batch_size, args.seed):
             if started is None:
                 started = time.perf_counter()  # after the first batch: warm-up
                 continue

@@ -150,6 +150,22 @@ def decode_augment(
     return _decode_pillow(jpeg, transform, rng, draft=decoder != "full")
 
 
+def jpeg_size(jpeg: bytes | memoryview) -> tuple[int, int]:
+    """(width, height) from the JPEG header alone; DecodeError if there is no readable header."""
+    if _jpegcrop is not None:
+        try:
+            return _jpegcrop.header(jpeg)[:2]
+        except ValueError as exc:
+            raise DecodeError(str(exc)) from exc
+    try:
+        image = Image.open(io.BytesIO(jpeg))  # lazy: reads the header only
+    except Exception as exc:
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
+    if image.format != "JPEG":
+        raise DecodeError(f"not a JPEG but {image.format}")
+    return image.size
+
+
 @dataclass(frozen=True)
 class Window:
     """What the crop decoder decodes: scale 1/denom, rows [top, bottom) and columns [left, right)

@@ -1,33 +1,113 @@
-"""Whole batches from one work unit: decode + augment each sample, skip undecodable ones.
+"""Whole batches from one work unit: prepare each sample, skip the ones that cannot be used.
 
-A batch stays full-size when a sample is skipped (the next sample takes its place), so only
-a unit's last batch can be short. The generator looks one sample ahead, so it knows which
-batch is the last of the unit when it yields it.
+What "prepare" means is the job's decode placement (`SampleWork`): on the host it decodes
+and augments to pixels (`DecodeOnHost`); with decoding on the accelerator it only reads the
+JPEG header, draws the same random crop and flip, and ships the encoded bytes
+(`ShipEncoded`). A batch stays full-size when a sample is skipped (the next sample takes its
+place), so only a unit's last batch can be short. The generator looks one sample ahead, so
+it knows which batch is the last of the unit when it yields it.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from pipeline.augment import DecodedSample, DecodeError, Transform, decode_augment
+from pipeline.augment import Crop, DecodeError, Transform, decode_augment, jpeg_size
 from pipeline.plan import Unit
 from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
 
 
 @dataclass
+class Prepared:
+    """One sample as a worker ships it, and the seconds its two stages took."""
+
+    payload: object
+    decode_s: float
+    augment_s: float
+
+
+class SampleWork(Protocol):
+    def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
+        """Raises DecodeError for a sample that cannot be used."""
+
+    def tensors(self, payloads: list) -> dict[str, np.ndarray]:
+        """The batch's tensors (without the labels) from its samples' payloads."""
+
+
+@dataclass(frozen=True)
+class DecodeOnHost:
+    transform: Transform
+    decoder: str = "auto"
+
+    def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
+        decoded = decode_augment(jpeg, self.transform, rng, self.decoder)
+        return Prepared(decoded.pixels, decoded.decode_s, decoded.augment_s)
+
+    def tensors(self, payloads: list) -> dict[str, np.ndarray]:
+        size = self.transform.size
+        images = np.empty((len(payloads), size, size, 3), dtype=np.uint8)
+        for i, pixels in enumerate(payloads):
+            images[i] = pixels
+        return {"image": images}
+
+
+@dataclass(frozen=True)
+class ShipEncoded:
+    """Decode on the accelerator: the JPEG bytes travel with the crop box and flip drawn here,
+    from the same per-sample generator as on the host, so both placements see the same crops.
+
+    Tensors: `jpeg` (all bytes, concatenated), `jpeg_end` (int64, where each row's bytes end),
+    `crop` (float32 left, top, width, height in stored pixels) and `flip` (uint8)."""
+
+    transform: Transform
+
+    def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
+        started = time.perf_counter()
+        width, height = jpeg_size(jpeg)  # raises DecodeError for a broken header
+        crop = self.transform.crop(width, height, rng)
+        return Prepared((jpeg, crop), 0.0, time.perf_counter() - started)
+
+    def tensors(self, payloads: list[tuple[bytes | memoryview, Crop]]) -> dict[str, np.ndarray]:
+        ends = np.cumsum([len(jpeg) for jpeg, _ in payloads], dtype=np.int64)
+        data = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+        start = 0
+        for (jpeg, _), end in zip(payloads, ends, strict=True):
+            data[start:end] = np.frombuffer(jpeg, dtype=np.uint8)
+            start = int(end)
+        crops = np.array([[c.left, c.top, c.width, c.height] for _, c in payloads], dtype=np.float32).reshape(-1, 4)
+        flips = np.array([c.flip for _, c in payloads], dtype=np.uint8)
+        return {"jpeg": data, "jpeg_end": ends, "crop": crops, "flip": flips}
+
+
+def sample_work(transform: Transform, decoder: str = "auto", decode_on: str = "host") -> SampleWork:
+    if decode_on == "accelerator":
+        return ShipEncoded(transform)
+    if decode_on != "host":
+        raise ValueError(f"decode_on must be host or accelerator, not {decode_on!r}")
+    return DecodeOnHost(transform, decoder)
+
+
+@dataclass
 class ImageBatch:
-    images: np.ndarray  # uint8 (n, size, size, 3)
+    tensors: dict[str, np.ndarray]  # "image" (n, size, size, 3) uint8, or the encoded tensors
     labels: np.ndarray  # int32 (n,)
     sample_ids: list[int]
-    skipped: list[tuple[int, str, str]]  # (sample id, key, reason) of undecodable samples
+    skipped: list[tuple[int, str, str]]  # (sample id, key, reason) of unusable samples
     batch_index: int
     last: bool
     decode_times: list[float] = field(default_factory=list)  # seconds, per sample
     augment_times: list[float] = field(default_factory=list)
+
+    @property
+    def images(self) -> np.ndarray:
+        return self.tensors["image"]
 
     @property
     def decode_s(self) -> float:
@@ -42,57 +122,53 @@ class ImageBatch:
 class _Sample:
     sample_id: int
     label: int
-    decoded: DecodedSample
+    prepared: Prepared
     skipped_before: list[tuple[int, str, str]] = field(default_factory=list)
 
 
-def _samples(reader: ShardReader, unit: Unit, transform: Transform, seed: int,
-             decoder: str) -> Iterator[_Sample | list[tuple[int, str, str]]]:
-    """Decoded samples in unit order; a trailing list holds skips after the last good one."""
+def _samples(reader: ShardReader, unit: Unit, work: SampleWork,
+             seed: int) -> Iterator[_Sample | list[tuple[int, str, str]]]:
+    """Prepared samples in unit order; a trailing list holds skips after the last good one."""
     skipped: list[tuple[int, str, str]] = []
     for row in unit.sample_order(seed):
         row = int(row)
         sample_id = unit.first_sample_id + row
         rng = sample_random(seed, unit.epoch, sample_id)
         try:
-            decoded = decode_augment(reader.jpeg(row), transform, rng, decoder)
+            prepared = work.prepare(reader.jpeg(row), rng)
         except DecodeError as exc:
             skipped.append((sample_id, reader.key(row), str(exc)))
             continue
-        yield _Sample(sample_id, reader.label(row), decoded, skipped)
+        yield _Sample(sample_id, reader.label(row), prepared, skipped)
         skipped = []
     yield skipped
 
 
-def unit_batches(reader: ShardReader, unit: Unit, transform: Transform, batch_size: int,
-                 seed: int, decoder: str = "auto") -> Iterator[ImageBatch]:
+def unit_batches(reader: ShardReader, unit: Unit, work: SampleWork, batch_size: int,
+                 seed: int) -> Iterator[ImageBatch]:
     """Every batch of `unit`; always at least one (possibly empty) batch marked last."""
-    stream = _samples(reader, unit, transform, seed, decoder)
     pending: list[_Sample] = []
     index = 0
-    for item in stream:
+    for item in _samples(reader, unit, work, seed):
         if isinstance(item, list):  # end of unit
-            yield _assemble(pending, item, index, transform.size, last=True)
+            yield _assemble(work, pending, item, index, last=True)
             return
         if len(pending) == batch_size:
-            yield _assemble(pending, [], index, transform.size, last=False)
+            yield _assemble(work, pending, [], index, last=False)
             pending, index = [], index + 1
         pending.append(item)
 
 
-def _assemble(samples: list[_Sample], trailing_skips: list[tuple[int, str, str]], index: int,
-              size: int, last: bool) -> ImageBatch:
-    images = np.empty((len(samples), size, size, 3), dtype=np.uint8)
-    for i, sample in enumerate(samples):
-        images[i] = sample.decoded.pixels
+def _assemble(work: SampleWork, samples: list[_Sample], trailing_skips: list[tuple[int, str, str]], index: int,
+              last: bool) -> ImageBatch:
     skipped = [s for sample in samples for s in sample.skipped_before] + trailing_skips
     return ImageBatch(
-        images=images,
+        tensors=work.tensors([s.prepared.payload for s in samples]) if samples else {},
         labels=np.array([s.label for s in samples], dtype=np.int32),
         sample_ids=[s.sample_id for s in samples],
         skipped=skipped,
         batch_index=index,
         last=last,
-        decode_times=[s.decoded.decode_s for s in samples],
-        augment_times=[s.decoded.augment_s for s in samples],
+        decode_times=[s.prepared.decode_s for s in samples],
+        augment_times=[s.prepared.augment_s for s in samples],
     )

@@ -52,6 +52,16 @@ class Manifest:
     def num_samples(self) -> int:
         return sum(s.num_samples for s in self.shards)
 
+    def key_of(self, sample_id: int) -> str:
+        """The stored key of a sample (opens its shard); for reports, so never raises."""
+        for index, shard in enumerate(self.shards):
+            if shard.first_sample_id <= sample_id < shard.first_sample_id + shard.num_samples:
+                try:
+                    return ShardReader(self.shard_uri(index)).key(sample_id - shard.first_sample_id)
+                except (OSError, ValueError):
+                    break
+        return f"sample {sample_id}"
+
     def shard_uri(self, index: int) -> str:
         return self.relative_uri(self.shards[index].path)
 

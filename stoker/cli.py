@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from stoker import __version__
+from stoker import __version__, cli_experiments
 
 DEFAULT_DATA_BIND = "tcp://127.0.0.1:5560"
 DEFAULT_CONTROL_BIND = "tcp://127.0.0.1:5561"
@@ -29,6 +29,9 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoder", choices=("auto", "crop", "pillow", "full"), default="auto",
                    help="JPEG decoding: crop (libjpeg-turbo, crop window only), pillow (pillow-simd draft), "
                         "full (every pixel); auto: crop where built (default)")
+    p.add_argument("--decode-on", choices=("host", "accelerator"), default="host",
+                   help="where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes "
+                        "and crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)")
     p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
     text = p.add_argument_group("wikipedia (BERT pretraining) options")
     text.add_argument("--seq-len", type=int, default=128, help="tokens per row (default 128)")
@@ -56,8 +59,12 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--optimizer", choices=("sgd", "lars", "adamw", "lamb"),
                    help="--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="--accel torch ResNet: bf16 autocasts the forward pass (as A100/H100 are benchmarked)")
     p.add_argument("--no-overlap", action="store_true",
                    help="convert and copy each batch between steps instead of during the previous one")
+    p.add_argument("--decode-threads", type=int, default=1,
+                   help="--decode-on accelerator: DALI CPU threads on the consumer (default 1)")
     p.add_argument("--data-bind", default=DEFAULT_DATA_BIND, help=f"data socket (default {DEFAULT_DATA_BIND})")
     p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
                    help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
@@ -141,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "the model + optimizer to PATH.model.pt")
     train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint")
+    train.add_argument("--max-seconds", type=float,
+                       help="stop after this many seconds past the first batch (a time-boxed measurement)")
     _add_job_args(train)
     _add_consumer_args(train, 9560)
 
@@ -185,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("heal", "undo cut")):
         op = lab_sub.add_parser(name, help=text)
         op.add_argument("host", help="h0, h1, ...")
+    cli_experiments.add_parsers(sub)
     return parser
 
 
@@ -198,7 +208,7 @@ def _job_args(args: argparse.Namespace) -> dict:
                       pack_max_sequences=args.pack_max_sequences)
     return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
                 image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
-                checksum=args.checksum, decoder=args.decoder, text=text)
+                checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text)
 
 
 def _accel_spec(args: argparse.Namespace):
@@ -208,7 +218,7 @@ def _accel_spec(args: argparse.Namespace):
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
     lr = args.lr if args.lr is not None else (1e-4 if args.model.startswith("bert") else 0.1)
     return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, convert=args.convert,
-                     model=args.model, optimizer=args.optimizer or "",
+                     model=args.model, optimizer=args.optimizer or "", precision=args.precision,
                      device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
 
 
@@ -231,7 +241,8 @@ def _consumer_config(args: argparse.Namespace):
                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
                           metrics_addr=args.metrics_addr, credit_window=args.credit_window,
                           host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
-                          dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap)
+                          dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap,
+                          decode_threads=args.decode_threads)
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -329,7 +340,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             checkpoint.save_all(c, args.checkpoint)
 
     try:
-        summary = consumer.run(on_step=on_step)
+        summary = consumer.run(on_step=on_step, max_seconds=args.max_seconds)
         progress.close(consumer)
         if args.checkpoint:
             checkpoint.save_all(consumer, args.checkpoint)
@@ -424,7 +435,8 @@ def _print_lab(state) -> None:
 
 
 COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "train": _cmd_train,
-            "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys, "dispatch": _cmd_dispatch}
+            "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys, "dispatch": _cmd_dispatch,
+            **cli_experiments.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

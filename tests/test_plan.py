@@ -3,7 +3,7 @@
 import numpy as np
 
 from pipeline.augment import TrainTransform
-from pipeline.batching import unit_batches
+from pipeline.batching import DecodeOnHost, unit_batches
 from pipeline.plan import EpochPlan
 from pipeline.shards import ShardReader
 
@@ -26,7 +26,7 @@ def test_batches_stay_full_when_a_sample_is_corrupt(corrupt_manifest):
     found = False
     for unit in plan.units(0):
         reader = reader_of.setdefault(unit.shard_index, ShardReader(manifest.shard_uri(unit.shard_index)))
-        batches = list(unit_batches(reader, unit, TrainTransform(), 8, seed=0))
+        batches = list(unit_batches(reader, unit, DecodeOnHost(TrainTransform()), 8, seed=0))
         assert batches[-1].last and not any(b.last for b in batches[:-1])
         assert all(len(b.sample_ids) == 8 for b in batches[:-1])
         skipped = [s for b in batches for s in b.skipped]
@@ -41,8 +41,8 @@ def test_batches_stay_full_when_a_sample_is_corrupt(corrupt_manifest):
 def test_a_redone_unit_yields_identical_batches(manifest):
     unit = EpochPlan(manifest, unit_size=16, epochs=1, seed=3).units(0)[0]
     reader = ShardReader(manifest.shard_uri(unit.shard_index))
-    first = list(unit_batches(reader, unit, TrainTransform(), 8, seed=3))
-    again = list(unit_batches(reader, unit, TrainTransform(), 8, seed=3))
+    first = list(unit_batches(reader, unit, DecodeOnHost(TrainTransform()), 8, seed=3))
+    again = list(unit_batches(reader, unit, DecodeOnHost(TrainTransform()), 8, seed=3))
     for a, b in zip(first, again, strict=True):
         assert a.sample_ids == b.sample_ids
         assert np.array_equal(a.images, b.images)

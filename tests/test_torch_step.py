@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from accel.accelerators import AccelSpec, make_accelerator
 from accel.models.resnet import resnet18, resnet50
@@ -19,10 +20,11 @@ def test_resnet_parameter_counts_match_torchvision():
 def test_resnet18_learns_from_stoker_batches_and_times_add_up(manifest, run_job, overlap):
     consumer = consumer_for(manifest.uri, epochs=6, batch_size=16, unit_batches=2, image_size=112, transform="eval")
     consumer.cfg = type(consumer.cfg)(**{**consumer.cfg.__dict__, "overlap": overlap})
+    torch.manual_seed(0)  # the same initial model every run: only the arrival order of batches varies
     accel = make_accelerator(AccelSpec(kind="torch", model="resnet18", width=16, lr=0.1), "imagenet",
                              len(manifest.classes))
     consumer.accelerator = accel
-    job = run_job(consumer)
+    job = run_job(consumer, hosts=1)  # one host: units in plan order, so the run repeats exactly
     summary = job.finish(timeout=300)
     assert_exactly_once(summary, manifest.num_samples, 6)
     per_epoch = len(accel.losses) // 6

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.augment import CROP_DECODER_AVAILABLE, EvalTransform, TrainTransform, Transform
-from pipeline.batching import unit_batches
+from pipeline.batching import sample_work, unit_batches
 from pipeline.plan import Unit
 from pipeline.shards import Manifest, ShardReader
 from pipeline.text.batching import TextUnitSource
@@ -75,6 +75,7 @@ class ImageSource:
         if self.decoder == "crop" and not CROP_DECODER_AVAILABLE:
             log.warning("the crop-window decoder was not built on this host (no libjpeg-turbo headers at "
                         "install time); decoding with pillow-simd")
+        self.work = sample_work(self.transform, self.decoder, job.decode_on or "host")
         self.readers: dict[int, ShardReader | str] = {}  # shard -> reader, or why it cannot be read
 
     def _reader(self, shard: int) -> ShardReader | str:
@@ -91,11 +92,11 @@ class ImageSource:
         if isinstance(reader, str):
             yield unreadable_unit(unit, None, reader)
             return
-        for batch in unit_batches(reader, unit, self.transform, self.job.batch_size, self.job.seed, self.decoder):
+        for batch in unit_batches(reader, unit, self.work, self.job.batch_size, self.job.seed):
             header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last, batch.batch_index)
             header.stages.decode = batch.decode_s
             header.stages.augment = batch.augment_s
-            tensors = {"image": batch.images, "label": batch.labels} if batch.sample_ids else {}
+            tensors = {**batch.tensors, "label": batch.labels} if batch.sample_ids else {}
 
             def observe(metrics: WorkerMetrics, batch=batch) -> None:
                 metrics.samples.inc(len(batch.sample_ids))

@@ -348,6 +348,20 @@ def _spawn(cmd: list[str], netns: str | None, cgroup: Path | None, log_path: Pat
     return proc.pid
 
 
+def hosts_cpu_seconds(state: LabState) -> float:
+    """CPU seconds used so far by the worker hosts' live processes (each host is a session of its own)."""
+    sessions = {m.pid for name, m in state.members.items() if name != "accel" and m.pid is not None}
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) in sessions:  # fields[3]: the session id (field 6 of proc(5))
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def alive(pid: int | None) -> bool:
     if pid is None:
         return False

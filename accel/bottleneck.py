@@ -1,0 +1,193 @@
+"""Live bottleneck diagnosis: which stage bounds a running job, and how many worker cores it needs.
+
+The consumer samples its cumulative counters once a second and compares the newest sample
+with the one WINDOW_S earlier. The rules, in order:
+
+- the device waits less than STALL_OK of the time: **compute** bounds the job;
+- the device waits while received batches sit in the prefetch queue: the consumer's own
+  conversion/copy cannot keep up: **device_copy**;
+- the device waits and the workers are busy (they rarely wait for credit): the workers'
+  largest stage (**decode** or **augment**; text: **examples** or **pack**) bounds it;
+- the device waits and so do the workers (for credit): batches are in flight. When a
+  batch's transit from worker to consumer takes longer than half the device's cycle per
+  batch, the link is full: **wire**; otherwise credit comes back too slowly: **credit**.
+
+Cores: workers report the seconds their stages took (as wall time in the worker process,
+so one unthrottled process is one core). Rows per busy second is their supply rate; the
+device's rate when fed is rows per step second; `cores_needed` = demand / supply is how
+many busy worker processes (at their present CPU share) keep the device from waiting, and
+`cores_in_use` is how many are busy now.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from prometheus_client import CollectorRegistry, Gauge
+
+STAGES = ("decode", "augment", "examples", "pack", "wire", "credit", "device_copy", "compute", "unknown")
+WINDOW_S = 5.0
+STALL_OK = 0.05  # below this stall fraction the device is the bottleneck
+WORKERS_BUSY = 0.7  # above this busy share the workers are the bottleneck
+
+
+@dataclass
+class Totals:
+    """Cumulative counters of a job at one instant."""
+
+    at: float = 0.0  # time.monotonic()
+    stall_s: float = 0.0  # device waiting for input
+    step_s: float = 0.0
+    copy_s: float = 0.0
+    rows: int = 0  # stepped
+    batches: int = 0  # stepped
+    received_batches: int = 0
+    transit_s: float = 0.0  # summed over received batches: worker sent -> consumer received
+    wait_for_credit_s: float = 0.0  # summed over worker processes
+    work_s: dict[str, float] = field(default_factory=dict)  # worker stages: decode, augment, send, ...
+    queue_depth: int = 0
+
+
+@dataclass
+class Diagnosis:
+    stage: str
+    stall_fraction: float
+    cores_in_use: float
+    cores_needed: float
+    shares: dict[str, float]  # per-stage seconds over the window, per second of wall time
+    detail: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def diagnose(old: Totals, new: Totals) -> Diagnosis:
+    wall = new.at - old.at
+    batches = new.batches - old.batches
+    if wall <= 0 or batches < 2:
+        return Diagnosis("unknown", 0.0, 0.0, 0.0, {}, "not enough steps yet to judge")
+    work = {k: new.work_s.get(k, 0.0) - old.work_s.get(k, 0.0) for k in new.work_s}
+    busy = sum(work.values())
+    waiting = new.wait_for_credit_s - old.wait_for_credit_s
+    stall = (new.stall_s - old.stall_s) / wall
+    step = new.step_s - old.step_s
+    rows = new.rows - old.rows
+    received = max(new.received_batches - old.received_batches, 1)
+    transit = (new.transit_s - old.transit_s) / received
+    cycle = wall / batches  # device seconds per batch
+    demand = rows / step if step > 0 else 0.0  # rows/s the device takes when fed
+    supply_per_core = rows / busy if busy > 0 else 0.0
+    cores_in_use = busy / wall
+    cores_needed = demand / supply_per_core if supply_per_core else 0.0
+    shares = {**{k: v / wall for k, v in work.items()}, "wait_for_credit": waiting / wall, "stall": stall,
+              "step": step / wall, "copy": (new.copy_s - old.copy_s) / wall, "transit_per_batch_s": transit}
+    busy_share = busy / (busy + waiting) if busy + waiting > 0 else 0.0
+    if stall < STALL_OK:
+        stage, detail = "compute", f"the device waits {100 * stall:.1f}% of the time"
+    elif new.queue_depth > 0 and old.queue_depth > 0:
+        stage, detail = "device_copy", (f"the device waits {100 * stall:.0f}% of the time while batches "
+                                        f"queue on the consumer: conversion/copy is the limit")
+    elif busy_share >= WORKERS_BUSY:
+        stage = max((k for k in ("decode", "augment", "examples", "pack") if k in work), key=work.get)
+        detail = (f"the device waits {100 * stall:.0f}% of the time; workers are busy {100 * busy_share:.0f}% "
+                  f"of theirs, most in {stage}")
+    elif transit > 0.5 * cycle:
+        stage, detail = "wire", (f"the device waits {100 * stall:.0f}%; a batch takes {transit:.3f} s in transit "
+                                 f"against a {cycle:.3f} s device cycle: the link is full")
+    else:
+        stage, detail = "credit", (f"the device waits {100 * stall:.0f}% and workers wait for credit "
+                                   f"{100 * (1 - busy_share):.0f}% of their time with a short transit: "
+                                   f"raise --credit-window")
+    return Diagnosis(stage, stall, cores_in_use, cores_needed, shares, detail)
+
+
+class BottleneckMonitor:
+    """Samples `totals()` every second on a thread and exports the diagnosis as metrics."""
+
+    def __init__(self, totals: Callable[[], Totals], registry: CollectorRegistry, window_s: float = WINDOW_S) -> None:
+        self.totals = totals
+        self.window_s = window_s
+        self.history: deque[Totals] = deque()
+        self.latest = Diagnosis("unknown", 0.0, 0.0, 0.0, {}, "starting")
+        self.info = Gauge("stoker_bottleneck_info", "1 for the stage that bounds throughput now, 0 for the others",
+                          ["stage"], registry=registry)
+        self.needed = Gauge("stoker_cores_needed", "Busy worker processes (cores at their present CPU share) that "
+                                                   "would keep the device from waiting", registry=registry)
+        self.in_use = Gauge("stoker_cores_in_use", "Busy worker processes now (worker stage seconds per second)",
+                            registry=registry)
+        self.stall = Gauge("stoker_stall_fraction", f"Share of the last {window_s:.0f} s the device waited for input",
+                           registry=registry)
+        self.shares = Gauge("stoker_stage_share", "Seconds per second of wall time, by stage, over the window",
+                            ["stage"], registry=registry)
+        self._set("unknown")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _set(self, stage: str) -> None:
+        for name in STAGES:
+            self.info.labels(stage=name).set(1 if name == stage else 0)
+
+    def sample(self) -> Diagnosis:
+        now = self.totals()
+        self.history.append(now)
+        while len(self.history) > 2 and now.at - self.history[1].at >= self.window_s:
+            self.history.popleft()
+        self.latest = diagnose(self.history[0], now)
+        d = self.latest
+        self._set(d.stage)
+        self.needed.set(d.cores_needed)
+        self.in_use.set(d.cores_in_use)
+        self.stall.set(d.stall_fraction)
+        for name, value in d.shares.items():
+            if name != "transit_per_batch_s":
+                self.shares.labels(stage=name).set(value)
+        return d
+
+    def start(self, interval_s: float = 1.0) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                self.sample()
+
+        self._thread = threading.Thread(target=loop, name="stoker-bottleneck", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def read_status(metrics_url: str) -> dict:
+    """`stoker status`: the diagnosis a running consumer exports, in words."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    except OSError as exc:
+        raise OSError(f"cannot read {metrics_url}: {exc} (is a consumer running? pass --metrics URL)") from exc
+    values: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values.setdefault(sample.name, {})[json.dumps(sample.labels, sort_keys=True)] = sample.value
+    if "stoker_bottleneck_info" not in values:
+        raise ValueError(f"{metrics_url} is not a Stoker consumer's metrics (no stoker_bottleneck_info)")
+    stage = next((json.loads(k)["stage"] for k, v in values["stoker_bottleneck_info"].items() if v == 1), "unknown")
+
+    def one(name: str) -> float:
+        return next(iter(values.get(name, {"": 0.0}).values()))
+
+    shares = {json.loads(k)["stage"]: v for k, v in values.get("stoker_stage_share", {}).items()}
+    needed, in_use, stall = one("stoker_cores_needed"), one("stoker_cores_in_use"), one("stoker_stall_fraction")
+    rows = one("stoker_consumer_samples_total")
+    more = max(0.0, needed - in_use)
+    text_lines = [f"bottleneck: {stage}",
+                  f"device stall over the last {WINDOW_S:.0f} s: {100 * stall:.1f}%",
+                  f"worker cores busy: {in_use:.2f}; needed to feed the device: {needed:.2f}"
+                  + (f" (+{more:.2f})" if stage in ("decode", "augment", "examples", "pack") else ""),
+                  f"rows stepped so far: {rows:,.0f}",
+                  "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
+    return {"stage": stage, "stall_fraction": stall, "cores_in_use": in_use, "cores_needed": needed,
+            "more_cores": more, "shares": shares, "rows": rows, "text": "\n".join(text_lines)}

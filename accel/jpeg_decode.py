@@ -1,0 +1,178 @@
+"""Decoding on the accelerator (`--decode-on accelerator`): workers ship JPEG bytes, the consumer decodes.
+
+This is how NVIDIA fed DGX A100 in MLPerf: the host only reads files and draws the random
+crop; nvJPEG decodes on the GPU. Here the workers draw the crop box and flip exactly as they
+would for host decoding (same per-sample generator) and send them beside the bytes; an
+NVIDIA DALI pipeline decodes just that region (`decoders.image_slice`), resizes it with
+antialiasing and mirrors it. On a CUDA device the decoder is DALI's "mixed" one (nvJPEG)
+and the images never touch host memory; on `cpu` the same pipeline runs DALI's CPU operators.
+
+A JPEG whose header parsed on the worker may still fail to decode. DALI then fails the
+whole batch, so the batch is decoded again one image at a time: the broken ones are
+dropped, counted and reported with their sample ids, and the rest of the batch trains.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from accel.batch import ReceivedBatch
+from accel.ledger import Skipped
+
+
+@dataclass
+class DecodedBatch:
+    """What the wrapped accelerator steps on: pixels where the received batch had bytes."""
+
+    images: object  # uint8 (n, size, size, 3): numpy on the CPU, a torch tensor on a CUDA device
+    labels: np.ndarray
+    sample_ids: np.ndarray
+    has_images: bool = True
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+
+class DaliJpegDecoder:
+    """One DALI pipeline: (JPEG bytes, crop box, flip) per sample to size x size RGB."""
+
+    def __init__(self, size: int, max_batch: int, device: str = "cpu", threads: int = 1) -> None:
+        self.size = size
+        self.max_batch = max_batch
+        self.device = device
+        self.threads = threads
+        self.device_id = None if device == "cpu" else int(device.partition(":")[2] or 0)
+        self.pipe = self._build()
+
+    def _build(self):
+        from nvidia.dali import fn, pipeline_def, types
+
+        decoder_device = "cpu" if self.device_id is None else "mixed"
+
+        @pipeline_def(batch_size=self.max_batch, num_threads=self.threads, device_id=self.device_id,
+                      prefetch_queue_depth=1, exec_dynamic=True)
+        def slice_resize_flip():
+            jpegs = fn.external_source(name="jpeg", dtype=types.UINT8, ndim=1)
+            anchor = fn.external_source(name="anchor", dtype=types.FLOAT, ndim=1)
+            shape = fn.external_source(name="shape", dtype=types.FLOAT, ndim=1)
+            flip = fn.external_source(name="flip", dtype=types.INT32, ndim=0)
+            images = fn.decoders.image_slice(jpegs, anchor, shape, normalized_anchor=False, normalized_shape=False,
+                                             device=decoder_device, output_type=types.RGB)
+            images = fn.resize(images, resize_x=self.size, resize_y=self.size, antialias=True)
+            return fn.flip(images, horizontal=flip)
+
+        pipe = slice_resize_flip()
+        pipe.build()
+        return pipe
+
+    def _run(self, jpegs: list[np.ndarray], crops: np.ndarray, flips: np.ndarray):
+        self.pipe.feed_input("jpeg", jpegs)
+        self.pipe.feed_input("anchor", [np.ascontiguousarray(c[:2]) for c in crops])
+        self.pipe.feed_input("shape", [np.ascontiguousarray(c[2:]) for c in crops])
+        self.pipe.feed_input("flip", [np.array(f, dtype=np.int32) for f in flips])
+        (images,) = self.pipe.run()
+        return images
+
+    def decode(self, jpegs: list[np.ndarray], crops: np.ndarray, flips: np.ndarray) -> tuple[list, dict[int, str]]:
+        """The decoded batches (DALI TensorLists) and {row: reason} of the rows that failed."""
+        try:
+            return [self._run(jpegs, crops, flips)], {}
+        except RuntimeError:
+            self.pipe = self._build()  # a failed run leaves a DALI pipeline unusable
+        outputs, failed = [], {}
+        for row in range(len(jpegs)):
+            try:
+                outputs.append(self._run(jpegs[row:row + 1], crops[row:row + 1], flips[row:row + 1]))
+            except RuntimeError as exc:
+                failed[row] = _reason(exc)
+                self.pipe = self._build()
+        return outputs, failed
+
+
+def _reason(exc: RuntimeError) -> str:
+    """DALI's message names the operator and the failure ("Failed to decode sample #0"); keep those lines."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    operator = next((line for line in lines if line.startswith("Error in")), "")
+    detail = next((line for line in lines if line.startswith("Failed")), lines[-1] if lines else "")
+    return f"decode on the accelerator failed: {detail.rstrip(' :')} ({operator.rstrip(',')})"[:200]
+
+
+def _to_host(outputs: list) -> np.ndarray:
+    arrays = [np.asarray(out.as_tensor()) for out in outputs]
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _to_torch(outputs: list, device: str):
+    import torch
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    parts = []
+    for out in outputs:
+        tensor = out.as_tensor()
+        target = torch.empty(tensor.shape(), dtype=torch.uint8, device=device)
+        feed_ndarray(tensor, target, cuda_stream=torch.cuda.current_stream(target.device))
+        parts.append(target)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass
+class DecodingAccelerator:
+    """Any accelerator, fed decoded pixels: `prepare` decodes (and then runs the inner prepare,
+    if it has one), so the consumer's prefetch thread overlaps decoding with the previous step."""
+
+    inner: object
+    decoder: DaliJpegDecoder
+    failures: list[Skipped] = field(default_factory=list)
+    decode_s: float = 0.0
+    on_decode: Callable[[float, int], None] | None = None  # seconds, failed rows (metrics)
+    key_of: Callable[[int], str] = lambda sample_id: f"sample {sample_id}"  # noqa: E731 - names the broken file
+
+    @property
+    def name(self) -> str:
+        return f"{self.inner.name}+decode"
+
+    def decode(self, batch: ReceivedBatch) -> DecodedBatch:
+        started = time.perf_counter()
+        data, ends = batch.tensor("jpeg"), batch.tensor("jpeg_end")
+        starts = np.concatenate([[0], ends[:-1]])
+        jpegs = [data[s:e] for s, e in zip(starts, ends, strict=True)]
+        crops, flips = batch.tensor("crop"), batch.tensor("flip")
+        labels = np.asarray(batch.labels)
+        outputs, failed = self.decoder.decode(jpegs, crops, flips)
+        keep = np.array([row not in failed for row in range(len(jpegs))], dtype=bool)
+        for row, reason in failed.items():
+            sample_id = int(batch.sample_ids[row])
+            self.failures.append(Skipped(batch.header.epoch, sample_id, self.key_of(sample_id), reason))
+        if not outputs:
+            images = np.empty((0, self.decoder.size, self.decoder.size, 3), dtype=np.uint8)
+        elif self.decoder.device_id is None:
+            images = _to_host(outputs)
+        else:
+            images = _to_torch(outputs, self.decoder.device)
+        seconds = time.perf_counter() - started
+        self.decode_s += seconds
+        if self.on_decode is not None:
+            self.on_decode(seconds, len(failed))
+        return DecodedBatch(images, labels[keep], np.asarray(batch.sample_ids)[keep])
+
+    def prepare(self, batch: ReceivedBatch) -> tuple[DecodedBatch, object]:
+        decoded = self.decode(batch)
+        inner_prepare = getattr(self.inner, "prepare", None)
+        return decoded, inner_prepare(decoded) if inner_prepare and decoded.size else None
+
+    def step_prepared(self, prepared: tuple[DecodedBatch, object]) -> None:
+        decoded, inner_prepared = prepared
+        if not decoded.size:
+            return
+        if hasattr(self.inner, "step_prepared"):
+            self.inner.step_prepared(inner_prepared)
+        else:
+            self.inner.step(decoded)
+
+    def step(self, batch: ReceivedBatch) -> None:
+        self.step_prepared(self.prepare(batch))

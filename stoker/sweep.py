@@ -1,0 +1,233 @@
+"""`stoker sweep`: the CPU:accelerator ratio experiment on the emulated cluster.
+
+Each point of the grid (hosts x cores per host x processes per host) is one `stoker lab`:
+worker hosts in their own namespaces and CPU quotas feed one consumer that steps a simulated
+accelerator at a named profile's rate, scaled to this machine. The consumer runs a
+time-boxed job (`--max-seconds`), so every point measures the same steady window whatever
+its speed. A point's row holds what the device consumed (rows/s), its stall fraction, the
+per-stage seconds, the CPU the hosts used and the bytes on the wire. Rows are appended to
+`points.jsonl` as they finish, so an interrupted sweep continues where it stopped; the
+table (Parquet, CSV, Markdown) and the plots are written from all rows at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from itertools import product
+from pathlib import Path
+
+from tqdm import tqdm
+
+from accel.profiles import profile_rate
+from pipeline.files import write_atomically
+
+log = logging.getLogger("stoker.sweep")
+
+KNEE_STALL = 0.02  # the knee: the fewest cores whose stall fraction is below this
+DEFAULT_SCALE = {"imagenet": 0.03, "wikipedia": 1.0}  # ipu-pod16: ~780 img/s and ~1,300 seq/s here
+DEFAULT_CORES = {"imagenet": (0.25, 0.5), "wikipedia": (0.05, 0.1)}
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    out: Path
+    dataset: str = "imagenet"
+    hosts: tuple[int, ...] = (1, 2, 3)
+    cores_per_host: tuple[float, ...] = ()  # empty: DEFAULT_CORES of the dataset
+    procs: tuple[int, ...] = (1,)
+    profile: str = "ipu-pod16"
+    scale: float | None = None  # None: DEFAULT_SCALE of the dataset
+    seconds: float = 10.0  # steady measurement per point
+    batch_size: int = 64
+    seq_len: int = 512  # wikipedia: the profiles' BERT rates are at length 512
+    data: str | None = None  # manifest; None: the dataset's default set
+    loopback: bool = False
+
+    @property
+    def effective_scale(self) -> float:
+        return self.scale if self.scale is not None else DEFAULT_SCALE[self.dataset]
+
+    @property
+    def grid(self) -> list[tuple[int, float, int]]:
+        cores = self.cores_per_host or DEFAULT_CORES[self.dataset]
+        return sorted(product(self.hosts, cores, self.procs), key=lambda p: (p[0] * p[1], p))
+
+
+@dataclass
+class Point:
+    dataset: str
+    hosts: int
+    cores_per_host: float
+    procs: int
+    total_cores: float  # host cores feeding the accelerator
+    profile: str
+    scale: float
+    accel_rate: float  # rows/s the scaled accelerator consumes when never waiting
+    rows_per_s: float  # what it consumed
+    stall_fraction: float
+    cpu_seconds: float  # used by the worker hosts over the point
+    cores_used: float  # cpu_seconds / elapsed
+    bytes_received: int
+    wire_mb_per_s: float
+    elapsed_s: float
+    startup_s: float
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return point_key(self.dataset, self.hosts, self.cores_per_host, self.procs)
+
+    @property
+    def cores_per_system(self) -> float:
+        """Host cores per full-size accelerator system (the scale undone)."""
+        return self.total_cores / self.scale
+
+
+def point_key(dataset: str, hosts: int, cores: float, procs: int) -> str:
+    return f"{dataset}/{hosts}x{cores:g}x{procs}"
+
+
+def load_points(out: Path) -> list[Point]:
+    path = out / "points.jsonl"
+    if not path.exists():
+        return []
+    return [Point(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manifest: str) -> Point:
+    """One lab: up, the time-boxed job, its summary and the hosts' CPU, down (also on failure)."""
+    from stoker.lab import cluster
+
+    scale = cfg.effective_scale
+    train = ["--data", manifest, "--dataset", cfg.dataset, "--accel", "simulated", "--profile", cfg.profile,
+             "--scale", str(scale), "--epochs", "1000", "--batch-size", str(cfg.batch_size),
+             "--max-seconds", str(cfg.seconds), "--seq-len", str(cfg.seq_len)]
+    lab = cluster.Lab(cluster.LabConfig(hosts=hosts, cores_per_host=cores, procs=procs, loopback=cfg.loopback))
+    try:
+        state = lab.up(train)
+        cpu_before = cluster.hosts_cpu_seconds(state)
+        summary = cluster.wait(timeout_s=cfg.seconds * 6 + 120)
+        cpu = cluster.hosts_cpu_seconds(state) - cpu_before
+    finally:
+        cluster.down()
+    elapsed = summary["elapsed_s"]
+    steady = max(elapsed - summary["startup_s"], 1e-9)
+    return Point(dataset=cfg.dataset, hosts=hosts, cores_per_host=cores, procs=procs, total_cores=hosts * cores,
+                 profile=cfg.profile, scale=scale, accel_rate=profile_rate(cfg.profile, cfg.dataset, scale),
+                 rows_per_s=summary["rows_per_s"], stall_fraction=summary["stall_fraction"], cpu_seconds=cpu,
+                 cores_used=cpu / elapsed, bytes_received=summary["bytes_received"],
+                 wire_mb_per_s=summary["bytes_received"] / steady / 1e6, elapsed_s=elapsed,
+                 startup_s=summary["startup_s"], stage_seconds=summary["stage_seconds"])
+
+
+def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
+              measure: Callable[..., Point] = measure_point) -> list[Point]:
+    """Every point of the grid not already in cfg.out/points.jsonl; returns all points."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    done = {p.key: p for p in load_points(cfg.out)}
+    todo = [g for g in cfg.grid if point_key(cfg.dataset, *g) not in done]
+    if done:
+        log.warning("resuming: %d of %d points already measured in %s", len(cfg.grid) - len(todo), len(cfg.grid),
+                    cfg.out)
+    bar = tqdm(total=len(cfg.grid), initial=len(cfg.grid) - len(todo), desc=f"sweep {cfg.dataset}", unit="point",
+               disable=not progress)
+    with open(cfg.out / "points.jsonl", "a") as sink:
+        for hosts, cores, procs in todo:
+            bar.set_postfix_str(f"{hosts} host(s) x {cores:g} core(s) x {procs} proc(s)")
+            point = measure(cfg, hosts, cores, procs, manifest)
+            sink.write(json.dumps(asdict(point)) + "\n")
+            sink.flush()
+            done[point.key] = point
+            bar.update()
+    bar.close()
+    return [done[point_key(cfg.dataset, *g)] for g in cfg.grid]
+
+
+def knee(points: list[Point], stall: float = KNEE_STALL) -> Point | None:
+    """The point with the fewest host cores whose stall fraction is below `stall`."""
+    fed = [p for p in points if p.stall_fraction < stall]
+    return min(fed, key=lambda p: (p.total_cores, p.hosts)) if fed else None
+
+
+def per_core_rate(points: list[Point]) -> float | None:
+    """Rows/s one host core supplies, from the host-bound points (stall above 10%)."""
+    bound = [p.rows_per_s / p.total_cores for p in points if p.stall_fraction > 0.10]
+    return sorted(bound)[len(bound) // 2] if bound else None
+
+
+# ---- outputs ---------------------------------------------------------------------------------
+
+_COLUMNS = [f.name for f in fields(Point) if f.name != "stage_seconds"]
+
+
+def write_outputs(points: list[Point], out: Path) -> list[Path]:
+    """sweep.parquet, sweep.csv, sweep.md and sweep.png in `out`; the paths written."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    stages = sorted({name for p in points for name in p.stage_seconds})
+    columns = {name: [getattr(p, name) for p in points] for name in _COLUMNS}
+    columns["cores_per_system"] = [p.cores_per_system for p in points]
+    for name in stages:
+        columns[f"stage_{name}_s"] = [p.stage_seconds.get(name, 0.0) for p in points]
+    table = pa.table(columns)
+    pq.write_table(table, out / "sweep.parquet")
+    pacsv.write_csv(table, out / "sweep.csv")
+    write_atomically(out / "sweep.md", markdown(points))
+    plot(points, out / "sweep.png")
+    return [out / name for name in ("sweep.parquet", "sweep.csv", "sweep.md", "sweep.png")]
+
+
+def markdown(points: list[Point]) -> str:
+    k = knee(points)
+    first = points[0]
+    unit = "seq" if first.dataset == "wikipedia" else "img"
+    lines = [f"Sweep of {first.dataset} against {first.profile} x {first.scale:g} "
+             f"({first.accel_rate:,.0f} {unit}/s when never waiting)", "",
+             f"| hosts x cores x procs | host cores | cores per full {first.profile} | {unit}/s | stall | "
+             f"host CPU used (cores) | wire MB/s |", "|---|---|---|---|---|---|---|"]
+    for p in points:
+        mark = " **knee**" if k is not None and p.key == k.key else ""
+        lines.append(f"| {p.hosts} x {p.cores_per_host:g} x {p.procs}{mark} | {p.total_cores:g} | "
+                     f"{p.cores_per_system:,.1f} | {p.rows_per_s:,.0f} | {100 * p.stall_fraction:.1f}% | "
+                     f"{p.cores_used:.2f} | {p.wire_mb_per_s:.1f} |")
+    lines.append("")
+    lines.append(f"Knee (fewest host cores with stall < {100 * KNEE_STALL:.0f}%): "
+                 + (f"{k.total_cores:g} cores here, {k.cores_per_system:,.1f} per full {k.profile}."
+                    if k else "not reached on this grid."))
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[Point], path: Path) -> None:
+    """Delivered rate and stall fraction against host cores per accelerator, the knee marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_cores = sorted(points, key=lambda p: p.total_cores)
+    x = [p.cores_per_system for p in by_cores]
+    first = by_cores[0]
+    unit = "sequences/s" if first.dataset == "wikipedia" else "images/s"
+    fig, (rate_ax, stall_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    rate_ax.plot(x, [p.rows_per_s for p in by_cores], "o-", label="delivered")
+    rate_ax.axhline(first.accel_rate, color="grey", linestyle="--", label="accelerator rate")
+    rate_ax.set_ylabel(f"{unit} (scaled x{first.scale:g})")
+    stall_ax.plot(x, [100 * p.stall_fraction for p in by_cores], "o-", color="tab:red")
+    stall_ax.axhline(100 * KNEE_STALL, color="grey", linestyle=":", label=f"{100 * KNEE_STALL:.0f}% stall")
+    stall_ax.set_ylabel("accelerator stall (%)")
+    k = knee(points)
+    for ax in (rate_ax, stall_ax):
+        ax.set_xlabel(f"host cores per full {first.profile}")
+        if k is not None:
+            ax.axvline(k.cores_per_system, color="tab:green", label=f"knee: {k.cores_per_system:,.1f} cores")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{first.dataset}: host CPU vs {first.profile} (measured on a {first.scale:g}x scale model)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
