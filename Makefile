@@ -2,7 +2,8 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev
+APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev prometheus systemd
+# prometheus gives promtool and systemd gives systemd-analyze: the tests validate deploy/ with them.
 # pillow-simd compiles from source: build it for AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
@@ -15,7 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

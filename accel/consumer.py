@@ -43,6 +43,7 @@ from pipeline.text.vocab import Vocab
 from protos.curve import ClientKeys, ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
+from protos.sd_notify import Notifier
 
 log = logging.getLogger("stoker.consumer")
 _END = object()
@@ -172,6 +173,7 @@ class Consumer:
         self._receiver: Receiver | None = None
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self._totals, self.metrics.registry)
+        self.systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
 
     def _decoding(self, accelerator: Accelerator):
         """Wrap the accelerator so each batch's JPEGs are decoded where it runs (DALI)."""
@@ -212,10 +214,11 @@ class Consumer:
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         self._thread = threading.Thread(target=self._run_loop, name="stoker-receive", daemon=True)
         self._thread.start()
-        self.bottleneck.start()
         self._ready.wait()
         if self._error is not None:
             raise self._error
+        self.bottleneck.start()
+        self.systemd.ready(f"serving {self.data_endpoint}")
         if self.dispatcher.finished:  # resumed from a checkpoint of a finished job
             self.queue.put(_END)
 
@@ -260,6 +263,7 @@ class Consumer:
                 tasks += [pump(control, server.handle, self._stop), ticker(server, self._stop)]
             if zap is not None:
                 tasks.append(zap.serve(self._stop))
+            tasks.append(self._feed_watchdog())
             self._ready.set()
             await asyncio.gather(*tasks)
         finally:
@@ -269,6 +273,11 @@ class Consumer:
             if zap is not None:
                 zap.close()
             ctx.term()
+
+    async def _feed_watchdog(self) -> None:
+        while not self._stop.is_set():
+            self.systemd.watchdog()
+            await asyncio.sleep(1.0)
 
     def _unit_done(self, unit_id: int) -> None:
         self.dispatcher.ack(unit_id)

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from stoker import __version__, cli_experiments
 
@@ -147,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the data position (a small JSON state_dict) here, and with --accel torch "
                             "the model + optimizer to PATH.model.pt")
     train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
-    train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint")
+    train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint (the same path as "
+                                                        "--checkpoint: only if it exists, as a service wants)")
     train.add_argument("--max-seconds", type=float,
                        help="stop after this many seconds past the first batch (a time-boxed measurement)")
     _add_job_args(train)
@@ -319,7 +321,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise ValueError("give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), not both")
     job = None if args.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
                                                  **_job_args(args))
-    resume = checkpoint.load(args.resume) if args.resume else None
+    resume = None
+    if args.resume and args.resume == args.checkpoint and not Path(args.resume).exists():
+        print(f"stoker train: no checkpoint at {args.resume} yet; starting the job from the beginning")
+    elif args.resume:
+        resume = checkpoint.load(args.resume)
     consumer = Consumer(_consumer_config(args), job, NullAccelerator(), resume=resume)
     consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, consumer.job.text.seq_len)

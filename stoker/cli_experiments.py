@@ -20,9 +20,9 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parsers(sub) -> None:
     sweep = sub.add_parser("sweep", help="the CPU:accelerator ratio experiment on the emulated cluster")
     sweep.add_argument("--dataset", choices=("imagenet", "wikipedia"), default="imagenet")
-    sweep.add_argument("--hosts", type=_ints, default=(1, 2, 3), help="comma-separated (default 1,2,3)")
+    sweep.add_argument("--hosts", type=_ints, default=(1, 2, 3, 4), help="comma-separated (default 1,2,3,4)")
     sweep.add_argument("--cores-per-host", type=_floats, default=(),
-                       help="comma-separated CPU quotas (default 0.25,0.5 for imagenet, 0.05,0.1 for wikipedia)")
+                       help="comma-separated CPU quotas (default 0.25,0.5 for imagenet, 0.05,0.1,0.2 for wikipedia)")
     sweep.add_argument("--procs", type=_ints, default=(1,), help="worker processes per host, comma-separated")
     sweep.add_argument("--profile", default="ipu-pod16", help="simulated accelerator (default ipu-pod16)")
     sweep.add_argument("--scale", type=float, help="shrink the profile (default 0.03 imagenet, 1.0 wikipedia)")

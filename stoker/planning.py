@@ -123,7 +123,7 @@ def describe(plan: Plan) -> str:
     price = f"${plan.price:,.0f}" if plan.price is not None else "no price (give --accel-price)"
     ppd = f"{plan.samples_per_s_per_kdollar:.2f} {unit}/s per $1,000" if plan.price is not None else "-"
     return (f"{plan.system} / {plan.dataset}: {plan.accel_rate:,.0f} {unit}/s when fed; "
-            f"{plan.cores_needed} host cores at {plan.per_core_rate:,.0f} {unit}/s per core "
+            f"{plan.cores_needed} host core(s) at {plan.per_core_rate:,.0f} {unit}/s per core "
             f"(+{plan.extra_hosts} host server(s)) for stall {100 * plan.stall_fraction:.1f}%; "
             f"time-to-train {plan.time_to_train_h:.2f} h; {price}; {ppd}")
 

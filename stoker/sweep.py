@@ -23,19 +23,20 @@ from tqdm import tqdm
 
 from accel.profiles import profile_rate
 from pipeline.files import write_atomically
+from stoker.planning import WORKLOADS
 
 log = logging.getLogger("stoker.sweep")
 
 KNEE_STALL = 0.02  # the knee: the fewest cores whose stall fraction is below this
 DEFAULT_SCALE = {"imagenet": 0.03, "wikipedia": 1.0}  # ipu-pod16: ~780 img/s and ~1,300 seq/s here
-DEFAULT_CORES = {"imagenet": (0.25, 0.5), "wikipedia": (0.05, 0.1)}
+DEFAULT_CORES = {"imagenet": (0.25, 0.5), "wikipedia": (0.05, 0.1, 0.2)}
 
 
 @dataclass(frozen=True)
 class SweepConfig:
     out: Path
     dataset: str = "imagenet"
-    hosts: tuple[int, ...] = (1, 2, 3)
+    hosts: tuple[int, ...] = (1, 2, 3, 4)
     cores_per_host: tuple[float, ...] = ()  # empty: DEFAULT_CORES of the dataset
     procs: tuple[int, ...] = (1,)
     profile: str = "ipu-pod16"
@@ -84,6 +85,12 @@ class Point:
     def cores_per_system(self) -> float:
         """Host cores per full-size accelerator system (the scale undone)."""
         return self.total_cores / self.scale
+
+    @property
+    def time_to_train_h(self) -> float:
+        """Projected for the full-size system fed like this point: its samples to train (stoker.planning)
+        over the delivered rate with the scale undone."""
+        return WORKLOADS[self.dataset].samples / max(self.rows_per_s / self.scale, 1e-9) / 3600
 
 
 def point_key(dataset: str, hosts: int, cores: float, procs: int) -> str:
@@ -172,6 +179,7 @@ def write_outputs(points: list[Point], out: Path) -> list[Path]:
     stages = sorted({name for p in points for name in p.stage_seconds})
     columns = {name: [getattr(p, name) for p in points] for name in _COLUMNS}
     columns["cores_per_system"] = [p.cores_per_system for p in points]
+    columns["time_to_train_h"] = [p.time_to_train_h for p in points]
     for name in stages:
         columns[f"stage_{name}_s"] = [p.stage_seconds.get(name, 0.0) for p in points]
     table = pa.table(columns)
@@ -189,12 +197,12 @@ def markdown(points: list[Point]) -> str:
     lines = [f"Sweep of {first.dataset} against {first.profile} x {first.scale:g} "
              f"({first.accel_rate:,.0f} {unit}/s when never waiting)", "",
              f"| hosts x cores x procs | host cores | cores per full {first.profile} | {unit}/s | stall | "
-             f"host CPU used (cores) | wire MB/s |", "|---|---|---|---|---|---|---|"]
+             f"host CPU used (cores) | wire MB/s | time-to-train, full size |", "|---|---|---|---|---|---|---|---|"]
     for p in points:
         mark = " **knee**" if k is not None and p.key == k.key else ""
         lines.append(f"| {p.hosts} x {p.cores_per_host:g} x {p.procs}{mark} | {p.total_cores:g} | "
                      f"{p.cores_per_system:,.1f} | {p.rows_per_s:,.0f} | {100 * p.stall_fraction:.1f}% | "
-                     f"{p.cores_used:.2f} | {p.wire_mb_per_s:.1f} |")
+                     f"{p.cores_used:.2f} | {p.wire_mb_per_s:.1f} | {p.time_to_train_h:.2f} h |")
     lines.append("")
     lines.append(f"Knee (fewest host cores with stall < {100 * KNEE_STALL:.0f}%): "
                  + (f"{k.total_cores:g} cores here, {k.cores_per_system:,.1f} per full {k.profile}."
@@ -213,15 +221,17 @@ def plot(points: list[Point], path: Path) -> None:
     x = [p.cores_per_system for p in by_cores]
     first = by_cores[0]
     unit = "sequences/s" if first.dataset == "wikipedia" else "images/s"
-    fig, (rate_ax, stall_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (rate_ax, stall_ax, time_ax) = plt.subplots(1, 3, figsize=(14, 4))
     rate_ax.plot(x, [p.rows_per_s for p in by_cores], "o-", label="delivered")
     rate_ax.axhline(first.accel_rate, color="grey", linestyle="--", label="accelerator rate")
     rate_ax.set_ylabel(f"{unit} (scaled x{first.scale:g})")
     stall_ax.plot(x, [100 * p.stall_fraction for p in by_cores], "o-", color="tab:red")
     stall_ax.axhline(100 * KNEE_STALL, color="grey", linestyle=":", label=f"{100 * KNEE_STALL:.0f}% stall")
     stall_ax.set_ylabel("accelerator stall (%)")
+    time_ax.plot(x, [p.time_to_train_h for p in by_cores], "o-", color="tab:purple", label="projected")
+    time_ax.set_ylabel(f"time-to-train of the full {first.profile} (h)")
     k = knee(points)
-    for ax in (rate_ax, stall_ax):
+    for ax in (rate_ax, stall_ax, time_ax):
         ax.set_xlabel(f"host cores per full {first.profile}")
         if k is not None:
             ax.axvline(k.cores_per_system, color="tab:green", label=f"knee: {k.cores_per_system:,.1f} cores")

@@ -21,6 +21,7 @@ from prometheus_client import multiprocess
 
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
+from protos.sd_notify import Notifier
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.metrics import WorkerMetrics, serve_multiprocess
 from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, ProcessSpec, process_main
@@ -66,6 +67,7 @@ class WorkerDaemon:
         self.client = ControlClient(self.ctx, cfg.connect, f"{self.host_id}/daemon", curve=self.curve)
         self.mp = mp.get_context("spawn")
         self.metrics_port: int | None = None
+        self.systemd = Notifier()
         self._finished_job = ""
         self.failed = False  # a process could not serve the job at all
 
@@ -81,6 +83,7 @@ class WorkerDaemon:
             self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr)
             log.info("%s: metrics on http://%s:%d/metrics", self.host_id, self.cfg.metrics_addr,
                      self.metrics_port)
+        self.systemd.ready(f"registering with {self.cfg.connect}")
         try:
             while not self.stopping:
                 job = self._register()
@@ -91,9 +94,15 @@ class WorkerDaemon:
                 if self.cfg.once:
                     break
         finally:
+            self.systemd.stopping()
             self.client.close()
             self.ctx.term()
         return 1 if self.failed else 0
+
+    def _should_stop(self) -> bool:
+        """Polled while waiting for the dispatcher: the main loop is alive, so it feeds the watchdog."""
+        self.systemd.watchdog()
+        return self.stopping
 
     def _register(self) -> pb.JobSpec | None:
         """Wait for a dispatcher (back-off inside the client) and take its job."""
@@ -102,7 +111,7 @@ class WorkerDaemon:
             try:
                 reply = self.client.request(pb.ControlRequest(register=pb.Register(
                     host_id=self.host_id, procs=self.cfg.procs, pid=os.getpid())),
-                    give_up_after_s=None, should_stop=lambda: self.stopping)
+                    give_up_after_s=None, should_stop=self._should_stop)
             except DispatcherUnreachable:
                 return None
             if reply.WhichOneof("kind") == "registered" and reply.registered.job.job_id != self._finished_job:
@@ -132,6 +141,7 @@ class WorkerDaemon:
         while not self.stopping and not all(c.finished for c in children):
             live = [c.process.sentinel for c in children if not c.finished and c.process is not None]
             mp.connection.wait(live, timeout=min(job.heartbeat_s, 0.5))
+            self.systemd.watchdog()
             for child in children:
                 self._reap(child, job, finished_at is not None)
             if time.monotonic() >= next_beat:
