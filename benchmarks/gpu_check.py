@@ -22,7 +22,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -46,6 +46,7 @@ class CheckConfig:
     epochs: int = 2
     procs: int = max(1, (os.cpu_count() or 2) - 2)  # leave two cores to the consumer's threads
     decode_threads: int = 4
+    data: str | None = None  # a manifest; None: the generated set of `images` images
 
     @classmethod
     def dry_run(cls) -> CheckConfig:
@@ -84,7 +85,7 @@ def _sync(device: str) -> None:
 
 
 def fed(cfg: CheckConfig, overlap: bool, decode_on: str) -> dict:
-    run = RunConfig(images=cfg.images, hosts=1, procs=cfg.procs, accel=_spec(cfg), progress=False,
+    run = RunConfig(data=cfg.data, images=cfg.images, hosts=1, procs=cfg.procs, accel=_spec(cfg), progress=False,
                     worker_metrics_port=None,
                     consumer=ConsumerConfig(metrics_port=None, overlap=overlap, decode_threads=cfg.decode_threads))
     summary = run_embedded(dict(epochs=cfg.epochs, batch_size=cfg.batch_size, image_size=cfg.image_size,
@@ -97,11 +98,12 @@ def _stall(run: dict) -> str:
     return f"{100 * run['stall_fraction']:.1f}%" if "stall_fraction" in run else "-"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny runs on the CPU (no GPU needed)")
-    args = parser.parse_args()
-    cfg = CheckConfig.dry_run() if args.dry_run else CheckConfig()
+    parser.add_argument("--data", help="a manifest to read instead of the generated set")
+    args = parser.parse_args(argv)
+    cfg = replace(CheckConfig.dry_run() if args.dry_run else CheckConfig(), data=args.data)
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"no CUDA device visible to torch {torch.__version__}: install a CUDA build of torch "
                          f"(see this file's docstring) or pass --dry-run")

@@ -46,9 +46,16 @@ class SweepConfig:
     seq_len: int = 512  # wikipedia: the profiles' BERT rates are at length 512
     data: str | None = None  # manifest; None: the dataset's default set
     loopback: bool = False
+    train_args: tuple[str, ...] = ()  # more `stoker train` options; with --accel, a real step replaces the profile
+
+    @property
+    def real_step(self) -> bool:
+        return "--accel" in self.train_args
 
     @property
     def effective_scale(self) -> float:
+        if self.real_step:
+            return 1.0  # a real step is measured at its own size
         return self.scale if self.scale is not None else DEFAULT_SCALE[self.dataset]
 
     @property
@@ -66,7 +73,7 @@ class Point:
     total_cores: float  # host cores feeding the accelerator
     profile: str
     scale: float
-    accel_rate: float  # rows/s the scaled accelerator consumes when never waiting
+    accel_rate: float  # rows/s the scaled accelerator consumes when never waiting (0: a real step, unknown)
     rows_per_s: float  # what it consumed
     stall_fraction: float
     cpu_seconds: float  # used by the worker hosts over the point
@@ -109,9 +116,10 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
     from stoker.lab import cluster
 
     scale = cfg.effective_scale
-    train = ["--data", manifest, "--dataset", cfg.dataset, "--accel", "simulated", "--profile", cfg.profile,
-             "--scale", str(scale), "--epochs", "1000", "--batch-size", str(cfg.batch_size),
-             "--max-seconds", str(cfg.seconds), "--seq-len", str(cfg.seq_len)]
+    device = [] if cfg.real_step else ["--accel", "simulated", "--profile", cfg.profile, "--scale", str(scale)]
+    train = ["--data", manifest, "--dataset", cfg.dataset, *device, "--epochs", "1000",
+             "--batch-size", str(cfg.batch_size), "--max-seconds", str(cfg.seconds), "--seq-len", str(cfg.seq_len),
+             *cfg.train_args]
     lab = cluster.Lab(cluster.LabConfig(hosts=hosts, cores_per_host=cores, procs=procs, loopback=cfg.loopback))
     try:
         state = lab.up(train)
@@ -123,7 +131,8 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
     elapsed = summary["elapsed_s"]
     steady = max(elapsed - summary["startup_s"], 1e-9)
     return Point(dataset=cfg.dataset, hosts=hosts, cores_per_host=cores, procs=procs, total_cores=hosts * cores,
-                 profile=cfg.profile, scale=scale, accel_rate=profile_rate(cfg.profile, cfg.dataset, scale),
+                 profile="real step" if cfg.real_step else cfg.profile, scale=scale,
+                 accel_rate=0.0 if cfg.real_step else profile_rate(cfg.profile, cfg.dataset, scale),
                  rows_per_s=summary["rows_per_s"], stall_fraction=summary["stall_fraction"], cpu_seconds=cpu,
                  cores_used=cpu / elapsed, bytes_received=summary["bytes_received"],
                  wire_mb_per_s=summary["bytes_received"] / steady / 1e6, elapsed_s=elapsed,
@@ -194,20 +203,25 @@ def markdown(points: list[Point]) -> str:
     k = knee(points)
     first = points[0]
     unit = "seq" if first.dataset == "wikipedia" else "img"
-    lines = [f"Sweep of {first.dataset} against {first.profile} x {first.scale:g} "
-             f"({first.accel_rate:,.0f} {unit}/s when never waiting)", "",
-             f"| hosts x cores x procs | host cores | cores per full {first.profile} | {unit}/s | stall | "
+    against = (f"{first.profile} x {first.scale:g} ({first.accel_rate:,.0f} {unit}/s when never waiting)"
+               if first.accel_rate else "a real training step")
+    lines = [f"Sweep of {first.dataset} against {against}", "",
+             f"| hosts x cores x procs | host cores | cores {_per_system(first)} | {unit}/s | stall | "
              f"host CPU used (cores) | wire MB/s | time-to-train, full size |", "|---|---|---|---|---|---|---|---|"]
     for p in points:
         mark = " **knee**" if k is not None and p.key == k.key else ""
         lines.append(f"| {p.hosts} x {p.cores_per_host:g} x {p.procs}{mark} | {p.total_cores:g} | "
-                     f"{p.cores_per_system:,.1f} | {p.rows_per_s:,.0f} | {100 * p.stall_fraction:.1f}% | "
+                     f"{p.cores_per_system:,.2f} | {p.rows_per_s:,.0f} | {100 * p.stall_fraction:.1f}% | "
                      f"{p.cores_used:.2f} | {p.wire_mb_per_s:.1f} | {p.time_to_train_h:.2f} h |")
     lines.append("")
     lines.append(f"Knee (fewest host cores with stall < {100 * KNEE_STALL:.0f}%): "
-                 + (f"{k.total_cores:g} cores here, {k.cores_per_system:,.1f} per full {k.profile}."
+                 + (f"{k.total_cores:g} cores here, {k.cores_per_system:,.2f} {_per_system(k)}."
                     if k else "not reached on this grid."))
     return "\n".join(lines) + "\n"
+
+
+def _per_system(point: Point) -> str:
+    return f"per full {point.profile}" if point.accel_rate else "per accelerator"
 
 
 def plot(points: list[Point], path: Path) -> None:
@@ -223,7 +237,8 @@ def plot(points: list[Point], path: Path) -> None:
     unit = "sequences/s" if first.dataset == "wikipedia" else "images/s"
     fig, (rate_ax, stall_ax, time_ax) = plt.subplots(1, 3, figsize=(14, 4))
     rate_ax.plot(x, [p.rows_per_s for p in by_cores], "o-", label="delivered")
-    rate_ax.axhline(first.accel_rate, color="grey", linestyle="--", label="accelerator rate")
+    if first.accel_rate:
+        rate_ax.axhline(first.accel_rate, color="grey", linestyle="--", label="accelerator rate")
     rate_ax.set_ylabel(f"{unit} (scaled x{first.scale:g})")
     stall_ax.plot(x, [100 * p.stall_fraction for p in by_cores], "o-", color="tab:red")
     stall_ax.axhline(100 * KNEE_STALL, color="grey", linestyle=":", label=f"{100 * KNEE_STALL:.0f}% stall")
@@ -232,9 +247,9 @@ def plot(points: list[Point], path: Path) -> None:
     time_ax.set_ylabel(f"time-to-train of the full {first.profile} (h)")
     k = knee(points)
     for ax in (rate_ax, stall_ax, time_ax):
-        ax.set_xlabel(f"host cores per full {first.profile}")
+        ax.set_xlabel(f"host cores {_per_system(first)}")
         if k is not None:
-            ax.axvline(k.cores_per_system, color="tab:green", label=f"knee: {k.cores_per_system:,.1f} cores")
+            ax.axvline(k.cores_per_system, color="tab:green", label=f"knee: {k.cores_per_system:,.2f} cores")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{first.dataset}: host CPU vs {first.profile} (measured on a {first.scale:g}x scale model)")

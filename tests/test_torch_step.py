@@ -100,3 +100,16 @@ def test_optimizer_choice_reaches_the_backends(manifest):
     assert isinstance(resnet.optimizer, LARS) and isinstance(bert.optimizer, LAMB)
     with pytest.raises(ValueError, match="sgd or lars"):
         make_accelerator(AccelSpec(kind="torch", model="resnet18", width=16, optimizer="lamb"), "imagenet", 4)
+
+
+def test_the_gpu_check_script_runs_its_four_measurements_as_a_dry_run_on_the_cpu(manifest):
+    """No GPU here: --dry-run takes every path of benchmarks/gpu_check.py except the CUDA ones."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--data", manifest.uri],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for run in ("| ceiling |", "| overlap |", "| serial |", "| decode-on-accelerator |"):
+        assert run in out.stdout
+    assert "Overlap gain (overlap / serial):" in out.stdout
