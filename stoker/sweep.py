@@ -123,6 +123,9 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
     lab = cluster.Lab(cluster.LabConfig(hosts=hosts, cores_per_host=cores, procs=procs, loopback=cfg.loopback))
     try:
         state = lab.up(train)
+        if not state.cgroups:
+            log.warning("no CPU quotas in this lab (%s): --cores-per-host does not limit the hosts, so the "
+                        "points differ only in hosts and processes; run as root for quotas", state.note.lstrip("; "))
         cpu_before = cluster.hosts_cpu_seconds(state)
         summary = cluster.wait(timeout_s=cfg.seconds * 6 + 120)
         cpu = cluster.hosts_cpu_seconds(state) - cpu_before
