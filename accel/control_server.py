@@ -84,7 +84,7 @@ class ControlServer:
         if kind == "lease":
             if d.finished:
                 return pb.ControlReply(finished=pb.Finished())
-            unit = d.lease(request.lease.host_id, request.lease.worker_id)
+            unit = d.lease(request.lease.host_id, request.lease.worker_id, request.request_id)
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
             return pb.ControlReply(unit=pb.WorkUnit(

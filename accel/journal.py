@@ -19,7 +19,7 @@ from pathlib import Path
 class Replayed:
     job: dict
     done: set[int] = field(default_factory=set)
-    leases: dict[int, tuple[str, str]] = field(default_factory=dict)  # unit -> (host, worker)
+    leases: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # unit -> (host, worker, request id)
 
 
 class Journal:
@@ -40,8 +40,8 @@ class Journal:
         self._file.flush()
         os.fsync(self._file.fileno())
 
-    def lease(self, unit_id: int, host_id: str, worker_id: str) -> None:
-        self._write({"lease": unit_id, "host": host_id, "worker": worker_id})
+    def lease(self, unit_id: int, host_id: str, worker_id: str, request_id: int = 0) -> None:
+        self._write({"lease": unit_id, "host": host_id, "worker": worker_id, "request": request_id})
 
     def ack(self, unit_id: int) -> None:
         self._write({"ack": unit_id})
@@ -70,7 +70,7 @@ def replay(path: Path) -> Replayed:
     state = Replayed(job=events[0]["job"])
     for event in events[1:]:
         if "lease" in event:
-            state.leases[event["lease"]] = (event["host"], event["worker"])
+            state.leases[event["lease"]] = (event["host"], event["worker"], event.get("request", 0))
         elif "ack" in event:
             state.done.add(event["ack"])
             state.leases.pop(event["ack"], None)

@@ -72,3 +72,19 @@ def test_a_lease_held_too_long_by_a_live_host_is_handed_out_again(manifest):
         d.expire_hosts()
     assert d.stats().releases == 1
     assert d.lease("h1", "h1/p0.1").unit_id == stuck.unit_id
+
+
+def test_a_repeated_lease_request_gets_the_same_unit_from_a_restarted_dispatcher(manifest, tmp_path):
+    """The dispatcher journals a lease and dies before answering; the worker repeats its request
+    (same request id) to the restarted dispatcher and must get that unit, not a second one."""
+    from accel.journal import Journal
+
+    plan = EpochPlan(manifest, unit_size=16, epochs=1, seed=0)
+    job = {"manifest": manifest.uri}
+    first = Dispatcher(plan, host_timeout_s=10, journal=Journal(tmp_path / "j", job))
+    granted = first.lease("h0", "h0/p0.1", request_id=7)
+    first.journal.close()  # the answer never left
+    second = Dispatcher(plan, host_timeout_s=10, journal=Journal(tmp_path / "j", job))
+    assert second.lease("h0", "h0/p0.1", request_id=7).unit_id == granted.unit_id
+    assert second.lease("h0", "h0/p0.1", request_id=8).unit_id != granted.unit_id  # the next request: a new unit
+    assert second.lease("h1", "h1/p0.1", request_id=7).unit_id != granted.unit_id  # another worker's ids are its own
