@@ -295,19 +295,18 @@ class Consumer:
             self.start()
         assert self._loop is not None and self._receiver is not None
         started = time.perf_counter()
-        startup = stall = compute = 0.0
-        batches = rows = sequences = tokens = 0
+        startup = 0.0
+        sequences = tokens = 0
+        p = self.progress = Totals()  # stall, step, copy, rows and batches: read by the bottleneck monitor too
         first = True
         time_boxed = False
         if self.job.decode_on == "accelerator" and self.decoding is None:
             self.decoding = self._decoding(self.accelerator)
         stepper = self.decoding or self.accelerator
         prepare = getattr(stepper, "prepare", None)
-        copies: list[float] = []
 
         def record_copy(seconds: float) -> None:
-            copies.append(seconds)
-            self.progress.copy_s += seconds
+            p.copy_s += seconds
             self.metrics.device_copy.observe(seconds)
 
         def prepare_rows(batch: ReceivedBatch) -> object:  # a unit's last batch can be empty: nothing to convert
@@ -324,8 +323,7 @@ class Consumer:
             if first:
                 startup, first = waited, False
             else:
-                stall += waited
-                self.progress.stall_s += waited
+                p.stall_s += waited
                 self.metrics.input_wait.observe(waited)
             if prepare and prefetcher is None and batch.size:  # serial: convert and copy between steps
                 copy_from = time.perf_counter()
@@ -338,15 +336,12 @@ class Consumer:
                 else:
                     stepper.step(batch)
             step_s = time.perf_counter() - step_from
-            compute += step_s
             self.metrics.step_seconds.observe(step_s)
             self.metrics.samples.inc(batch.size)
             self.metrics.batches.inc()
-            batches += 1
-            rows += batch.size
-            self.progress.step_s += step_s
-            self.progress.rows += batch.size
-            self.progress.batches += 1
+            p.step_s += step_s
+            p.rows += batch.size
+            p.batches += 1
             if batch.sequences:
                 sequences += batch.sequences
                 tokens += batch.real_tokens
@@ -384,8 +379,8 @@ class Consumer:
             elapsed_s=elapsed,
             startup_s=startup,
             delivered_samples_per_s=self.ledger.samples / steady,
-            stall_fraction=stall / steady,
-            batches=batches,
+            stall_fraction=p.stall_s / steady,
+            batches=p.batches,
             hosts=hosts or len(self.dispatcher.hosts_seen),
             procs_per_host=procs_per_host,
             skipped_samples=len(skipped),
@@ -393,11 +388,11 @@ class Consumer:
             frames_dropped=dict(self._receiver.dropped),
             units_released=self.dispatcher.stats().releases,
             stage_seconds={**work, "send": stages.send, "wait_for_credit": stages.wait_for_credit,
-                           "receive": stages.receive, "copy": sum(copies), "step": compute, "stall": stall},
+                           "receive": stages.receive, "copy": p.copy_s, "step": p.step_s, "stall": p.stall_s},
             per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
             dataset=self.job.dataset,
-            rows=rows - len(failed_decodes),
-            rows_per_s=(rows - len(failed_decodes)) / steady,
+            rows=p.rows - len(failed_decodes),
+            rows_per_s=(p.rows - len(failed_decodes)) / steady,
             bytes_received=self._receiver.bytes_received,
             time_boxed=time_boxed,
             decode_on=self.job.decode_on,
