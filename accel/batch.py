@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from accel.ledger import Skipped
 from protos import stoker_pb2 as pb
 from protos.framing import ReceivedTensors
 
@@ -17,6 +18,7 @@ class ReceivedBatch:
     tensors: ReceivedTensors
     sample_ids: np.ndarray
     received_s: float  # consumer time spent receiving and checking it
+    undecodable: list[Skipped] = field(default_factory=list)  # rows whose JPEG failed on the consumer
 
     @property
     def size(self) -> int:

@@ -27,7 +27,7 @@ from accel.accelerators import Accelerator
 from accel.aio import pump
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
-from accel.control_server import ControlServer, control_router, ticker
+from accel.control_server import AccessPolicy, ControlServer, control_router, ticker
 from accel.dispatcher import Dispatcher
 from accel.job import JobConfig, job_from_spec
 from accel.ledger import Ledger
@@ -36,13 +36,15 @@ from accel.prefetch import Prefetcher
 from accel.receiver import Receiver
 from accel.remote_dispatcher import RemoteAcks, attach
 from accel.schema import schema_of
-from accel.zap import ZapHandler
+from accel.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.vocab import Vocab
-from protos.curve import ClientKeys, ServerKeys, is_loopback
+from protos import job_secret
+from protos.curve import CONSUMER, ClientKeys, ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
+from protos.leases import LeaseSigner
 from protos.sd_notify import Notifier
 
 log = logging.getLogger("stoker.consumer")
@@ -60,20 +62,23 @@ class ConsumerConfig:
     overlap: bool = True  # convert/copy batch N+1 on a side thread while step N runs
     host_timeout_s: float = 10.0
     dispatcher: str | None = None  # a `stoker dispatch` endpoint; None: the dispatcher runs in this process
-    key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (stoker keys add)
+    key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (keys add --role consumer)
+    job_secret: str | None = None  # without keys and with a separate dispatcher: the job credential's file
     keys: str | None = None  # CURVE key folder (stoker keys init): encrypt, admit allow-listed workers only
     insecure: bool = False  # allow binding non-loopback addresses without keys
     decode_threads: int = 1  # --decode-on accelerator: DALI's CPU threads on the consumer
+    sender_timeout_s: float = 30.0  # free the credit window of a sender that answers no ping this long
+    finish_linger_s: float = 3.0  # after the last ack, keep answering until every live host heard "finished"
 
     def check_exposure(self) -> None:
         """Without keys, refuse to listen beyond loopback unless told to."""
         if self.keys or self.insecure:
             return
-        for endpoint in (self.data_bind, self.control_bind):
+        for endpoint in (self.data_bind, self.control_bind, f"tcp://{self.metrics_addr}:0"):
             if not is_loopback(endpoint):
                 raise ValueError(f"refusing to bind {endpoint} without CURVE keys: anyone who can reach it could "
-                                 f"feed or steal batches; make keys with `stoker keys init DIR` and pass --keys DIR, "
-                                 f"or pass --insecure on a trusted network")
+                                 f"feed or steal batches or read the job's metrics; make keys with `stoker keys init "
+                                 f"DIR` and pass --keys DIR, or pass --insecure on a trusted network")
 
 
 @dataclass
@@ -131,11 +136,15 @@ class Consumer:
                  metrics: ConsumerMetrics | None = None, resume: dict | None = None) -> None:
         """`resume`: a `state_dict()` saved earlier; the job must be the same (its id is taken from it).
         With `cfg.dispatcher` the job comes from that dispatcher and `job` must be None."""
-        client_keys = ClientKeys.load(cfg.keys, cfg.key_name) if cfg.keys and cfg.dispatcher else None
+        cfg.check_exposure()
+        client_keys = ClientKeys.load(cfg.keys, cfg.key_name, CONSUMER) if cfg.keys and cfg.dispatcher else None
+        credential = job_secret.for_consumer(cfg.job_secret) if cfg.dispatcher and not cfg.keys else b""
+        lease_key = b""
         if cfg.dispatcher:
             if job is not None:
                 raise ValueError("with a separate dispatcher the job is the dispatcher's; do not pass one")
-            job = job_from_spec(attach(cfg.dispatcher, cfg.key_name, client_keys))
+            spec, lease_key = attach(cfg.dispatcher, cfg.key_name, client_keys, credential)
+            job = job_from_spec(spec)
         assert job is not None
         if resume is not None:
             checkpoint.check_matches(job, resume)
@@ -145,7 +154,7 @@ class Consumer:
         self.accelerator = accelerator
         self.metrics = metrics or ConsumerMetrics()
         self.decoding = None  # --decode-on accelerator: the decoder wrapped around the accelerator, made by run()
-        cfg.check_exposure()
+        self.leases = LeaseSigner(lease_key, job.job_id) if lease_key else LeaseSigner.new(job.job_id)
         self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, self.manifest)
@@ -154,11 +163,13 @@ class Consumer:
         self.dispatcher: Dispatcher | RemoteAcks
         if cfg.dispatcher:
             total = sum(len(plan.units(e)) for e in range(job.epochs))
-            self.dispatcher = RemoteAcks(cfg.dispatcher, cfg.key_name, total, client_keys, done_before=done)
+            self.dispatcher = RemoteAcks(cfg.dispatcher, cfg.key_name, total, client_keys, credential,
+                                         done_before=done)
             self.dispatcher.on_finished = lambda: self.queue.put(_END)
         else:
             self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done)
-        self.ledger = Ledger(self.manifest.num_samples, job.epochs)
+        self._control: ControlServer | None = None
+        self.ledger = Ledger(plan)
         if resume:
             self.ledger.restore(set(done), resume["in_progress"])
         self.queue: queue.Queue = queue.Queue()
@@ -179,9 +190,10 @@ class Consumer:
         """Wrap the accelerator so each batch's JPEGs are decoded where it runs (DALI)."""
         from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
 
-        def count(seconds: float, failed: int) -> None:
+        def count(seconds: float, failed: int, fallbacks: int) -> None:
             self.metrics.accel_decode.observe(seconds)
             self.metrics.accel_decode_errors.inc(failed)
+            self.metrics.accel_decode_fallbacks.inc(fallbacks)
 
         device = str(getattr(accelerator, "device", "cpu"))
         decoder = DaliJpegDecoder(self.job.image_size, self.job.batch_size, device, self.cfg.decode_threads)
@@ -237,32 +249,40 @@ class Consumer:
 
     async def _serve(self) -> None:
         ctx = zmq.asyncio.Context()
-        zap = ZapHandler(ctx, self.server_keys, self.metrics) if self.server_keys else None  # before any bind
+        keys = self.server_keys
+        authenticator = KeyAuthenticator(ctx, keys) if keys else None
+        if authenticator is not None:
+            authenticator.start()  # before any bind
         data = ctx.socket(zmq.ROUTER)
         control = None
+        tasks = []
         try:
             data.setsockopt(zmq.ROUTER_MANDATORY, 1)
             data.setsockopt(zmq.LINGER, 0)
-            if self.server_keys:
-                self.server_keys.apply(data)
+            if keys:
+                keys.apply(data)
+                tasks.append(count_handshakes(monitor_handshakes(data), self.metrics, self._stop))
             data.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + (1 << 20))
             data.setsockopt(zmq.RCVHWM, 10_000)
             self.data_endpoint = advertised(bind(data, self.cfg.data_bind, "data"), self.cfg.advertise_host)
             self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
-                                      self.metrics, self._unit_done, schema_of(self.job))
-            tasks = [pump(data, self._receiver.handle, self._stop)]
+                                      self.metrics, self._unit_done, schema_of(self.job), self.leases,
+                                      keyed=keys is not None, on_unit_incomplete=self._unit_incomplete,
+                                      sender_timeout_s=self.cfg.sender_timeout_s)
+            tasks += [pump(data, self._receiver.handle, self._stop), self._sweep_senders()]
             if isinstance(self.dispatcher, RemoteAcks):
                 self.control_endpoint = self.cfg.dispatcher or ""
                 tasks.append(self.dispatcher.run(ctx, self._stop))
             else:
-                control = control_router(ctx, self.server_keys)
+                control = control_router(ctx, keys)
+                if keys:
+                    tasks.append(count_handshakes(monitor_handshakes(control), self.metrics, self._stop))
                 self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
                                                    self.cfg.advertise_host)
-                server = ControlServer(control, self.dispatcher, self.job.spec(self.data_endpoint), self.metrics)
+                server = self._control = ControlServer(control, self.dispatcher, self.job.spec(self.data_endpoint),
+                                                       self.metrics, self.leases, AccessPolicy(keyed=keys is not None))
                 server.update_gauges()
                 tasks += [pump(control, server.handle, self._stop), ticker(server, self._stop)]
-            if zap is not None:
-                tasks.append(zap.serve(self._stop))
             tasks.append(self._feed_watchdog())
             self._ready.set()
             await asyncio.gather(*tasks)
@@ -270,9 +290,15 @@ class Consumer:
             data.close(0)
             if control is not None:
                 control.close(0)
-            if zap is not None:
-                zap.close()
+            if authenticator is not None:
+                authenticator.stop()
             ctx.term()
+
+    async def _sweep_senders(self) -> None:
+        while not self._stop.is_set():
+            await asyncio.sleep(1.0)
+            if self._receiver is not None:
+                self._receiver.sweep()
 
     async def _feed_watchdog(self) -> None:
         while not self._stop.is_set():
@@ -284,9 +310,20 @@ class Consumer:
         if isinstance(self.dispatcher, Dispatcher) and self.dispatcher.finished:
             self.queue.put(_END)
 
+    def _unit_incomplete(self, unit_id: int) -> None:
+        """Its batches did not account for its samples: hand it out again (a separate dispatcher
+        re-leases it when the lease expires)."""
+        if isinstance(self.dispatcher, Dispatcher):
+            self.dispatcher.release_unit(unit_id, "incomplete")
+
+    def abort(self, error: BaseException) -> None:
+        """End `run` from another thread: it raises `error` once the current step is done."""
+        self._error = error
+        self.queue.put(_END)
+
     # ---- training loop ------------------------------------------------------------------
-    def run(self, on_step: Callable[[Consumer], None] | None = None, hosts: int = 0,
-            procs_per_host: int = 0, max_seconds: float | None = None) -> Summary:
+    def run(self, on_step: Callable[[Consumer], None] | None = None, procs_per_host: int = 0,
+            max_seconds: float | None = None) -> Summary:
         """Step through every batch of the job; returns the closing summary.
 
         `max_seconds`: stop after that long past the first batch (a time-boxed measurement, as
@@ -340,7 +377,7 @@ class Consumer:
             self.metrics.samples.inc(batch.size)
             self.metrics.batches.inc()
             p.step_s += step_s
-            p.rows += batch.size
+            p.rows += batch.size - len(batch.undecodable)
             p.batches += 1
             if batch.sequences:
                 sequences += batch.sequences
@@ -358,8 +395,7 @@ class Consumer:
         elapsed = time.perf_counter() - started
         steady = max(elapsed - startup, 1e-9)
         stages = self._receiver.stages
-        failed_decodes = self.decoding.failures if self.decoding else []
-        skipped = sorted([*self.ledger.skipped.values(), *failed_decodes], key=lambda s: (s.epoch, s.sample_id))
+        skipped = sorted(self.ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id))
         text = self._receiver.text
         work = ({"examples": stages.examples, "pack": stages.pack} if self.job.dataset == "wikipedia"
                 else {"decode": stages.decode, "augment": stages.augment})
@@ -381,7 +417,7 @@ class Consumer:
             delivered_samples_per_s=self.ledger.samples / steady,
             stall_fraction=p.stall_s / steady,
             batches=p.batches,
-            hosts=hosts or len(self.dispatcher.hosts_seen),
+            hosts=len(self._receiver.hosts_delivered),
             procs_per_host=procs_per_host,
             skipped_samples=len(skipped),
             skipped=[asdict(s) for s in skipped],
@@ -391,8 +427,8 @@ class Consumer:
                            "receive": stages.receive, "copy": p.copy_s, "step": p.step_s, "stall": p.stall_s},
             per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
             dataset=self.job.dataset,
-            rows=p.rows - len(failed_decodes),
-            rows_per_s=(p.rows - len(failed_decodes)) / steady,
+            rows=p.rows,
+            rows_per_s=p.rows / steady,
             bytes_received=self._receiver.bytes_received,
             time_boxed=time_boxed,
             decode_on=self.job.decode_on,
@@ -404,15 +440,23 @@ class Consumer:
 
         It is read on the event loop after the credits of finished steps are settled, so it
         counts exactly the steps that have returned."""
+        return self._on_loop(lambda: {
+            "version": checkpoint.STATE_VERSION, "job": checkpoint.job_fields(self.job),
+            "done_units": self.dispatcher.done_units(), "in_progress": self.ledger.position(),
+            "samples_stepped": self.ledger.samples})
+
+    def _on_loop(self, read: Callable[[], object]) -> object:
+        """Run `read` on the event loop (which owns the books) and return its result."""
         assert self._loop is not None
         result: concurrent.futures.Future = concurrent.futures.Future()
 
-        def snapshot() -> None:
-            result.set_result({"version": checkpoint.STATE_VERSION, "job": checkpoint.job_fields(self.job),
-                               "done_units": self.dispatcher.done_units(), "in_progress": self.ledger.position(),
-                               "samples_stepped": self.ledger.samples})
+        def call() -> None:
+            try:
+                result.set_result(read())
+            except BaseException as exc:  # handed to the caller
+                result.set_exception(exc)
 
-        self._loop.call_soon_threadsafe(snapshot)
+        self._loop.call_soon_threadsafe(call)
         return result.result(timeout=10)
 
     def _next(self) -> object:
@@ -424,6 +468,12 @@ class Consumer:
                     return _END
 
     def stop(self) -> None:
+        """Close everything; after a finished job, first give live hosts a moment to hear that it is."""
+        server = self._control
+        if server is not None and self.dispatcher.finished and self._thread is not None and self._thread.is_alive():
+            deadline = time.monotonic() + self.cfg.finish_linger_s
+            while self._on_loop(server.hosts_not_told) and time.monotonic() < deadline:
+                time.sleep(0.05)
         self._stop.set()
         self.bottleneck.stop()
         if self._thread is not None:

@@ -2,14 +2,23 @@
 
 Requests carry an id; a retried request (the worker timed out waiting for the reply) gets
 the cached reply instead of a second lease.
+
+Who may ask what (`AccessPolicy`): a worker registers, leases, heartbeats and releases; only
+a consumer attaches and acks. With CURVE keys the role is the key's (its allow-list); without
+keys anyone who reaches the socket may act as a worker, and a consumer must present the job
+credential, which workers never see. When the consumer runs in the dispatcher's process it
+acks directly, and the socket accepts no consumer at all. A refused request is dropped,
+counted by reason and answered with an error that says why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -18,24 +27,53 @@ from accel.dispatcher import Dispatcher
 from accel.metrics import ConsumerMetrics
 from accel.receiver import send_error
 from protos import stoker_pb2 as pb
-from protos.curve import ServerKeys
+from protos.curve import CONSUMER, WORKER, Caller, ServerKeys, caller_of
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
+from protos.leases import LeaseSigner
 
 log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
+WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release"})
+CONSUMER_REQUESTS = frozenset({"attach", "ack"})
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    keyed: bool  # CURVE: a caller's role is its key's
+    consumer_secret: bytes | None = None  # without keys: the credential consumers attach and ack with
+    remote_consumers: bool = False  # False: the consumer lives in this process and no peer may act as one
+
+    def refusal(self, kind: str, caller: Caller, request: pb.ControlRequest) -> str | None:
+        """The drop reason when `caller` may not send this request, else None."""
+        if kind in WORKER_REQUESTS:
+            return "not_worker" if self.keyed and caller.role != WORKER else None
+        if not self.remote_consumers:
+            return "not_consumer"
+        if self.keyed:
+            return None if caller.role == CONSUMER else "not_consumer"
+        if self.consumer_secret and hmac.compare_digest(request.job_credential, self.consumer_secret):
+            return None
+        return "not_consumer"
+
+
+_REFUSED = {"not_worker": "this key is not allow-listed as a worker",
+            "not_consumer": "only the job's consumer may attach and ack (with keys: a consumer key; without: "
+                            "the job secret of `stoker dispatch --job-secret`)"}
 
 
 class ControlServer:
     def __init__(self, socket: zmq.Socket, dispatcher: Dispatcher, job: pb.JobSpec,
-                 metrics: ConsumerMetrics) -> None:
+                 metrics: ConsumerMetrics, leases: LeaseSigner, access: AccessPolicy) -> None:
         self.socket = socket
         self.dispatcher = dispatcher
         self.job = job
         self.metrics = metrics
+        self.leases = leases
+        self.access = access
         self._last_reply: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
-        self.consumer_peer: bytes | None = None  # only the attached consumer may ack units
         self.dropped: dict[str, int] = {}
+        self.told_finished: set[str] = set()  # hosts that have heard "finished"
 
     def handle(self, frames: list) -> None:
         peer = frame_bytes(frames[0])
@@ -52,16 +90,18 @@ class ControlServer:
         if kind is None or _too_long(getattr(request, kind)):
             self._drop("bad_header", peer)
             return
+        caller = caller_of(frames[1])
+        refusal = self.access.refusal(kind, caller, request)
+        if refusal is not None:
+            self._drop(refusal, peer)
+            self._send(peer, pb.ControlReply(request_id=request.request_id,
+                                             error=pb.Error(message=_REFUSED[refusal])).SerializeToString())
+            return
         cached = self._last_reply.get(peer)
         if cached and cached[0] == request.request_id:
             self._send(peer, cached[1])
             return
-        if kind == "ack" and peer != self.consumer_peer:
-            self._drop("not_consumer", peer)
-            return
-        if kind == "attach":
-            self.consumer_peer = peer
-        reply = self._answer(request)
+        reply = self._answer(request, caller)
         reply.request_id = request.request_id
         payload = reply.SerializeToString()
         self._last_reply[peer] = (request.request_id, payload)
@@ -71,7 +111,7 @@ class ControlServer:
         self._send(peer, payload)
         self.update_gauges()
 
-    def _answer(self, request: pb.ControlRequest) -> pb.ControlReply:
+    def _answer(self, request: pb.ControlRequest, caller: Caller) -> pb.ControlReply:
         d = self.dispatcher
         kind = request.WhichOneof("kind")
         if kind == "register":
@@ -80,19 +120,21 @@ class ControlServer:
             return pb.ControlReply(registered=pb.Registered(job=self.job))
         if kind == "heartbeat":
             d.heartbeat(request.heartbeat.host_id)
-            return pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+            return self._finished(request.heartbeat.host_id) if d.finished else pb.ControlReply(ok=pb.Ok())
         if kind == "lease":
+            lease = request.lease
             if d.finished:
-                return pb.ControlReply(finished=pb.Finished())
-            unit = d.lease(request.lease.host_id, request.lease.worker_id, request.request_id)
+                return self._finished(lease.host_id)
+            unit = d.lease(lease.host_id, lease.worker_id, request.request_id)
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
+            token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)
             return pb.ControlReply(unit=pb.WorkUnit(
                 unit_id=unit.unit_id, epoch=unit.epoch, shard_index=unit.shard_index,
-                start=unit.start, stop=unit.stop, first_sample_id=unit.first_sample_id))
+                start=unit.start, stop=unit.stop, first_sample_id=unit.first_sample_id, lease_token=token))
         if kind == "attach":
             log.info("consumer %s attached", request.attach.consumer_id)
-            return pb.ControlReply(registered=pb.Registered(job=self.job))
+            return pb.ControlReply(attached=pb.Attached(job=self.job, lease_key=self.leases.key))
         if kind == "ack":
             for unit_id in request.ack.unit_ids:
                 d.ack(unit_id)
@@ -103,6 +145,14 @@ class ControlServer:
             log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
             return pb.ControlReply(ok=pb.Ok())
         return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
+
+    def _finished(self, host_id: str) -> pb.ControlReply:
+        self.told_finished.add(host_id)
+        return pb.ControlReply(finished=pb.Finished())
+
+    def hosts_not_told(self) -> set[str]:
+        """Live hosts that have not yet heard that the job is finished."""
+        return set(self.dispatcher.live_hosts()) - self.told_finished
 
     def tick(self) -> None:
         """Periodic: expire silent hosts."""

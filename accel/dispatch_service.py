@@ -4,13 +4,18 @@ By default the dispatcher lives inside the consumer. Run on its own, it owns the
 and the control socket; workers register and lease here, the consumer attaches and acks
 here (`stoker train --dispatcher ...`), and every lease, ack and release goes to the
 journal before it is answered. Restarted with the same journal it carries on: done units
-stay done, open leases stay with their hosts for one host timeout.
+stay done, open leases stay with their hosts for one host timeout, and lease tokens stay
+valid (the journal keeps the key they are signed with).
+
+Without CURVE keys the consumer proves itself with the job secret (`--job-secret FILE`, made
+on first start, mode 0600, or $STOKER_JOB_SECRET); workers never see it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,16 +27,18 @@ import zmq.asyncio
 from accel.aio import pump
 from accel.checkpoint import job_fields
 from accel.consumer import check_dataset
-from accel.control_server import ControlServer, control_router, ticker
+from accel.control_server import AccessPolicy, ControlServer, control_router, ticker
 from accel.dispatcher import Dispatcher
 from accel.job import JobConfig
 from accel.journal import Journal
 from accel.metrics import ConsumerMetrics
-from accel.zap import ZapHandler
+from accel.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
+from protos import job_secret
 from protos.curve import ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
+from protos.leases import KEY_BYTES, LeaseSigner
 
 log = logging.getLogger("stoker.dispatcher")
 
@@ -47,18 +54,30 @@ class DispatchConfig:
     metrics_addr: str = "127.0.0.1"
     keys: str | None = None
     insecure: bool = False
+    job_secret: str | None = None  # without keys: the consumer credential's file (default: beside the journal)
     linger_s: float = 5.0  # keep answering "finished" this long after the last ack
+
+    def secret_path(self) -> str:
+        if self.job_secret:
+            return self.job_secret
+        return f"{self.journal}.secret" if self.journal else "stoker-job.secret"
 
 
 class DispatchService:
     def __init__(self, cfg: DispatchConfig, job: JobConfig) -> None:
-        if not (cfg.keys or cfg.insecure or is_loopback(cfg.control_bind)):
-            raise ValueError(f"refusing to bind {cfg.control_bind} without CURVE keys (--keys DIR, or --insecure)")
-        self.journal = Journal(cfg.journal, job_fields(job)) if cfg.journal else None
+        for endpoint in (cfg.control_bind, f"tcp://{cfg.metrics_addr}:0"):
+            if not (cfg.keys or cfg.insecure or is_loopback(endpoint)):
+                raise ValueError(f"refusing to bind {endpoint} without CURVE keys (--keys DIR, or --insecure)")
+        self.journal = Journal(cfg.journal, job_fields(job), os.urandom(KEY_BYTES)) if cfg.journal else None
         if self.journal and self.journal.replayed:  # the same job, under the id its peers know
             job = replace(job, job_id=self.journal.replayed.job["job_id"])
         self.cfg = cfg
         self.job = job
+        self.leases = LeaseSigner(self.journal.lease_key, job.job_id) if self.journal else LeaseSigner.new(job.job_id)
+        self.secret_file = None if cfg.keys or os.environ.get(job_secret.ENV) else cfg.secret_path()
+        self.consumer_secret = None if cfg.keys else (
+            os.environ[job_secret.ENV].strip().encode() if self.secret_file is None
+            else job_secret.load_or_create(self.secret_file))
         manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, manifest)
         self.metrics = ConsumerMetrics()
@@ -91,21 +110,25 @@ class DispatchService:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         ctx = zmq.asyncio.Context()
-        zap = ZapHandler(ctx, self.keys, self.metrics) if self.keys else None
+        authenticator = KeyAuthenticator(ctx, self.keys) if self.keys else None
+        if authenticator is not None:
+            authenticator.start()  # before the bind
         control = control_router(ctx, self.keys)
+        tasks = [count_handshakes(monitor_handshakes(control), self.metrics, self.stop)] if self.keys else []
         try:
             self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
-            server = ControlServer(control, self.dispatcher, self.job.spec(self.cfg.consumer), self.metrics)
+            access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
+                                  remote_consumers=True)
+            server = ControlServer(control, self.dispatcher, self.job.spec(self.cfg.consumer), self.metrics,
+                                   self.leases, access)
             server.update_gauges()
             self.ready.set()
-            tasks = [pump(control, server.handle, self.stop), ticker(server, self.stop), self._until_done()]
-            if zap is not None:
-                tasks.append(zap.serve(self.stop))
+            tasks += [pump(control, server.handle, self.stop), ticker(server, self.stop), self._until_done()]
             await asyncio.gather(*tasks)
         finally:
             control.close(0)
-            if zap is not None:
-                zap.close()
+            if authenticator is not None:
+                authenticator.stop()
             ctx.term()
 
     async def _until_done(self) -> None:

@@ -49,7 +49,6 @@ class Dispatcher:
     _hosts: dict[str, float] = field(init=False, default_factory=dict)
     _releases: int = field(init=False, default=0)
     _known: set[int] = field(init=False, default_factory=set)
-    hosts_seen: set[str] = field(init=False, default_factory=set)  # every host that ever registered or leased
     total_units: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,7 +72,9 @@ class Dispatcher:
     def heartbeat(self, host_id: str) -> None:
         """Registration and heartbeats both mark a host alive."""
         self._hosts[host_id] = self.clock()
-        self.hosts_seen.add(host_id)
+
+    def live_hosts(self) -> list[str]:
+        return list(self._hosts)
 
     def expire_hosts(self) -> list[str]:
         """Declare hosts silent for longer than host_timeout_s dead; re-lease their units."""
@@ -101,7 +102,6 @@ class Dispatcher:
         reply cache: it must get the same unit, or that unit would stay leased to a worker that
         never heard of it until the lease expired."""
         self._hosts[host_id] = self.clock()
-        self.hosts_seen.add(host_id)
         if request_id:
             for lease in self._leased.values():
                 if lease.worker_id == worker_id and lease.request_id == request_id:
@@ -144,6 +144,21 @@ class Dispatcher:
             if self.on_release:
                 self.on_release(reason, len(lost))
         return len(lost)
+
+    def release_unit(self, unit_id: int, reason: str) -> bool:
+        """Hand one leased unit out again (its batches did not add up); True if it was leased."""
+        lease = self._leased.get(unit_id)
+        if lease is None:
+            return False
+        if self.journal:
+            self.journal.release([unit_id])
+        del self._leased[unit_id]
+        self._pending.appendleft(lease.unit)
+        self._pending_ids.add(unit_id)
+        self._releases += 1
+        if self.on_release:
+            self.on_release(reason, 1)
+        return True
 
     def done_units(self) -> list[int]:
         return sorted(self._done)

@@ -35,8 +35,8 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, not {self.dataset!r}")
-        if self.epochs < 1 or self.batch_size < 1 or self.unit_batches < 1:
-            raise ValueError("epochs, batch size and unit batches must be at least 1")
+        if min(self.epochs, self.batch_size, self.unit_batches, self.image_size) < 1:
+            raise ValueError("epochs, batch size, unit batches and image size must be at least 1")
         if self.transform not in ("train", "eval"):
             raise ValueError(f"transform must be train or eval, not {self.transform!r}")
         if self.decoder not in DECODERS:

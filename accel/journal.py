@@ -1,6 +1,7 @@
 """The dispatcher's append-only journal: a restarted dispatcher continues the epoch.
 
-One JSON object per line: the job it belongs to first, then every lease, ack and release.
+One JSON object per line: the job it belongs to (and the key lease tokens are signed with)
+first, then every lease, ack and release.
 Each line is flushed and fsync'd before the dispatcher answers the request that caused it,
 so whatever a worker or the consumer was told survives a crash. Replaying gives the units
 already done and the leases still open (their hosts get one host timeout to show up again
@@ -18,12 +19,14 @@ from pathlib import Path
 @dataclass
 class Replayed:
     job: dict
+    lease_key: bytes = b""
     done: set[int] = field(default_factory=set)
     leases: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # unit -> (host, worker, request id)
 
 
 class Journal:
-    def __init__(self, path: str | Path, job: dict) -> None:
+    def __init__(self, path: str | Path, job: dict, lease_key: bytes) -> None:
+        """`lease_key`: used for a new journal; a replayed one keeps its own."""
         self.path = Path(path)
         self.replayed: Replayed | None = replay(self.path) if self.path.exists() else None
         if self.replayed is not None:
@@ -31,9 +34,15 @@ class Journal:
             ours = {k: v for k, v in job.items() if k != "job_id"}
             if theirs != ours:
                 raise ValueError(f"{self.path} is the journal of another job ({theirs}), not {ours}")
-        self._file = open(self.path, "a")
+            lease_key = self.replayed.lease_key or lease_key
+        self.lease_key = lease_key
+        try:
+            self._file = open(self.path, "a")
+        except OSError as exc:
+            raise OSError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from exc
         if self.replayed is None:
-            self._write({"job": job})
+            self.path.chmod(0o600)  # it holds the lease key
+            self._write({"job": job, "lease_key": lease_key.hex()})
 
     def _write(self, event: dict) -> None:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -67,7 +76,7 @@ def replay(path: Path) -> Replayed:
             raise ValueError(f"{path}:{number}: not a journal line") from None
     if "job" not in events[0]:
         raise ValueError(f"{path}: does not start with its job")
-    state = Replayed(job=events[0]["job"])
+    state = Replayed(job=events[0]["job"], lease_key=bytes.fromhex(events[0].get("lease_key", "")))
     for event in events[1:]:
         if "lease" in event:
             state.leases[event["lease"]] = (event["host"], event["worker"], event.get("request", 0))

@@ -1,14 +1,23 @@
 """Exactly-once accounting on the consumer: which batches and samples each epoch delivered.
 
 A redone unit yields byte-identical batches, so a batch is a duplicate exactly when its
-(unit, batch index) was admitted before, or its unit was already completed.
+(unit, batch index) was admitted before, or its unit was already completed. A batch's
+sample ids must belong to its unit as the plan gives it, and a unit is complete only when
+its batches have accounted for every one of its samples (delivered or skipped): an empty
+"last" batch cannot close a unit.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pipeline.plan import EpochPlan
+
+log = logging.getLogger("stoker.consumer")
 
 
 @dataclass
@@ -19,21 +28,35 @@ class Skipped:
     reason: str
 
 
+class Step(enum.Enum):
+    """What a finished step did to its unit."""
+
+    OPEN = "open"  # more batches to come
+    DONE = "done"  # every batch stepped, every sample accounted for: ack the unit
+    INCOMPLETE = "incomplete"  # every batch stepped but samples are missing: the unit must be redone
+
+
 @dataclass
 class _UnitProgress:
+    size: int  # samples the plan gives the unit
     admitted: set[int] = field(default_factory=set)
     stepped: set[int] = field(default_factory=set)  # batch indexes a training step has used
     expected: int | None = None  # known once the unit's last batch arrives
+    covered: set[int] = field(default_factory=set)  # sample ids stepped or skipped
+    uncredited: set[int] = field(default_factory=set)  # stepped before a restart: samples not yet known
 
 
 class InvalidBatch(ValueError):
-    """A batch whose accounting fields make no sense (ids out of range, bad epoch)."""
+    """A batch whose accounting fields make no sense (ids outside its unit, bad epoch)."""
+
+    reason = "bad_accounting"
 
 
 class Ledger:
-    def __init__(self, num_samples: int, epochs: int) -> None:
-        self.num_samples = num_samples
-        self.epochs = epochs
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+        self.num_samples = plan.manifest.num_samples
+        self.epochs = plan.epochs
         self._delivered: dict[int, np.ndarray] = {}
         self._units: dict[int, _UnitProgress] = {}
         self._completed: set[int] = set()
@@ -41,29 +64,44 @@ class Ledger:
         self.samples = 0
         self.duplicate_samples = 0
         self.duplicate_batches = 0
+        self.incomplete_units = 0
         self.collisions = 0  # a sample delivered twice in one epoch by distinct batches: a bug
 
-    def admit(self, epoch: int, unit_id: int, batch_index: int, sample_ids: np.ndarray) -> bool:
+    def _check(self, epoch: int, unit_id: int, ids: np.ndarray) -> None:
+        unit = self.plan.unit(unit_id)
+        if unit is None:
+            raise InvalidBatch(f"unit {unit_id} is not in the job's plan")
+        if epoch != unit.epoch:
+            raise InvalidBatch(f"unit {unit_id} belongs to epoch {unit.epoch}, not {epoch}")
+        low, high = unit.first_sample_id + unit.start, unit.first_sample_id + unit.stop
+        if ids.size and (ids.min() < low or ids.max() >= high):
+            raise InvalidBatch(f"sample ids outside unit {unit_id}'s {low}..{high - 1}")
+
+    def admit(self, epoch: int, unit_id: int, batch_index: int, sample_ids: np.ndarray,
+              skipped_ids: np.ndarray | None = None) -> bool:
         """True if the batch is new; False (and counted) if it is a duplicate."""
-        if not 0 <= epoch < self.epochs:
-            raise InvalidBatch(f"epoch {epoch} outside 0..{self.epochs - 1}")
-        if sample_ids.size and (sample_ids.min() < 0 or sample_ids.max() >= self.num_samples):
-            raise InvalidBatch(f"sample ids outside 0..{self.num_samples - 1}")
+        skipped_ids = np.empty(0, dtype=np.int64) if skipped_ids is None else skipped_ids
+        self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
         progress = self._units.get(unit_id)
         if unit_id in self._completed or (progress and batch_index in progress.admitted):
             self.duplicate_batches += 1
             self.duplicate_samples += int(sample_ids.size)
+            if progress and batch_index in progress.uncredited:  # its twin was stepped before a restart
+                progress.uncredited.discard(batch_index)
+                progress.covered.update(sample_ids.tolist(), skipped_ids.tolist())
             return False
-        self._units.setdefault(unit_id, _UnitProgress()).admitted.add(batch_index)
+        if progress is None:
+            progress = self._units[unit_id] = _UnitProgress(self.plan.unit(unit_id).size)
+        progress.admitted.add(batch_index)
         return True
 
     def record_skips(self, epoch: int, skipped: list[Skipped]) -> None:
         for item in skipped:
             self.skipped[(epoch, item.sample_id)] = item
 
-    def stepped(self, epoch: int, unit_id: int, batch_index: int, last: bool,
-                sample_ids: np.ndarray) -> bool:
-        """Record a finished step; True when it completes its unit (time to ack)."""
+    def stepped(self, epoch: int, unit_id: int, batch_index: int, last: bool, sample_ids: np.ndarray,
+                skipped_ids: np.ndarray) -> Step:
+        """Record a finished step: `sample_ids` trained on, `skipped_ids` accounted for without."""
         delivered = self._delivered.setdefault(epoch, np.zeros(self.num_samples, dtype=bool))
         already = int(np.count_nonzero(delivered[sample_ids]))
         self.collisions += already
@@ -71,13 +109,31 @@ class Ledger:
         self.samples += int(sample_ids.size)
         progress = self._units[unit_id]
         progress.stepped.add(batch_index)
+        progress.covered.update(sample_ids.tolist(), skipped_ids.tolist())
         if last:
             progress.expected = batch_index + 1
-        if progress.expected is not None and len(progress.stepped) == progress.expected:
+        return self._settle(unit_id, progress)
+
+    def settle(self, unit_id: int) -> Step:
+        """Whether a unit is done now (after a duplicate credited samples stepped before a restart)."""
+        progress = self._units.get(unit_id)
+        return Step.OPEN if progress is None else self._settle(unit_id, progress)
+
+    def _settle(self, unit_id: int, progress: _UnitProgress) -> Step:
+        if progress.expected is None or len(progress.stepped) < progress.expected:
+            return Step.OPEN
+        if progress.uncredited:
+            return Step.OPEN
+        if len(progress.covered) == progress.size:
             del self._units[unit_id]
             self._completed.add(unit_id)
-            return True
-        return False
+            return Step.DONE
+        # Only a misbehaving leaseholder gets here: start the unit's books afresh so that a redo counts.
+        self.incomplete_units += 1
+        log.warning("unit %d closed with %d of its %d samples accounted for; it will be redone",
+                    unit_id, len(progress.covered), progress.size)
+        del self._units[unit_id]
+        return Step.INCOMPLETE
 
     # ---- checkpoints ---------------------------------------------------------------------
     def position(self) -> dict[str, dict]:
@@ -86,11 +142,17 @@ class Ledger:
                 for unit, p in self._units.items() if p.stepped}
 
     def restore(self, completed: set[int], position: dict[str, dict]) -> None:
-        """Resume: completed units and already-stepped batches arrive again as duplicates."""
+        """Resume: completed units and already-stepped batches arrive again as duplicates, and those
+        duplicates tell which samples the stepped batches held."""
         self._completed |= completed
         for unit, entry in position.items():
+            unit_id = int(unit)
             stepped = set(entry["stepped"])
-            self._units[int(unit)] = _UnitProgress(admitted=set(stepped), stepped=stepped, expected=entry["batches"])
+            planned = self.plan.unit(unit_id)
+            if planned is None:
+                raise ValueError(f"checkpoint unit {unit_id} is not in the job's plan")
+            self._units[unit_id] = _UnitProgress(planned.size, admitted=set(stepped), stepped=set(stepped),
+                                                 expected=entry["batches"], uncredited=set(stepped))
 
     @property
     def unique_samples(self) -> int:

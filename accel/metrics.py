@@ -27,7 +27,8 @@ class ConsumerMetrics:
         self.frames_dropped = Counter("stoker_consumer_frames_dropped",
                                       "Messages dropped as malformed or unauthorised", ["reason"], registry=r)
         self.skipped = Counter("stoker_consumer_samples_skipped",
-                               "Samples the workers could not decode (reported in batch headers)", registry=r)
+                               "Samples skipped as unusable: reported by the workers in batch headers, or whose "
+                               "JPEG failed to decode on the consumer (--decode-on accelerator)", registry=r)
         self.step_seconds = Histogram("stoker_consumer_step_seconds", "Compute time per training step",
                                       buckets=STEP_BUCKETS, registry=r)
         self.input_wait = Histogram("stoker_consumer_input_wait_seconds",
@@ -40,18 +41,27 @@ class ConsumerMetrics:
         self.accel_decode_errors = Counter("stoker_consumer_decode_errors",
                                            "--decode-on accelerator: samples whose JPEG failed to decode "
                                            "on the consumer (dropped from their batch)", registry=r)
+        self.accel_decode_fallbacks = Counter("stoker_consumer_decode_fallbacks",
+                                              "--decode-on accelerator: samples DALI refused that the consumer "
+                                              "decoded on its CPU instead", registry=r)
         self.queue_depth = Gauge("stoker_consumer_queue_depth", "Batches waiting in the prefetch queue",
                                  registry=r)
         self.senders = Gauge("stoker_consumer_senders", "Worker processes holding a credit window", registry=r)
+        self.senders_freed = Counter("stoker_consumer_senders_freed",
+                                     "Sender slots freed: the sender said bye, went silent past the sender timeout, "
+                                     "could not be reached, or reconnected under a new routing id",
+                                     ["reason"], registry=r)
         self.units = Gauge("stoker_dispatcher_units", "Work units by state", ["state"], registry=r)
         self.workers_alive = Gauge("stoker_dispatcher_workers_alive", "Worker hosts with a live heartbeat",
                                    registry=r)
         self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
                                 ["reason"], registry=r)
-        self.auth = Counter("stoker_consumer_auth", "CURVE connections admitted or refused by the allow-list",
-                            ["result"], registry=r)
+        self.auth = Counter("stoker_consumer_auth",
+                            "CURVE connections: admitted, refused (key not allow-listed) or failed_handshake "
+                            "(no key, or not this service's server key)", ["result"], registry=r)
         self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
-                                       "Control messages dropped as malformed", ["reason"], registry=r)
+                                       "Control messages dropped as malformed or not allowed to the sender's role",
+                                       ["reason"], registry=r)
 
     def serve(self, port: int, addr: str) -> int:
         """Serve /metrics; returns the bound port (useful with port 0)."""

@@ -1,9 +1,10 @@
 """The consumer's side of a dispatcher that runs as its own process (`stoker dispatch`).
 
-The consumer attaches once (and gets the job), then acks completed units from its event
-loop. Acks are retried until the dispatcher answers, so a dispatcher that restarts from
-its journal loses none; an ack it already holds is harmless. It answers `finished` once
-every unit of the job is done.
+The consumer attaches once (and gets the job and the key its lease tokens are checked with),
+then acks completed units from its event loop. Both prove the consumer's role: with CURVE
+keys by its consumer key, without by the job credential. Acks are retried until the
+dispatcher answers, so a dispatcher that restarts from its journal loses none; an ack it
+already holds is harmless. It answers `finished` once every unit of the job is done.
 """
 
 from __future__ import annotations
@@ -24,37 +25,45 @@ from protos.curve import ClientKeys
 log = logging.getLogger("stoker.consumer")
 
 
-def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, timeout_s: float = 60.0) -> pb.JobSpec:
-    """Ask the dispatcher for its job (retrying while it starts)."""
+class NotAConsumer(PermissionError):
+    """The dispatcher does not accept us as the job's consumer (wrong key or job secret)."""
+
+
+def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential: bytes = b"",
+           timeout_s: float = 60.0) -> tuple[pb.JobSpec, bytes]:
+    """Ask the dispatcher for its job and lease key (retrying while it starts)."""
     from workers.control_client import ControlClient, DispatcherUnreachable
 
     ctx = zmq.Context()
     client = ControlClient(ctx, endpoint, consumer_id, curve=curve)
     try:
-        reply = client.request(pb.ControlRequest(attach=pb.Attach(consumer_id=consumer_id)), give_up_after_s=timeout_s)
+        reply = client.request(pb.ControlRequest(attach=pb.Attach(consumer_id=consumer_id), job_credential=credential),
+                               give_up_after_s=timeout_s)
     except DispatcherUnreachable as exc:
         raise ConnectionError(f"no dispatcher at {endpoint}: {exc}") from exc
     finally:
         client.close()
         ctx.term()
-    if reply.WhichOneof("kind") != "registered":
+    if reply.WhichOneof("kind") == "error":
+        raise NotAConsumer(f"the dispatcher at {endpoint} refused to attach this consumer: {reply.error.message}")
+    if reply.WhichOneof("kind") != "attached":
         raise ConnectionError(f"the dispatcher at {endpoint} did not give a job: {reply}")
-    return reply.registered.job
+    return reply.attached.job, reply.attached.lease_key
 
 
 class RemoteAcks:
     """What the consumer needs of a dispatcher, when the dispatcher is elsewhere."""
 
     def __init__(self, endpoint: str, consumer_id: str, total_units: int, curve: ClientKeys | None,
-                 done_before: frozenset[int] = frozenset()) -> None:
+                 credential: bytes = b"", done_before: frozenset[int] = frozenset()) -> None:
         self.endpoint = endpoint
         self.consumer_id = consumer_id
         self.total_units = total_units
         self.curve = curve
+        self.credential = credential
         self._acked: set[int] = set(done_before)
         self._unsent: set[int] = set()
         self.finished = False
-        self.hosts_seen: set[str] = set()
         self.on_finished: Callable[[], None] = lambda: None
         self._ids = itertools.count(1)
 
@@ -102,6 +111,7 @@ class RemoteAcks:
                     timeout_s: float) -> pb.ControlReply | None:
         """One request and its reply; None when the dispatcher does not answer in time."""
         request.request_id = next(self._ids)
+        request.job_credential = self.credential
         await sock.send(request.SerializeToString())
         deadline = asyncio.get_running_loop().time() + timeout_s
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
@@ -110,6 +120,9 @@ class RemoteAcks:
             reply = pb.ControlReply()
             reply.ParseFromString(await sock.recv())
             if reply.request_id == request.request_id:
+                if reply.WhichOneof("kind") == "error":
+                    raise NotAConsumer(f"the dispatcher at {self.endpoint} refused this consumer: "
+                                       f"{reply.error.message}")
                 return reply
         log.warning("the dispatcher at %s did not answer; retrying", self.endpoint)
         return None

@@ -1,61 +1,85 @@
-"""The consumer's ZAP handler: admit CURVE clients whose public key is on the allow-list.
+"""Who may connect to the service's sockets, in which role, and how each refusal is counted.
 
-ZeroMQ asks the handler bound at inproc://zeromq.zap.01 (RFC 27) about every new connection
-to a socket with a ZAP domain. It must be bound before the sockets it guards accept
-connections. A refused peer never completes its handshake, so nothing it sends reaches the
-receiver; every refusal is counted and (rate-limited) logged with the peer's address.
+pyzmq's asyncio authenticator answers ZeroMQ's ZAP requests (RFC 27) for every CURVE
+connection to a socket with Stoker's ZAP domain: a key on an allow-list is admitted, and its
+connection's User-Id becomes "ROLE:NAME" (protos.curve), which every message it sends then
+carries; the control server and the receiver read the role from there. A refused peer never
+completes its handshake, so nothing it sends reaches the service.
+
+A client with no key at all (or the wrong server key) fails the CURVE handshake before ZAP
+is asked, so refusals are counted from each guarded socket's monitor instead:
+`stoker_consumer_auth_total{result="admitted"|"refused"|"failed_handshake"}`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 
 import zmq
 import zmq.asyncio
+from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
 
 from accel.metrics import ConsumerMetrics
-from protos.curve import ServerKeys
+from protos.curve import ZAP_DOMAIN, ServerKeys
 
 log = logging.getLogger("stoker.consumer")
-ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_RESULTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted", zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed_handshake",
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed_handshake"}
 
 
-class ZapHandler:
-    def __init__(self, ctx: zmq.asyncio.Context, keys: ServerKeys, metrics: ConsumerMetrics) -> None:
+class KeyAuthenticator(AsyncioAuthenticator):
+    """Admit allow-listed CURVE keys and name each connection after its key's role and name."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, keys: ServerKeys) -> None:
+        super().__init__(ctx, log=logging.getLogger("stoker.zap"))
         self.keys = keys
-        self.metrics = metrics
         self.refused = 0
-        self.socket = ctx.socket(zmq.REP)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(ZAP_ENDPOINT)
 
-    def answer(self, frames: list[bytes]) -> list[bytes]:
-        if len(frames) < 6:
-            return [b"1.0", frames[1] if len(frames) > 1 else b"", b"400", b"malformed ZAP request", b"", b""]
-        version, request_id, _domain, address, _identity, mechanism, *credentials = frames
-        key = z85.encode(credentials[0]) if mechanism == b"CURVE" and credentials and len(credentials[0]) == 32 \
-            else b""
-        if key and key in self.keys.allowed:
-            self.metrics.auth.labels(result="admitted").inc()
-            return [version, request_id, b"200", b"OK", key, b""]
+    def start(self) -> None:
+        """Bind the ZAP endpoint; must run on the event loop, before any guarded socket binds."""
+        super().start()
+        self.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """pyzmq's credentials-provider hook: `key` is the client's z85 public key."""
+        if key in self.keys.allowed:
+            return True
         self.refused += 1
-        self.metrics.auth.labels(result="refused").inc()
         if self.refused <= 3 or self.refused % 100 == 0:
-            log.warning("refused a %s connection from %s: key %s is not allow-listed (%d refused so far)",
-                        mechanism.decode(errors="replace"), address.decode(errors="replace"),
-                        key.decode() or "(none)", self.refused)
-        return [version, request_id, b"400", b"key not allow-listed", b"", b""]
+            log.warning("refused a CURVE connection: key %s is not allow-listed (%d refused so far)",
+                        key.decode(errors="replace"), self.refused)
+        return False
 
-    async def serve(self, stop: threading.Event) -> None:
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.keys.allowed[z85.encode(client_public_key)]
+
+
+def monitor_handshakes(sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+    """A monitor socket for `sock`'s handshake outcomes; call before `sock` binds."""
+    return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+
+async def count_handshakes(monitor: zmq.asyncio.Socket, metrics: ConsumerMetrics, stop: threading.Event) -> None:
+    """Count every admitted and refused connection until `stop`."""
+    failed = 0
+    try:
         while not stop.is_set():
-            try:
-                frames = await asyncio.wait_for(self.socket.recv_multipart(), timeout=0.25)
-            except TimeoutError:
+            if not await monitor.poll(250):
                 continue
-            await self.socket.send_multipart(self.answer(frames))
-
-    def close(self) -> None:
-        self.socket.close(0)
+            event = parse_monitor_message(await monitor.recv_multipart())
+            result = _RESULTS.get(event["event"])
+            if result is None:
+                continue
+            metrics.auth.labels(result=result).inc()
+            if result == "failed_handshake":
+                failed += 1
+                if failed <= 3 or failed % 100 == 0:
+                    log.warning("a connection from %s failed the CURVE handshake (no key, or not our server key); "
+                                "%d so far", event["endpoint"].decode(errors="replace"), failed)
+    finally:
+        monitor.close(0)

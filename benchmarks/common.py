@@ -17,7 +17,7 @@ def run_with_worker(consumer: Consumer, worker_cores: str, procs: int = 1) -> Su
                                consumer.control_endpoint, "--procs", str(procs), "--host-id", "bench", "--once",
                                "--no-metrics"], env=env)
     try:
-        return consumer.run(hosts=1, procs_per_host=procs)
+        return consumer.run(procs_per_host=procs)
     finally:
         worker.wait(60)
         consumer.stop()

@@ -103,7 +103,19 @@ class EvalTransform:
         return Crop((width - side) / 2, (height - side) / 2, side, side, False)
 
 
-Transform = TrainTransform | EvalTransform
+@dataclass(frozen=True)
+class GivenCrop:
+    """A transform whose crop was drawn elsewhere: by the worker, when decoding moved to the
+    accelerator and the consumer decodes one image on its CPU after DALI refused it."""
+
+    box: Crop
+    size: int = 224
+
+    def crop(self, width: int, height: int, rng: random.Random | None = None) -> Crop:
+        return self.box
+
+
+Transform = TrainTransform | EvalTransform | GivenCrop
 
 
 @dataclass

@@ -71,7 +71,7 @@ class ShipEncoded:
     def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
         started = time.perf_counter()
         width, height = jpeg_size(jpeg)  # raises DecodeError for a broken header
-        crop = self.transform.crop(width, height, rng)
+        crop = pixel_window(self.transform.crop(width, height, rng), width, height)
         return Prepared((jpeg, crop), 0.0, time.perf_counter() - started)
 
     def tensors(self, payloads: list[tuple[bytes | memoryview, Crop]]) -> dict[str, np.ndarray]:
@@ -84,6 +84,18 @@ class ShipEncoded:
         crops = np.array([[c.left, c.top, c.width, c.height] for _, c in payloads], dtype=np.float32).reshape(-1, 4)
         flips = np.array([c.flip for _, c in payloads], dtype=np.uint8)
         return {"jpeg": data, "jpeg_end": ends, "crop": crops, "flip": flips}
+
+
+def pixel_window(crop: Crop, width: int, height: int) -> Crop:
+    """The crop as whole stored pixels inside the image, at least one each way: what a decoder
+    that slices (DALI) can take. A training crop is already whole; an evaluation crop's
+    fractional edges round to the nearest pixel, and a crop of a tiny image stays inside it.
+    Dimensions are the header's: the EXIF orientation is ignored, as on the host."""
+    left = min(max(round(crop.left), 0), width - 1)
+    top = min(max(round(crop.top), 0), height - 1)
+    right = min(max(round(crop.left + crop.width), left + 1), width)
+    bottom = min(max(round(crop.top + crop.height), top + 1), height)
+    return Crop(left, top, right - left, bottom - top, crop.flip)
 
 
 def sample_work(transform: Transform, decoder: str = "auto", decode_on: str = "host") -> SampleWork:

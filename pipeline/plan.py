@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -42,12 +43,24 @@ class EpochPlan:
 
     def base_ranges(self) -> list[tuple[int, int, int, int]]:
         """(shard, start, stop, first_sample_id) for every unit of one epoch, unshuffled."""
+        return list(self._ranges)
+
+    @cached_property
+    def _ranges(self) -> tuple[tuple[int, int, int, int], ...]:
         ranges = []
         for index, shard in enumerate(self.manifest.shards):
             for start in range(0, shard.num_samples, self.unit_size):
                 ranges.append((index, start, min(start + self.unit_size, shard.num_samples),
                                shard.first_sample_id))
-        return ranges
+        return tuple(ranges)
+
+    def unit(self, unit_id: int) -> Unit | None:
+        """The unit with this id (any epoch), or None when the plan has no such unit."""
+        ranges = self._ranges
+        epoch, index = divmod(unit_id, len(ranges)) if ranges else (self.epochs, 0)
+        if not 0 <= epoch < self.epochs:
+            return None
+        return Unit(unit_id, epoch, *ranges[index])
 
     def units(self, epoch: int) -> list[Unit]:
         """This epoch's units in the order they are leased."""

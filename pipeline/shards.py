@@ -82,8 +82,15 @@ class Manifest:
         if not uri.endswith(".json"):
             uri = f"{uri.rstrip('/')}/{MANIFEST_NAME}"
         fs, path = filesystem(uri)
-        with fs.open_input_stream(path) as stream:
-            data = json.loads(stream.read())
+        try:
+            with fs.open_input_stream(path) as stream:
+                data = json.loads(stream.read())
+        except FileNotFoundError as exc:
+            raise ValueError(f"{uri}: no manifest there (make one with `stoker prepare`)") from exc
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{uri}: not a Stoker manifest (not JSON: {exc})") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{uri}: not a Stoker manifest (a JSON {type(data).__name__}, not an object)")
         if data.get("version") != MANIFEST_VERSION:
             raise ValueError(f"{uri}: manifest version {data.get('version')} is not {MANIFEST_VERSION}")
         data.pop("num_samples", None)

@@ -1,10 +1,14 @@
-"""CURVE keys for Stoker's sockets: who may connect, and encryption on every link.
+"""CURVE keys for Stoker's sockets: who may connect, in which role, and encryption on every link.
 
 `stoker keys init DIR` makes the service's key pair (DIR/server.key, DIR/server.key_secret)
-and an empty allow-list (DIR/allowed/). `stoker keys add DIR NAME` makes a worker key pair
-(DIR/workers/NAME.key, NAME.key_secret) and puts its public half in the allow-list. A worker
-host needs only DIR/server.key and its own NAME.key_secret. Files are ZeroMQ certificates
-written by pyzmq's zmq.auth, so czmq tools read them too.
+and empty allow-lists. `stoker keys add DIR NAME` makes a worker key pair
+(DIR/workers/NAME.key, NAME.key_secret) and puts its public half in the workers'
+allow-list (DIR/allowed/); `--role consumer` makes a consumer's (DIR/consumers/,
+DIR/allowed-consumers/), for a consumer that attaches to a separate `stoker dispatch`.
+A key's role comes from the allow-list it is in, never from a message: the service's ZAP
+handler names every admitted connection "ROLE:NAME" (ZeroMQ's User-Id), and each message
+carries it. A host needs only DIR/server.key and its own NAME.key_secret. Files are ZeroMQ
+certificates written by pyzmq's zmq.auth, so czmq tools read them too.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ import zmq.auth
 
 SERVER = "server"
 ZAP_DOMAIN = "stoker"
+WORKER = "worker"
+CONSUMER = "consumer"
+ROLES = (WORKER, CONSUMER)
+_ALLOWED = {WORKER: "allowed", CONSUMER: "allowed-consumers"}  # public keys admitted in each role
+_SECRETS = {WORKER: "workers", CONSUMER: "consumers"}  # each key pair, to hand to its host
 
 
 class KeyFileError(ValueError):
@@ -30,45 +39,56 @@ def init_keys(folder: str | Path) -> Path:
     if (folder / f"{SERVER}.key_secret").exists():
         raise KeyFileError(f"{folder} already holds a server key; refusing to replace it")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "allowed").mkdir(exist_ok=True)
-    (folder / "workers").mkdir(exist_ok=True)
+    for sub in (*_ALLOWED.values(), *_SECRETS.values()):
+        (folder / sub).mkdir(exist_ok=True)
     _, secret = zmq.auth.create_certificates(folder, SERVER)
     Path(secret).chmod(0o600)
     return folder
 
 
-def add_worker(folder: str | Path, name: str) -> Path:
-    """A new worker key pair, allow-listed; the secret file to give to that host."""
+def add_key(folder: str | Path, name: str, role: str = WORKER) -> Path:
+    """A new key pair allow-listed in `role`; returns the secret file to give to that host."""
     folder = Path(folder)
+    if role not in ROLES:
+        raise KeyFileError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if not (folder / f"{SERVER}.key").exists():
         raise KeyFileError(f"{folder}: no server key (run `stoker keys init {folder}` first)")
     if not name.replace("-", "").replace("_", "").isalnum():
-        raise KeyFileError(f"worker name {name!r}: use letters, digits, - and _")
-    public, secret = zmq.auth.create_certificates(folder / "workers", name)
+        raise KeyFileError(f"key name {name!r}: use letters, digits, - and _")
+    for other in ROLES:
+        if (folder / _ALLOWED[other] / f"{name}.key").exists():
+            raise KeyFileError(f"{folder}: {name!r} is already allow-listed as a {other}")
+    (folder / _SECRETS[role]).mkdir(exist_ok=True)
+    (folder / _ALLOWED[role]).mkdir(exist_ok=True)
+    public, secret = zmq.auth.create_certificates(folder / _SECRETS[role], name)
     Path(secret).chmod(0o600)
-    shutil.copy(public, folder / "allowed" / f"{name}.key")
+    shutil.copy(public, folder / _ALLOWED[role] / f"{name}.key")
     return Path(secret)
 
 
 def list_keys(folder: str | Path) -> dict[str, list[str]]:
     folder = Path(folder)
     return {"server": [p.name for p in folder.glob(f"{SERVER}.key")],
-            "allowed": sorted(p.stem for p in (folder / "allowed").glob("*.key")),
-            "worker_secrets": sorted(p.name for p in (folder / "workers").glob("*.key_secret"))}
+            **{f"{role}s": sorted(p.stem for p in (folder / _ALLOWED[role]).glob("*.key")) for role in ROLES},
+            "secrets": sorted(f"{_SECRETS[role]}/{p.name}" for role in ROLES
+                              for p in (folder / _SECRETS[role]).glob("*.key_secret"))}
 
 
 @dataclass(frozen=True)
 class ServerKeys:
     public: bytes
     secret: bytes
-    allowed: frozenset[bytes]  # z85 public keys of admitted workers
+    allowed: dict[bytes, str]  # z85 public key -> the User-Id its connections get, "ROLE:NAME"
 
     @classmethod
     def load(cls, folder: str | Path) -> ServerKeys:
         folder = Path(folder)
         public, secret = _load(folder / f"{SERVER}.key_secret")
-        allowed = frozenset(zmq.auth.load_certificates(folder / "allowed")) if (folder / "allowed").is_dir() \
-            else frozenset()
+        allowed: dict[bytes, str] = {}
+        for role in ROLES:
+            for path in sorted((folder / _ALLOWED[role]).glob("*.key")):
+                key, _ = _load(path, need_secret=False)
+                allowed[key] = user_id(role, path.stem)
         return cls(public, secret, allowed)
 
     def apply(self, sock: zmq.Socket) -> None:
@@ -78,6 +98,31 @@ class ServerKeys:
         sock.zap_domain = ZAP_DOMAIN.encode()
 
 
+def user_id(role: str, name: str) -> str:
+    return f"{role}:{name}"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a message: the role and name of its CURVE key; both empty without keys."""
+
+    role: str = ""
+    name: str = ""
+
+
+NOBODY = Caller()
+
+
+def caller_of(frame: object) -> Caller:
+    """The sender of a received frame, from the User-Id that ZAP gave its connection."""
+    try:
+        value = frame.get("User-Id")  # type: ignore[attr-defined]
+    except (AttributeError, zmq.ZMQError):  # plain bytes, or a socket without ZAP
+        return NOBODY
+    role, _, name = str(value).partition(":")
+    return Caller(role, name) if role in ROLES else NOBODY
+
+
 @dataclass(frozen=True)
 class ClientKeys:
     public: bytes
@@ -85,10 +130,10 @@ class ClientKeys:
     server: bytes
 
     @classmethod
-    def load(cls, folder: str | Path, name: str) -> ClientKeys:
+    def load(cls, folder: str | Path, name: str, role: str = WORKER) -> ClientKeys:
         folder = Path(folder)
         server, _ = _load(folder / f"{SERVER}.key", need_secret=False)
-        public, secret = _load(folder / "workers" / f"{name}.key_secret")
+        public, secret = _load(folder / _SECRETS[role] / f"{name}.key_secret")
         return cls(public, secret, server)
 
     def apply(self, sock: zmq.Socket) -> None:

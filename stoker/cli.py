@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from stoker import __version__, cli_experiments
+from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, float_in, int_at_least
 
 DEFAULT_DATA_BIND = "tcp://127.0.0.1:5560"
 DEFAULT_CONTROL_BIND = "tcp://127.0.0.1:5561"
@@ -18,12 +19,12 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", choices=("imagenet", "wikipedia"),
                    help="imagenet (ResNet-50 images) or wikipedia (BERT pretraining text); "
                         "default: what the manifest holds, else imagenet")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64, help="images, or rows of tokens (default 64)")
-    p.add_argument("--unit-batches", type=int, default=4,
+    p.add_argument("--epochs", type=POSITIVE, default=1)
+    p.add_argument("--batch-size", type=POSITIVE, default=64, help="images, or rows of tokens (default 64)")
+    p.add_argument("--unit-batches", type=POSITIVE, default=4,
                    help="a work unit holds batch-size x unit-batches images or documents (default 4)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    p.add_argument("--image-size", type=POSITIVE, default=224, help="output side in pixels (default 224)")
     p.add_argument("--transform", choices=("train", "eval"), default="train")
     p.add_argument("--crop-area", choices=("reference", "torchvision"), default="reference",
                    help="random-resized-crop area range: MLPerf reference 0.05-1.0 or torchvision 0.08-1.0")
@@ -35,56 +36,62 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
                         "and crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)")
     p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
     text = p.add_argument_group("wikipedia (BERT pretraining) options")
-    text.add_argument("--seq-len", type=int, default=128, help="tokens per row (default 128)")
-    text.add_argument("--max-predictions", type=int, default=0,
+    text.add_argument("--seq-len", type=int_at_least(8), default=128, help="tokens per row (default 128)")
+    text.add_argument("--max-predictions", type=NON_NEGATIVE, default=0,
                       help="masked-LM targets per sequence (default: 20 at 128, 76 at 512)")
-    text.add_argument("--masked-lm-prob", type=float, default=0.15)
-    text.add_argument("--short-seq-prob", type=float, default=0.1)
+    text.add_argument("--masked-lm-prob", type=FRACTION, default=0.15)
+    text.add_argument("--short-seq-prob", type=FRACTION, default=0.1)
     text.add_argument("--whole-word-mask", action="store_true", help="mask whole words, not single pieces")
     text.add_argument("--pack", action="store_true", help="pack several sequences into each row")
-    text.add_argument("--pack-max-sequences", type=int, default=3, help="sequences per packed row (default 3)")
+    text.add_argument("--pack-max-sequences", type=POSITIVE, default=3, help="sequences per packed row (default 3)")
 
 
 def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--accel", choices=("null", "simulated", "torch"), default="null")
-    p.add_argument("--rate", type=float, help="rows (images) per second of --accel simulated")
+    p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
     p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
-    p.add_argument("--scale", type=float, default=1.0, help="shrink a --profile rate (e.g. 0.01)")
+    p.add_argument("--scale", type=SECONDS, default=1.0, help="shrink a --profile rate (e.g. 0.01)")
     p.add_argument("--convert", action="store_true",
                    help="--accel simulated: also convert each batch on the host as a real device feed would")
     p.add_argument("--model", choices=("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large"),
                    default="resnet18", help="--accel torch model (bert-*: with --dataset wikipedia)")
     p.add_argument("--device", default="cpu", help="--accel torch device: cpu, cuda, cuda:1 ...")
-    p.add_argument("--width", type=int, default=64, help="--accel torch: channels of the first stage (64: standard)")
-    p.add_argument("--lr", type=float, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")
-    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--width", type=POSITIVE, default=64,
+                   help="--accel torch: channels of the first stage (64: standard)")
+    p.add_argument("--lr", type=SECONDS, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")
+    p.add_argument("--label-smoothing", type=float_in(0.0, 1.0, low_open=False), default=0.0)
     p.add_argument("--optimizer", choices=("sgd", "lars", "adamw", "lamb"),
                    help="--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="--accel torch ResNet: bf16 autocasts the forward pass (as A100/H100 are benchmarked)")
     p.add_argument("--no-overlap", action="store_true",
                    help="convert and copy each batch between steps instead of during the previous one")
-    p.add_argument("--decode-threads", type=int, default=1,
+    p.add_argument("--decode-threads", type=POSITIVE, default=1,
                    help="--decode-on accelerator: DALI CPU threads on the consumer (default 1)")
     p.add_argument("--data-bind", default=DEFAULT_DATA_BIND, help=f"data socket (default {DEFAULT_DATA_BIND})")
     p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
                    help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
     p.add_argument("--advertise-host", help="host name workers use to reach this machine")
-    p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"/metrics port (default {metrics_port})")
-    p.add_argument("--metrics-addr", default="127.0.0.1")
-    p.add_argument("--credit-window", type=int, default=3, help="batches in flight per worker process")
+    p.add_argument("--metrics-port", type=METRICS_PORT, default=metrics_port,
+                   help=f"/metrics port (default {metrics_port}; -1: none)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="/metrics address (beyond loopback: with --keys or "
+                                                                "--insecure)")
+    p.add_argument("--credit-window", type=POSITIVE, default=3, help="batches in flight per worker process")
     p.add_argument("--keys", metavar="DIR", help="CURVE keys (stoker keys init): encrypt every link and admit only "
                                                  "allow-listed workers")
     p.add_argument("--insecure", action="store_true",
                    help="allow binding beyond loopback without --keys (trusted networks only)")
-    p.add_argument("--host-timeout", type=float, default=10.0,
+    p.add_argument("--host-timeout", type=SECONDS, default=10.0,
                    help="seconds without a heartbeat before a host's units are re-leased (default 10)")
+    p.add_argument("--sender-timeout", type=SECONDS, default=30.0,
+                   help="seconds a worker process may stay silent (answering no ping) before its credit window "
+                        "is freed (default 30)")
     p.add_argument("--json", metavar="PATH", help="write the closing summary here")
     p.add_argument("--no-progress", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stoker", description="Keep accelerators fed.")
+    parser = Parser(prog="stoker", description="Keep accelerators fed.")
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,51 +99,61 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="make or inspect datasets").add_subparsers(dest="data_command", required=True)
     synth = data.add_parser("imagenet-synth", help="write an ImageNet-like set made from real photos")
     synth.add_argument("dir")
-    synth.add_argument("--images", type=int, default=2000)
-    synth.add_argument("--classes", type=int, default=10)
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--procs", type=int)
+    synth.add_argument("--images", type=POSITIVE, default=2000)
+    synth.add_argument("--classes", type=POSITIVE, default=10)
+    synth.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    synth.add_argument("--procs", type=POSITIVE)
     stats = data.add_parser("stats", help="size/format statistics of an ImageNet-layout folder")
     stats.add_argument("dir")
     wiki = data.add_parser("wikipedia", help="write real English Wikipedia text and BERT's vocab.txt")
     wiki.add_argument("dir")
-    wiki.add_argument("--docs", type=int, help="keep only the first N articles (default: all ~10,000)")
+    wiki.add_argument("--docs", type=POSITIVE, help="keep only the first N articles (default: all ~10,000)")
 
     prepare = sub.add_parser("prepare", help="convert a dataset into shards").add_subparsers(
         dest="prepare_command", required=True)
     imagenet = prepare.add_parser("imagenet", help="ImageNet-layout folder -> Arrow IPC shards + manifest")
     imagenet.add_argument("src")
     imagenet.add_argument("dst")
-    imagenet.add_argument("--shard-mb", type=float, default=256)
-    imagenet.add_argument("--procs", type=int)
-    imagenet.add_argument("--seed", type=int, default=0)
+    imagenet.add_argument("--shard-mb", type=SECONDS, default=256)
+    imagenet.add_argument("--procs", type=POSITIVE)
+    imagenet.add_argument("--seed", type=NON_NEGATIVE, default=0)
     wikipedia = prepare.add_parser("wikipedia", help="BERT-format text -> tokenized Parquet shards + manifest")
     wikipedia.add_argument("src", help="a text file or folder of .txt files: one sentence (or paragraph) per "
                                        "line, a blank line between documents")
     wikipedia.add_argument("dst")
     wikipedia.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
-    wikipedia.add_argument("--docs-per-shard", type=int, default=4096)
+    wikipedia.add_argument("--docs-per-shard", type=POSITIVE, default=4096)
     wikipedia.add_argument("--cased", action="store_true", help="do not lowercase (for a cased vocab)")
-    wikipedia.add_argument("--seed", type=int, default=0)
+    wikipedia.add_argument("--seed", type=NON_NEGATIVE, default=0)
 
     worker = sub.add_parser("worker", help="the per-host decode/augment daemon")
     worker.add_argument("--connect", required=True, help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
-    worker.add_argument("--procs", type=int, default=1)
+    worker.add_argument("--procs", type=POSITIVE, default=1)
     worker.add_argument("--host-id", default="")
-    worker.add_argument("--metrics-port", type=int, default=9561)
-    worker.add_argument("--metrics-addr", default="127.0.0.1")
+    worker.add_argument("--metrics-port", type=METRICS_PORT, default=9561,
+                        help="/metrics port (default 9561; -1: none)")
+    worker.add_argument("--metrics-addr", default="127.0.0.1",
+                        help="/metrics address (beyond loopback: with --keys or --insecure)")
     worker.add_argument("--no-metrics", action="store_true")
-    worker.add_argument("--once", action="store_true", help="exit after one job")
+    worker.add_argument("--once", action="store_true", help="exit after one job (once it has heard it finish)")
+    worker.add_argument("--leave-after", type=SECONDS, default=30.0,
+                        help="leave a job whose dispatcher has been silent this many seconds (default 30); the "
+                             "daemon keeps registering and rejoins it when it answers")
     worker.add_argument("--keys", metavar="DIR", help="CURVE key folder holding server.key and workers/NAME.key_secret")
     worker.add_argument("--key-name", default="", help="this host's key NAME (default: the host id)")
+    worker.add_argument("--insecure", action="store_true", help="allow --metrics-addr beyond loopback without --keys")
+    worker.add_argument("--parent-pid", type=POSITIVE, help="exit when the process with this pid is gone (stoker run "
+                                                            "starts its daemons so)")
 
     keys = sub.add_parser("keys", help="CURVE keys and the allow-list of worker hosts").add_subparsers(
         dest="keys_command", required=True)
     keys_init = keys.add_parser("init", help="make the service's key pair and an empty allow-list")
     keys_init.add_argument("dir")
-    keys_add = keys.add_parser("add", help="make a worker key pair and allow-list it")
+    keys_add = keys.add_parser("add", help="make a key pair and allow-list it in its role")
     keys_add.add_argument("dir")
     keys_add.add_argument("name")
+    keys_add.add_argument("--role", choices=("worker", "consumer"), default="worker",
+                          help="worker (a CPU host, default) or consumer (a `stoker train --dispatcher`)")
     keys_list = keys.add_parser("list", help="list the keys and the allow-list")
     keys_list.add_argument("dir")
 
@@ -147,11 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint", metavar="PATH",
                        help="write the data position (a small JSON state_dict) here, and with --accel torch "
                             "the model + optimizer to PATH.model.pt")
-    train.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
+    train.add_argument("--checkpoint-every", type=POSITIVE, default=50, help="steps between checkpoints (default 50)")
     train.add_argument("--resume", metavar="PATH", help="continue the job from this checkpoint (the same path as "
                                                         "--checkpoint: only if it exists, as a service wants)")
-    train.add_argument("--max-seconds", type=float,
+    train.add_argument("--max-seconds", type=SECONDS,
                        help="stop after this many seconds past the first batch (a time-boxed measurement)")
+    train.add_argument("--job-secret", metavar="FILE",
+                       help="with --dispatcher and no --keys: the job secret `stoker dispatch` wrote (or set "
+                            "$STOKER_JOB_SECRET); it proves this process is the job's consumer")
+    train.add_argument("--key-name", default="consumer",
+                       help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
+                            "consumer; default: consumer)")
     _add_job_args(train)
     _add_consumer_args(train, 9560)
 
@@ -161,31 +184,36 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
     dispatch.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND)
     dispatch.add_argument("--advertise-host")
-    dispatch.add_argument("--metrics-port", type=int, default=9559)
+    dispatch.add_argument("--metrics-port", type=METRICS_PORT, default=9559, help="/metrics port (default 9559; "
+                                                                                  "-1: none)")
     dispatch.add_argument("--metrics-addr", default="127.0.0.1")
-    dispatch.add_argument("--host-timeout", type=float, default=10.0)
-    dispatch.add_argument("--keys", metavar="DIR")
+    dispatch.add_argument("--host-timeout", type=SECONDS, default=10.0)
+    dispatch.add_argument("--keys", metavar="DIR", help="CURVE keys: workers and consumers by their keys' roles")
     dispatch.add_argument("--insecure", action="store_true")
+    dispatch.add_argument("--job-secret", metavar="FILE",
+                          help="without --keys: where the consumer's job secret is kept (made on first start, mode "
+                               "0600; default JOURNAL.secret, else stoker-job.secret; $STOKER_JOB_SECRET overrides)")
     _add_job_args(dispatch)
 
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine")
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
                                     "prepared Wikipedia text with --dataset wikipedia)")
-    run.add_argument("--images", type=int, default=2000, help="size of the generated default image set")
-    run.add_argument("--hosts", type=int, default=2)
-    run.add_argument("--procs", type=int, default=1, help="decode processes per host")
-    run.add_argument("--worker-metrics-port", type=int, default=9561, help="host i serves on this + i")
+    run.add_argument("--images", type=int_at_least(10), default=2000, help="size of the generated default image set")
+    run.add_argument("--hosts", type=POSITIVE, default=2)
+    run.add_argument("--procs", type=POSITIVE, default=1, help="decode processes per host")
+    run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
+                     help="host i serves on this + i (default 9561; -1: none)")
     _add_job_args(run)
     _add_consumer_args(run, 9560)
 
     lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
     up = lab_sub.add_parser("up", help="make the hosts and start a consumer and one worker daemon per host")
-    up.add_argument("--hosts", type=int, default=3)
-    up.add_argument("--cores-per-host", type=float, default=1.0, help="CPU quota of each host (default 1)")
-    up.add_argument("--procs", type=int, default=1, help="worker processes per host")
-    up.add_argument("--link-gbit", type=float, help="shape each host's link to this rate")
-    up.add_argument("--link-latency-ms", type=float, help="add this one-way latency to each host's link")
+    up.add_argument("--hosts", type=POSITIVE, default=3)
+    up.add_argument("--cores-per-host", type=SECONDS, default=1.0, help="CPU quota of each host (default 1)")
+    up.add_argument("--procs", type=POSITIVE, default=1, help="worker processes per host")
+    up.add_argument("--link-gbit", type=SECONDS, help="shape each host's link to this rate")
+    up.add_argument("--link-latency-ms", type=SECONDS, help="add this one-way latency to each host's link")
     up.add_argument("--loopback", action="store_true", help="no namespaces: everything on 127.0.0.1")
     up.add_argument("train_args", nargs=argparse.REMAINDER,
                     help="after --: options for the consumer's `stoker train` (default data: the generated set)")
@@ -244,7 +272,8 @@ def _consumer_config(args: argparse.Namespace):
                           metrics_addr=args.metrics_addr, credit_window=args.credit_window,
                           host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
                           dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap,
-                          decode_threads=args.decode_threads)
+                          decode_threads=args.decode_threads, sender_timeout_s=args.sender_timeout,
+                          key_name=getattr(args, "key_name", "consumer"), job_secret=getattr(args, "job_secret", None))
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -299,15 +328,23 @@ def _prepare_wikipedia(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from workers.multiproc import prepare_multiproc_dir
+    import os
 
-    prepare_multiproc_dir()  # before prometheus_client is imported
-    from workers.daemon import WorkerConfig, WorkerDaemon
+    from workers.multiproc import ENV, prepare_multiproc_dir, remove_multiproc_dir
 
-    cfg = WorkerConfig(connect=args.connect, procs=args.procs, host_id=args.host_id,
-                       metrics_port=None if args.no_metrics else args.metrics_port,
-                       metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name)
-    return WorkerDaemon(cfg).run()
+    ours = ENV not in os.environ
+    folder = prepare_multiproc_dir()  # before prometheus_client is imported
+    try:
+        from workers.daemon import WorkerConfig, WorkerDaemon
+
+        cfg = WorkerConfig(connect=args.connect, procs=args.procs, host_id=args.host_id,
+                           metrics_port=None if args.no_metrics or args.metrics_port < 0 else args.metrics_port,
+                           metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name,
+                           leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid)
+        return WorkerDaemon(cfg).run()
+    finally:
+        if ours:
+            remove_multiproc_dir(folder)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -317,8 +354,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.job import JobConfig
     from stoker.embedded import Progress, print_summary
 
-    if bool(args.data) == bool(args.dispatcher):
-        raise ValueError("give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), not both")
     job = None if args.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
                                                  **_job_args(args))
     resume = None
@@ -377,9 +412,10 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
         consumer=args.consumer, control_bind=args.control_bind, advertise_host=args.advertise_host,
         journal=args.journal, host_timeout_s=args.host_timeout,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port, metrics_addr=args.metrics_addr,
-        keys=args.keys, insecure=args.insecure), job)
-    print(f"stoker dispatch: job {service.job.job_id}; workers and the consumer connect to {args.control_bind}",
-          flush=True)
+        keys=args.keys, insecure=args.insecure, job_secret=args.job_secret), job)
+    attach = f"; consumers attach with --job-secret {service.secret_file}" if service.secret_file else ""
+    print(f"stoker dispatch: job {service.job.job_id}; workers and the consumer connect to {args.control_bind}"
+          f"{attach}", flush=True)
     service.run()
     stats = service.dispatcher.stats()
     print(f"dispatcher done: {stats.done}/{service.dispatcher.total_units} units, {stats.releases} re-leased")
@@ -394,9 +430,10 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         print(f"made {folder}/server.key (give it to every worker host) and {folder}/server.key_secret "
               f"(keep it on the accelerator host); add workers with `stoker keys add {folder} NAME`")
     elif args.keys_command == "add":
-        secret = curve.add_worker(args.dir, args.name)
-        print(f"allow-listed {args.name}; give {secret} and {args.dir}/server.key to that host and run "
-              f"`stoker worker --keys DIR --key-name {args.name} ...` there")
+        secret = curve.add_key(args.dir, args.name, args.role)
+        command = "stoker worker" if args.role == "worker" else "stoker train --dispatcher ..."
+        print(f"allow-listed {args.name} as a {args.role}; give {secret} and {args.dir}/server.key to that host and "
+              f"run `{command} --keys DIR --key-name {args.name} ...` there")
     else:
         print(json.dumps(curve.list_keys(args.dir), indent=1))
     return 0
@@ -445,8 +482,37 @@ COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "
             **cli_experiments.COMMANDS}
 
 
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flags that cannot work together: refused before anything starts."""
+    from protos.curve import is_loopback
+
+    command = args.command
+    if command == "train" and bool(args.data) == bool(args.dispatcher):
+        parser.error("train: give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), "
+                     "not both")
+    if command == "train" and args.job_secret and not args.dispatcher:
+        parser.error("train: --job-secret is for attaching to a `stoker dispatch` (--dispatcher)")
+    if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
+        parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
+                     f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")
+    if command in ("train", "run", "dispatch", "worker") and not (args.keys or args.insecure):
+        names = {"--metrics-addr": args.metrics_addr}
+        if command in ("train", "run"):
+            names |= {"--data-bind": args.data_bind, "--control-bind": args.control_bind}
+        elif command == "dispatch":
+            names["--control-bind"] = args.control_bind
+        for flag, value in names.items():
+            endpoint = value if "://" in value else f"tcp://{value}:0"
+            if not is_loopback(endpoint):
+                parser.error(f"{command}: argument {flag}: {value} is beyond loopback; without CURVE keys "
+                             f"anyone who reaches it could act on the job: pass --keys DIR, or --insecure on a "
+                             f"trusted network")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return COMMANDS[args.command](args)

@@ -6,15 +6,20 @@ import argparse
 import json
 from pathlib import Path
 
+from stoker.flags import POSITIVE, SECONDS, float_in
+
 DEFAULT_CALIBRATION = Path("stoker-calibration.json")
+PRICE = float_in(0.0, low_open=False)
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(v) for v in text.split(",") if v)
+    """Comma-separated numbers above 0."""
+    return tuple(SECONDS(v) for v in text.split(",") if v)
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v)
+    """Comma-separated integers >= 1."""
+    return tuple(POSITIVE(v) for v in text.split(",") if v)
 
 
 def add_parsers(sub) -> None:
@@ -25,8 +30,8 @@ def add_parsers(sub) -> None:
                        help="comma-separated CPU quotas (default 0.25,0.5 for imagenet, 0.05,0.1,0.2 for wikipedia)")
     sweep.add_argument("--procs", type=_ints, default=(1,), help="worker processes per host, comma-separated")
     sweep.add_argument("--profile", default="ipu-pod16", help="simulated accelerator (default ipu-pod16)")
-    sweep.add_argument("--scale", type=float, help="shrink the profile (default 0.03 imagenet, 1.0 wikipedia)")
-    sweep.add_argument("--seconds", type=float, default=10.0, help="steady measurement per point (default 10)")
+    sweep.add_argument("--scale", type=SECONDS, help="shrink the profile (default 0.03 imagenet, 1.0 wikipedia)")
+    sweep.add_argument("--seconds", type=SECONDS, default=10.0, help="steady measurement per point (default 10)")
     sweep.add_argument("--data", help="manifest (default: the dataset's generated/fetched set)")
     sweep.add_argument("--out", type=Path, help="results folder (default sweeps/DATASET); rerun to resume")
     sweep.add_argument("--loopback", action="store_true", help="no namespaces (no CPU quotas without root)")
@@ -36,7 +41,7 @@ def add_parsers(sub) -> None:
                             "--image-size 112` sweeps against a real step instead of the profile")
 
     cal = sub.add_parser("calibrate", help="per-core supply rates of this machine (under a minute)")
-    cal.add_argument("--seconds", type=float, default=15.0, help="per dataset (default 15)")
+    cal.add_argument("--seconds", type=SECONDS, default=15.0, help="per dataset (default 15)")
     cal.add_argument("--out", type=Path, default=DEFAULT_CALIBRATION)
 
     plan = sub.add_parser("plan", help="cores, hosts, time-to-train and performance per dollar for a system")
@@ -47,12 +52,12 @@ def add_parsers(sub) -> None:
     source.add_argument("--calibration", type=Path, help=f"from `stoker calibrate` (default {DEFAULT_CALIBRATION})")
     source.add_argument("--sweep", type=Path, nargs="+", help="sweep folders: per-core rates from their host-bound "
                                                               "points")
-    plan.add_argument("--per-core-rate", type=float, help="samples/s per host core (overrides both)")
-    plan.add_argument("--stall-target", type=float, default=0.02)
-    plan.add_argument("--cores-per-host", type=int, default=64)
-    plan.add_argument("--host-price", type=float, help="US$ per host server (default 25,000: an assumption)")
-    plan.add_argument("--accel-price", type=float, help="US$ for the system (default: its list price, if known)")
-    plan.add_argument("--samples", type=float, help="samples to train (default: MLPerf's, see stoker/planning.py)")
+    plan.add_argument("--per-core-rate", type=SECONDS, help="samples/s per host core (overrides both)")
+    plan.add_argument("--stall-target", type=float_in(0.0, 1.0, low_open=False), default=0.02)
+    plan.add_argument("--cores-per-host", type=POSITIVE, default=64)
+    plan.add_argument("--host-price", type=PRICE, help="US$ per host server (default 25,000: an assumption)")
+    plan.add_argument("--accel-price", type=PRICE, help="US$ for the system (default: its list price, if known)")
+    plan.add_argument("--samples", type=SECONDS, help="samples to train (default: MLPerf's, see stoker/planning.py)")
     plan.add_argument("--json", metavar="PATH")
 
     status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics")

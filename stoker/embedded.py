@@ -1,14 +1,19 @@
 """`stoker run`: dispatcher + consumer in this process, worker daemons as child processes.
 
 Each worker daemon is a real `stoker worker` process (one per emulated host) talking to the
-consumer over loopback TCP, exactly as daemons on separate hosts would.
+consumer over loopback TCP, exactly as daemons on separate hosts would. The daemons die with
+this process (workers.lifeline), and a daemon that exits with an error before the job is done
+(a port in use, say) ends the run with its message instead of leaving it waiting.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +42,46 @@ class RunConfig:
 
 def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str) -> list[str]:
     cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--connect", connect,
-           "--procs", str(procs), "--host-id", host_id, "--once"]
+           "--procs", str(procs), "--host-id", host_id, "--once", "--parent-pid", str(os.getpid())]
     cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--no-metrics"]
     return cmd
+
+
+class DaemonProcess:
+    """A `stoker worker` child whose stderr is passed through and its last lines kept, for the error."""
+
+    def __init__(self, host_id: str, cmd: list[str]) -> None:
+        self.host_id = host_id
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+        self.tail: collections.deque[str] = collections.deque(maxlen=5)
+        self._reader = threading.Thread(target=self._relay, name=f"stoker-{host_id}-stderr", daemon=True)
+        self._reader.start()
+
+    def _relay(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            sys.stderr.write(line)
+            if line.strip():
+                self.tail.append(line.strip())
+
+    def failure(self) -> str | None:
+        """Why the daemon ended early: None while it runs or after a clean exit."""
+        code = self.proc.poll()
+        if code is None or code == 0:
+            return None
+        self._reader.join(timeout=2)
+        last = self.tail[-1] if self.tail else "(no output)"
+        return f"worker daemon {self.host_id} exited with code {code}: {last}"
+
+
+def _watch(daemons: list[DaemonProcess], consumer: Consumer, done: threading.Event) -> None:
+    """End the run with the first daemon's failure (it cannot deliver its share of the job)."""
+    while not done.wait(0.2):
+        for daemon in daemons:
+            failure = daemon.failure()
+            if failure is not None:
+                consumer.abort(RuntimeError(failure))
+                return
 
 
 class Progress:
@@ -76,17 +118,20 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
     consumer.accelerator = make_accelerator(cfg.accel, job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, job.text.seq_len)
     consumer.start()
-    daemons: list[subprocess.Popen] = []
+    daemons: list[DaemonProcess] = []
     progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress, job.dataset)
+    done = threading.Event()
     try:
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
-            daemons.append(subprocess.Popen(worker_command(consumer.control_endpoint, f"host{i}", cfg.procs,
-                                                           port, cfg.log_level)))
-        summary = consumer.run(on_step=progress, hosts=cfg.hosts, procs_per_host=cfg.procs)
+            cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level)
+            daemons.append(DaemonProcess(f"host{i}", cmd))
+        threading.Thread(target=_watch, args=(daemons, consumer, done), name="stoker-daemon-watch", daemon=True).start()
+        summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
         progress.close(consumer)
     finally:
-        _stop_daemons(daemons)
+        done.set()
+        _stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
         consumer.stop()
     return summary
 

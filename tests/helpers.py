@@ -45,7 +45,7 @@ class Daemon:
     """A real `stoker worker` process."""
 
     def __init__(self, connect: str, host_id: str, procs: int, log_dir: Path, once: bool = True,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.metrics_port = free_port()
         self.log_path = log_dir / f"{host_id}.log"
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--connect", connect,
@@ -53,7 +53,7 @@ class Daemon:
         if once:
             cmd.append("--once")
         cmd += extra
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        env = {k: v for k, v in (env or os.environ).items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
@@ -126,7 +126,7 @@ class Job:
 
     def _run(self) -> None:
         try:
-            self.summary = self.consumer.run(hosts=self.hosts, procs_per_host=self.procs)
+            self.summary = self.consumer.run(procs_per_host=self.procs)
         except BaseException as exc:  # reported by finish()
             self.error = exc
 

@@ -7,19 +7,20 @@ import subprocess
 import sys
 
 import pytest
+import zmq
 
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
-from protos.curve import KeyFileError, add_worker, init_keys, list_keys
+from protos.curve import ClientKeys, KeyFileError, ServerKeys, add_key, init_keys, list_keys
 from tests.helpers import Daemon, assert_exactly_once, scrape, wait_for
 
 
 def test_an_unknown_key_is_refused_and_never_reaches_a_batch(manifest, tmp_path, log_dir):
     keys = init_keys(tmp_path / "keys")
-    add_worker(keys, "good")
+    add_key(keys, "good")
     rogue = init_keys(tmp_path / "rogue")  # a key pair nobody allow-listed ...
-    add_worker(rogue, "intruder")
+    add_key(rogue, "intruder")
     shutil.copy(keys / "server.key", rogue / "server.key")  # ... that knows the service's public key
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0,
                          keys=str(keys))
@@ -28,18 +29,26 @@ def test_an_unknown_key_is_refused_and_never_reaches_a_batch(manifest, tmp_path,
     consumer.start()
     intruder = Daemon(consumer.control_endpoint, "intruder", 1, log_dir,
                       extra=("--keys", str(rogue), "--key-name", "intruder"))
+    ctx = zmq.Context()
+    keyless = ctx.socket(zmq.DEALER)  # no CURVE at all: fails the handshake before ZAP is even asked
+    keyless.setsockopt(zmq.LINGER, 0)
+    keyless.connect(consumer.data_endpoint)
+    keyless.send(b"hello?")
     try:
         refused = "stoker_consumer_auth_total{result=refused}"
         assert wait_for(lambda: scrape(consumer.metrics_port).get(refused, 0) >= 1, timeout=30), intruder.output()
+        failed = "stoker_consumer_auth_total{result=failed_handshake}"
+        assert wait_for(lambda: scrape(consumer.metrics_port).get(failed, 0) >= 1, timeout=30)
         good = Daemon(consumer.control_endpoint, "good", 1, log_dir, extra=("--keys", str(keys), "--key-name", "good"))
         summary = consumer.run()
         assert good.wait(timeout=30) == 0, good.output()
         assert_exactly_once(summary, manifest.num_samples, 1)
-        assert summary.hosts == 1 and consumer.dispatcher.hosts_seen == {"good"}  # the intruder never registered
+        assert summary.hosts == 1 and consumer.dispatcher.live_hosts() == ["good"]  # the intruder never registered
         assert summary.frames_dropped == {}  # and nothing it sent was even parsed
         metrics = scrape(consumer.metrics_port)
         assert metrics[refused] >= 1 and metrics["stoker_consumer_auth_total{result=admitted}"] >= 2
     finally:
+        ctx.destroy(linger=0)
         intruder.stop()
         consumer.stop()
 
@@ -64,6 +73,20 @@ def test_keys_cli_makes_lists_and_refuses_to_overwrite(tmp_path):
     assert subprocess.run([*stoker, "add", str(tmp_path / "k"), "host-7"], capture_output=True).returncode == 0
     again = subprocess.run([*stoker, "init", str(tmp_path / "k")], capture_output=True, text=True)
     assert again.returncode == 2 and "refusing to replace" in again.stderr
-    assert list_keys(tmp_path / "k")["allowed"] == ["host-7"]
+    assert list_keys(tmp_path / "k")["workers"] == ["host-7"]
     with pytest.raises(KeyFileError, match="stoker keys init"):
-        add_worker(tmp_path / "nothing", "x")
+        add_key(tmp_path / "nothing", "x")
+
+
+def test_a_key_has_the_role_of_the_allow_list_it_is_in(tmp_path):
+    keys = init_keys(tmp_path / "keys")
+    add_key(keys, "cpu-0")
+    add_key(keys, "rank-0", role="consumer")
+    with pytest.raises(KeyFileError, match="already allow-listed as a worker"):
+        add_key(keys, "cpu-0", role="consumer")
+    server = ServerKeys.load(keys)
+    roles = sorted(server.allowed.values())
+    assert roles == ["consumer:rank-0", "worker:cpu-0"]
+    assert ClientKeys.load(keys, "rank-0", role="consumer").public in server.allowed
+    with pytest.raises(KeyFileError):
+        ClientKeys.load(keys, "rank-0")  # not a worker key

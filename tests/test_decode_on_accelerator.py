@@ -41,8 +41,9 @@ def test_a_jpeg_broken_past_its_header_is_dropped_counted_and_the_rest_trains(co
     consumer.accelerator = accel
     summary = run_job(consumer, hosts=1).finish(timeout=240)
     assert summary.decode_on == "accelerator"
-    assert summary.samples == summary.unique_samples == manifest.num_samples  # every sample travelled once
-    assert summary.rows == manifest.num_samples - 1  # ... and all but the broken one trained
+    # every sample travelled once; the broken one counts as skipped, not delivered, in every headline figure
+    assert summary.samples == summary.unique_samples == summary.rows == manifest.num_samples - 1
+    assert summary.skipped_samples == 1 and summary.per_epoch_unique == [manifest.num_samples - 1]
     assert [(s["key"], s["epoch"]) for s in summary.skipped] == [(victim, 0)]
     assert summary.skipped[0]["reason"].startswith("decode on the accelerator failed")
     assert len(accel.losses) == summary.batches and all(np.isfinite(accel.losses))

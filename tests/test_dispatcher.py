@@ -1,10 +1,13 @@
 """Dispatcher leases, acks, releases and host expiry; the consumer's ledger."""
 
 import numpy as np
+import pytest
 
 from accel.dispatcher import Dispatcher
-from accel.ledger import Ledger
+from accel.journal import Journal
+from accel.ledger import InvalidBatch, Ledger, Step
 from pipeline.plan import EpochPlan
+from pipeline.shards import Manifest, ShardInfo
 
 
 class Clock:
@@ -49,17 +52,59 @@ def test_a_silent_host_loses_its_leases(manifest):
     assert d.lease("h1", "w1").unit_id == unit.unit_id
 
 
+SMALL = Manifest(kind="imagenet", classes=["a"], shards=[ShardInfo("s0", 10, 1, "", 0)])
+
+
+def _ids(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
 def test_ledger_drops_duplicates_and_completes_units():
-    ledger = Ledger(num_samples=10, epochs=1)
-    ids = np.array([0, 1, 2])
-    assert ledger.admit(0, 7, 0, ids)
-    assert not ledger.admit(0, 7, 0, ids)
+    ledger = Ledger(EpochPlan(SMALL, unit_size=4, epochs=1, seed=0))
+    unit = ledger.plan.unit(1)  # rows 4..7
+    ids = _ids(4, 5, 6)
+    assert ledger.admit(0, 1, 0, ids)
+    assert not ledger.admit(0, 1, 0, ids)
     assert ledger.duplicate_samples == 3
-    assert not ledger.stepped(0, 7, 0, False, ids)
-    assert ledger.admit(0, 7, 1, np.array([3]))
-    assert ledger.stepped(0, 7, 1, True, np.array([3]))
-    assert not ledger.admit(0, 7, 1, np.array([3]))  # a redo after completion is a duplicate
-    assert ledger.unique_samples == ledger.samples == 4 and ledger.collisions == 0
+    assert ledger.stepped(0, 1, 0, False, ids, _ids()) is Step.OPEN
+    assert ledger.admit(0, 1, 1, _ids(7))
+    assert ledger.stepped(0, 1, 1, True, _ids(7), _ids()) is Step.DONE
+    assert not ledger.admit(0, 1, 1, _ids(7))  # a redo after completion is a duplicate
+    assert ledger.unique_samples == ledger.samples == unit.size and ledger.collisions == 0
+
+
+def test_an_empty_last_batch_cannot_close_a_unit():
+    ledger = Ledger(EpochPlan(SMALL, unit_size=4, epochs=1, seed=0))
+    assert ledger.admit(0, 0, 0, _ids(0, 1))
+    assert ledger.stepped(0, 0, 0, False, _ids(0, 1), _ids()) is Step.OPEN
+    assert ledger.admit(0, 0, 1, _ids())  # "last", but rows 2 and 3 never came
+    assert ledger.stepped(0, 0, 1, True, _ids(), _ids()) is Step.INCOMPLETE
+    assert ledger.incomplete_units == 1
+    for index, ids in enumerate((_ids(0, 1), _ids(2, 3))):  # the honest redo is admitted afresh and completes
+        assert ledger.admit(0, 0, index, ids)
+        state = ledger.stepped(0, 0, index, index == 1, ids, _ids())
+    assert state is Step.DONE
+
+
+def test_a_batch_must_hold_samples_of_its_own_unit():
+    ledger = Ledger(EpochPlan(SMALL, unit_size=4, epochs=2, seed=0))
+    with pytest.raises(InvalidBatch, match="outside unit 0"):
+        ledger.admit(0, 0, 0, _ids(0, 9))  # sample 9 is unit 2's
+    with pytest.raises(InvalidBatch, match="epoch 1"):
+        ledger.admit(0, 3, 0, _ids(0))  # unit 3 is epoch 1's first
+    with pytest.raises(InvalidBatch, match="not in the job's plan"):
+        ledger.admit(0, 99, 0, _ids(0))
+    with pytest.raises(InvalidBatch, match="outside unit 0"):
+        ledger.admit(0, 0, 0, _ids(1), skipped_ids=_ids(5))  # a "skipped" sample must be the unit's too
+
+
+def test_batches_stepped_before_a_restart_are_credited_by_their_duplicates():
+    ledger = Ledger(EpochPlan(SMALL, unit_size=4, epochs=1, seed=0))
+    ledger.restore(set(), {"0": {"stepped": [0], "batches": 2}})
+    assert ledger.admit(0, 0, 1, _ids(2, 3))
+    assert ledger.stepped(0, 0, 1, True, _ids(2, 3), _ids()) is Step.OPEN  # batch 0's samples are not known yet
+    assert not ledger.admit(0, 0, 0, _ids(0, 1))  # its byte-identical redo: a duplicate that tells them
+    assert ledger.settle(0) is Step.DONE
 
 
 def test_a_lease_held_too_long_by_a_live_host_is_handed_out_again(manifest):
@@ -77,14 +122,13 @@ def test_a_lease_held_too_long_by_a_live_host_is_handed_out_again(manifest):
 def test_a_repeated_lease_request_gets_the_same_unit_from_a_restarted_dispatcher(manifest, tmp_path):
     """The dispatcher journals a lease and dies before answering; the worker repeats its request
     (same request id) to the restarted dispatcher and must get that unit, not a second one."""
-    from accel.journal import Journal
-
     plan = EpochPlan(manifest, unit_size=16, epochs=1, seed=0)
     job = {"manifest": manifest.uri}
-    first = Dispatcher(plan, host_timeout_s=10, journal=Journal(tmp_path / "j", job))
+    first = Dispatcher(plan, host_timeout_s=10, journal=Journal(tmp_path / "j", job, b"k" * 32))
     granted = first.lease("h0", "h0/p0.1", request_id=7)
     first.journal.close()  # the answer never left
-    second = Dispatcher(plan, host_timeout_s=10, journal=Journal(tmp_path / "j", job))
+    second = Dispatcher(plan, host_timeout_s=10, journal=Journal(tmp_path / "j", job, b"n" * 32))
+    assert second.journal.lease_key == b"k" * 32  # tokens handed out before the restart stay valid
     assert second.lease("h0", "h0/p0.1", request_id=7).unit_id == granted.unit_id
     assert second.lease("h0", "h0/p0.1", request_id=8).unit_id != granted.unit_id  # the next request: a new unit
     assert second.lease("h1", "h1/p0.1", request_id=7).unit_id != granted.unit_id  # another worker's ids are its own

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -104,5 +105,5 @@ def test_a_process_that_cannot_serve_the_job_exits_with_its_own_code(tmp_path, w
     (folder / "vocab.txt").write_text("[PAD]\nnot a wordpiece vocabulary\n")
     job = pb.JobSpec(job_id="j", manifest_uri=str(folder / "manifest.json"), dataset="wikipedia",
                      data_endpoint="tcp://127.0.0.1:1", text=pb.TextSpec(seq_len=128, pack_max_sequences=3))
-    spec = ProcessSpec("h", "h/p0.1", "tcp://127.0.0.1:1", job.SerializeToString())
+    spec = ProcessSpec("h", "h/p0.1", "tcp://127.0.0.1:1", job.SerializeToString(), os.getppid())
     assert run_process(spec) == EXIT_BAD_JOB

@@ -2,7 +2,10 @@
 
 Registers with the dispatcher (retrying with back-off until it answers), runs N decode
 processes, heartbeats, restarts a crashed process (its unacked units go back to the
-dispatcher first), and drains on SIGTERM/SIGINT. Serves the processes' combined metrics.
+dispatcher first; one that keeps crashing is restarted with a growing back-off), and drains
+on SIGTERM/SIGINT. A daemon that leaves a job because the dispatcher went silent keeps
+registering and rejoins that job when it answers again, however long it was away; only a
+job it heard finish is one it will not join again. Serves the processes' combined metrics.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import zmq
 from prometheus_client import multiprocess
 
 from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys
+from protos.curve import ClientKeys, is_loopback
 from protos.sd_notify import Notifier
 from workers.control_client import ControlClient, DispatcherUnreachable
+from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
 from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, ProcessSpec, process_main
 
@@ -38,12 +42,18 @@ class WorkerConfig:
     metrics_addr: str = "127.0.0.1"
     once: bool = False  # exit after one job instead of waiting for the next
     drain_timeout_s: float = 10.0
-    dispatcher_lost_s: float = 30.0  # leave a job whose dispatcher stays silent this long
+    leave_after_s: float = 30.0  # leave a job whose dispatcher stays silent this long (and keep registering)
     keys: str | None = None  # CURVE key folder (server.key + workers/<key_name>.key_secret)
     key_name: str = ""
+    insecure: bool = False  # allow serving metrics beyond loopback without keys
+    parent_pid: int | None = None  # exit when this parent process is gone (`stoker run`'s daemons)
 
     def resolved_host_id(self) -> str:
         return self.host_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)  # by crashes in a row
+STEADY_S = 10.0  # a process that ran this long resets its crash count
 
 
 class _Child:
@@ -52,12 +62,18 @@ class _Child:
         self.incarnation = 0
         self.process: mp.process.BaseProcess | None = None
         self.finished = False
+        self.started = 0.0
+        self.crashes = 0  # in a row, each within STEADY_S of its start
+        self.restart_at: float | None = None  # a crashed process waiting for its back-off
 
 
 class WorkerDaemon:
     def __init__(self, cfg: WorkerConfig) -> None:
         if cfg.procs < 1:
             raise ValueError("--procs must be at least 1")
+        if not (cfg.keys or cfg.insecure or is_loopback(f"tcp://{cfg.metrics_addr}:0")):
+            raise ValueError(f"refusing to serve metrics on {cfg.metrics_addr} without CURVE keys (--keys DIR, "
+                             f"or --insecure on a trusted network)")
         self.cfg = cfg
         self.host_id = cfg.resolved_host_id()
         self.metrics = WorkerMetrics()
@@ -76,9 +92,14 @@ class WorkerDaemon:
             log.info("%s: %s received, draining", self.host_id, signal.Signals(signum).name)
         self.stopping = True
 
+    def _parent_gone(self) -> bool:
+        return self.cfg.parent_pid is not None and not parent_alive(self.cfg.parent_pid)
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
+        if self.cfg.parent_pid is not None:
+            exit_with_parent(self.cfg.parent_pid)
         if self.cfg.metrics_port is not None:
             self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr)
             log.info("%s: metrics on http://%s:%d/metrics", self.host_id, self.cfg.metrics_addr,
@@ -89,10 +110,10 @@ class WorkerDaemon:
                 job = self._register()
                 if job is None:
                     break
-                self._run_job(job)
-                self._finished_job = job.job_id
-                if self.cfg.once:
-                    break
+                if self._run_job(job):
+                    self._finished_job = job.job_id
+                    if self.cfg.once:
+                        break
         finally:
             self.systemd.stopping()
             self.client.close()
@@ -102,6 +123,8 @@ class WorkerDaemon:
     def _should_stop(self) -> bool:
         """Polled while waiting for the dispatcher: the main loop is alive, so it feeds the watchdog."""
         self.systemd.watchdog()
+        if self._parent_gone():
+            self.stopping = True
         return self.stopping
 
     def _register(self) -> pb.JobSpec | None:
@@ -123,25 +146,35 @@ class WorkerDaemon:
 
     def _spawn(self, child: _Child, job: pb.JobSpec) -> None:
         child.incarnation += 1
+        child.restart_at = None
+        child.started = time.monotonic()
         worker_id = self._worker_id(child)
-        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job.SerializeToString(), self.curve)
+        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job.SerializeToString(), os.getpid(),
+                           self.curve)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
 
     def _worker_id(self, child: _Child) -> str:
         return f"{self.host_id}/p{child.index}.{child.incarnation}"
 
-    def _run_job(self, job: pb.JobSpec) -> None:
+    def _run_job(self, job: pb.JobSpec) -> bool:
+        """Serve one job; True when it is finished, False when we left it (or were stopped)."""
         children = [_Child(i) for i in range(self.cfg.procs)]
         for child in children:
             self._spawn(child, job)
         next_beat = 0.0
         finished_at: float | None = None
         last_answer = time.monotonic()
+        left = False
         while not self.stopping and not all(c.finished for c in children):
-            live = [c.process.sentinel for c in children if not c.finished and c.process is not None]
+            live = [c.process.sentinel for c in children
+                    if not c.finished and c.process is not None and c.restart_at is None]
             mp.connection.wait(live, timeout=min(job.heartbeat_s, 0.5))
             self.systemd.watchdog()
+            if self._parent_gone():
+                log.warning("%s: the process that started this daemon is gone; stopping", self.host_id)
+                self.stopping = True
+                break
             for child in children:
                 self._reap(child, job, finished_at is not None)
             if time.monotonic() >= next_beat:
@@ -155,14 +188,23 @@ class WorkerDaemon:
             if finished_at is not None and now - finished_at > self.cfg.drain_timeout_s:
                 log.info("%s: job finished; stopping processes that are still busy", self.host_id)
                 break
-            if now - last_answer > self.cfg.dispatcher_lost_s:
-                log.error("%s: the dispatcher has not answered for %.0f s; leaving job %s",
-                          self.host_id, now - last_answer, job.job_id)
+            if now - last_answer > self.cfg.leave_after_s:
+                log.error("%s: the dispatcher has not answered for %.0f s; leaving job %s (registering again, "
+                          "to rejoin it when it answers)", self.host_id, now - last_answer, job.job_id)
+                left = True
                 break
-        self._drain(children, release=self.stopping)
+        self._drain(children, release=self.stopping and not self._parent_gone())
+        return not left and not self.stopping
 
     def _reap(self, child: _Child, job: pb.JobSpec, job_finished: bool) -> None:
         proc = child.process
+        if child.restart_at is not None:
+            if job_finished:
+                child.finished = True
+            elif time.monotonic() >= child.restart_at:
+                self._spawn(child, job)
+                log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), child.process.pid)
+            return
         if child.finished or proc is None or proc.is_alive():
             return
         proc.join()
@@ -184,8 +226,13 @@ class WorkerDaemon:
         if job_finished:
             child.finished = True
             return
-        self._spawn(child, job)
-        log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), child.process.pid)
+        child.crashes = child.crashes + 1 if time.monotonic() - child.started < STEADY_S else 1
+        delay = RESTART_BACKOFF_S[min(child.crashes - 1, len(RESTART_BACKOFF_S) - 1)]
+        child.restart_at = time.monotonic() + delay
+        if delay:
+            log.warning("%s: process %s crashed %d time(s) in a row; restarting it in %.1f s", self.host_id,
+                        worker_id, child.crashes, delay)
+        self._reap(child, job, job_finished)
 
     def _heartbeat(self, children: list[_Child]) -> str | None:
         """Tell the dispatcher we are alive; returns its answer's kind, None if unanswered."""

@@ -12,10 +12,12 @@ import sys
 import tempfile
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
+_PREFIX = "stoker-worker-metrics-"
 
 
 def prepare_multiproc_dir() -> str:
-    """Use $PROMETHEUS_MULTIPROC_DIR (wiped: stale files would add old counts) or a fresh one."""
+    """Use $PROMETHEUS_MULTIPROC_DIR (wiped: stale files would add old counts) or a fresh one,
+    which `remove_multiproc_dir` deletes when the daemon is done."""
     if "prometheus_client" in sys.modules and ENV not in os.environ:
         raise RuntimeError("prometheus_client was imported before its multi-process directory was set")
     path = os.environ.get(ENV)
@@ -23,6 +25,11 @@ def prepare_multiproc_dir() -> str:
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path, exist_ok=True)
     else:
-        path = tempfile.mkdtemp(prefix="stoker-worker-metrics-")
+        path = tempfile.mkdtemp(prefix=_PREFIX)
         os.environ[ENV] = path
     return path
+
+
+def remove_multiproc_dir(path: str) -> None:
+    """Delete the folder prepare_multiproc_dir made (call only when $PROMETHEUS_MULTIPROC_DIR was unset)."""
+    shutil.rmtree(path, ignore_errors=True)

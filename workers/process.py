@@ -1,7 +1,9 @@
 """One worker process: lease a unit, make its batches (images or text), send each under credit.
 
 SIGINT is ignored (the daemon coordinates shutdown); SIGTERM means drain: finish the batch
-in hand, say goodbye to the consumer and exit 0. The daemon hands unfinished units back.
+in hand, say goodbye to the consumer and exit 0. The daemon hands unfinished units back. A
+process whose daemon dies stops too (workers.lifeline). A unit whose lease the consumer
+refuses (it restarted, or forgot this sender) is handed back and the next one leased.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
 from protos.framing import encode_tensors
 from workers.control_client import ControlClient, DispatcherUnreachable
+from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
-from workers.sender import DataSender, Rejected
+from workers.sender import DataSender, Lease, LeaseRefused, Rejected
 from workers.sources import Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
@@ -37,19 +40,22 @@ class ProcessSpec:
     worker_id: str
     control_endpoint: str
     job: bytes  # serialized pb.JobSpec
+    parent_pid: int  # the daemon: this process stops when it is gone
     curve: ClientKeys | None = None  # this host's CURVE keys, when the service uses them
 
 
 class _Stop:
-    def __init__(self) -> None:
+    def __init__(self, parent_pid: int) -> None:
         self.requested = False
+        self.parent_pid = parent_pid
 
     def __call__(self) -> bool:
-        return self.requested
+        return self.requested or not parent_alive(self.parent_pid)
 
 
 def run_process(spec: ProcessSpec) -> int:
     """The child's main loop; returns its exit code."""
+    exit_with_parent(spec.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     job = pb.JobSpec()
     job.ParseFromString(spec.job)
@@ -59,13 +65,13 @@ def run_process(spec: ProcessSpec) -> int:
         log.error("%s: cannot serve job %s: %s", spec.worker_id, job.job_id, exc)
         return EXIT_BAD_JOB
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    stop = _Stop()
+    stop = _Stop(spec.parent_pid)
     signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "requested", True))
     metrics = WorkerMetrics()
     metrics.processes.inc()
     ctx = zmq.Context()
     control = ControlClient(ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
-    sender = DataSender(ctx, job.data_endpoint, spec.worker_id, job.job_id, curve=spec.curve)
+    sender = DataSender(ctx, job.data_endpoint, spec.host_id, spec.worker_id, job.job_id, curve=spec.curve)
     try:
         while not stop():
             reply = control.request(pb.ControlRequest(
@@ -80,12 +86,18 @@ def run_process(spec: ProcessSpec) -> int:
                 raise RuntimeError(f"unexpected reply to a lease request: {reply}")
             w = reply.unit
             unit = Unit(w.unit_id, w.epoch, w.shard_index, w.start, w.stop, w.first_sample_id)
-            for batch in source.batches(unit):
-                _send_batch(job, spec, unit, batch, sender, metrics, stop)
-                if stop():
-                    break
-            else:
-                metrics.units.inc()
+            sender.lease = Lease(w.unit_id, w.lease_token)
+            try:
+                for batch in source.batches(unit):
+                    _send_batch(job, spec, unit, batch, sender, metrics, stop)
+                    if stop():
+                        break
+                else:
+                    metrics.units.inc()
+            except LeaseRefused as exc:
+                log.warning("%s: unit %d: %s; handing it back", spec.worker_id, unit.unit_id, exc)
+                control.request(pb.ControlRequest(release=pb.Release(
+                    host_id=spec.host_id, worker_ids=[spec.worker_id], reason="lease refused")), should_stop=stop)
         return EXIT_FINISHED
     except DispatcherUnreachable as exc:
         if stop():

@@ -1,13 +1,17 @@
 """A worker process's data connection to the consumer: hello, credit, zero-copy sends.
 
 IMMEDIATE is set, so while the consumer is not up a send fails at once instead of queueing;
-the sender retries its hello with back-off and never piles batches up.
+the sender retries its hello with back-off and never piles batches up. The hello and every
+batch carry the token of the lease the process works under (`lease`); a consumer that does
+not accept it says so (`LeaseRefused`: drop the unit, lease another). Pings are answered
+whenever the sender reads its socket: between batches and all the time it waits for credit.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import zmq
 
@@ -16,15 +20,27 @@ from protos.curve import ClientKeys
 
 
 class Rejected(ConnectionError):
-    pass
+    """The consumer serves another job: this process cannot work for it."""
+
+
+class LeaseRefused(ConnectionError):
+    """The consumer does not accept the lease (it restarted, or the lease was lost): drop the unit."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    unit_id: int
+    token: bytes
 
 
 class DataSender:
-    def __init__(self, ctx: zmq.Context, endpoint: str, worker_id: str, job_id: str,
+    def __init__(self, ctx: zmq.Context, endpoint: str, host_id: str, worker_id: str, job_id: str,
                  curve: ClientKeys | None = None) -> None:
         self.endpoint = endpoint
+        self.host_id = host_id
         self.worker_id = worker_id
         self.job_id = job_id
+        self.lease: Lease | None = None  # the unit being sent, set by the process for each unit
         self.credit = 0
         self.bytes_sent = 0
         sock = ctx.socket(zmq.DEALER)
@@ -39,7 +55,9 @@ class DataSender:
         self._welcomed = False  # the consumer answered our hello
 
     def _hello(self) -> None:
-        hello = pb.DataMessage(hello=pb.Hello(worker_id=self.worker_id, job_id=self.job_id))
+        lease = self.lease or Lease(0, b"")
+        hello = pb.DataMessage(hello=pb.Hello(worker_id=self.worker_id, job_id=self.job_id, host_id=self.host_id,
+                                              unit_id=lease.unit_id, lease_token=lease.token))
         try:
             self.socket.send(hello.SerializeToString(), flags=zmq.NOBLOCK)
         except zmq.Again:  # no connection yet; the next hello will try again
@@ -54,12 +72,35 @@ class DataSender:
             except zmq.Again:
                 return
             reply = pb.DataReply()
-            reply.ParseFromString(data)
-            if reply.WhichOneof("kind") == "credit":
+            try:
+                reply.ParseFromString(data)
+            except Exception:  # protobuf DecodeError: not from a Stoker consumer; ignore it
+                continue
+            kind = reply.WhichOneof("kind")
+            if kind == "credit":
                 self.credit += reply.credit.batches
                 self._welcomed = True
-            elif reply.WhichOneof("kind") == "reject":
-                raise Rejected(f"consumer at {self.endpoint} refused us: {reply.reject.reason}")
+            elif kind == "ping":
+                self._pong()
+            elif kind == "reject":
+                self._rejected(reply.reject)
+
+    def _pong(self) -> None:
+        try:
+            self.socket.send(pb.DataMessage(pong=pb.Pong()).SerializeToString(), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def _rejected(self, reject: pb.Reject) -> None:
+        if reject.code == "unknown_sender":  # the consumer freed our slot (or restarted): our credit is void
+            self.credit = 0
+            self._welcomed = False
+            raise LeaseRefused(f"consumer at {self.endpoint} no longer knows this sender: {reject.reason}")
+        if reject.code == "not_leaseholder":
+            if self.lease is not None and reject.unit_id != self.lease.unit_id:
+                return  # about a unit this process has already finished with
+            raise LeaseRefused(f"consumer at {self.endpoint} refused the lease: {reject.reason}")
+        raise Rejected(f"consumer at {self.endpoint} refused us: {reject.reason}")
 
     def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0) -> float:
         """Block until a credit is held; returns seconds waited.
@@ -87,6 +128,9 @@ class DataSender:
         Returns the tensor bytes sent."""
         if self.credit <= 0:
             raise RuntimeError("send without credit")
+        self._read_replies(0)  # answer pings, hear rejects, between batches too
+        if self.lease is not None:
+            header.lease_token = self.lease.token
         message = pb.DataMessage(batch=header).SerializeToString()
         self.socket.send_multipart([message, *frames], copy=False)
         self.credit -= 1

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pipeline.files import write_atomically
-from protos.curve import add_worker, init_keys
+from protos.curve import add_key, init_keys
 from stoker.lab.system import (
     LabError,
     can_use_namespaces,
@@ -147,7 +147,7 @@ class Lab:
             shutil.rmtree(folder)
         init_keys(folder)
         for index in range(self.cfg.hosts):
-            add_worker(folder, f"h{index}")
+            add_key(folder, f"h{index}")
 
     def _network(self, state: LabState) -> None:
         run("ip", "link", "add", BRIDGE, "type", "bridge")

@@ -1,0 +1,39 @@
+"""Lease tokens: only the worker process that leased a unit may send that unit's batches.
+
+The dispatcher signs every lease it hands out: an HMAC over (job, unit, host, worker, key
+name) with a key made with the job. The worker echoes the token in its hello and in every
+batch of the unit; the consumer, which holds the same key (in-process, or from its attach
+reply), checks it before a batch goes anywhere. A process that never leased the unit, or
+leased it under another worker id or another CURVE key, cannot produce a valid token, so it
+can neither claim a sender slot nor inject a batch. Tokens are deterministic, so a
+dispatcher restarted from its journal (which keeps the key) answers with the same ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+KEY_BYTES = 32
+TOKEN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class LeaseSigner:
+    key: bytes
+    job_id: str
+
+    @classmethod
+    def new(cls, job_id: str) -> LeaseSigner:
+        return cls(secrets.token_bytes(KEY_BYTES), job_id)
+
+    def token(self, unit_id: int, host_id: str, worker_id: str, key_name: str = "") -> bytes:
+        """`key_name`: the worker's CURVE key (its User-Id name), "" without keys."""
+        message = "\0".join((self.job_id, str(unit_id), host_id, worker_id, key_name)).encode()
+        return hmac.new(self.key, message, hashlib.sha256).digest()[:TOKEN_BYTES]
+
+    def valid(self, token: bytes, unit_id: int, host_id: str, worker_id: str, key_name: str = "") -> bool:
+        return len(token) == TOKEN_BYTES and hmac.compare_digest(
+            token, self.token(unit_id, host_id, worker_id, key_name))
