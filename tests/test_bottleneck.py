@@ -74,7 +74,7 @@ def _settled_status(metrics_url: str, running, timeout: float = 60.0) -> dict:
 
 
 def test_status_names_decode_when_one_worker_core_feeds_a_fast_device(manifest, run_job):
-    consumer = consumer_for(manifest.uri, epochs=40, accel=SimulatedAccelerator(20_000), image_size=224)
+    consumer = consumer_for(manifest.uri, epochs=100, accel=SimulatedAccelerator(20_000), image_size=224)
     job = run_job(consumer, hosts=1)
     url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
     time.sleep(6)  # a full window of steady running

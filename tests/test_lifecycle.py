@@ -118,8 +118,8 @@ def test_worker_daemons_die_with_their_stoker_run(manifest, tmp_path):
     try:
         assert wait_for(lambda: not _port_free(port) and not _port_free(port + 1), timeout=60)
         daemons = _children(run.pid)
-        family = daemons + [c for d in daemons for c in _children(d)]
-        assert len(family) >= 4  # two daemons, each with a decode process (and a resource tracker)
+        assert len(daemons) == 2 and wait_for(lambda: all(_children(d) for d in daemons), timeout=30)
+        family = daemons + [c for d in daemons for c in _children(d)]  # each with its decode process
         run.send_signal(signal.SIGKILL)
         run.wait(10)
         assert wait_for(lambda: _gone(family), timeout=10), "daemons outlived stoker run"
@@ -147,3 +147,55 @@ def test_once_daemons_leave_as_soon_as_stoker_train_finishes(manifest, log_dir, 
         daemon.stop()
         if train.poll() is None:
             train.kill()
+
+
+def _fake_dispatcher(endpoint: str, job, stop) -> None:
+    """Answers a daemon like a dispatcher would, with a job its processes cannot start on."""
+    import zmq
+
+    from protos import stoker_pb2 as pb
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    try:
+        while not stop.is_set():
+            if not sock.poll(100):
+                continue
+            peer, payload = sock.recv_multipart()
+            request = pb.ControlRequest()
+            request.ParseFromString(payload)
+            kind = request.WhichOneof("kind")
+            reply = pb.ControlReply(request_id=request.request_id)
+            if kind == "register":
+                reply.registered.job.CopyFrom(job)
+            elif kind == "lease":
+                reply.wait.retry_after_s = 0.2
+            else:
+                reply.ok.SetInParent()
+            sock.send_multipart([peer, reply.SerializeToString()])
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_process_that_crashes_at_start_up_is_restarted_with_back_off(manifest, log_dir):
+    import threading
+
+    from protos import stoker_pb2 as pb
+
+    control = f"tcp://127.0.0.1:{free_port()}"
+    job = pb.JobSpec(job_id="crashy", manifest_uri=manifest.uri, data_endpoint="not an endpoint", batch_size=16,
+                     image_size=64, transform="train", min_area=0.05, max_area=1.0, heartbeat_s=0.5,
+                     dataset="imagenet")
+    stop = threading.Event()
+    server = threading.Thread(target=_fake_dispatcher, args=(control, job, stop), daemon=True)
+    server.start()
+    daemon = Daemon(control, "h0", 1, log_dir, once=False)
+    try:
+        assert wait_for(lambda: "crashed 4 time(s) in a row; restarting it in 2.0 s" in daemon.output(), timeout=40), \
+            daemon.output()[-3000:]
+        time.sleep(1.0)
+        assert daemon.output().count("died with exit code") == 4  # still waiting out the back-off
+    finally:
+        daemon.stop()
+        stop.set()
