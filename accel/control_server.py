@@ -27,7 +27,7 @@ from accel.dispatcher import Dispatcher
 from accel.metrics import ConsumerMetrics
 from accel.receiver import send_error
 from protos import stoker_pb2 as pb
-from protos.curve import CONSUMER, WORKER, Caller, ServerKeys, caller_of
+from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import LeaseSigner
 
@@ -90,7 +90,7 @@ class ControlServer:
         if kind is None or _too_long(getattr(request, kind)):
             self._drop("bad_header", peer)
             return
-        caller = caller_of(frames[1])
+        caller = caller_of(frames[1]) if self.access.keyed else NOBODY
         refusal = self.access.refusal(kind, caller, request)
         if refusal is not None:
             self._drop(refusal, peer)

@@ -28,7 +28,7 @@ from accel.ledger import InvalidBatch, Ledger, Skipped, Step
 from accel.metrics import ConsumerMetrics
 from accel.schema import BatchSchema
 from protos import stoker_pb2 as pb
-from protos.curve import WORKER, Caller, caller_of
+from protos.curve import NOBODY, WORKER, Caller, caller_of
 from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
 from protos.leases import LeaseSigner
 
@@ -131,7 +131,7 @@ class Receiver:
         except FrameError as exc:
             self._drop(exc.reason, peer_id, str(exc))
             return
-        caller = caller_of(body[0])
+        caller = caller_of(body[0]) if self.keyed else NOBODY  # who, by the key its connection proved
         kind = message.WhichOneof("kind")
         peer = self.peers.get(peer_id)
         if peer is not None:

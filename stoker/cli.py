@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
+from protos.job_secret import ENV as JOB_SECRET_ENV
 from stoker import __version__, cli_experiments
 from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, float_in, int_at_least
 
@@ -328,8 +330,6 @@ def _prepare_wikipedia(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    import os
-
     from workers.multiproc import ENV, prepare_multiproc_dir, remove_multiproc_dir
 
     ours = ENV not in os.environ
@@ -492,6 +492,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      "not both")
     if command == "train" and args.job_secret and not args.dispatcher:
         parser.error("train: --job-secret is for attaching to a `stoker dispatch` (--dispatcher)")
+    if command == "train" and args.dispatcher and not (args.keys or args.job_secret or os.environ.get(JOB_SECRET_ENV)):
+        parser.error("train: argument --dispatcher: without --keys the consumer proves itself with the job secret: "
+                     "pass --job-secret FILE (the file `stoker dispatch` wrote) or set $STOKER_JOB_SECRET")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")

@@ -33,6 +33,7 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["worker", "--connect", "tcp://127.0.0.1:1", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
     (["dispatch", "--data", "x", "--consumer", "tcp://127.0.0.1:1", "--metrics-port", "-7"], "--metrics-port"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
+    (["train", "--dispatcher", "tcp://127.0.0.1:1"], "--dispatcher"),
 ])
 def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
     result, took = _stoker(*args)
