@@ -97,15 +97,16 @@ class ControlServer:
             self._send(peer, pb.ControlReply(request_id=request.request_id,
                                              error=pb.Error(message=_REFUSED[refusal])).SerializeToString())
             return
-        cached = self._last_reply.get(peer)
+        asker = peer + b"\0" + caller.name.encode()  # a reply is only ever repeated to the key it was made for
+        cached = self._last_reply.get(asker)
         if cached and cached[0] == request.request_id:
             self._send(peer, cached[1])
             return
         reply = self._answer(request, caller)
         reply.request_id = request.request_id
         payload = reply.SerializeToString()
-        self._last_reply[peer] = (request.request_id, payload)
-        self._last_reply.move_to_end(peer)
+        self._last_reply[asker] = (request.request_id, payload)
+        self._last_reply.move_to_end(asker)
         if len(self._last_reply) > REPLY_CACHE_PEERS:
             self._last_reply.popitem(last=False)
         self._send(peer, payload)
@@ -125,7 +126,7 @@ class ControlServer:
             lease = request.lease
             if d.finished:
                 return self._finished(lease.host_id)
-            unit = d.lease(lease.host_id, lease.worker_id, request.request_id)
+            unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name)
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
             token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)

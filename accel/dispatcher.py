@@ -22,6 +22,7 @@ class Lease:
     worker_id: str
     leased_at: float
     request_id: int = 0  # the worker's request that got it: a retry of that request gets this unit again
+    key: str = ""  # the CURVE key it was leased to ("" without keys): only that key's retry gets it again
 
 
 @dataclass
@@ -60,8 +61,8 @@ class Dispatcher:
         now = self.clock()
         for unit in units:  # leases from before a restart stay with their hosts for one host timeout
             if unit.unit_id in open_leases and unit.unit_id not in self._done:
-                host, worker, request_id = open_leases[unit.unit_id]
-                self._leased[unit.unit_id] = Lease(unit, host, worker, now, request_id)
+                host, worker, request_id, key = open_leases[unit.unit_id]
+                self._leased[unit.unit_id] = Lease(unit, host, worker, now, request_id, key)
                 self._hosts.setdefault(host, now)
         self._pending = deque(u for u in units if u.unit_id not in self._done and u.unit_id not in self._leased)
         self._pending_ids = {u.unit_id for u in self._pending}
@@ -94,7 +95,7 @@ class Dispatcher:
             self.release(lease.host_id, [lease.worker_id], "lease_expired")
 
     # ---- units -------------------------------------------------------------------------
-    def lease(self, host_id: str, worker_id: str, request_id: int = 0) -> Unit | None:
+    def lease(self, host_id: str, worker_id: str, request_id: int = 0, key: str = "") -> Unit | None:
         """The next unit for this worker, or None when every remaining unit is leased.
 
         A worker repeats a request whose answer it did not get. When the dispatcher died between
@@ -104,7 +105,7 @@ class Dispatcher:
         self._hosts[host_id] = self.clock()
         if request_id:
             for lease in self._leased.values():
-                if lease.worker_id == worker_id and lease.request_id == request_id:
+                if lease.worker_id == worker_id and lease.request_id == request_id and lease.key == key:
                     return lease.unit
         while self._pending:
             unit = self._pending.popleft()
@@ -112,8 +113,8 @@ class Dispatcher:
             if unit.unit_id in self._done:
                 continue
             if self.journal:
-                self.journal.lease(unit.unit_id, host_id, worker_id, request_id)
-            self._leased[unit.unit_id] = Lease(unit, host_id, worker_id, self.clock(), request_id)
+                self.journal.lease(unit.unit_id, host_id, worker_id, request_id, key)
+            self._leased[unit.unit_id] = Lease(unit, host_id, worker_id, self.clock(), request_id, key)
             return unit
         return None
 

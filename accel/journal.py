@@ -21,7 +21,7 @@ class Replayed:
     job: dict
     lease_key: bytes = b""
     done: set[int] = field(default_factory=set)
-    leases: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # unit -> (host, worker, request id)
+    leases: dict[int, tuple[str, str, int, str]] = field(default_factory=dict)  # unit -> (host, worker, request, key)
 
 
 class Journal:
@@ -49,8 +49,8 @@ class Journal:
         self._file.flush()
         os.fsync(self._file.fileno())
 
-    def lease(self, unit_id: int, host_id: str, worker_id: str, request_id: int = 0) -> None:
-        self._write({"lease": unit_id, "host": host_id, "worker": worker_id, "request": request_id})
+    def lease(self, unit_id: int, host_id: str, worker_id: str, request_id: int = 0, key: str = "") -> None:
+        self._write({"lease": unit_id, "host": host_id, "worker": worker_id, "request": request_id, "key": key})
 
     def ack(self, unit_id: int) -> None:
         self._write({"ack": unit_id})
@@ -79,7 +79,8 @@ def replay(path: Path) -> Replayed:
     state = Replayed(job=events[0]["job"], lease_key=bytes.fromhex(events[0].get("lease_key", "")))
     for event in events[1:]:
         if "lease" in event:
-            state.leases[event["lease"]] = (event["host"], event["worker"], event.get("request", 0))
+            state.leases[event["lease"]] = (event["host"], event["worker"], event.get("request", 0),
+                                            event.get("key", ""))
         elif "ack" in event:
             state.done.add(event["ack"])
             state.leases.pop(event["ack"], None)

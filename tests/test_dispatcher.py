@@ -132,3 +132,5 @@ def test_a_repeated_lease_request_gets_the_same_unit_from_a_restarted_dispatcher
     assert second.lease("h0", "h0/p0.1", request_id=7).unit_id == granted.unit_id
     assert second.lease("h0", "h0/p0.1", request_id=8).unit_id != granted.unit_id  # the next request: a new unit
     assert second.lease("h1", "h1/p0.1", request_id=7).unit_id != granted.unit_id  # another worker's ids are its own
+    third = second.lease("h0", "h0/p0.1", request_id=9, key="cpu-0")
+    assert second.lease("h0", "h0/p0.1", request_id=9, key="rogue").unit_id != third.unit_id  # nor another key's
