@@ -93,6 +93,24 @@ class ReceivedTensors:
         parts = self.parts[name]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def rows(self, start: int, stop: int) -> ReceivedTensors:
+        """Rows [start, stop) of every tensor (views). A ragged tensor (`X` with row ends `X_end`,
+        as JPEG bytes travel) is cut at its row ends."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for name in self.parts:
+            if f"{name}_end" in self.parts:
+                ends = self.array(f"{name}_end")
+                first = int(ends[start - 1]) if start else 0
+                last = int(ends[stop - 1]) if stop > start else first
+                parts[name] = [self.array(name)[first:last]]
+            elif name.endswith("_end") and name[:-4] in self.parts:
+                ends = self.array(name)
+                first = int(ends[start - 1]) if start else 0
+                parts[name] = [ends[start:stop] - first]
+            else:
+                parts[name] = [self.array(name)[start:stop]]
+        return ReceivedTensors(parts, sum(p.nbytes for arrays in parts.values() for p in arrays))
+
 
 def decode_tensors(header: pb.BatchHeader, frames: Sequence[object]) -> ReceivedTensors:
     """Check every frame against the header and view it as numpy; raise FrameError if off."""

@@ -7,9 +7,9 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from protos.job_secret import ENV as JOB_SECRET_ENV
 from stoker import __version__, cli_experiments
 from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, float_in, int_at_least
 
@@ -37,6 +37,8 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
                    help="where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes "
                         "and crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)")
     p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
+    p.add_argument("--world-size", type=POSITIVE, default=None,
+                   help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
     text = p.add_argument_group("wikipedia (BERT pretraining) options")
     text.add_argument("--seq-len", type=int_at_least(8), default=128, help="tokens per row (default 128)")
     text.add_argument("--max-predictions", type=NON_NEGATIVE, default=0,
@@ -174,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--job-secret", metavar="FILE",
                        help="with --dispatcher and no --keys: the job secret `stoker dispatch` wrote (or set "
                             "$STOKER_JOB_SECRET); it proves this process is the job's consumer")
+    train.add_argument("--rank", type=NON_NEGATIVE, default=None,
+                       help="this consumer's data-parallel rank (default 0, or $RANK); ranks other than 0 attach "
+                            "to rank 0's dispatcher (--dispatcher, default its control port on $MASTER_ADDR)")
     train.add_argument("--key-name", default="consumer",
                        help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
                             "consumer; default: consumer)")
@@ -182,7 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal")
     dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
-    dispatch.add_argument("--consumer", required=True, help="the consumer's data endpoint, e.g. tcp://accel-0:5560")
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
     dispatch.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND)
     dispatch.add_argument("--advertise-host")
@@ -240,7 +244,14 @@ def _job_args(args: argparse.Namespace) -> dict:
                       pack_max_sequences=args.pack_max_sequences)
     return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
                 image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
-                checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text)
+                checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text,
+                world_size=_world_size(args))
+
+
+def _world_size(args: argparse.Namespace) -> int:
+    from accel.loader import ranks_from_env
+
+    return ranks_from_env(getattr(args, "rank", None), args.world_size, None)[1]
 
 
 def _accel_spec(args: argparse.Namespace):
@@ -352,23 +363,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.accelerators import NullAccelerator, make_accelerator
     from accel.consumer import Consumer
     from accel.job import JobConfig
+    from accel.loader import ranks_from_env
     from stoker.embedded import Progress, print_summary
 
-    job = None if args.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
-                                                 **_job_args(args))
+    rank, world_size, _ = ranks_from_env(args.rank, args.world_size, None)
+    cfg = _consumer_config(args)
+    if rank and not cfg.dispatcher:  # rank 0's dispatcher, on its control port at $MASTER_ADDR
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        cfg = replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
+    job = None if cfg.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
+                                                **_job_args(args))
     resume = None
     if args.resume and args.resume == args.checkpoint and not Path(args.resume).exists():
         print(f"stoker train: no checkpoint at {args.resume} yet; starting the job from the beginning")
     elif args.resume:
         resume = checkpoint.load(args.resume)
-    consumer = Consumer(_consumer_config(args), job, NullAccelerator(), resume=resume)
+    consumer = Consumer(cfg, job, NullAccelerator(), resume=resume, rank=rank,
+                        world_size=world_size if cfg.dispatcher and args.world_size else None)
     consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, consumer.job.text.seq_len)
     if args.resume and checkpoint.load_model(consumer.accelerator, args.resume):
         print(f"stoker train: model and optimizer restored from {checkpoint.model_path(args.resume)}")
     consumer.start()
     job = consumer.job
-    print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
+    ranks = f" (rank {rank} of {job.world_size})" if job.world_size > 1 else ""
+    print(f"stoker train: job {job.job_id}{ranks}; workers connect to {consumer.control_endpoint}"
           + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
     progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress, job.dataset)
     steps = 0
@@ -409,7 +428,7 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
 
     job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
     service = DispatchService(DispatchConfig(
-        consumer=args.consumer, control_bind=args.control_bind, advertise_host=args.advertise_host,
+        control_bind=args.control_bind, advertise_host=args.advertise_host,
         journal=args.journal, host_timeout_s=args.host_timeout,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port, metrics_addr=args.metrics_addr,
         keys=args.keys, insecure=args.insecure, job_secret=args.job_secret), job)
@@ -487,14 +506,12 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     from protos.curve import is_loopback
 
     command = args.command
-    if command == "train" and bool(args.data) == bool(args.dispatcher):
+    ranked = command == "train" and bool(args.rank or os.environ.get("RANK", "0") not in ("", "0"))
+    if command == "train" and not ranked and bool(args.data) == bool(args.dispatcher):
         parser.error("train: give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), "
                      "not both")
-    if command == "train" and args.job_secret and not args.dispatcher:
-        parser.error("train: --job-secret is for attaching to a `stoker dispatch` (--dispatcher)")
-    if command == "train" and args.dispatcher and not (args.keys or args.job_secret or os.environ.get(JOB_SECRET_ENV)):
-        parser.error("train: argument --dispatcher: without --keys the consumer proves itself with the job secret: "
-                     "pass --job-secret FILE (the file `stoker dispatch` wrote) or set $STOKER_JOB_SECRET")
+    if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
+        parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")

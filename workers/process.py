@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from pipeline.plan import Unit
+from pipeline.plan import Segment, Unit
 from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
@@ -71,7 +71,13 @@ def run_process(spec: ProcessSpec) -> int:
     metrics.processes.inc()
     ctx = zmq.Context()
     control = ControlClient(ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
-    sender = DataSender(ctx, job.data_endpoint, spec.host_id, spec.worker_id, job.job_id, curve=spec.curve)
+    senders: dict[str, DataSender] = {}  # one per rank's data socket, made when a unit first goes there
+
+    def sender_for(endpoint: str) -> DataSender:
+        if endpoint not in senders:
+            senders[endpoint] = DataSender(ctx, endpoint, spec.host_id, spec.worker_id, job.job_id, curve=spec.curve)
+        return senders[endpoint]
+
     try:
         while not stop():
             reply = control.request(pb.ControlRequest(
@@ -80,13 +86,16 @@ def run_process(spec: ProcessSpec) -> int:
             if kind == "finished":
                 return EXIT_FINISHED
             if kind == "wait":
-                time.sleep(reply.wait.retry_after_s)
+                _idle(senders.values(), reply.wait.retry_after_s)
                 continue
             if kind != "unit":
                 raise RuntimeError(f"unexpected reply to a lease request: {reply}")
             w = reply.unit
-            unit = Unit(w.unit_id, w.epoch, w.shard_index, w.start, w.stop, w.first_sample_id)
-            sender.lease = Lease(w.unit_id, w.lease_token)
+            unit = Unit(w.unit_id, w.epoch, tuple(Segment(g.shard_index, g.start, g.stop, g.first_sample_id)
+                                                  for g in w.segments), w.rank, w.position)
+            log.debug("%s: leased unit %d", spec.worker_id, w.unit_id)
+            sender = sender_for(w.data_endpoint or job.data_endpoint)
+            sender.start_unit(Lease(w.unit_id, w.lease_token))
             try:
                 for batch in source.batches(unit):
                     _send_batch(job, spec, unit, batch, sender, metrics, stop)
@@ -97,7 +106,8 @@ def run_process(spec: ProcessSpec) -> int:
             except LeaseRefused as exc:
                 log.warning("%s: unit %d: %s; handing it back", spec.worker_id, unit.unit_id, exc)
                 control.request(pb.ControlRequest(release=pb.Release(
-                    host_id=spec.host_id, worker_ids=[spec.worker_id], reason="lease refused")), should_stop=stop)
+                    host_id=spec.host_id, worker_ids=[spec.worker_id], unit_ids=[unit.unit_id],
+                    reason="lease refused")), should_stop=stop)
         return EXIT_FINISHED
     except DispatcherUnreachable as exc:
         if stop():
@@ -109,9 +119,20 @@ def run_process(spec: ProcessSpec) -> int:
         return EXIT_REJECTED
     finally:
         metrics.processes.dec()
-        sender.close()
+        for sender in senders.values():
+            sender.close()
         control.close()
         ctx.term()
+
+
+def _idle(senders, seconds: float) -> None:
+    """Wait for a lease; every consumer this process sends to hears that it is still alive."""
+    senders = list(senders)
+    if not senders:
+        time.sleep(seconds)
+        return
+    for sender in senders:
+        sender.idle(seconds / len(senders))
 
 
 def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender,

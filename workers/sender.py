@@ -48,11 +48,21 @@ class DataSender:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # replies are credits and rejects: tiny
         sock.setsockopt_string(zmq.IDENTITY, worker_id)
-        if curve is not None:
-            curve.apply(sock)
-        sock.connect(endpoint)
+        try:
+            if curve is not None:
+                curve.apply(sock)
+            sock.connect(endpoint)
+        except zmq.ZMQError:
+            sock.close(0)  # an unclosed socket would hang the context's term()
+            raise
         self.socket = sock
         self._welcomed = False  # the consumer answered our hello
+
+    def start_unit(self, lease: Lease) -> None:
+        """The next unit goes to this consumer: say so at once, so that a consumer waiting for exactly
+        this unit (it delivers in plan order) knows who makes it, and can grant credit for it."""
+        self.lease = lease
+        self._hello()
 
     def _hello(self) -> None:
         lease = self.lease or Lease(0, b"")
@@ -96,7 +106,7 @@ class DataSender:
             self.credit = 0
             self._welcomed = False
             raise LeaseRefused(f"consumer at {self.endpoint} no longer knows this sender: {reject.reason}")
-        if reject.code == "not_leaseholder":
+        if reject.code in ("not_leaseholder", "yield"):
             if self.lease is not None and reject.unit_id != self.lease.unit_id:
                 return  # about a unit this process has already finished with
             raise LeaseRefused(f"consumer at {self.endpoint} refused the lease: {reject.reason}")
@@ -122,6 +132,16 @@ class DataSender:
             self._read_replies(100)
         return time.perf_counter() - started
 
+    def idle(self, seconds: float) -> None:
+        """Wait between units (no lease to be had yet) while answering pings: this sender is alive.
+        A refusal heard now is about a unit already finished, or says the slot was freed."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._read_replies(int(left * 1000))
+            except LeaseRefused:
+                continue
+
     def send(self, header: pb.BatchHeader, frames: list[object]) -> int:
         """Send one batch; the caller must hold credit. Frames go out without a copy.
 
@@ -131,6 +151,7 @@ class DataSender:
         self._read_replies(0)  # answer pings, hear rejects, between batches too
         if self.lease is not None:
             header.lease_token = self.lease.token
+        header.host_id = self.host_id
         message = pb.DataMessage(batch=header).SerializeToString()
         self.socket.send_multipart([message, *frames], copy=False)
         self.credit -= 1
