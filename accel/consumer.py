@@ -302,6 +302,7 @@ class Consumer:
             self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
                                       self.metrics, self._unit_done, schema_of(self.job), self.leases, self.order,
                                       keyed=keys is not None, sender_timeout_s=self.cfg.sender_timeout_s,
+                                      on_unit_received=self.dispatcher.received,
                                       budget=self._credit_budget())
             tasks += [pump(data, self._receiver.handle, self._stop), self._sweep_senders()]
             if isinstance(self.dispatcher, RemoteAcks):
@@ -484,6 +485,10 @@ class Consumer:
             deadline = time.monotonic() + self.cfg.finish_linger_s
             while self._on_loop(server.hosts_not_told) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        if isinstance(self.dispatcher, RemoteAcks) and alive:  # acks still on their way must arrive
+            deadline = time.monotonic() + self.cfg.finish_linger_s
+            while self._on_loop(lambda: bool(self.dispatcher.unsent)) and time.monotonic() < deadline:
+                time.sleep(0.02)
         self._stop.set()
         self.bottleneck.stop()
         if self._thread is not None:

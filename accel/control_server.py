@@ -159,6 +159,8 @@ class ControlServer:
             return pb.ControlReply(error=pb.Error(message="attach first"))
         d.rank_heard(*rank)
         if kind == "ack":
+            for unit_id in request.ack.received:
+                d.received(unit_id)
             counts = list(request.ack.batches)
             for i, unit_id in enumerate(request.ack.unit_ids):
                 d.ack(unit_id, counts[i] if i < len(counts) else None)

@@ -65,6 +65,7 @@ class Dispatcher:
     _prefix: dict[tuple[int, int], tuple[int, int]] = field(init=False, default_factory=dict)  # (epoch, rank) ->
     # (units, batches) a resumed job starts from: those units' counts are not known one by one
     _batches: dict[int, int] = field(init=False, default_factory=dict)  # unit -> batches it gave (acked)
+    _received: dict[int, Unit] = field(init=False, default_factory=dict)  # all batches at their rank, not yet acked
     _stream_batches: dict[int, dict[int, int]] = field(init=False, default_factory=dict)  # epoch -> rank -> batches
     total_units: int = field(init=False)
 
@@ -129,6 +130,10 @@ class Dispatcher:
         if owner and owner[0] != consumer_id and now - owner[1] <= self.host_timeout_s:
             raise RankError(f"rank {rank} is already taken by consumer {owner[0]!r}, heard from "
                             f"{now - owner[1]:.1f} s ago")
+        if owner and owner[0] != consumer_id:  # a new consumer for the rank: what the old one held is gone
+            for unit in [u for u in self._received.values() if u.rank == rank]:
+                del self._received[unit.unit_id]
+                self._requeue(unit)
         self._ranks[rank] = (consumer_id, now)
         if data_endpoint:
             self._endpoints[rank] = data_endpoint
@@ -217,6 +222,12 @@ class Dispatcher:
             for entry in waiting:
                 heapq.heappush(self._pending, entry)
 
+    def received(self, unit_id: int) -> None:
+        """Every batch of the unit is at its rank: its lease is over, and no lost host makes it redone."""
+        lease = self._leased.pop(unit_id, None)
+        if lease is not None and unit_id not in self._done:
+            self._received[unit_id] = lease.unit
+
     def ack(self, unit_id: int, batches: int | None = None) -> bool:
         """The consumer has stepped every batch of the unit (`batches` of them); True the first time."""
         if unit_id in self._done or unit_id not in self._known:
@@ -227,6 +238,7 @@ class Dispatcher:
             self.journal.ack(unit_id, batches)
         self._done.add(unit_id)
         self._leased.pop(unit_id, None)
+        self._received.pop(unit_id, None)
         self._pending_ids.discard(unit_id)
         return True
 
@@ -250,20 +262,6 @@ class Dispatcher:
                 self.on_release(reason, len(lost))
         return len(lost)
 
-    def release_unit(self, unit_id: int, reason: str) -> bool:
-        """Hand one leased unit out again (its batches did not add up); True if it was leased."""
-        lease = self._leased.get(unit_id)
-        if lease is None:
-            return False
-        if self.journal:
-            self.journal.release([unit_id])
-        del self._leased[unit_id]
-        self._requeue(lease.unit)
-        self._releases += 1
-        if self.on_release:
-            self.on_release(reason, 1)
-        return True
-
     def _requeue(self, unit: Unit) -> None:
         heapq.heappush(self._pending, (self._order[unit.unit_id], unit.unit_id, unit))
         self._pending_ids.add(unit.unit_id)
@@ -279,5 +277,5 @@ class Dispatcher:
         return len(self._done) == self.total_units
 
     def stats(self) -> DispatcherStats:
-        return DispatcherStats(len(self._pending_ids), len(self._leased), len(self._done),
+        return DispatcherStats(len(self._pending_ids), len(self._leased) + len(self._received), len(self._done),
                                len(self._hosts), self._releases)

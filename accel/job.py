@@ -55,7 +55,7 @@ class JobConfig:
         return self.batch_size * self.unit_batches
 
     def plan(self, manifest) -> EpochPlan:
-        return EpochPlan(manifest, self.unit_size, self.epochs, self.seed, self.world_size)
+        return EpochPlan(manifest, self.unit_size, self.epochs, self.seed, self.world_size, self.batch_size)
 
     def planned_batches(self, unit: Unit) -> int | None:
         """Images: a unit gives ceil(size / batch size) batches whatever is skipped (a skipped image

@@ -44,6 +44,7 @@ class _UnitProgress:
     admitted: set[int] = field(default_factory=set)
     stepped: set[int] = field(default_factory=set)  # batch indexes a training step has used
     expected: int | None = None  # known once the unit's last batch arrives
+    admitted_last: int | None = None  # batches the unit has, known when its last batch is admitted
     covered: set[int] = field(default_factory=set)  # sample ids stepped or skipped
 
 
@@ -78,7 +79,7 @@ class Ledger:
             raise InvalidBatch(f"sample ids outside unit {unit_id}")
 
     def admit(self, epoch: int, unit_id: int, batch_index: int, sample_ids: np.ndarray,
-              skipped_ids: np.ndarray | None = None) -> bool:
+              skipped_ids: np.ndarray | None = None, last: bool = False) -> bool:
         """True if the batch is new; False (and counted) if it is a duplicate."""
         skipped_ids = np.empty(0, dtype=np.int64) if skipped_ids is None else skipped_ids
         self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
@@ -90,7 +91,14 @@ class Ledger:
         if progress is None:
             progress = self._units[unit_id] = _UnitProgress(self.plan.unit(unit_id).size)
         progress.admitted.add(batch_index)
+        if last:
+            progress.admitted_last = batch_index + 1
         return True
+
+    def received(self, unit_id: int) -> bool:
+        """Every batch of the unit is here (not necessarily stepped)."""
+        progress = self._units.get(unit_id)
+        return progress is not None and progress.admitted_last == len(progress.admitted)
 
     def record_skips(self, epoch: int, skipped: list[Skipped]) -> None:
         for item in skipped:

@@ -15,11 +15,10 @@ A rank's batches leave in plan order (accel.stream); the ones that come early wa
 Memory is bounded per rank: every sender has at most `window` batches in flight, queued for
 the step or held, plus the batches of a unit it has started (so that it can always finish
 that unit and lease the next, which is the earliest one pending: accel.dispatcher), and all
-senders together at most `budget` batches. Two rules keep the order from stalling: the
-sender of the very unit the rank waits for gets a credit whenever it has none; and when that
-unit has had no sender for a while (its host died after the others had moved on) a sender
-stuck without credit is asked to yield its unit (hand it back and lease again: the earliest
-unit comes first).
+senders together at most `budget` batches. The sender of the very unit the rank waits for
+gets a credit whenever order, not the step, holds it back; and a worker process whose batch
+waits too long for credit hands its unit back and leases the earliest pending one
+(workers.process), so a unit nobody makes any more (its host died) cannot stall the rank.
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ from protos.leases import LeaseSigner
 log = logging.getLogger("stoker.consumer")
 MAX_SENDERS = 4096  # credit windows held at once; memory stays bounded however many peers say hello
 PING_AFTER_S = 2.0  # a sender silent this long is asked whether it is still there
-UNHELD_S = 2.0  # the unit a rank waits for has had no sender this long: a stuck sender is asked to yield
 
 
 @dataclass
@@ -129,7 +127,7 @@ class Receiver:
     def __init__(self, socket: zmq.Socket, job_id: str, window: int, ledger: Ledger,
                  out: queue.Queue, metrics: ConsumerMetrics, on_unit_done: Callable[[int], None],
                  schema: BatchSchema, leases: LeaseSigner, order: StreamOrder, keyed: bool = False,
-                 on_unit_incomplete: Callable[[int], None] = lambda unit_id: None,
+                 on_unit_received: Callable[[int], None] = lambda unit_id: None,
                  sender_timeout_s: float = 30.0, budget: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.socket = socket
@@ -140,14 +138,12 @@ class Receiver:
         self.out = out
         self.metrics = metrics
         self.on_unit_done = on_unit_done
-        self.on_unit_incomplete = on_unit_incomplete
+        self.on_unit_received = on_unit_received  # all its batches are here: nobody need make it again
         self.leases = leases
         self.order = order
         self.budget = budget or MAX_SENDERS * window  # batches all senders together may have in hand
         self._holder: dict[int, bytes] = {}  # unit -> the peer that said it works on it (for in-order credit)
         self._in_hand = 0  # credits outstanding plus batches held or queued here, over every sender
-        self._asked_to_yield = 0.0  # when a stuck sender was last asked to yield its unit
-        self._unheld: tuple[int, float] = (-1, 0.0)  # (unit, since when) the rank waits for a unit nobody is on
         self._batches_of: dict[int, int] = {}  # unit -> batches it gave, once its last one arrived
         self.keyed = keyed  # CURVE: senders must be connected with a worker key
         self.sender_timeout_s = sender_timeout_s
@@ -274,7 +270,8 @@ class Receiver:
             sample_ids = np.asarray(header.sample_ids, dtype=np.int64)
             skipped_ids = np.asarray([s.sample_id for s in header.skipped], dtype=np.int64)
             self.schema.check(header, tensors.parts)
-            fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids, skipped_ids)
+            fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids, skipped_ids,
+                                      header.last_in_unit)
         except (FrameError, InvalidBatch) as exc:
             self._drop(exc.reason, peer_id, str(exc))
             self._grant(peer_id, 1)
@@ -283,6 +280,8 @@ class Receiver:
             self.metrics.duplicates.inc(len(sample_ids))
             self._grant(peer_id, 1)
             return
+        if self.ledger.received(header.unit_id):
+            self.on_unit_received(header.unit_id)
         self._holder[header.unit_id] = peer_id
         peer.working_on(header.unit_id)
         peer.unit_complete = peer.unit_complete or header.last_in_unit
@@ -370,24 +369,8 @@ class Receiver:
             return
         peer_id = self._holder.get(unit.unit_id)
         peer = self.peers.get(peer_id) if peer_id is not None else None
-        if peer is not None and peer.unit == unit.unit_id:  # it is making that unit now
-            if self._blocked_by_order(peer):
-                self._grant(peer_id, 1)
-            return
-        now = self.clock()
-        if self._unheld[0] != unit.unit_id:
-            self._unheld = (unit.unit_id, now)
-        if now - self._unheld[1] < UNHELD_S or now - self._asked_to_yield < UNHELD_S:
-            return
-        stuck = [(pid, p) for pid, p in self.peers.items()
-                 if p.outstanding == 0 and p.unit != unit.unit_id and not p.held_current]
-        if stuck:
-            pid, p = stuck[0]
-            self._asked_to_yield = now
-            log.info("unit %d has no sender and the credit budget is spent: asking %s to yield unit %d",
-                     unit.unit_id, p.worker_id, p.unit)
-            self._reject(pid, "yield", f"unit {unit.unit_id} comes first", p.unit)
-
+        if peer is not None and peer.unit == unit.unit_id and self._blocked_by_order(peer):  # it makes it now
+            self._grant(peer_id, 1)
     # ---- sender slots --------------------------------------------------------------------
     def sweep(self) -> None:
         """Ping senders that have been quiet; free the slots of those that let a ping go unanswered

@@ -83,15 +83,25 @@ class RemoteAcks:
         self.data_endpoint = ""  # set once the rank's data socket is bound
         self._acked: set[int] = set(done_before)
         self._unsent: dict[int, int] = {}  # unit -> its batches
+        self._received: set[int] = set()  # units whose batches are all here, to tell
         self.finished = False  # every unit of the job is done (the dispatcher said so)
         self.on_finished: Callable[[], None] = lambda: None
         self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._sock: zmq.asyncio.Socket | None = None
+        self._in_flight = 0
         self._lock: asyncio.Lock | None = None
 
     def ack(self, unit_id: int, batches: int | None = None) -> bool:
         self._unsent[unit_id] = batches or 0
         return True
+
+    def received(self, unit_id: int) -> None:
+        self._received.add(unit_id)
+
+    @property
+    def unsent(self) -> int:
+        """Acks not yet taken by the dispatcher."""
+        return len(self._unsent) + self._in_flight
 
     def done_units(self) -> list[int]:
         return sorted(self._acked | set(self._unsent))
@@ -107,14 +117,19 @@ class RemoteAcks:
         try:
             while not stop.is_set():
                 now = asyncio.get_running_loop().time()
-                if self._unsent or now >= next_beat:
-                    batch = dict(self._unsent)
+                if self._unsent or self._received or now >= next_beat:
+                    batch, received = dict(self._unsent), set(self._received)
+                    self._unsent.clear()
+                    self._received.clear()
+                    self._in_flight = len(batch)
                     reply = await self.call(pb.ControlRequest(ack=pb.Ack(unit_ids=list(batch),
-                                                                         batches=list(batch.values()))), stop)
+                                                                         batches=list(batch.values()),
+                                                                         received=sorted(received))), stop)
+                    self._in_flight = 0
                     if reply is None:
+                        self._unsent.update(batch)
+                        self._received |= received
                         continue
-                    for unit in batch:
-                        self._unsent.pop(unit, None)
                     self._acked |= set(batch)
                     next_beat = now + HEARTBEAT_S
                     if reply.WhichOneof("kind") == "finished" and not self.finished:

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.augment import Crop, DecodeError, Transform, decode_augment, jpeg_size
-from pipeline.plan import Unit
+from pipeline.plan import Unit, batch_bounds
 from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
 
@@ -142,13 +142,14 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
     """Every batch of `unit`: its rows in their seeded order, cut every `batch_size` rows (they may
     come from several shards: `reader_of(shard index)` gives a reader, or why the shard is
     unusable). An unusable image leaves its batch a row short, so a unit always gives
-    ceil(size / batch_size) batches (at least one, possibly empty, marked last)."""
+    ceil(size / batch_size) batches (at least one, possibly empty, marked last), cut as
+    `pipeline.plan.batch_bounds` says."""
     rows = unit.rows(seed)
-    count = max(1, -(-len(rows) // batch_size))
-    for index in range(count):
+    bounds = batch_bounds(len(rows), batch_size)
+    for index, (start, stop) in enumerate(bounds):
         samples: list[_Sample] = []
         skipped: list[tuple[int, str, str]] = []
-        for shard, row, sample_id in rows[index * batch_size:(index + 1) * batch_size]:
+        for shard, row, sample_id in rows[start:stop]:
             reader = reader_of(shard)
             if isinstance(reader, str):
                 skipped.append((sample_id, f"shard {shard} row {row}", reader))
@@ -159,7 +160,7 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
                 skipped.append((sample_id, reader.key(row), str(exc)))
                 continue
             samples.append(_Sample(sample_id, reader.label(row), prepared))
-        yield _assemble(work, samples, skipped, index, last=index == count - 1)
+        yield _assemble(work, samples, skipped, index, last=index == len(bounds) - 1)
 
 
 def _assemble(work: SampleWork, samples: list[_Sample], skipped: list[tuple[int, str, str]], index: int,

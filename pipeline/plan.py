@@ -66,6 +66,20 @@ class Unit:
         return [flat[int(i)] for i in rng.permutation(len(flat))]
 
 
+def batch_bounds(rows: int, batch_size: int) -> list[tuple[int, int]]:
+    """Where a unit's rows are cut into batches: ceil(rows / batch_size) batches, all full but the
+    last two when the remainder is under half a batch (they share it, so no batch is a sliver:
+    a one-row batch would break batch norm in training). At least one (possibly empty) batch."""
+    count = max(1, -(-rows // batch_size))
+    bounds = [(i * batch_size, min((i + 1) * batch_size, rows)) for i in range(count)]
+    remainder = rows - (count - 1) * batch_size
+    if count >= 2 and 0 < remainder < batch_size / 2:
+        start = (count - 2) * batch_size
+        middle = start + (batch_size + remainder + 1) // 2
+        bounds[-2:] = [(start, middle), (middle, rows)]
+    return bounds
+
+
 @dataclass(frozen=True)
 class EpochPlan:
     manifest: Manifest
@@ -73,6 +87,7 @@ class EpochPlan:
     epochs: int
     seed: int
     world_size: int = 1
+    batch_size: int = 0  # 0: the unit size; a rank's last unit takes in a remainder under half a batch
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -101,7 +116,18 @@ class EpochPlan:
 
     @cached_property
     def units_per_rank(self) -> tuple[int, ...]:
-        return tuple(-(-size // self.unit_size) for size in self.rank_sizes)
+        return tuple(len(self._unit_sizes(size)) for size in self.rank_sizes)
+
+    def _unit_sizes(self, rows: int) -> list[int]:
+        """A rank's stream cut into units: whole units, and a last one that keeps a remainder under
+        half a batch (which would be a sliver of a batch on its own: see batch_bounds)."""
+        sizes = [self.unit_size] * (rows // self.unit_size)
+        remainder = rows % self.unit_size
+        if remainder and sizes and remainder < (self.batch_size or self.unit_size) / 2:
+            sizes[-1] += remainder
+        elif remainder:
+            sizes.append(remainder)
+        return sizes
 
     @cached_property
     def units_per_epoch(self) -> int:
@@ -151,10 +177,7 @@ class EpochPlan:
         cursor = 0  # index into stream
         offset = 0  # rows of stream[cursor] already taken
         for rank, size in enumerate(self.rank_sizes):
-            left = size
-            position = 0
-            while left > 0:
-                want = min(self.unit_size, left)
+            for position, want in enumerate(self._unit_sizes(size)):
                 segments = []
                 while want > 0:
                     block = stream[cursor]
@@ -162,10 +185,8 @@ class EpochPlan:
                     segments.append(Segment(block.shard_index, block.start + offset, block.start + offset + take,
                                             block.first_sample_id))
                     want -= take
-                    left -= take
                     offset += take
                     if offset == block.size:
                         cursor, offset = cursor + 1, 0
                 units.append(Unit(epoch * self.units_per_epoch + len(units), epoch, tuple(segments), rank, position))
-                position += 1
         return tuple(units)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pipeline.augment import TrainTransform
 from pipeline.batching import DecodeOnHost, unit_batches
-from pipeline.plan import EpochPlan
+from pipeline.plan import EpochPlan, batch_bounds
 from pipeline.shards import Manifest, ShardInfo, ShardReader
 
 
@@ -41,7 +41,7 @@ def test_every_sample_is_in_exactly_one_rank_stream_and_streams_are_even(sizes, 
         with pytest.raises(ValueError, match="cannot feed"):
             EpochPlan(manifest, batch * unit_batches, 3, 0, world)
         return
-    plan = EpochPlan(manifest, batch * unit_batches, 3, 0, world)
+    plan = EpochPlan(manifest, batch * unit_batches, 3, 0, world, batch)
     streams = [np.concatenate([u.sample_ids() for u in plan.rank_units(epoch, r)]) for r in range(world)]
     everything = np.concatenate(streams)
     assert sorted(everything.tolist()) == list(range(manifest.num_samples))  # once each, in one rank
@@ -50,6 +50,9 @@ def test_every_sample_is_in_exactly_one_rank_stream_and_streams_are_even(sizes, 
     assert max(batches) - min(batches) <= 1  # the schedule evens out the one-batch difference
     short = [u for u in plan.units(epoch) if u.size % batch]
     assert len(short) <= world  # only a rank's last unit can end in a short batch
+    for unit in plan.units(epoch):  # and no batch is a sliver of a batch, where a unit has two or more
+        sizes = [b - a for a, b in batch_bounds(unit.size, batch)]
+        assert len(sizes) == 1 or min(sizes) >= batch / 2
     assert all(u == plan.unit(u.unit_id) for u in plan.units(epoch))
     last = plan.rank_units(epoch, world - 1)
     assert [u.position for u in last] == list(range(len(last)))

@@ -23,6 +23,14 @@ class Rejected(ConnectionError):
     """The consumer serves another job: this process cannot work for it."""
 
 
+class Starved(TimeoutError):
+    """No credit came in the time given."""
+
+    def __init__(self, waited: float) -> None:
+        super().__init__(f"no credit for {waited:.1f} s")
+        self.waited = waited
+
+
 class LeaseRefused(ConnectionError):
     """The consumer does not accept the lease (it restarted, or the lease was lost): drop the unit."""
 
@@ -106,14 +114,15 @@ class DataSender:
             self.credit = 0
             self._welcomed = False
             raise LeaseRefused(f"consumer at {self.endpoint} no longer knows this sender: {reject.reason}")
-        if reject.code in ("not_leaseholder", "yield"):
+        if reject.code == "not_leaseholder":
             if self.lease is not None and reject.unit_id != self.lease.unit_id:
                 return  # about a unit this process has already finished with
             raise LeaseRefused(f"consumer at {self.endpoint} refused the lease: {reject.reason}")
         raise Rejected(f"consumer at {self.endpoint} refused us: {reject.reason}")
 
-    def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0) -> float:
-        """Block until a credit is held; returns seconds waited.
+    def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0,
+                        give_up_after_s: float | None = None) -> float:
+        """Block until a credit is held; returns seconds waited (Starved after `give_up_after_s`).
 
         Says hello until welcomed, and again every `rehello_after_s` while starved: a consumer
         that restarted (from a checkpoint) does not know us, and a hello is how it learns to
@@ -130,6 +139,8 @@ class DataSender:
                     next_hello = time.monotonic() + backoff
                     backoff = min(backoff * 2, 2.0)
             self._read_replies(100)
+            if give_up_after_s is not None and time.perf_counter() - started > give_up_after_s:
+                raise Starved(time.perf_counter() - started)
         return time.perf_counter() - started
 
     def idle(self, seconds: float) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.plan import Unit
+from pipeline.plan import Unit, batch_bounds
 from pipeline.seeds import derived_rng
 from pipeline.text.docs import DocShard
 from pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
@@ -107,9 +107,10 @@ def unit_text_batches(source_of: Callable[[int], TextUnitSource | str], unit: Un
     rows = _rows(unit, sequences, cfg, seed)
     packed = time.perf_counter()
     claimed: set[int] = set()
-    count = max(1, -(-len(rows) // batch_size))
-    for index in range(count):
-        chunk = rows[index * batch_size: (index + 1) * batch_size]
+    bounds = batch_bounds(len(rows), batch_size)
+    count = len(bounds)
+    for index, (start, stop) in enumerate(bounds):
+        chunk = rows[start:stop]
         flat = [seq for row in chunk for seq in row]
         doc_ids = list(dict.fromkeys(s.doc_id for s in flat if s.doc_id not in claimed))
         claimed.update(doc_ids)

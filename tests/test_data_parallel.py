@@ -1,0 +1,113 @@
+"""Data-parallel feeding: a real `torchrun --nproc-per-node 2` DDP script, fed by real worker daemons.
+
+The data set (157 images) does not divide by the world size nor by the batch size (13): one
+rank's stream is a row longer, and a batch longer, than the other's, so the shorter rank
+splits its last batch and both take the same number of steps. DDP all-reduces gradients in
+every backward pass: a rank that ran out of steps first would hang the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.shards import Manifest, ShardReader, ShardWriter
+from tests.helpers import Daemon, free_port, wait_for
+
+SIZE = 157
+SCRIPT = Path(__file__).with_name("ddp_script.py")
+
+
+@pytest.fixture(scope="module")
+def odd_manifest(manifest, tmp_path_factory) -> Manifest:
+    dst = tmp_path_factory.mktemp("odd")
+    writer = ShardWriter(dst, target_bytes=2 << 20)
+    taken = 0
+    for index in range(len(manifest.shards)):
+        reader = ShardReader(manifest.shard_uri(index))
+        for row in range(len(reader)):
+            if taken < SIZE:
+                writer.add(reader.key(row), reader.label(row), bytes(reader.jpeg(row)))
+                taken += 1
+    odd = Manifest(kind="imagenet", classes=manifest.classes, shards=writer.close())
+    odd.save(dst / "manifest.json")
+    return Manifest.load(dst / "manifest.json")
+
+
+def _torchrun(manifest: Manifest, out: Path, port: int, *extra: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), str(SCRIPT),
+           "--data", manifest.uri, "--out", str(out), "--control-port", str(port), *extra]
+    return subprocess.Popen(cmd, stdout=open(out / "torchrun.log", "a"), stderr=subprocess.STDOUT, env=env)
+
+
+def _job(manifest: Manifest, out: Path, log_dir: Path, *extra: str, kill_a_host_after: float | None = None) -> dict:
+    out.mkdir(exist_ok=True)
+    port = free_port()
+    run = _torchrun(manifest, out, port, *extra)
+    daemons = [Daemon(f"tcp://127.0.0.1:{port}", f"host{i}", 1, log_dir, extra=("--leave-after", "5"))
+               for i in range(2)]
+    try:
+        if kill_a_host_after is not None:
+            assert wait_for(lambda: daemons[0].children(), timeout=60)
+            time.sleep(kill_a_host_after)
+            for pid in daemons[0].children():
+                os.kill(pid, signal.SIGKILL)
+            daemons[0].proc.send_signal(signal.SIGKILL)
+        code = run.wait(timeout=240)
+        log = (out / "torchrun.log").read_text()
+        assert code == 0, log[-4000:] + "\n".join(d.output()[-1500:] for d in daemons)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for d in daemons:
+            d.stop()
+    suffix = "-resumed" if "--resume" in extra else ""
+    return {r: json.loads((out / f"rank-{r}{suffix}.json").read_text()) for r in range(2)}
+
+
+def _check_exactly_once_and_even(manifest: Manifest, ranks: dict, epochs: int) -> None:
+    for epoch in range(epochs):
+        streams = [[s for s in ranks[r]["steps"] if s["epoch"] == epoch] for r in range(2)]
+        assert len(streams[0]) == len(streams[1]) > 0  # the same number of steps on both ranks
+        ids = [i for stream in streams for s in stream for i in s["ids"]]
+        assert sorted(ids) == list(range(manifest.num_samples)), f"epoch {epoch}: not every sample exactly once"
+        assert all(s["rows"] == len(s["ids"]) > 0 for stream in streams for s in stream)  # never empty, never padded
+        assert [s["step"] for s in streams[0]] == list(range(len(streams[0])))
+        for r in range(2):
+            assert ranks[r]["len"][epoch] == len(streams[r])  # len(loader) was exact
+
+
+def test_torchrun_ddp_gets_every_sample_once_and_equal_steps(odd_manifest, tmp_path, log_dir):
+    ranks = _job(odd_manifest, tmp_path / "run", log_dir)
+    _check_exactly_once_and_even(odd_manifest, ranks, 2)
+    rows = [s["rows"] for s in ranks[1]["steps"] if s["epoch"] == 0]
+    assert max(rows) == 13 and sum(r < 13 for r in rows) <= 2  # short batches only at the epoch's end
+
+
+def test_a_worker_host_killed_mid_epoch_loses_nothing_and_repeats_nothing(odd_manifest, tmp_path, log_dir):
+    ranks = _job(odd_manifest, tmp_path / "run", log_dir, "--epochs", "6", kill_a_host_after=1.0)
+    assert ranks[0]["units_released"] > 0  # the dead host's leases went to the other host
+    _check_exactly_once_and_even(odd_manifest, ranks, 6)
+
+
+def test_a_resumed_job_yields_exactly_the_batches_an_uninterrupted_one_does(odd_manifest, tmp_path, log_dir):
+    whole = _job(odd_manifest, tmp_path / "whole", log_dir)
+    part = tmp_path / "part"
+    first = _job(odd_manifest, part, log_dir, "--stop-after", "10")  # epochs have 7 steps: mid epoch 1
+    state = json.loads((part / "state.json").read_text())
+    assert (state["epoch"], state["step"], len(state["ranks"])) == (1, 3, 2)
+    rest = _job(odd_manifest, part, log_dir, "--resume")
+    for r in range(2):
+        steps = [(s["epoch"], s["step"], s["ids"]) for s in whole[r]["steps"]]
+        resumed = [(s["epoch"], s["step"], s["ids"]) for s in first[r]["steps"] + rest[r]["steps"]]
+        assert resumed == steps, f"rank {r}: the resumed job's batches differ from the uninterrupted job's"
