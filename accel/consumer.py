@@ -76,6 +76,7 @@ class ConsumerConfig:
     sender_timeout_s: float = 30.0  # free the credit window of a sender that answers no ping this long
     finish_linger_s: float = 3.0  # after the last ack, keep answering until every live host heard "finished"
     rank_wait_s: float = 60.0  # rank 0, at the end: how long its dispatcher waits for the other ranks' acks
+    attach_timeout_s: float = 60.0  # how long a rank waits for the dispatcher it attaches to
     credit_budget_mb: float = 1024.0  # batches this rank may have in flight or waiting, in all, in MB
 
     def check_exposure(self) -> None:
@@ -220,13 +221,13 @@ class Consumer:
     def _attach(self, cfg: ConsumerConfig, keys: ClientKeys | None, world_size: int) -> tuple[pb.JobSpec, bytes, bytes]:
         """The job from the dispatcher. Without keys a rank proves itself with the job secret, which
         rank 0 may still be writing: a refusal is retried for a while with the secret read again."""
-        deadline = time.monotonic() + 30.0
+        deadline = time.monotonic() + min(30.0, cfg.attach_timeout_s)
         while True:
             credential = b"" if cfg.keys else job_secret.for_consumer(cfg.job_secret, cfg.dispatcher,
                                                                      wait_s=max(0.0, deadline - time.monotonic()))
             try:
                 spec, lease_key = attach(cfg.dispatcher, self.consumer_id, keys, credential, rank=self.rank,
-                                         world_size=world_size)
+                                         world_size=world_size, timeout_s=cfg.attach_timeout_s)
                 return spec, lease_key, credential
             except NotAConsumer:
                 if cfg.keys or time.monotonic() > deadline:

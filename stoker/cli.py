@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rank", type=NON_NEGATIVE, default=None,
                        help="this consumer's data-parallel rank (default 0, or $RANK); ranks other than 0 attach "
                             "to rank 0's dispatcher (--dispatcher, default its control port on $MASTER_ADDR)")
+    train.add_argument("--attach-timeout", type=SECONDS, default=60.0,
+                       help="with --dispatcher (or as a rank other than 0): give up on a dispatcher that does not "
+                            "answer for this long (default 60)")
+    train.add_argument("--credit-budget-mb", type=SECONDS, default=1024.0,
+                       help="what this rank may have in flight or waiting, in all (default 1024 MB)")
     train.add_argument("--key-name", default="consumer",
                        help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
                             "consumer; default: consumer)")
@@ -221,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--link-gbit", type=SECONDS, help="shape each host's link to this rate")
     up.add_argument("--link-latency-ms", type=SECONDS, help="add this one-way latency to each host's link")
     up.add_argument("--loopback", action="store_true", help="no namespaces: everything on 127.0.0.1")
+    up.add_argument("--ranks", type=POSITIVE, default=1,
+                    help="consumer ranks (data-parallel), all on the accelerator (default 1)")
     up.add_argument("train_args", nargs=argparse.REMAINDER,
                     help="after --: options for the consumer's `stoker train` (default data: the generated set)")
     lab_sub.add_parser("status", help="what the lab is made of and whether its processes live")
@@ -286,7 +293,9 @@ def _consumer_config(args: argparse.Namespace):
                           host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
                           dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap,
                           decode_threads=args.decode_threads, sender_timeout_s=args.sender_timeout,
-                          key_name=getattr(args, "key_name", "consumer"), job_secret=getattr(args, "job_secret", None))
+                          key_name=getattr(args, "key_name", "consumer"), job_secret=getattr(args, "job_secret", None),
+                          attach_timeout_s=getattr(args, "attach_timeout", 60.0),
+                          credit_budget_mb=getattr(args, "credit_budget_mb", 1024.0))
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -416,10 +425,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
                     procs=args.procs, accel=_accel_spec(args), consumer=_consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
-                    progress=not args.no_progress, log_level=args.log_level)
-    summary = run_embedded(_job_args(args), cfg)
-    print_summary(summary, args.json)
+                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args)))
+    summaries = run_embedded(_job_args(args), cfg)
+    print_summary(summaries, args.json)
     return 0
+
+
+def _rank_argv(args: argparse.Namespace) -> list[str]:
+    """The options of `stoker run` that the other ranks' `stoker train` need: how they step."""
+    argv = ["--accel", args.accel, "--model", args.model, "--device", args.device, "--width", str(args.width),
+            "--label-smoothing", str(args.label_smoothing), "--precision", args.precision, "--scale", str(args.scale),
+            "--decode-threads", str(args.decode_threads), "--sender-timeout", str(args.sender_timeout),
+            "--host-timeout", str(args.host_timeout)]
+    for flag, value in (("--rate", args.rate), ("--profile", args.profile), ("--lr", args.lr),
+                        ("--optimizer", args.optimizer)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--convert"] if args.convert else []
+    argv += ["--no-overlap"] if args.no_overlap else []
+    return argv
 
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:
@@ -469,6 +493,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
             train_args += ["--data", str(default_imagenet())]
         state = cluster.Lab(cluster.LabConfig(hosts=args.hosts, cores_per_host=args.cores_per_host, procs=args.procs,
+                                              ranks=args.ranks,
                                               link_gbit=args.link_gbit, link_latency_ms=args.link_latency_ms,
                                               loopback=args.loopback)).up(train_args)
         _print_lab(state)
@@ -512,6 +537,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      "not both")
     if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
         parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
+    if command == "run" and args.keys and (args.world_size or 1) > 1:
+        parser.error("run: argument --world-size: with --keys, start the ranks with `stoker train --rank R` and "
+                     "consumer keys (stoker keys add DIR NAME --role consumer)")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -64,7 +65,7 @@ def main() -> None:
                 loss.backward()  # DDP all-reduces here: a rank with a missing step would hang
                 optimizer.step()
                 record["steps"].append({"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
-                                        "ids": batch.sample_ids.tolist()})
+                                        "ids": batch.sample_ids.tolist(), "at": time.time()})
                 taken += 1
                 if args.stop_after and taken == args.stop_after:
                     if rank == 0:

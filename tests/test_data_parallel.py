@@ -20,8 +20,10 @@ import pytest
 
 from pipeline.shards import Manifest, ShardReader, ShardWriter
 from tests.helpers import Daemon, free_port, wait_for
+from workers.process import PATIENCE_S
 
 SIZE = 157
+HOST_TIMEOUT_S = 3.0  # ddp_script.py's
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 
 
@@ -98,6 +100,10 @@ def test_a_worker_host_killed_mid_epoch_loses_nothing_and_repeats_nothing(odd_ma
     ranks = _job(odd_manifest, tmp_path / "run", log_dir, "--epochs", "6", kill_a_host_after=1.0)
     assert ranks[0]["units_released"] > 0  # the dead host's leases went to the other host
     _check_exactly_once_and_even(odd_manifest, ranks, 6)
+    times = [s["at"] for s in ranks[0]["steps"]]
+    stall = max(b - a for a, b in zip(times, times[1:], strict=False))
+    print(f"longest wait between two steps with a host killed: {stall:.1f} s (host timeout 3 s)")
+    assert stall < HOST_TIMEOUT_S + PATIENCE_S + 3.0  # the ranks wait for the re-lease, not longer
 
 
 def test_a_resumed_job_yields_exactly_the_batches_an_uninterrupted_one_does(odd_manifest, tmp_path, log_dir):
@@ -111,3 +117,75 @@ def test_a_resumed_job_yields_exactly_the_batches_an_uninterrupted_one_does(odd_
         steps = [(s["epoch"], s["step"], s["ids"]) for s in whole[r]["steps"]]
         resumed = [(s["epoch"], s["step"], s["ids"]) for s in first[r]["steps"] + rest[r]["steps"]]
         assert resumed == steps, f"rank {r}: the resumed job's batches differ from the uninterrupted job's"
+
+
+def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, tmp_path):
+    out = tmp_path / "out.json"
+    result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", odd_manifest.uri, "--world-size", "2",
+                             "--epochs", "2", "--batch-size", "13", "--no-progress", "--json", str(out),
+                             "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                             "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["unique_samples"] == summary["samples"] == 2 * SIZE
+    assert summary["per_epoch_unique"] == [SIZE, SIZE]
+    ranks = summary["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"]
+    assert sum(r["samples"] for r in ranks) == 2 * SIZE and abs(ranks[0]["samples"] - ranks[1]["samples"]) <= 2
+    assert "rank 1:" in result.stdout and "to 2 ranks" in result.stdout
+
+
+def _rank_zero(manifest: Manifest, port: int):
+    from accel.consumer import Consumer, ConsumerConfig
+    from accel.job import JobConfig
+
+    consumer = Consumer(ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind=f"tcp://127.0.0.1:{port}",
+                                       metrics_port=None),
+                        JobConfig(manifest_uri=manifest.uri, batch_size=13, world_size=2))
+    consumer.start()
+    return consumer
+
+
+def test_a_rank_that_cannot_join_is_told_why_at_start_up(odd_manifest):
+    from accel.consumer import Consumer, ConsumerConfig
+    from accel.remote_dispatcher import RankRefused
+
+    port = free_port()
+    zero = _rank_zero(odd_manifest, port)
+    ranks = []
+    try:
+        cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", dispatcher=f"tcp://127.0.0.1:{port}", metrics_port=None,
+                             attach_timeout_s=10)
+        with pytest.raises(RankRefused, match="world size 2, not 3"):
+            Consumer(cfg, None, rank=1, world_size=3)
+        with pytest.raises(RankRefused, match="outside the job's ranks 0..1"):
+            Consumer(cfg, None, rank=5)
+        ranks.append(Consumer(cfg, None, rank=1))
+        ranks[0].start()
+        assert wait_for(lambda: zero.dispatcher.endpoint(1) is not None, timeout=10)
+        with pytest.raises(RankRefused, match="rank 1 is already taken"):
+            Consumer(cfg, None, rank=1)  # a second process claiming a rank that is alive
+    finally:
+        for consumer in ranks:
+            consumer.stop()
+        zero.stop()
+
+
+def test_a_rank_without_its_dispatcher_fails_with_a_clear_error(tmp_path):
+    (tmp_path / "secret").write_text("ab" * 32)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "stoker", "train", "--rank", "1", "--world-size", "2",
+                             "--dispatcher", f"tcp://127.0.0.1:{free_port()}", "--attach-timeout", "2",
+                             "--metrics-port", "-1", "--job-secret", str(tmp_path / "secret")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and time.monotonic() - started < 20, result.stderr
+    assert "no dispatcher at tcp://127.0.0.1:" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_import_stoker_stays_light():
+    code = ("import sys, stoker, stoker.cli, workers.daemon, workers.process; "
+            "print(sorted(m for m in ('torch', 'nvidia.dali', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
