@@ -20,7 +20,8 @@ from pathlib import Path
 from pipeline.files import write_atomically
 
 STATE_VERSION = 2
-_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "world_size")
+_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "world_size",
+               "drop_last")
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,9 @@ def check_matches(job, state: dict) -> None:
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"checkpoint version {state.get('version')} is not {STATE_VERSION} (a checkpoint of an "
                          f"older Stoker: start the job again)")
-    differ = [f"{name}: checkpoint {state['job'].get(name, 1 if name == 'world_size' else None)!r}, "
-              f"now {getattr(job, name)!r}" for name in _MUST_MATCH
-              if state["job"].get(name, 1 if name == "world_size" else None) != getattr(job, name)]
+    saved = {"world_size": 1, "drop_last": False} | state["job"]
+    differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in _MUST_MATCH
+              if saved.get(name) != getattr(job, name)]
     if differ:
         raise ValueError("the checkpoint belongs to another job (" + "; ".join(differ) + ")")
 

@@ -6,7 +6,9 @@ cut into `world_size` contiguous streams whose lengths differ by at most one row
 sample is in exactly one rank's stream. Each stream is cut into units of `unit_size` rows,
 so a unit may join the tail of one block to the head of the next (its `segments`), and
 only a rank's last unit is short: with unit_size a multiple of the batch size, every batch
-but each rank's last of the epoch is full. A unit's rows are visited in a seeded order of
+but each rank's last of the epoch is full. With `drop_last`, every stream is cut down to the
+same whole number of batches and the epoch's last rows (a different few each epoch, as the
+blocks are reshuffled) are left out of the plan. A unit's rows are visited in a seeded order of
 their own. The plan is a pure function of (manifest, unit size, epochs, seed, world size),
 so every process that holds it (dispatcher, each rank, the workers) agrees on it.
 """
@@ -88,6 +90,7 @@ class EpochPlan:
     seed: int
     world_size: int = 1
     batch_size: int = 0  # 0: the unit size; a rank's last unit takes in a remainder under half a batch
+    drop_last: bool = False  # every rank streams the same whole batches; the rows past them sit the epoch out
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -97,6 +100,9 @@ class EpochPlan:
         if self.manifest.num_samples < self.world_size:
             raise ValueError(f"{self.manifest.num_samples} samples cannot feed {self.world_size} ranks: every rank "
                              f"needs at least one")
+        if self.drop_last and self.rank_sizes[0] == 0:
+            raise ValueError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
+                             f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
 
     @cached_property
     def _blocks(self) -> tuple[Segment, ...]:
@@ -109,8 +115,11 @@ class EpochPlan:
 
     @cached_property
     def rank_sizes(self) -> tuple[int, ...]:
-        """Samples in each rank's stream, every epoch: they differ by at most one."""
+        """Samples in each rank's stream, every epoch: they differ by at most one (none with drop_last)."""
         total = self.manifest.num_samples
+        if self.drop_last:
+            batch = self.batch_size or self.unit_size
+            return (total // self.world_size // batch * batch,) * self.world_size
         base, extra = divmod(total, self.world_size)
         return tuple(base + (rank < extra) for rank in range(self.world_size))
 
@@ -128,6 +137,11 @@ class EpochPlan:
         elif remainder:
             sizes.append(remainder)
         return sizes
+
+    @cached_property
+    def samples_per_epoch(self) -> int:
+        """The samples every epoch delivers: the dataset, less what drop_last leaves out."""
+        return sum(self.rank_sizes)
 
     @cached_property
     def units_per_epoch(self) -> int:

@@ -39,6 +39,9 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
     p.add_argument("--world-size", type=POSITIVE, default=None,
                    help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
+    p.add_argument("--drop-last", action="store_true",
+                   help="imagenet: every rank streams only whole batches; the few rows past them sit the epoch out "
+                        "(default: no sample is dropped, and a rank's last batches may be short)")
     text = p.add_argument_group("wikipedia (BERT pretraining) options")
     text.add_argument("--seq-len", type=int_at_least(8), default=128, help="tokens per row (default 128)")
     text.add_argument("--max-predictions", type=NON_NEGATIVE, default=0,
@@ -252,7 +255,7 @@ def _job_args(args: argparse.Namespace) -> dict:
     return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
                 image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
                 checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text,
-                world_size=_world_size(args))
+                world_size=_world_size(args), drop_last=args.drop_last)
 
 
 def _world_size(args: argparse.Namespace) -> int:
@@ -398,7 +401,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     ranks = f" (rank {rank} of {job.world_size})" if job.world_size > 1 else ""
     print(f"stoker train: job {job.job_id}{ranks}; workers connect to {consumer.control_endpoint}"
           + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
-    progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress, job.dataset)
+    progress = Progress(job.epochs * consumer.plan.samples_per_epoch, not args.no_progress, job.dataset)
     steps = 0
 
     def on_step(c: Consumer) -> None:
@@ -537,6 +540,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      "not both")
     if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
         parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
+    if getattr(args, "drop_last", False) and getattr(args, "dataset", None) == "wikipedia":
+        parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
+                     f"by the packing)")
     if command == "run" and args.keys and (args.world_size or 1) > 1:
         parser.error("run: argument --world-size: with --keys, start the ranks with `stoker train --rank R` and "
                      "consumer keys (stoker keys add DIR NAME --role consumer)")

@@ -119,20 +119,26 @@ def test_a_resumed_job_yields_exactly_the_batches_an_uninterrupted_one_does(odd_
         assert resumed == steps, f"rank {r}: the resumed job's batches differ from the uninterrupted job's"
 
 
-def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, tmp_path):
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, tmp_path, drop_last):
+    """157 images over 2 ranks at batch 13: 79 + 78 rows, or with --drop-last 78 + 78 (6 whole batches each)."""
     out = tmp_path / "out.json"
     result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", odd_manifest.uri, "--world-size", "2",
                              "--epochs", "2", "--batch-size", "13", "--no-progress", "--json", str(out),
                              "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
-                             "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                             "--metrics-port", "-1", "--worker-metrics-port", "-1",
+                             *(["--drop-last"] if drop_last else [])],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(out.read_text())
-    assert summary["unique_samples"] == summary["samples"] == 2 * SIZE
-    assert summary["per_epoch_unique"] == [SIZE, SIZE]
+    per_epoch = 156 if drop_last else SIZE
+    assert summary["unique_samples"] == summary["samples"] == 2 * per_epoch
+    assert summary["per_epoch_unique"] == [per_epoch, per_epoch]
     ranks = summary["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"]
-    assert sum(r["samples"] for r in ranks) == 2 * SIZE and abs(ranks[0]["samples"] - ranks[1]["samples"]) <= 2
+    assert sum(r["samples"] for r in ranks) == 2 * per_epoch and abs(ranks[0]["samples"] - ranks[1]["samples"]) <= 2
+    if drop_last:
+        assert ranks[0]["steps"] == 2 * 6 and ranks[0]["samples"] == ranks[1]["samples"] == 2 * 78
     assert "rank 1:" in result.stdout and "to 2 ranks" in result.stdout
 
 

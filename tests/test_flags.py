@@ -33,6 +33,7 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["worker", "--connect", "tcp://127.0.0.1:1", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
     (["dispatch", "--data", "x", "--metrics-port", "-7"], "--metrics-port"),
     (["run", "--world-size", "0"], "--world-size"),
+    (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
 ])
 def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):

@@ -58,6 +58,28 @@ def test_every_sample_is_in_exactly_one_rank_stream_and_streams_are_even(sizes, 
     assert [u.position for u in last] == list(range(len(last)))
 
 
+@settings(max_examples=100, deadline=None)
+@given(sizes=shard_sizes, world=st.integers(1, 8), batch=st.integers(1, 16), unit_batches=st.integers(1, 4),
+       epoch=st.integers(0, 2))
+def test_drop_last_gives_every_rank_the_same_whole_batches_and_drops_less_than_one_round(
+        sizes, world, batch, unit_batches, epoch):
+    first = np.cumsum([0, *sizes[:-1]])
+    shards = [ShardInfo(f"s{i}", n, 1, "", int(f)) for i, (n, f) in enumerate(zip(sizes, first, strict=True))]
+    manifest = Manifest(kind="imagenet", classes=["a"], shards=shards)
+    if manifest.num_samples < world * batch:
+        with pytest.raises(ValueError, match="do not make one batch|cannot feed"):
+            EpochPlan(manifest, batch * unit_batches, 3, 0, world, batch, drop_last=True)
+        return
+    plan = EpochPlan(manifest, batch * unit_batches, 3, 0, world, batch, drop_last=True)
+    streams = [np.concatenate([u.sample_ids() for u in plan.rank_units(epoch, r)]) for r in range(world)]
+    everything = np.concatenate(streams)
+    assert len(set(everything.tolist())) == everything.size == plan.samples_per_epoch  # nothing twice
+    assert manifest.num_samples - everything.size < world * batch  # less than one batch per rank left out
+    assert {len(s) for s in streams} == {len(streams[0])} and len(streams[0]) % batch == 0
+    for unit in plan.units(epoch):
+        assert unit.size % batch == 0  # every batch full
+
+
 def test_an_unusable_image_leaves_its_batch_a_row_short(corrupt_manifest):
     """The batch count of a unit follows from its size, so every rank's steps follow from the plan."""
     manifest, victim = corrupt_manifest
