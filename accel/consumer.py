@@ -57,12 +57,22 @@ log = logging.getLogger("stoker.consumer")
 _END = object()
 
 
+METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
+RANK_METRICS_BASE = 9570  # local rank r > 0 of a data-parallel job: 9570 + r, clear of the daemons' 9561 + i
+
+
+def rank_metrics_port(local_rank: int) -> int:
+    """The /metrics port a rank serves on by default: one per local rank, so the ranks of one
+    machine (8 on a DGX) never collide with each other or with a worker daemon there."""
+    return METRICS_PORT if local_rank == 0 else RANK_METRICS_BASE + local_rank
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     data_bind: str = "tcp://127.0.0.1:5560"
     control_bind: str = "tcp://127.0.0.1:5561"
     advertise_host: str | None = None  # host name workers use to reach this machine
-    metrics_port: int | None = 9560  # None: no HTTP endpoint
+    metrics_port: int | None = METRICS_PORT  # None: no HTTP endpoint; 0: a free port (Consumer.metrics_port)
     metrics_addr: str = "127.0.0.1"
     credit_window: int = 3  # batches in flight per worker process
     overlap: bool = True  # convert/copy batch N+1 on a side thread while step N runs

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from accel.batch import ReceivedBatch
-from accel.consumer import Consumer, ConsumerConfig
+from accel.consumer import Consumer, ConsumerConfig, rank_metrics_port
 from accel.job import JobConfig
 from accel.metrics import ConsumerMetrics
 from accel.steps import EpochDone, Scheduled
@@ -93,13 +93,14 @@ class Loader:
                  metrics: ConsumerMetrics | None = None) -> None:
         """`job`: rank 0's (it runs the dispatcher); other ranks leave it None and get the job from
         the dispatcher. `config`: sockets, keys, credit (default: the data socket on a free port,
-        /metrics on 9560 + local rank, the dispatcher on rank 0's control port at $MASTER_ADDR).
+        /metrics on 9560 for local rank 0 and 9570 + local rank for the others, the dispatcher on
+        rank 0's control port at $MASTER_ADDR).
         `prepare`: run on the prefetch thread on each received batch instead of the format
         conversion (the built-in training steps use it); its result is `batch.prepared`."""
         if format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         self.rank, self.world_size, self.local_rank = ranks_from_env(rank, world_size, local_rank)
-        cfg = config or ConsumerConfig(data_bind="tcp://127.0.0.1:0", metrics_port=9560 + self.local_rank)
+        cfg = config or ConsumerConfig(data_bind="tcp://127.0.0.1:0", metrics_port=rank_metrics_port(self.local_rank))
         if self.rank and not cfg.dispatcher:
             host = os.environ.get("MASTER_ADDR", "127.0.0.1")
             cfg = replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
@@ -136,6 +137,11 @@ class Loader:
                                       world_size=self.world_size if self.cfg.dispatcher else None)
             self._consumer.start()
         return self._consumer
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where this rank serves /metrics (the port picked when the config asked for 0), or None."""
+        return self.consumer.metrics_port
 
     @property
     def job(self) -> JobConfig:

@@ -15,9 +15,10 @@ A rank's batches leave in plan order (accel.stream); the ones that come early wa
 Memory is bounded per rank: every sender has at most `window` batches in flight, queued for
 the step or held, plus the batches of a unit it has started (so that it can always finish
 that unit and lease the next, which is the earliest one pending: accel.dispatcher), and all
-senders together at most `budget` batches. The sender of the very unit the rank waits for
-gets a credit whenever order, not the step, holds it back; and a worker process whose batch
-waits too long for credit hands its unit back and leases the earliest pending one
+senders together at most `budget` batches, and one more: the sender of the very unit the rank
+waits for gets a credit whenever order, not the step, holds it back and the step has nothing
+else to step (the budget may be all in early batches that wait for this unit). A worker
+process whose batch waits too long for credit hands its unit back and leases the earliest pending one
 (workers.process), so a unit nobody makes any more (its host died) cannot stall the rank.
 """
 
@@ -144,6 +145,7 @@ class Receiver:
         self.budget = budget or MAX_SENDERS * window  # batches all senders together may have in hand
         self._holder: dict[int, bytes] = {}  # unit -> the peer that said it works on it (for in-order credit)
         self._in_hand = 0  # credits outstanding plus batches held or queued here, over every sender
+        self._queued = 0  # batches released in plan order and not yet stepped, over every sender
         self._batches_of: dict[int, int] = {}  # unit -> batches it gave, once its last one arrived
         self.keyed = keyed  # CURVE: senders must be connected with a worker key
         self.sender_timeout_s = sender_timeout_s
@@ -314,6 +316,7 @@ class Receiver:
                 if owner is not None:
                     owner.release_held(released.header.unit_id)
                     owner.queued += 1
+                    self._queued += 1
             self.out.put(released)  # a batch, or the EpochEnd after a rank's last batch of an epoch
         self.metrics.queue_depth.set(self.out.qsize())
         self._top_up(peer_id, peer)  # a batch that waits for its turn frees its place in the window
@@ -343,6 +346,7 @@ class Receiver:
         peer = self.peers.get(batch.peer)
         if peer is not None and peer.queued:
             peer.queued -= 1
+            self._queued -= 1
             self._in_hand -= 1
             self._top_up(batch.peer, peer)
         self._unblock_order()
@@ -369,7 +373,9 @@ class Receiver:
             return
         peer_id = self._holder.get(unit.unit_id)
         peer = self.peers.get(peer_id) if peer_id is not None else None
-        if peer is not None and peer.unit == unit.unit_id and self._blocked_by_order(peer):  # it makes it now
+        if peer is None or peer.unit != unit.unit_id or not self._blocked_by_order(peer):  # nobody makes it now
+            return
+        if self._in_hand < self.budget or self._queued == 0:  # over budget only when the step has nothing else
             self._grant(peer_id, 1)
     # ---- sender slots --------------------------------------------------------------------
     def sweep(self) -> None:
@@ -396,6 +402,7 @@ class Receiver:
         if peer is None:
             return
         self._in_hand -= peer.in_hand
+        self._queued -= peer.queued
         if self._by_worker.get(peer.worker_id) == peer_id:
             del self._by_worker[peer.worker_id]
         self.freed[why] = self.freed.get(why, 0) + 1

@@ -36,7 +36,7 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-on", choices=("host", "accelerator"), default="host",
                    help="where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes "
                         "and crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)")
-    p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
+    p.add_argument("--checksum", action="store_true", help="CRC-32C of every batch's frames, checked by the consumer")
     p.add_argument("--world-size", type=POSITIVE, default=None,
                    help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
     p.add_argument("--drop-last", action="store_true",
@@ -53,7 +53,7 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     text.add_argument("--pack-max-sequences", type=POSITIVE, default=3, help="sequences per packed row (default 3)")
 
 
-def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
+def _add_consumer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accel", choices=("null", "simulated", "torch"), default="null")
     p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
     p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
@@ -79,8 +79,8 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
                    help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
     p.add_argument("--advertise-host", help="host name workers use to reach this machine")
-    p.add_argument("--metrics-port", type=METRICS_PORT, default=metrics_port,
-                   help=f"/metrics port (default {metrics_port}; -1: none)")
+    p.add_argument("--metrics-port", type=METRICS_PORT, default=None,
+                   help="/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="/metrics address (beyond loopback: with --keys or "
                                                                 "--insecure)")
     p.add_argument("--credit-window", type=POSITIVE, default=3, help="batches in flight per worker process")
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
                             "consumer; default: consumer)")
     _add_job_args(train)
-    _add_consumer_args(train, 9560)
+    _add_consumer_args(train)
 
     dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal")
     dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
                      help="host i serves on this + i (default 9561; -1: none)")
     _add_job_args(run)
-    _add_consumer_args(run, 9560)
+    _add_consumer_args(run)
 
     lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -286,13 +286,21 @@ def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
     return "imagenet"
 
 
+def _metrics_port(args: argparse.Namespace) -> int | None:
+    from accel.consumer import rank_metrics_port
+
+    if args.metrics_port is None:
+        return rank_metrics_port(getattr(args, "rank", None) or int(os.environ.get("LOCAL_RANK") or 0))
+    return None if args.metrics_port < 0 else args.metrics_port
+
+
 def _consumer_config(args: argparse.Namespace):
     from accel.consumer import ConsumerConfig
 
     return ConsumerConfig(data_bind=args.data_bind, control_bind=args.control_bind,
                           advertise_host=args.advertise_host,
-                          metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                          metrics_addr=args.metrics_addr, credit_window=args.credit_window,
+                          metrics_port=_metrics_port(args), metrics_addr=args.metrics_addr,
+                          credit_window=args.credit_window,
                           host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
                           dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap,
                           decode_threads=args.decode_threads, sender_timeout_s=args.sender_timeout,

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from tqdm import tqdm
 
 from accel.accelerators import AccelSpec, NullAccelerator, make_accelerator
-from accel.consumer import Consumer, ConsumerConfig, Summary
+from accel.consumer import Consumer, ConsumerConfig, Summary, rank_metrics_port
 from accel.job import JobConfig
 from protos import job_secret
 from stoker.datasets import default_imagenet, default_wikipedia
@@ -158,8 +158,7 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
 
 def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -> list[str]:
     job = consumer.job
-    metrics = ["--metrics-port", str(cfg.consumer.metrics_port + rank)] if cfg.consumer.metrics_port else \
-        ["--metrics-port", "-1"]
+    metrics = ["--metrics-port", str(rank_metrics_port(rank) if cfg.consumer.metrics_port else -1)]
     return [sys.executable, "-m", "stoker", "--log-level", cfg.log_level, "train", "--rank", str(rank),
             "--world-size", str(job.world_size), "--dispatcher", consumer.control_endpoint,
             "--data-bind", "tcp://127.0.0.1:0", *metrics, "--no-progress", "--json", str(folder / f"rank-{rank}.json"),
