@@ -14,7 +14,6 @@ Medians of 3 go to benchmarks/results/ingest.{json,md}. Target: (b) >= 0.8 x (a)
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -24,15 +23,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.report import write_results
 from stoker.datasets import default_imagenet
 
-RESULTS = Path(__file__).parent / "results"
 BATCH, SIZE = 64, 224
 FRAME_BYTES = BATCH * SIZE * SIZE * 3
 SENDER_CORE, RANK_CORE = 0, 1
@@ -216,8 +214,6 @@ def main(repeats: int = 3) -> dict:
               "frame_bytes": FRAME_BYTES, "gb_per_s": rows, "medians": medians,
               "ratio": medians["stoker"] / medians["raw"],
               "ratio_checksum": medians["stoker_checksum"] / medians["raw"]}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ingest.json").write_text(json.dumps(result, indent=1))
     table = ("| 9.6 MB batches (64 x 224 x 224 x 3 uint8), senders on core 0, receiver on core 1 | GB/s, median of 3 "
              "| vs raw pyzmq |\n|---|---|---|\n"
              f"| (a) raw pyzmq PUSH/PULL, zero-copy | {medians['raw']:.2f} | 1.00 |\n"
@@ -227,7 +223,7 @@ def main(repeats: int = 3) -> dict:
              f"{result['ratio_checksum']:.2f} |\n"
              f"| (c) Stoker, 2 ranks (both on core 1), aggregate | {medians['stoker_2_ranks']:.2f} | "
              f"{medians['stoker_2_ranks'] / medians['raw']:.2f} |\n")
-    (RESULTS / "ingest.md").write_text(table)
+    write_results("ingest", result, table)
     print(table)
     return result
 

@@ -10,14 +10,12 @@ b >= 0.98 x a.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,9 +23,9 @@ import torch
 from accel.consumer import ConsumerConfig
 from accel.job import JobConfig
 from accel.loader import Loader
+from benchmarks.report import write_results
 from stoker.datasets import default_imagenet
 
-RESULTS = Path(__file__).parent / "results"
 STEP_S = 0.080
 BATCH = 64
 STEPS = 120
@@ -93,14 +91,12 @@ def main(repeats: int = 3) -> dict:
               "in_memory_steps_per_s": memory, "loader_steps_per_s": loader,
               "in_memory_median": statistics.median(memory), "loader_median": statistics.median(loader),
               "ratio": statistics.median(loader) / statistics.median(memory)}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "loader.json").write_text(json.dumps(result, indent=1))
     table = ("| training loop, 80 ms step, batch 64 at 224 px, loop on core 1 | steps/s, median of 3 |\n"
              "|---|---|\n"
              f"| (a) over pre-made tensors in memory | {result['in_memory_median']:.2f} |\n"
              f"| (b) `for batch in stoker.Loader(...)`, 1 worker process on core 0 | {result['loader_median']:.2f} |\n"
              f"| ratio (b)/(a) | {result['ratio']:.3f} (target >= 0.98) |\n")
-    (RESULTS / "loader.md").write_text(table)
+    write_results("loader", result, table)
     print(table)
     return result
 

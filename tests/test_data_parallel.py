@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.shards import Manifest, ShardReader, ShardWriter
-from tests.helpers import Daemon, free_port, wait_for
+from tests.helpers import Daemon, free_port, scrape, wait_for
 from workers.process import PATIENCE_S
 
 SIZE = 157
@@ -142,12 +142,12 @@ def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, t
     assert "rank 1:" in result.stdout and "to 2 ranks" in result.stdout
 
 
-def _rank_zero(manifest: Manifest, port: int):
+def _rank_zero(manifest: Manifest, port: int, **config):
     from accel.consumer import Consumer, ConsumerConfig
     from accel.job import JobConfig
 
     consumer = Consumer(ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind=f"tcp://127.0.0.1:{port}",
-                                       metrics_port=None),
+                                       **{"metrics_port": None, **config}),
                         JobConfig(manifest_uri=manifest.uri, batch_size=13, world_size=2))
     consumer.start()
     return consumer
@@ -175,6 +175,29 @@ def test_a_rank_that_cannot_join_is_told_why_at_start_up(odd_manifest):
     finally:
         for consumer in ranks:
             consumer.stop()
+        zero.stop()
+
+
+def test_a_rank_that_dies_is_reported_not_waited_on_silently(odd_manifest, caplog):
+    """Rank 1 (a real `stoker train --rank 1` process) is killed with SIGKILL: rank 0's dispatcher
+    says so in its log and in stoker_dispatcher_ranks_silent within the host timeout."""
+    port = free_port()
+    zero = _rank_zero(odd_manifest, port, metrics_port=0, host_timeout_s=2.0)
+    rank = subprocess.Popen([sys.executable, "-m", "stoker", "train", "--rank", "1", "--world-size", "2",
+                             "--dispatcher", f"tcp://127.0.0.1:{port}", "--data-bind", "tcp://127.0.0.1:0",
+                             "--metrics-port", "-1", "--no-progress"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: zero.dispatcher.endpoint(1) is not None, timeout=30)
+        assert scrape(zero.metrics_port)["stoker_dispatcher_ranks_silent"] == 0
+        rank.kill()
+        rank.wait()
+        killed = time.monotonic()
+        assert wait_for(lambda: scrape(zero.metrics_port)["stoker_dispatcher_ranks_silent"] == 1, timeout=15)
+        assert time.monotonic() - killed < 2.0 + 3.0  # the host timeout, and a tick or two
+        assert "rank 1 has not been heard from" in caplog.text
+    finally:
+        rank.kill()
         zero.stop()
 
 
