@@ -19,6 +19,7 @@ class ReceivedBatch:
     sample_ids: np.ndarray
     received_s: float  # consumer time spent receiving and checking it
     undecodable: list[Skipped] = field(default_factory=list)  # rows whose JPEG failed on the consumer
+    ends_epoch: bool = False  # the last batch of its rank's stream this epoch (it may be split: accel.steps)
 
     @property
     def size(self) -> int:
@@ -48,3 +49,31 @@ class ReceivedBatch:
     @property
     def labels(self) -> np.ndarray:
         return self.tensors.array("label")
+
+    def split(self, parts: int) -> list[ReceivedBatch]:
+        """The batch as `parts` batches of consecutive rows (views, no copies), as equal as can be;
+        its sample ids, skips and text statistics ride on the first (text ids are documents).
+        Fewer rows than parts leaves the last pieces empty."""
+        rows = self.size
+        bounds = [rows * i // parts for i in range(parts + 1)]
+        pieces = []
+        for i in range(parts):
+            a, b = bounds[i], bounds[i + 1]
+            header = pb.BatchHeader()
+            header.CopyFrom(self.header)
+            header.rows = b - a
+            if i:
+                del header.skipped[:]
+                header.ClearField("text")
+            ids = self.sample_ids[a:b] if self.has_rows_as_samples else (self.sample_ids if i == 0 else
+                                                                         self.sample_ids[:0])
+            del header.sample_ids[:]
+            header.sample_ids.extend(ids.tolist())
+            pieces.append(ReceivedBatch(self.peer, header, self.tensors.rows(a, b), ids, 0.0,
+                                        undecodable=self.undecodable))  # shared: the whole batch's books close
+        return pieces
+
+    @property
+    def has_rows_as_samples(self) -> bool:
+        """Images: one sample id per row. Text: ids are the documents first seen in the batch."""
+        return not self.header.HasField("text")

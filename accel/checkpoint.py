@@ -1,36 +1,72 @@
 """The data position of a job as a small JSON `state_dict`, checkpointed with the model.
 
-It names the job (so a resumed consumer keeps the job id its workers know), the work units
-every step of which is done, and for units in progress which batches a step has used. A
-consumer resumed from it re-leases everything else; batches it has already stepped arrive
-again as byte-identical duplicates and are dropped, so after the checkpoint no sample is
-repeated and none is skipped. Its size grows with the number of units, not of samples.
+Every rank's stream is in plan order and every rank takes the same number of steps, so the
+position of the whole job after a step is (epoch, step), the same on every rank. To resume
+without redoing the epoch, it also says, per rank, how many of the epoch's units its stream
+had wholly consumed and how many steps came after them: a resumed rank re-leases from there,
+and the batches of those steps arrive again, byte-identical, and are accounted for without
+being stepped. It names the job (a resumed rank keeps the job id its workers know); it has a
+world size, and resuming with another is refused (the streams would cut the epoch
+differently). Its size grows with the world size, not with samples or units.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.files import write_atomically
 
-STATE_VERSION = 1
-_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches")
+STATE_VERSION = 2
+_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "world_size",
+               "drop_last")
+
+
+@dataclass(frozen=True)
+class Position:
+    epoch: int
+    step: int  # steps of `epoch` taken, on every rank
+    ranks: list[tuple[int, int]]  # per rank: (units of the epoch wholly consumed, steps taken after them)
+
+    def done_units(self, plan) -> frozenset[int]:
+        """Units every step of which was taken before this position."""
+        done = {u.unit_id for e in range(min(self.epoch, plan.epochs)) for u in plan.units(e)}
+        if self.epoch < plan.epochs:
+            for rank, (units, _) in enumerate(self.ranks):
+                done |= {u.unit_id for u in plan.rank_units(self.epoch, rank)[:units]}
+        return frozenset(done)
 
 
 def job_fields(job) -> dict:
     return {"job_id": job.job_id, **{name: getattr(job, name) for name in _MUST_MATCH}}
 
 
+def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int) -> dict:
+    return {"version": STATE_VERSION, "job": job_fields(job), "epoch": epoch, "step": step,
+            "ranks": [list(r) for r in ranks], "samples_stepped": samples}
+
+
 def check_matches(job, state: dict) -> None:
     """A resumed job must be the checkpointed one, or units would not mean the same samples."""
     if state.get("version") != STATE_VERSION:
-        raise ValueError(f"checkpoint version {state.get('version')} is not {STATE_VERSION}")
-    differ = [f"{name}: checkpoint {state['job'][name]!r}, now {getattr(job, name)!r}"
-              for name in _MUST_MATCH if state["job"][name] != getattr(job, name)]
+        raise ValueError(f"checkpoint version {state.get('version')} is not {STATE_VERSION} (a checkpoint of an "
+                         f"older Stoker: start the job again)")
+    saved = {"world_size": 1, "drop_last": False} | state["job"]
+    differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in _MUST_MATCH
+              if saved.get(name) != getattr(job, name)]
     if differ:
         raise ValueError("the checkpoint belongs to another job (" + "; ".join(differ) + ")")
+
+
+def resume_position(job, state: dict) -> Position:
+    """Where a job resumed from `state` starts (checked to be the same job and world size)."""
+    check_matches(job, state)
+    ranks = [(int(u), int(b)) for u, b in state["ranks"]]
+    if len(ranks) != job.world_size:
+        raise ValueError(f"the checkpoint has {len(ranks)} rank positions for world size {job.world_size}")
+    return Position(int(state["epoch"]), int(state["step"]), ranks)
 
 
 def save(state: dict, path: str | Path) -> None:

@@ -1,10 +1,13 @@
-"""The consumer (`stoker train`): receive on an event loop, step on the main thread.
+"""One consumer rank: its sockets, its books and its ordered stream of steps.
 
-An event-loop thread (uvloop + zmq.asyncio) owns both sockets: the data ROUTER (credits,
-checks, duplicate drops, into the prefetch queue) and the dispatcher's control ROUTER. The
-main thread takes batches from the queue and runs the accelerator's step, so receiving the
-next batches overlaps the current step. Finished steps go back to the loop, which returns
-credit and acks completed units to the in-process dispatcher.
+An event-loop thread (uvloop + zmq.asyncio) owns the sockets: the rank's data ROUTER (lease
+checks, credits, frame checks, duplicate drops, plan order) and either the dispatcher's
+control ROUTER (rank 0 of a job whose dispatcher runs in its process) or a link to a
+dispatcher elsewhere (`stoker dispatch`, or rank 0's, for every other rank). What a training
+loop pulls is `schedule()`: exactly the epoch's steps, in plan order (accel.steps); the
+public loader (accel.loader) and `Consumer.run` (the built-in training steps) are the two
+ways to pull them, and `run` is written on the loader. Finished steps go back to the loop,
+which returns credit and acks completed units.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -32,15 +37,16 @@ from accel.dispatcher import Dispatcher
 from accel.job import JobConfig, job_from_spec
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
-from accel.prefetch import Prefetcher
 from accel.receiver import Receiver
-from accel.remote_dispatcher import RemoteAcks, attach
-from accel.schema import schema_of
+from accel.remote_dispatcher import NotAConsumer, RankRefused, RemoteAcks, attach
+from accel.schema import batch_bytes, schema_of
+from accel.steps import EpochDone, Scheduled, StepSchedule
+from accel.stream import StreamOrder
 from accel.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
-from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.vocab import Vocab
 from protos import job_secret
+from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, ClientKeys, ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
@@ -51,12 +57,22 @@ log = logging.getLogger("stoker.consumer")
 _END = object()
 
 
+METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
+RANK_METRICS_BASE = 9570  # local rank r > 0 of a data-parallel job: 9570 + r, clear of the daemons' 9561 + i
+
+
+def rank_metrics_port(local_rank: int) -> int:
+    """The /metrics port a rank serves on by default: one per local rank, so the ranks of one
+    machine (8 on a DGX) never collide with each other or with a worker daemon there."""
+    return METRICS_PORT if local_rank == 0 else RANK_METRICS_BASE + local_rank
+
+
 @dataclass(frozen=True)
 class ConsumerConfig:
     data_bind: str = "tcp://127.0.0.1:5560"
     control_bind: str = "tcp://127.0.0.1:5561"
     advertise_host: str | None = None  # host name workers use to reach this machine
-    metrics_port: int | None = 9560  # None: no HTTP endpoint
+    metrics_port: int | None = METRICS_PORT  # None: no HTTP endpoint; 0: a free port (Consumer.metrics_port)
     metrics_addr: str = "127.0.0.1"
     credit_window: int = 3  # batches in flight per worker process
     overlap: bool = True  # convert/copy batch N+1 on a side thread while step N runs
@@ -69,6 +85,9 @@ class ConsumerConfig:
     decode_threads: int = 1  # --decode-on accelerator: DALI's CPU threads on the consumer
     sender_timeout_s: float = 30.0  # free the credit window of a sender that answers no ping this long
     finish_linger_s: float = 3.0  # after the last ack, keep answering until every live host heard "finished"
+    rank_wait_s: float = 60.0  # rank 0, at the end: how long its dispatcher waits for the other ranks' acks
+    attach_timeout_s: float = 60.0  # how long a rank waits for the dispatcher it attaches to
+    credit_budget_mb: float = 1024.0  # batches this rank may have in flight or waiting, in all, in MB
 
     def check_exposure(self) -> None:
         """Without keys, refuse to listen beyond loopback unless told to."""
@@ -101,6 +120,9 @@ class Summary:
     stage_seconds: dict[str, float]
     per_epoch_unique: list[int] = field(default_factory=list)
     dataset: str = "imagenet"
+    rank: int = 0
+    world_size: int = 1
+    steps: int = 0  # steps taken (equal on every rank)
     rows: int = 0  # rows stepped: images, or rows of tokens
     rows_per_s: float = 0.0  # rows stepped per second after start-up: what the device consumed
     bytes_received: int = 0  # tensor bytes that crossed the wire
@@ -132,46 +154,65 @@ def check_dataset(job: JobConfig, manifest: Manifest) -> None:
 
 
 class Consumer:
-    def __init__(self, cfg: ConsumerConfig, job: JobConfig | None, accelerator: Accelerator,
-                 metrics: ConsumerMetrics | None = None, resume: dict | None = None) -> None:
-        """`resume`: a `state_dict()` saved earlier; the job must be the same (its id is taken from it).
-        With `cfg.dispatcher` the job comes from that dispatcher and `job` must be None."""
+    def __init__(self, cfg: ConsumerConfig, job: JobConfig | None, accelerator: Accelerator | None = None,
+                 metrics: ConsumerMetrics | None = None, resume: dict | None = None, rank: int = 0,
+                 world_size: int | None = None) -> None:
+        """`job`: the job, for the rank whose process runs the dispatcher; None to take it from the
+        dispatcher at `cfg.dispatcher`. `resume`: a `state_dict()` saved earlier (the same job: its
+        id is taken from it). `world_size` defaults to the job's."""
         cfg.check_exposure()
+        self.rank = rank
+        self.consumer_id = f"rank{rank}-{os.getpid()}-{secrets.token_hex(3)}"
         client_keys = ClientKeys.load(cfg.keys, cfg.key_name, CONSUMER) if cfg.keys and cfg.dispatcher else None
-        credential = job_secret.for_consumer(cfg.job_secret) if cfg.dispatcher and not cfg.keys else b""
         lease_key = b""
+        credential = b""
         if cfg.dispatcher:
             if job is not None:
                 raise ValueError("with a separate dispatcher the job is the dispatcher's; do not pass one")
-            spec, lease_key = attach(cfg.dispatcher, cfg.key_name, client_keys, credential)
+            spec, lease_key, credential = self._attach(cfg, client_keys, world_size or 0)
             job = job_from_spec(spec)
         assert job is not None
+        if world_size is not None and world_size != job.world_size:
+            if cfg.dispatcher:
+                raise RankRefused(f"the job has world size {job.world_size}, not {world_size}")
+            job = replace(job, world_size=world_size)
+        if not 0 <= rank < job.world_size:
+            raise RankRefused(f"rank {rank} is outside the job's ranks 0..{job.world_size - 1}")
+        position = checkpoint.resume_position(job, resume) if resume is not None else None
         if resume is not None:
-            checkpoint.check_matches(job, resume)
             job = replace(job, job_id=resume["job"]["job_id"])
         self.cfg = cfg
         self.job = job
         self.accelerator = accelerator
         self.metrics = metrics or ConsumerMetrics()
-        self.decoding = None  # --decode-on accelerator: the decoder wrapped around the accelerator, made by run()
         self.leases = LeaseSigner(lease_key, job.job_id) if lease_key else LeaseSigner.new(job.job_id)
         self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, self.manifest)
-        plan = EpochPlan(self.manifest, job.unit_size, job.epochs, job.seed)
-        done = frozenset(resume["done_units"]) if resume else frozenset()
+        self.plan = plan = job.plan(self.manifest)
+        self.start_position = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
+        done = self.start_position.done_units(plan)
         self.dispatcher: Dispatcher | RemoteAcks
+        self.consumer_secret: bytes | None = None
         if cfg.dispatcher:
-            total = sum(len(plan.units(e)) for e in range(job.epochs))
-            self.dispatcher = RemoteAcks(cfg.dispatcher, cfg.key_name, total, client_keys, credential,
-                                         done_before=done)
-            self.dispatcher.on_finished = lambda: self.queue.put(_END)
+            mine = sum(len(plan.rank_units(e, rank)) for e in range(job.epochs))
+            self.dispatcher = RemoteAcks(cfg.dispatcher, self.consumer_id, mine, client_keys, credential,
+                                         done_before=done, rank=rank, world_size=job.world_size)
         else:
-            self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done)
+            if rank != 0:
+                raise RankRefused(f"rank {rank} attaches to rank 0's dispatcher: give its endpoint (--dispatcher)")
+            self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done,
+                                         planned_batches=job.planned_batches if job.dataset == "imagenet" else None)
+            self.dispatcher.resume_position(self.start_position.epoch, self.start_position.ranks,
+                                            self.start_position.step)
+            if job.world_size > 1 and not cfg.keys:  # the other ranks attach with the job secret
+                self.consumer_secret = job_secret.for_rank_zero(cfg.job_secret, cfg.control_bind)
         self._control: ControlServer | None = None
         self.ledger = Ledger(plan)
-        if resume:
-            self.ledger.restore(set(done), resume["in_progress"])
+        self.ledger.restore(set(done))
+        start = self.start_position
+        units, replay = start.ranks[rank]
+        self.order = StreamOrder(plan, rank, start.epoch, units, released=start.step - replay)
         self.queue: queue.Queue = queue.Queue()
         self.data_endpoint = ""
         self.control_endpoint = ""
@@ -182,22 +223,26 @@ class Consumer:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._receiver: Receiver | None = None
+        self.position = (start.epoch, start.step)  # (epoch, steps taken in it): what state_dict() saves
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self._totals, self.metrics.registry)
         self.systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
 
-    def _decoding(self, accelerator: Accelerator):
-        """Wrap the accelerator so each batch's JPEGs are decoded where it runs (DALI)."""
-        from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
-
-        def count(seconds: float, failed: int, fallbacks: int) -> None:
-            self.metrics.accel_decode.observe(seconds)
-            self.metrics.accel_decode_errors.inc(failed)
-            self.metrics.accel_decode_fallbacks.inc(fallbacks)
-
-        device = str(getattr(accelerator, "device", "cpu"))
-        decoder = DaliJpegDecoder(self.job.image_size, self.job.batch_size, device, self.cfg.decode_threads)
-        return DecodingAccelerator(accelerator, decoder, on_decode=count, key_of=self.manifest.key_of)
+    def _attach(self, cfg: ConsumerConfig, keys: ClientKeys | None, world_size: int) -> tuple[pb.JobSpec, bytes, bytes]:
+        """The job from the dispatcher. Without keys a rank proves itself with the job secret, which
+        rank 0 may still be writing: a refusal is retried for a while with the secret read again."""
+        deadline = time.monotonic() + min(30.0, cfg.attach_timeout_s)
+        while True:
+            credential = b"" if cfg.keys else job_secret.for_consumer(cfg.job_secret, cfg.dispatcher,
+                                                                     wait_s=max(0.0, deadline - time.monotonic()))
+            try:
+                spec, lease_key = attach(cfg.dispatcher, self.consumer_id, keys, credential, rank=self.rank,
+                                         world_size=world_size, timeout_s=cfg.attach_timeout_s)
+                return spec, lease_key, credential
+            except NotAConsumer:
+                if cfg.keys or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def _totals(self) -> Totals:
         """A snapshot for the bottleneck monitor: the loop's counters plus what the workers reported."""
@@ -231,7 +276,7 @@ class Consumer:
             raise self._error
         self.bottleneck.start()
         self.systemd.ready(f"serving {self.data_endpoint}")
-        if self.dispatcher.finished:  # resumed from a checkpoint of a finished job
+        if self.order.done:  # resumed from a checkpoint of a finished job
             self.queue.put(_END)
 
     def _run_loop(self) -> None:
@@ -266,12 +311,15 @@ class Consumer:
             data.setsockopt(zmq.RCVHWM, 10_000)
             self.data_endpoint = advertised(bind(data, self.cfg.data_bind, "data"), self.cfg.advertise_host)
             self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
-                                      self.metrics, self._unit_done, schema_of(self.job), self.leases,
-                                      keyed=keys is not None, on_unit_incomplete=self._unit_incomplete,
-                                      sender_timeout_s=self.cfg.sender_timeout_s)
+                                      self.metrics, self._unit_done, schema_of(self.job), self.leases, self.order,
+                                      keyed=keys is not None, sender_timeout_s=self.cfg.sender_timeout_s,
+                                      on_unit_received=self.dispatcher.received,
+                                      budget=self._credit_budget())
             tasks += [pump(data, self._receiver.handle, self._stop), self._sweep_senders()]
             if isinstance(self.dispatcher, RemoteAcks):
                 self.control_endpoint = self.cfg.dispatcher or ""
+                self.dispatcher.data_endpoint = self.data_endpoint
+                self.dispatcher.on_finished = lambda: None
                 tasks.append(self.dispatcher.run(ctx, self._stop))
             else:
                 control = control_router(ctx, keys)
@@ -279,8 +327,11 @@ class Consumer:
                     tasks.append(count_handshakes(monitor_handshakes(control), self.metrics, self._stop))
                 self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
                                                    self.cfg.advertise_host)
+                self.dispatcher.attach_rank(0, self.data_endpoint, self.consumer_id)
+                access = AccessPolicy(keyed=keys is not None, consumer_secret=self.consumer_secret,
+                                      remote_consumers=self.job.world_size > 1)
                 server = self._control = ControlServer(control, self.dispatcher, self.job.spec(self.data_endpoint),
-                                                       self.metrics, self.leases, AccessPolicy(keyed=keys is not None))
+                                                       self.metrics, self.leases, access)
                 server.update_gauges()
                 tasks += [pump(control, server.handle, self._stop), ticker(server, self._stop)]
             tasks.append(self._feed_watchdog())
@@ -294,156 +345,125 @@ class Consumer:
                 authenticator.stop()
             ctx.term()
 
+    def _credit_budget(self) -> int:
+        """Batches the rank may hold in all (in flight or waiting here), from its byte budget."""
+        nbytes = max(1, batch_bytes(self.job))
+        return max(2 * self.cfg.credit_window, int(self.cfg.credit_budget_mb * (1 << 20)) // nbytes)
+
     async def _sweep_senders(self) -> None:
         while not self._stop.is_set():
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self._receiver.sweep_every_s if self._receiver else 1.0)
             if self._receiver is not None:
                 self._receiver.sweep()
+            if isinstance(self.dispatcher, Dispatcher):
+                self.dispatcher.rank_heard(0, self.consumer_id)
 
     async def _feed_watchdog(self) -> None:
         while not self._stop.is_set():
             self.systemd.watchdog()
             await asyncio.sleep(1.0)
 
-    def _unit_done(self, unit_id: int) -> None:
-        self.dispatcher.ack(unit_id)
-        if isinstance(self.dispatcher, Dispatcher) and self.dispatcher.finished:
+    def _unit_done(self, unit_id: int, batches: int) -> None:
+        self.dispatcher.ack(unit_id, batches)
+        if self.order.done and self.ledger.open_units == 0:
             self.queue.put(_END)
 
-    def _unit_incomplete(self, unit_id: int) -> None:
-        """Its batches did not account for its samples: hand it out again (a separate dispatcher
-        re-leases it when the lease expires)."""
-        if isinstance(self.dispatcher, Dispatcher):
-            self.dispatcher.release_unit(unit_id, "incomplete")
-
     def abort(self, error: BaseException) -> None:
-        """End `run` from another thread: it raises `error` once the current step is done."""
+        """End the stream from another thread: whoever pulls it gets `error` after the current step."""
         self._error = error
         self.queue.put(_END)
 
-    # ---- training loop ------------------------------------------------------------------
+    # ---- the stream of steps -------------------------------------------------------------
+    def schedule(self) -> StepSchedule:
+        """Exactly the steps of every epoch from the start position, in plan order."""
+        start = self.start_position
+        units, replay = start.ranks[self.rank]
+        return StepSchedule(self._next, _END, self.steps_of, self._replayed, start.epoch, start.step - replay, replay)
+
+    def steps_of(self, epoch: int, batches: int) -> int:
+        """The epoch's steps on every rank: the longest rank stream (images: from the plan alone)."""
+        if self.job.dataset == "imagenet":
+            return max(sum(self.job.planned_batches(u) for u in self.plan.rank_units(epoch, r))
+                       for r in range(self.job.world_size))
+        waited_from = time.monotonic()
+        while True:
+            steps = self._ask_epoch_steps(epoch, batches)
+            if steps is not None:
+                return steps
+            if self._stop.is_set() or (self._thread is not None and not self._thread.is_alive()):
+                raise RuntimeError("stopped while waiting for the other ranks")
+            if time.monotonic() - waited_from > 10:
+                log.warning("rank %d: waiting for the other ranks to finish epoch %d", self.rank, epoch)
+                waited_from = time.monotonic()
+            time.sleep(0.05)
+
+    def _ask_epoch_steps(self, epoch: int, batches: int) -> int | None:
+        if isinstance(self.dispatcher, Dispatcher):
+            return self._on_loop(lambda: self.dispatcher.epoch_steps(epoch, self.rank, batches))
+        reply = self._on_loop_async(self.dispatcher.call(pb.ControlRequest(epoch_steps=pb.EpochSteps(
+            epoch=epoch, rank=self.rank, batches=batches)), self._stop))
+        return reply.steps.steps if reply is not None and reply.WhichOneof("kind") == "steps" else None
+
+    def _replayed(self, batch: ReceivedBatch) -> None:
+        assert self._loop is not None and self._receiver is not None
+        self._loop.call_soon_threadsafe(self._receiver.step_done, batch, True)
+
+    def taken(self, step: Scheduled) -> None:
+        """A step's batch went to the training loop: the data position is past it."""
+        self.position = (step.epoch, step.step + 1)
+
+    def step_done(self, step: Scheduled) -> None:
+        """A step is over: its batch's books close when it was the batch's last piece."""
+        assert self._loop is not None and self._receiver is not None
+        if step.closes is not None:
+            self._loop.call_soon_threadsafe(self._receiver.step_done, step.closes)
+
+    def epoch_done(self, end: EpochDone) -> None:
+        self.position = (end.epoch + 1, 0)
+
+    def _next(self) -> object:
+        while True:
+            try:
+                item = self.queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive():
+                    return _END
+                continue
+            if item is _END and self._error is not None:
+                raise self._error
+            return item
+
+    # ---- the built-in training loop -------------------------------------------------------
     def run(self, on_step: Callable[[Consumer], None] | None = None, procs_per_host: int = 0,
             max_seconds: float | None = None) -> Summary:
-        """Step through every batch of the job; returns the closing summary.
+        """Step the accelerator through every batch of the job; returns the closing summary.
 
         `max_seconds`: stop after that long past the first batch (a time-boxed measurement, as
         `stoker sweep` makes; the job is then not complete and `time_boxed` says so)."""
-        if self._loop is None:
-            self.start()
-        assert self._loop is not None and self._receiver is not None
-        started = time.perf_counter()
-        startup = 0.0
-        sequences = tokens = 0
-        p = self.progress = Totals()  # stall, step, copy, rows and batches: read by the bottleneck monitor too
-        first = True
-        time_boxed = False
-        if self.job.decode_on == "accelerator" and self.decoding is None:
-            self.decoding = self._decoding(self.accelerator)
-        stepper = self.decoding or self.accelerator
-        prepare = getattr(stepper, "prepare", None)
+        from accel.training_loop import train
 
-        def record_copy(seconds: float) -> None:
-            p.copy_s += seconds
-            self.metrics.device_copy.observe(seconds)
+        return train(self, on_step=on_step, procs_per_host=procs_per_host, max_seconds=max_seconds)
 
-        def prepare_rows(batch: ReceivedBatch) -> object:  # a unit's last batch can be empty: nothing to convert
-            return prepare(batch) if batch.size else None
-
-        prefetcher = Prefetcher(self._next, prepare_rows, _END, record_copy) if prepare and self.cfg.overlap else None
-        while True:
-            waited_from = time.perf_counter()
-            item, prepared = prefetcher.next() if prefetcher else (self._next(), None)
-            waited = time.perf_counter() - waited_from
-            if item is _END:
-                break
-            batch: ReceivedBatch = item
-            if first:
-                startup, first = waited, False
-            else:
-                p.stall_s += waited
-                self.metrics.input_wait.observe(waited)
-            if prepare and prefetcher is None and batch.size:  # serial: convert and copy between steps
-                copy_from = time.perf_counter()
-                prepared = prepare(batch)
-                record_copy(time.perf_counter() - copy_from)
-            step_from = time.perf_counter()
-            if batch.size:
-                if prepare:
-                    stepper.step_prepared(prepared)
-                else:
-                    stepper.step(batch)
-            step_s = time.perf_counter() - step_from
-            self.metrics.step_seconds.observe(step_s)
-            self.metrics.samples.inc(batch.size)
-            self.metrics.batches.inc()
-            p.step_s += step_s
-            p.rows += batch.size - len(batch.undecodable)
-            p.batches += 1
-            if batch.sequences:
-                sequences += batch.sequences
-                tokens += batch.real_tokens
-                self.metrics.sequences.inc(batch.sequences)
-                self.metrics.tokens.inc(batch.real_tokens)
-            self._loop.call_soon_threadsafe(self._receiver.step_done, batch)
-            if on_step:
-                on_step(self)
-            if max_seconds is not None and time.perf_counter() - started - startup >= max_seconds:
-                time_boxed = True
-                break
-        if self._error is not None:
-            raise self._error
-        elapsed = time.perf_counter() - started
-        steady = max(elapsed - startup, 1e-9)
-        stages = self._receiver.stages
-        skipped = sorted(self.ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id))
-        text = self._receiver.text
-        work = ({"examples": stages.examples, "pack": stages.pack} if self.job.dataset == "wikipedia"
-                else {"decode": stages.decode, "augment": stages.augment})
-        if self.decoding:  # part of "copy": the consumer's prepare decodes before it converts
-            work["decode_on_accelerator"] = self.decoding.decode_s
-        text_fields = {} if self.job.dataset != "wikipedia" else dict(
-            sequences=sequences, sequences_per_s=sequences / steady, tokens=tokens, tokens_per_s=tokens / steady,
-            padding_fraction=text.padding_fraction,
-            padding_fraction_before_packing=text.padding_fraction_before_packing,
-            masked_fraction=text.masked_tokens / text.real_tokens if text.real_tokens else 0.0,
-            random_next_fraction=text.random_next / text.sequences if text.sequences else 0.0)
-        return Summary(
-            samples=self.ledger.samples,
-            unique_samples=self.ledger.unique_samples,
-            duplicates_dropped=self.ledger.duplicate_samples,
-            epochs=self.job.epochs,
-            elapsed_s=elapsed,
-            startup_s=startup,
-            delivered_samples_per_s=self.ledger.samples / steady,
-            stall_fraction=p.stall_s / steady,
-            batches=p.batches,
-            hosts=len(self._receiver.hosts_delivered),
-            procs_per_host=procs_per_host,
-            skipped_samples=len(skipped),
-            skipped=[asdict(s) for s in skipped],
-            frames_dropped=dict(self._receiver.dropped),
-            units_released=self.dispatcher.stats().releases,
-            stage_seconds={**work, "send": stages.send, "wait_for_credit": stages.wait_for_credit,
-                           "receive": stages.receive, "copy": p.copy_s, "step": p.step_s, "stall": p.stall_s},
-            per_epoch_unique=[self.ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
-            dataset=self.job.dataset,
-            rows=p.rows,
-            rows_per_s=p.rows / steady,
-            bytes_received=self._receiver.bytes_received,
-            time_boxed=time_boxed,
-            decode_on=self.job.decode_on,
-            **text_fields,
-        )
-
+    # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The data position after every step so far (see accel.checkpoint); call between steps.
+        """The job's data position after the steps taken so far, for every rank (see accel.checkpoint)."""
+        epoch, step = self.position
+        if epoch >= self.job.epochs:
+            ranks = [(0, 0)] * self.job.world_size
+        elif isinstance(self.dispatcher, Dispatcher):
+            ranks = self._on_loop(lambda: self.dispatcher.position(epoch, step))
+        else:
+            reply = self._on_loop_async(self.dispatcher.call(pb.ControlRequest(
+                position=pb.PositionQuery(epoch=epoch, step=step)), self._stop))
+            if reply is None:
+                raise RuntimeError("stopped before the dispatcher said where the ranks stand")
+            ranks = [(r.units, r.batches) for r in reply.position.ranks]
+        return checkpoint.state(self.job, epoch, step, ranks, self.ledger.samples)
 
-        It is read on the event loop after the credits of finished steps are settled, so it
-        counts exactly the steps that have returned."""
-        return self._on_loop(lambda: {
-            "version": checkpoint.STATE_VERSION, "job": checkpoint.job_fields(self.job),
-            "done_units": self.dispatcher.done_units(), "in_progress": self.ledger.position(),
-            "samples_stepped": self.ledger.samples})
+    def settle(self) -> None:
+        """Wait until the event loop has done the book-keeping of every step handed back so far."""
+        if self._thread is not None and self._thread.is_alive():
+            self._on_loop(lambda: None)
 
     def _on_loop(self, read: Callable[[], object]) -> object:
         """Run `read` on the event loop (which owns the books) and return its result."""
@@ -459,21 +479,27 @@ class Consumer:
         self._loop.call_soon_threadsafe(call)
         return result.result(timeout=10)
 
-    def _next(self) -> object:
-        while True:
-            try:
-                return self.queue.get(timeout=0.5)
-            except queue.Empty:
-                if self._thread is not None and not self._thread.is_alive():
-                    return _END
+    def _on_loop_async(self, coroutine) -> object:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
 
     def stop(self) -> None:
-        """Close everything; after a finished job, first give live hosts a moment to hear that it is."""
+        """Close everything. Rank 0 with the job's dispatcher first waits (a while) for the other
+        ranks to finish, and gives live hosts a moment to hear that the job is finished."""
         server = self._control
-        if server is not None and self.dispatcher.finished and self._thread is not None and self._thread.is_alive():
+        alive = self._thread is not None and self._thread.is_alive()
+        if server is not None and alive and self.order.done and self.job.world_size > 1:
+            deadline = time.monotonic() + self.cfg.rank_wait_s
+            while not self._on_loop(lambda: self.dispatcher.finished) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if server is not None and alive and self.dispatcher.finished:
             deadline = time.monotonic() + self.cfg.finish_linger_s
             while self._on_loop(server.hosts_not_told) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        if isinstance(self.dispatcher, RemoteAcks) and alive:  # acks still on their way must arrive
+            deadline = time.monotonic() + self.cfg.finish_linger_s
+            while self._on_loop(lambda: bool(self.dispatcher.unsent)) and time.monotonic() < deadline:
+                time.sleep(0.02)
         self._stop.set()
         self.bottleneck.stop()
         if self._thread is not None:

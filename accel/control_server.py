@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from accel.dispatcher import Dispatcher
+from accel.dispatcher import Dispatcher, RankError
 from accel.metrics import ConsumerMetrics
 from accel.receiver import send_error
 from protos import stoker_pb2 as pb
@@ -35,7 +35,7 @@ log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
 WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release"})
-CONSUMER_REQUESTS = frozenset({"attach", "ack"})
+CONSUMER_REQUESTS = frozenset({"attach", "ack", "epoch_steps", "position"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class ControlServer:
         self._last_reply: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
         self.dropped: dict[str, int] = {}
         self.told_finished: set[str] = set()  # hosts that have heard "finished"
+        self._consumers: dict[bytes, tuple[int, str]] = {}  # peer -> (rank, consumer id) of attached ranks
+        self._silent_reported: set[int] = set()
 
     def handle(self, frames: list) -> None:
         peer = frame_bytes(frames[0])
@@ -102,7 +104,7 @@ class ControlServer:
         if cached and cached[0] == request.request_id:
             self._send(peer, cached[1])
             return
-        reply = self._answer(request, caller)
+        reply = self._answer(request, caller, peer)
         reply.request_id = request.request_id
         payload = reply.SerializeToString()
         self._last_reply[asker] = (request.request_id, payload)
@@ -112,7 +114,7 @@ class ControlServer:
         self._send(peer, payload)
         self.update_gauges()
 
-    def _answer(self, request: pb.ControlRequest, caller: Caller) -> pb.ControlReply:
+    def _answer(self, request: pb.ControlRequest, caller: Caller, peer: bytes) -> pb.ControlReply:
         d = self.dispatcher
         kind = request.WhichOneof("kind")
         if kind == "register":
@@ -131,20 +133,46 @@ class ControlServer:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
             token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)
             return pb.ControlReply(unit=pb.WorkUnit(
-                unit_id=unit.unit_id, epoch=unit.epoch, shard_index=unit.shard_index,
-                start=unit.start, stop=unit.stop, first_sample_id=unit.first_sample_id, lease_token=token))
-        if kind == "attach":
-            log.info("consumer %s attached", request.attach.consumer_id)
-            return pb.ControlReply(attached=pb.Attached(job=self.job, lease_key=self.leases.key))
-        if kind == "ack":
-            for unit_id in request.ack.unit_ids:
-                d.ack(unit_id)
-            return pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+                unit_id=unit.unit_id, epoch=unit.epoch, lease_token=token, rank=unit.rank, position=unit.position,
+                data_endpoint=d.endpoint(unit.rank) or "",
+                segments=[pb.Segment(shard_index=g.shard_index, start=g.start, stop=g.stop,
+                                     first_sample_id=g.first_sample_id) for g in unit.segments]))
         if kind == "release":
             r = request.release
-            count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released")
+            count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None)
             log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
             return pb.ControlReply(ok=pb.Ok())
+        if kind == "attach":
+            attach = request.attach
+            try:
+                d.attach_rank(attach.rank, attach.data_endpoint, attach.consumer_id, attach.world_size)
+            except RankError as exc:
+                log.error("refused consumer %s as rank %d: %s", attach.consumer_id, attach.rank, exc)
+                return pb.ControlReply(error=pb.Error(message=str(exc)))
+            self._consumers[peer] = (attach.rank, attach.consumer_id)
+            self._silent_reported.discard(attach.rank)
+            if attach.data_endpoint:
+                log.info("rank %d (consumer %s) receives on %s", attach.rank, attach.consumer_id, attach.data_endpoint)
+            return pb.ControlReply(attached=pb.Attached(job=self.job, lease_key=self.leases.key))
+        rank = self._consumers.get(peer)
+        if rank is None:
+            return pb.ControlReply(error=pb.Error(message="attach first"))
+        d.rank_heard(*rank)
+        if kind == "ack":
+            for unit_id in request.ack.received:
+                d.received(unit_id)
+            counts = list(request.ack.batches)
+            for i, unit_id in enumerate(request.ack.unit_ids):
+                d.ack(unit_id, counts[i] if i < len(counts) else None)
+            return pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+        if kind == "epoch_steps":
+            e = request.epoch_steps
+            steps = d.epoch_steps(e.epoch, e.rank, e.batches)
+            return pb.ControlReply(wait=pb.Wait(retry_after_s=0.05)) if steps is None else \
+                pb.ControlReply(steps=pb.Steps(steps=steps))
+        if kind == "position":
+            ranks = d.position(request.position.epoch, request.position.step)
+            return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
         return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
 
     def _finished(self, host_id: str) -> pb.ControlReply:
@@ -156,9 +184,15 @@ class ControlServer:
         return set(self.dispatcher.live_hosts()) - self.told_finished
 
     def tick(self) -> None:
-        """Periodic: expire silent hosts."""
+        """Periodic: expire silent hosts; report ranks that went silent (their streams stall)."""
         for host in self.dispatcher.expire_hosts():
             log.warning("host %s missed its heartbeats; its units are re-leased", host)
+        silent = set(self.dispatcher.silent_ranks())
+        for rank in sorted(silent - self._silent_reported):
+            log.error("rank %d has not been heard from for %.0f s: its batches wait, and the job cannot finish "
+                      "without it (restart every rank from the last state_dict)", rank, self.dispatcher.host_timeout_s)
+        self._silent_reported = silent
+        self.metrics.ranks_silent.set(len(silent))
         self.update_gauges()
 
     def update_gauges(self) -> None:

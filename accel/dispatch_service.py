@@ -33,7 +33,6 @@ from accel.job import JobConfig
 from accel.journal import Journal
 from accel.metrics import ConsumerMetrics
 from accel.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
-from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from protos import job_secret
 from protos.curve import ServerKeys, is_loopback
@@ -45,7 +44,6 @@ log = logging.getLogger("stoker.dispatcher")
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    consumer: str  # the consumer's data endpoint, which workers send batches to
     control_bind: str = "tcp://127.0.0.1:5561"
     advertise_host: str | None = None
     journal: str | None = None
@@ -60,7 +58,7 @@ class DispatchConfig:
     def secret_path(self) -> str:
         if self.job_secret:
             return self.job_secret
-        return f"{self.journal}.secret" if self.journal else "stoker-job.secret"
+        return f"{self.journal}.secret" if self.journal else str(job_secret.default_path(self.control_bind))
 
 
 class DispatchService:
@@ -84,9 +82,9 @@ class DispatchService:
         if self.journal and self.journal.replayed:
             log.info("continuing from %s: %d units done, %d leases open", cfg.journal,
                      len(self.journal.replayed.done), len(self.journal.replayed.leases))
-        plan = EpochPlan(manifest, job.unit_size, job.epochs, job.seed)
-        self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, journal=self.journal,
-                                     on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n))
+        self.dispatcher = Dispatcher(job.plan(manifest), cfg.host_timeout_s, journal=self.journal,
+                                     on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n),
+                                     planned_batches=job.planned_batches if job.dataset == "imagenet" else None)
         self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.endpoint = ""
         self.stop = threading.Event()
@@ -119,7 +117,7 @@ class DispatchService:
             self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
                                   remote_consumers=True)
-            server = ControlServer(control, self.dispatcher, self.job.spec(self.cfg.consumer), self.metrics,
+            server = ControlServer(control, self.dispatcher, self.job.spec(""), self.metrics,
                                    self.leases, access)
             server.update_gauges()
             self.ready.set()

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from pipeline.augment import DECODERS, REFERENCE_AREA
+from pipeline.plan import EpochPlan, Unit
 from pipeline.text.examples import TextConfig
 from protos import stoker_pb2 as pb
 
@@ -30,13 +31,15 @@ class JobConfig:
     text: TextConfig = TextConfig()
     checksum: bool = False
     heartbeat_s: float = 1.0
+    world_size: int = 1  # data-parallel ranks: one stream of batches each, the same number of steps each
+    drop_last: bool = False  # images: leave out the rows past the last whole batch of every rank
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, not {self.dataset!r}")
-        if min(self.epochs, self.batch_size, self.unit_batches, self.image_size) < 1:
-            raise ValueError("epochs, batch size, unit batches and image size must be at least 1")
+        if min(self.epochs, self.batch_size, self.unit_batches, self.image_size, self.world_size) < 1:
+            raise ValueError("epochs, batch size, unit batches, image size and world size must be at least 1")
         if self.transform not in ("train", "eval"):
             raise ValueError(f"transform must be train or eval, not {self.transform!r}")
         if self.decoder not in DECODERS:
@@ -45,12 +48,24 @@ class JobConfig:
             raise ValueError(f"decode_on must be one of {', '.join(DECODE_PLACEMENTS)}, not {self.decode_on!r}")
         if self.decode_on == "accelerator" and self.dataset != "imagenet":
             raise ValueError("--decode-on accelerator applies to imagenet (JPEG) jobs only")
+        if self.drop_last and self.dataset != "imagenet":
+            raise ValueError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
+                             "and a short last text batch keeps its place (see the README, len() for text)")
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
 
     @property
     def unit_size(self) -> int:
         return self.batch_size * self.unit_batches
+
+    def plan(self, manifest) -> EpochPlan:
+        return EpochPlan(manifest, self.unit_size, self.epochs, self.seed, self.world_size, self.batch_size,
+                         self.drop_last)
+
+    def planned_batches(self, unit: Unit) -> int | None:
+        """Images: a unit gives ceil(size / batch size) batches whatever is skipped (a skipped image
+        leaves its batch a row short). Text: it depends on the examples, so None."""
+        return -(-unit.size // self.batch_size) if self.dataset == "imagenet" else None
 
     def spec(self, data_endpoint: str) -> pb.JobSpec:
         t = self.text
@@ -59,7 +74,7 @@ class JobConfig:
                           seed=self.seed, min_area=self.min_area, max_area=self.max_area,
                           heartbeat_s=self.heartbeat_s, checksum=self.checksum, dataset=self.dataset,
                           decoder=self.decoder, decode_on=self.decode_on, epochs=self.epochs,
-                          unit_batches=self.unit_batches,
+                          unit_batches=self.unit_batches, world_size=self.world_size, drop_last=self.drop_last,
                           text=pb.TextSpec(seq_len=t.seq_len, max_predictions=t.max_predictions,
                                            masked_lm_prob=t.masked_lm_prob, short_seq_prob=t.short_seq_prob,
                                            whole_word_mask=t.whole_word_mask, pack=t.pack,
@@ -75,4 +90,5 @@ def job_from_spec(spec: pb.JobSpec) -> JobConfig:
                      image_size=spec.image_size, transform=spec.transform, min_area=spec.min_area,
                      max_area=spec.max_area, decoder=spec.decoder or "auto",
                      decode_on=spec.decode_on or "host", text=text, checksum=spec.checksum,
-                     heartbeat_s=spec.heartbeat_s, job_id=spec.job_id)
+                     heartbeat_s=spec.heartbeat_s, job_id=spec.job_id, world_size=spec.world_size or 1,
+                     drop_last=spec.drop_last)

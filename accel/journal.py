@@ -21,6 +21,7 @@ class Replayed:
     job: dict
     lease_key: bytes = b""
     done: set[int] = field(default_factory=set)
+    batches: dict[int, int] = field(default_factory=dict)  # unit -> batches it gave
     leases: dict[int, tuple[str, str, int, str]] = field(default_factory=dict)  # unit -> (host, worker, request, key)
 
 
@@ -52,8 +53,8 @@ class Journal:
     def lease(self, unit_id: int, host_id: str, worker_id: str, request_id: int = 0, key: str = "") -> None:
         self._write({"lease": unit_id, "host": host_id, "worker": worker_id, "request": request_id, "key": key})
 
-    def ack(self, unit_id: int) -> None:
-        self._write({"ack": unit_id})
+    def ack(self, unit_id: int, batches: int | None = None) -> None:
+        self._write({"ack": unit_id} if batches is None else {"ack": unit_id, "batches": batches})
 
     def release(self, unit_ids: list[int]) -> None:
         self._write({"release": unit_ids})
@@ -83,6 +84,8 @@ def replay(path: Path) -> Replayed:
                                             event.get("key", ""))
         elif "ack" in event:
             state.done.add(event["ack"])
+            if "batches" in event:
+                state.batches[event["ack"]] = event["batches"]
             state.leases.pop(event["ack"], None)
         elif "release" in event:
             for unit in event["release"]:

@@ -4,7 +4,9 @@ A redone unit yields byte-identical batches, so a batch is a duplicate exactly w
 (unit, batch index) was admitted before, or its unit was already completed. A batch's
 sample ids must belong to its unit as the plan gives it, and a unit is complete only when
 its batches have accounted for every one of its samples (delivered or skipped): an empty
-"last" batch cannot close a unit.
+"last" batch cannot close a unit. Batches are stepped in plan order, so a unit whose batches
+ended short (only a misbehaving leaseholder does that) is closed with its missing samples
+reported as skipped, never silently counted as delivered.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class Step(enum.Enum):
 
     OPEN = "open"  # more batches to come
     DONE = "done"  # every batch stepped, every sample accounted for: ack the unit
-    INCOMPLETE = "incomplete"  # every batch stepped but samples are missing: the unit must be redone
+    INCOMPLETE = "incomplete"  # every batch stepped but samples are missing: reported as skipped; ack it
 
 
 @dataclass
@@ -42,8 +44,8 @@ class _UnitProgress:
     admitted: set[int] = field(default_factory=set)
     stepped: set[int] = field(default_factory=set)  # batch indexes a training step has used
     expected: int | None = None  # known once the unit's last batch arrives
+    admitted_last: int | None = None  # batches the unit has, known when its last batch is admitted
     covered: set[int] = field(default_factory=set)  # sample ids stepped or skipped
-    uncredited: set[int] = field(default_factory=set)  # stepped before a restart: samples not yet known
 
 
 class InvalidBatch(ValueError):
@@ -73,12 +75,11 @@ class Ledger:
             raise InvalidBatch(f"unit {unit_id} is not in the job's plan")
         if epoch != unit.epoch:
             raise InvalidBatch(f"unit {unit_id} belongs to epoch {unit.epoch}, not {epoch}")
-        low, high = unit.first_sample_id + unit.start, unit.first_sample_id + unit.stop
-        if ids.size and (ids.min() < low or ids.max() >= high):
-            raise InvalidBatch(f"sample ids outside unit {unit_id}'s {low}..{high - 1}")
+        if ids.size and not np.isin(ids, unit.sample_ids()).all():
+            raise InvalidBatch(f"sample ids outside unit {unit_id}")
 
     def admit(self, epoch: int, unit_id: int, batch_index: int, sample_ids: np.ndarray,
-              skipped_ids: np.ndarray | None = None) -> bool:
+              skipped_ids: np.ndarray | None = None, last: bool = False) -> bool:
         """True if the batch is new; False (and counted) if it is a duplicate."""
         skipped_ids = np.empty(0, dtype=np.int64) if skipped_ids is None else skipped_ids
         self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
@@ -86,27 +87,32 @@ class Ledger:
         if unit_id in self._completed or (progress and batch_index in progress.admitted):
             self.duplicate_batches += 1
             self.duplicate_samples += int(sample_ids.size)
-            if progress and batch_index in progress.uncredited:  # its twin was stepped before a restart
-                progress.uncredited.discard(batch_index)
-                progress.covered.update(sample_ids.tolist(), skipped_ids.tolist())
             return False
         if progress is None:
             progress = self._units[unit_id] = _UnitProgress(self.plan.unit(unit_id).size)
         progress.admitted.add(batch_index)
+        if last:
+            progress.admitted_last = batch_index + 1
         return True
+
+    def received(self, unit_id: int) -> bool:
+        """Every batch of the unit is here (not necessarily stepped)."""
+        progress = self._units.get(unit_id)
+        return progress is not None and progress.admitted_last == len(progress.admitted)
 
     def record_skips(self, epoch: int, skipped: list[Skipped]) -> None:
         for item in skipped:
             self.skipped[(epoch, item.sample_id)] = item
 
     def stepped(self, epoch: int, unit_id: int, batch_index: int, last: bool, sample_ids: np.ndarray,
-                skipped_ids: np.ndarray) -> Step:
-        """Record a finished step: `sample_ids` trained on, `skipped_ids` accounted for without."""
-        delivered = self._delivered.setdefault(epoch, np.zeros(self.num_samples, dtype=bool))
-        already = int(np.count_nonzero(delivered[sample_ids]))
-        self.collisions += already
-        delivered[sample_ids] = True
-        self.samples += int(sample_ids.size)
+                skipped_ids: np.ndarray, replayed: bool = False) -> Step:
+        """Record a finished step: `sample_ids` trained on, `skipped_ids` accounted for without.
+        `replayed`: stepped before a resume, so accounted for here but not delivered again."""
+        if not replayed:
+            delivered = self._delivered.setdefault(epoch, np.zeros(self.num_samples, dtype=bool))
+            self.collisions += int(np.count_nonzero(delivered[sample_ids]))
+            delivered[sample_ids] = True
+            self.samples += int(sample_ids.size)
         progress = self._units[unit_id]
         progress.stepped.add(batch_index)
         progress.covered.update(sample_ids.tolist(), skipped_ids.tolist())
@@ -114,45 +120,32 @@ class Ledger:
             progress.expected = batch_index + 1
         return self._settle(unit_id, progress)
 
-    def settle(self, unit_id: int) -> Step:
-        """Whether a unit is done now (after a duplicate credited samples stepped before a restart)."""
-        progress = self._units.get(unit_id)
-        return Step.OPEN if progress is None else self._settle(unit_id, progress)
-
     def _settle(self, unit_id: int, progress: _UnitProgress) -> Step:
         if progress.expected is None or len(progress.stepped) < progress.expected:
             return Step.OPEN
-        if progress.uncredited:
-            return Step.OPEN
-        if len(progress.covered) == progress.size:
-            del self._units[unit_id]
-            self._completed.add(unit_id)
-            return Step.DONE
-        # Only a misbehaving leaseholder gets here: start the unit's books afresh so that a redo counts.
-        self.incomplete_units += 1
-        log.warning("unit %d closed with %d of its %d samples accounted for; it will be redone",
-                    unit_id, len(progress.covered), progress.size)
         del self._units[unit_id]
+        self._completed.add(unit_id)
+        if len(progress.covered) == progress.size:
+            return Step.DONE
+        # Only a misbehaving leaseholder gets here: what it left out is reported, not delivered.
+        self.incomplete_units += 1
+        unit = self.plan.unit(unit_id)
+        missing = sorted(set(unit.sample_ids().tolist()) - progress.covered)
+        log.error("unit %d closed with %d of its %d samples missing; they are reported as skipped",
+                  unit_id, len(missing), progress.size)
+        for sample_id in missing:
+            self.skipped[(unit.epoch, sample_id)] = Skipped(unit.epoch, sample_id, f"sample {sample_id}",
+                                                            "lost: its unit's batches did not hold it")
         return Step.INCOMPLETE
 
-    # ---- checkpoints ---------------------------------------------------------------------
-    def position(self) -> dict[str, dict]:
-        """Units in progress: which of their batches a step has used, and how many they have."""
-        return {str(unit): {"stepped": sorted(p.stepped), "batches": p.expected}
-                for unit, p in self._units.items() if p.stepped}
-
-    def restore(self, completed: set[int], position: dict[str, dict]) -> None:
-        """Resume: completed units and already-stepped batches arrive again as duplicates, and those
-        duplicates tell which samples the stepped batches held."""
+    def restore(self, completed: set[int]) -> None:
+        """Resume: units completed before arrive again as duplicates."""
         self._completed |= completed
-        for unit, entry in position.items():
-            unit_id = int(unit)
-            stepped = set(entry["stepped"])
-            planned = self.plan.unit(unit_id)
-            if planned is None:
-                raise ValueError(f"checkpoint unit {unit_id} is not in the job's plan")
-            self._units[unit_id] = _UnitProgress(planned.size, admitted=set(stepped), stepped=set(stepped),
-                                                 expected=entry["batches"], uncredited=set(stepped))
+
+    @property
+    def open_units(self) -> int:
+        """Units with batches admitted and not all stepped."""
+        return len(self._units)
 
     @property
     def unique_samples(self) -> int:

@@ -54,6 +54,9 @@ class ConsumerMetrics:
         self.units = Gauge("stoker_dispatcher_units", "Work units by state", ["state"], registry=r)
         self.workers_alive = Gauge("stoker_dispatcher_workers_alive", "Worker hosts with a live heartbeat",
                                    registry=r)
+        self.ranks_silent = Gauge("stoker_dispatcher_ranks_silent",
+                                  "Consumer ranks not heard from for longer than the host timeout (their streams "
+                                  "stall; the job cannot finish without them)", registry=r)
         self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
                                 ["reason"], registry=r)
         self.auth = Counter("stoker_consumer_auth",

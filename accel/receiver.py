@@ -8,8 +8,18 @@ with it, so the memory held on the consumer is bounded by the senders' windows. 
 sender goes silent (it answers no ping for `sender_timeout_s`; waiting for credit is not
 silence, a waiting sender answers pings) is freed, and a sender that is gone is forgotten
 the first time a reply cannot reach it. Anything malformed, from a peer that holds no slot,
-or for a unit the sender does not lease is dropped and counted; it never reaches the
-prefetch queue.
+for a unit the sender does not lease, or for another rank's unit is dropped and counted; it
+never reaches the prefetch queue.
+
+A rank's batches leave in plan order (accel.stream); the ones that come early wait ("held").
+Memory is bounded per rank: every sender has at most `window` batches in flight, queued for
+the step or held, plus the batches of a unit it has started (so that it can always finish
+that unit and lease the next, which is the earliest one pending: accel.dispatcher), and all
+senders together at most `budget` batches, and one more: the sender of the very unit the rank
+waits for gets a credit whenever order, not the step, holds it back and the step has nothing
+else to step (the budget may be all in early batches that wait for this unit). A worker
+process whose batch waits too long for credit hands its unit back and leases the earliest pending one
+(workers.process), so a unit nobody makes any more (its host died) cannot stall the rank.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from accel.batch import ReceivedBatch
 from accel.ledger import InvalidBatch, Ledger, Skipped, Step
 from accel.metrics import ConsumerMetrics
 from accel.schema import BatchSchema
+from accel.stream import StreamOrder
 from protos import stoker_pb2 as pb
 from protos.curve import NOBODY, WORKER, Caller, caller_of
 from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
@@ -41,9 +52,35 @@ PING_AFTER_S = 2.0  # a sender silent this long is asked whether it is still the
 class _Peer:
     worker_id: str
     host_id: str
-    outstanding: int = 0  # credits granted and not yet returned
+    outstanding: int = 0  # credits granted whose batch has not arrived yet
+    held: int = 0  # its batches of earlier units waiting here for their turn in plan order
+    held_current: int = 0  # ... of the unit it is on
+    queued: int = 0  # its batches released to the step (queued or being stepped)
+    unit: int = -1  # the unit it said it works on last
+    unit_complete: bool = False  # that unit's last batch has come
     heard: float = 0.0  # monotonic time of its last message
     pinged: float = 0.0
+
+    def working_on(self, unit_id: int) -> None:
+        if unit_id != self.unit:
+            self.held += self.held_current
+            self.held_current = 0
+            self.unit = unit_id
+            self.unit_complete = False
+
+    def release_held(self, unit_id: int) -> None:
+        if unit_id == self.unit and self.held_current:
+            self.held_current -= 1
+        elif self.held:
+            self.held -= 1
+
+    @property
+    def in_window(self) -> int:
+        return self.outstanding + self.queued + self.held
+
+    @property
+    def in_hand(self) -> int:
+        return self.outstanding + self.held + self.held_current + self.queued
 
 
 @dataclass
@@ -90,9 +127,10 @@ class TextTotals:
 class Receiver:
     def __init__(self, socket: zmq.Socket, job_id: str, window: int, ledger: Ledger,
                  out: queue.Queue, metrics: ConsumerMetrics, on_unit_done: Callable[[int], None],
-                 schema: BatchSchema, leases: LeaseSigner, keyed: bool = False,
-                 on_unit_incomplete: Callable[[int], None] = lambda unit_id: None,
-                 sender_timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 schema: BatchSchema, leases: LeaseSigner, order: StreamOrder, keyed: bool = False,
+                 on_unit_received: Callable[[int], None] = lambda unit_id: None,
+                 sender_timeout_s: float = 30.0, budget: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.socket = socket
         self.job_id = job_id
         self.schema = schema
@@ -101,8 +139,14 @@ class Receiver:
         self.out = out
         self.metrics = metrics
         self.on_unit_done = on_unit_done
-        self.on_unit_incomplete = on_unit_incomplete
+        self.on_unit_received = on_unit_received  # all its batches are here: nobody need make it again
         self.leases = leases
+        self.order = order
+        self.budget = budget or MAX_SENDERS * window  # batches all senders together may have in hand
+        self._holder: dict[int, bytes] = {}  # unit -> the peer that said it works on it (for in-order credit)
+        self._in_hand = 0  # credits outstanding plus batches held or queued here, over every sender
+        self._queued = 0  # batches released in plan order and not yet stepped, over every sender
+        self._batches_of: dict[int, int] = {}  # unit -> batches it gave, once its last one arrived
         self.keyed = keyed  # CURVE: senders must be connected with a worker key
         self.sender_timeout_s = sender_timeout_s
         self.clock = clock
@@ -147,6 +191,19 @@ class Receiver:
         else:
             self._batch(peer_id, peer, message.batch, body[1:], caller, started)
 
+    def _readmit(self, peer_id: bytes, header: pb.BatchHeader, caller: Caller) -> _Peer | None:
+        """A sender whose slot was freed (it had been quiet) is back with a batch its lease proves:
+        it is alive after all, so it gets its slot back rather than redoing the unit."""
+        if not header.host_id or len(self.peers) >= MAX_SENDERS or self._by_worker.get(header.worker_id):
+            return None
+        if not self._proves_lease(caller, header.lease_token, header.unit_id, header.host_id, header.worker_id):
+            return None
+        peer = self.peers[peer_id] = _Peer(header.worker_id, header.host_id, outstanding=1, heard=self.clock())
+        self._in_hand += 1
+        self._by_worker[header.worker_id] = peer_id
+        self.metrics.senders.set(len(self.peers))
+        return peer
+
     def _proves_lease(self, caller: Caller, token: bytes, unit_id: int, host_id: str, worker_id: str) -> bool:
         if self.keyed and caller.role != WORKER:
             return False
@@ -180,19 +237,32 @@ class Receiver:
             peer = self.peers[peer_id] = _Peer(hello.worker_id, hello.host_id, heard=self.clock())
             self._by_worker[hello.worker_id] = peer_id
         self.metrics.senders.set(len(self.peers))
-        self._grant(peer_id, self.window - peer.outstanding)
+        self._holder[hello.unit_id] = peer_id
+        peer.working_on(hello.unit_id)
+        self._top_up(peer_id, peer)
+        self._unblock_order()
 
     def _batch(self, peer_id: bytes, peer: _Peer | None, header: pb.BatchHeader, frames: list, caller: Caller,
                started: float) -> None:
         if peer is None:
+            peer = self._readmit(peer_id, header, caller)
+        if peer is None:
             self._reject(peer_id, "unknown_sender", "say hello first")
             self._drop("unknown_peer", peer_id, "batch from a peer that holds no sender slot")
             return
-        peer.outstanding = max(0, peer.outstanding - 1)
+        if peer.outstanding > 0:
+            peer.outstanding -= 1
+            self._in_hand -= 1
         if header.worker_id != peer.worker_id or not self._proves_lease(
                 caller, header.lease_token, header.unit_id, peer.host_id, peer.worker_id):
             self._reject(peer_id, "not_leaseholder", f"no lease of unit {header.unit_id}", header.unit_id)
             self._drop("not_leaseholder", peer_id, f"batch of unit {header.unit_id} from {peer.worker_id!r}")
+            self._grant(peer_id, 1)
+            return
+        unit = self.order.plan.unit(header.unit_id)
+        if unit is not None and not self.order.owns(unit):
+            self._drop("wrong_rank", peer_id, f"unit {header.unit_id} is rank {unit.rank}'s, this is rank "
+                                              f"{self.order.rank}")
             self._grant(peer_id, 1)
             return
         try:
@@ -202,16 +272,23 @@ class Receiver:
             sample_ids = np.asarray(header.sample_ids, dtype=np.int64)
             skipped_ids = np.asarray([s.sample_id for s in header.skipped], dtype=np.int64)
             self.schema.check(header, tensors.parts)
-            fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids, skipped_ids)
+            fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids, skipped_ids,
+                                      header.last_in_unit)
         except (FrameError, InvalidBatch) as exc:
             self._drop(exc.reason, peer_id, str(exc))
             self._grant(peer_id, 1)
             return
         if not fresh:
             self.metrics.duplicates.inc(len(sample_ids))
-            self._settled(header.unit_id, self.ledger.settle(header.unit_id))
             self._grant(peer_id, 1)
             return
+        if self.ledger.received(header.unit_id):
+            self.on_unit_received(header.unit_id)
+        self._holder[header.unit_id] = peer_id
+        peer.working_on(header.unit_id)
+        peer.unit_complete = peer.unit_complete or header.last_in_unit
+        if header.last_in_unit:
+            self._batches_of[header.unit_id] = header.batch_index + 1
         self.hosts_delivered.add(peer.host_id)
         self.metrics.bytes_received.inc(tensors.nbytes)
         self.bytes_received += tensors.nbytes
@@ -230,15 +307,28 @@ class Receiver:
             self.metrics.padding.labels(packing="after").set(self.text.padding_fraction)
         received_s = time.perf_counter() - started
         self.stages.receive += received_s
-        self.out.put(ReceivedBatch(peer_id, header, tensors, sample_ids, received_s))
+        peer.held_current += 1
+        self._in_hand += 1
+        batch = ReceivedBatch(peer_id, header, tensors, sample_ids, received_s)
+        for released in self.order.offer(unit, header.batch_index, header.last_in_unit, batch):
+            if isinstance(released, ReceivedBatch):
+                owner = self.peers.get(released.peer)
+                if owner is not None:
+                    owner.release_held(released.header.unit_id)
+                    owner.queued += 1
+                    self._queued += 1
+            self.out.put(released)  # a batch, or the EpochEnd after a rank's last batch of an epoch
         self.metrics.queue_depth.set(self.out.qsize())
+        self._top_up(peer_id, peer)  # a batch that waits for its turn frees its place in the window
+        self._unblock_order()
 
     # ---- after the step ----------------------------------------------------------------
-    def step_done(self, batch: ReceivedBatch) -> None:
+    def step_done(self, batch: ReceivedBatch, replayed: bool = False) -> None:
         """Record the step, return the batch's credit, and close its unit when it is complete.
 
         Samples the step could not use (`batch.undecodable`: decoding on the accelerator failed)
-        count as skipped, not delivered."""
+        count as skipped, not delivered. `replayed`: stepped before the resume this run continues
+        (accounted for, not delivered again)."""
         header = batch.header
         skipped = [Skipped(header.epoch, s.sample_id, s.key, s.reason) for s in header.skipped]
         skipped += batch.undecodable
@@ -247,37 +337,72 @@ class Receiver:
         lost = {s.sample_id for s in batch.undecodable}
         used = batch.sample_ids if not lost else batch.sample_ids[[i not in lost for i in batch.sample_ids.tolist()]]
         state = self.ledger.stepped(header.epoch, header.unit_id, header.batch_index, header.last_in_unit, used,
-                                    np.asarray([s.sample_id for s in skipped], dtype=np.int64))
-        self._settled(header.unit_id, state)
-        if batch.peer in self.peers:
-            self._grant(batch.peer, 1)
+                                    np.asarray([s.sample_id for s in skipped], dtype=np.int64), replayed)
+        if state is not Step.OPEN:
+            if state is Step.INCOMPLETE:
+                self._drop("incomplete_unit", b"", f"unit {header.unit_id} ended with samples missing")
+            self._holder.pop(header.unit_id, None)
+            self.on_unit_done(header.unit_id, self._batches_of.pop(header.unit_id, header.batch_index + 1))
+        peer = self.peers.get(batch.peer)
+        if peer is not None and peer.queued:
+            peer.queued -= 1
+            self._queued -= 1
+            self._in_hand -= 1
+            self._top_up(batch.peer, peer)
+        self._unblock_order()
         self.metrics.queue_depth.set(self.out.qsize())
 
-    def _settled(self, unit_id: int, state: Step) -> None:
-        if state is Step.DONE:
-            self.on_unit_done(unit_id)
-        elif state is Step.INCOMPLETE:
-            self._drop("incomplete_unit", b"", f"unit {unit_id} ended with samples missing")
-            self.on_unit_incomplete(unit_id)
+    def _top_up(self, peer_id: bytes, peer: _Peer) -> None:
+        """Credit up to the sender's window, as far as the rank's budget allows; a sender whose window
+        is full of held batches still gets one at a time to finish a unit it has started."""
+        room = min(self.window - peer.in_window, self.budget - self._in_hand)
+        if (room <= 0 and peer.held_current and not peer.unit_complete and self._blocked_by_order(peer)
+                and self._in_hand < self.budget):
+            room = 1
+        self._grant(peer_id, room)
 
+    def _blocked_by_order(self, peer: _Peer) -> bool:
+        """Out of credit because batches of its wait for their turn (not because the step is behind:
+        that is ordinary back-pressure)."""
+        return peer.outstanding == 0 and peer.queued < self.window
+
+    def _unblock_order(self) -> None:
+        """The unit the rank waits for must be able to come (see the module's docstring)."""
+        unit = self.order.next_unit()
+        if unit is None:
+            return
+        peer_id = self._holder.get(unit.unit_id)
+        peer = self.peers.get(peer_id) if peer_id is not None else None
+        if peer is None or peer.unit != unit.unit_id or not self._blocked_by_order(peer):  # nobody makes it now
+            return
+        if self._in_hand < self.budget or self._queued == 0:  # over budget only when the step has nothing else
+            self._grant(peer_id, 1)
     # ---- sender slots --------------------------------------------------------------------
     def sweep(self) -> None:
-        """Ping senders that have been quiet; free the slots of those silent past the timeout."""
+        """Ping senders that have been quiet; free the slots of those that let a ping go unanswered
+        until they had been silent for the whole timeout."""
         now = self.clock()
         ping_after = min(PING_AFTER_S, self.sender_timeout_s / 3)
         for peer_id, peer in list(self.peers.items()):
             quiet = now - peer.heard
-            if quiet > self.sender_timeout_s:
+            unanswered = peer.pinged > peer.heard and now - peer.pinged >= ping_after
+            if quiet > self.sender_timeout_s and unanswered:
                 log.info("sender %s said nothing for %.0f s; freeing its slot", peer.worker_id, quiet)
                 self._free(peer_id, "silent")
-            elif quiet > ping_after and now - peer.pinged > ping_after:
+            elif quiet > ping_after and peer.pinged <= peer.heard:
                 peer.pinged = now
                 self._reply(peer_id, pb.DataReply(ping=pb.Ping()))
+
+    @property
+    def sweep_every_s(self) -> float:
+        return min(1.0, self.sender_timeout_s / 4)
 
     def _free(self, peer_id: bytes, why: str) -> None:
         peer = self.peers.pop(peer_id, None)
         if peer is None:
             return
+        self._in_hand -= peer.in_hand
+        self._queued -= peer.queued
         if self._by_worker.get(peer.worker_id) == peer_id:
             del self._by_worker[peer.worker_id]
         self.freed[why] = self.freed.get(why, 0) + 1
@@ -291,6 +416,7 @@ class Receiver:
         peer = self.peers.get(peer_id)
         if peer is not None:
             peer.outstanding += batches
+            self._in_hand += batches
         self._reply(peer_id, pb.DataReply(credit=pb.Credit(batches=batches)))
 
     def _reject(self, peer_id: bytes, code: str, reason: str, unit_id: int = 0) -> None:

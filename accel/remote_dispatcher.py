@@ -1,10 +1,12 @@
-"""The consumer's side of a dispatcher that runs as its own process (`stoker dispatch`).
+"""A consumer rank's link to a dispatcher in another process (`stoker dispatch`, or rank 0's).
 
-The consumer attaches once (and gets the job and the key its lease tokens are checked with),
-then acks completed units from its event loop. Both prove the consumer's role: with CURVE
-keys by its consumer key, without by the job credential. Acks are retried until the
-dispatcher answers, so a dispatcher that restarts from its journal loses none; an ack it
-already holds is harmless. It answers `finished` once every unit of the job is done.
+The rank attaches once to get the job and the key its lease tokens are checked with (`attach`),
+then, from its event loop, attaches again with its data endpoint (so the dispatcher leases its
+units), acks completed units, says it is alive, and asks what only the dispatcher knows: how
+many steps an epoch has on every rank, and where every rank stands. Everything proves the
+consumer role: with CURVE keys by its consumer key, without by the job credential. Requests
+are retried (on a fresh socket, re-attaching) until the dispatcher answers, so a dispatcher
+that restarts from its journal loses no ack; an ack it already holds is harmless.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 
@@ -23,116 +26,179 @@ from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
 
 log = logging.getLogger("stoker.consumer")
+HEARTBEAT_S = 1.0
 
 
 class NotAConsumer(PermissionError):
     """The dispatcher does not accept us as the job's consumer (wrong key or job secret)."""
 
 
+class RankRefused(ValueError):
+    """The dispatcher will not give us this rank (taken, out of range, another world size)."""
+
+
+class _Reattach(Exception):
+    """The dispatcher does not know this connection (it restarted): attach again."""
+
+
 def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential: bytes = b"",
-           timeout_s: float = 60.0) -> tuple[pb.JobSpec, bytes]:
+           timeout_s: float = 60.0, rank: int = 0, world_size: int = 0) -> tuple[pb.JobSpec, bytes]:
     """Ask the dispatcher for its job and lease key (retrying while it starts)."""
     from workers.control_client import ControlClient, DispatcherUnreachable
 
     ctx = zmq.Context()
     client = ControlClient(ctx, endpoint, consumer_id, curve=curve)
     try:
-        reply = client.request(pb.ControlRequest(attach=pb.Attach(consumer_id=consumer_id), job_credential=credential),
-                               give_up_after_s=timeout_s)
+        reply = client.request(pb.ControlRequest(attach=pb.Attach(consumer_id=consumer_id, rank=rank,
+                                                                  world_size=world_size),
+                                                 job_credential=credential), give_up_after_s=timeout_s)
     except DispatcherUnreachable as exc:
         raise ConnectionError(f"no dispatcher at {endpoint}: {exc}") from exc
     finally:
         client.close()
         ctx.term()
     if reply.WhichOneof("kind") == "error":
-        raise NotAConsumer(f"the dispatcher at {endpoint} refused to attach this consumer: {reply.error.message}")
+        message = reply.error.message
+        if message.startswith("only the job's consumer"):
+            raise NotAConsumer(f"the dispatcher at {endpoint} refused to attach this consumer: {message}")
+        raise RankRefused(f"the dispatcher at {endpoint} refused rank {rank}: {message}")
     if reply.WhichOneof("kind") != "attached":
         raise ConnectionError(f"the dispatcher at {endpoint} did not give a job: {reply}")
     return reply.attached.job, reply.attached.lease_key
 
 
 class RemoteAcks:
-    """What the consumer needs of a dispatcher, when the dispatcher is elsewhere."""
+    """What a rank needs of a dispatcher that is elsewhere."""
 
     def __init__(self, endpoint: str, consumer_id: str, total_units: int, curve: ClientKeys | None,
-                 credential: bytes = b"", done_before: frozenset[int] = frozenset()) -> None:
+                 credential: bytes = b"", done_before: frozenset[int] = frozenset(), rank: int = 0,
+                 world_size: int = 1) -> None:
         self.endpoint = endpoint
         self.consumer_id = consumer_id
-        self.total_units = total_units
+        self.total_units = total_units  # this rank's units of the whole job
         self.curve = curve
         self.credential = credential
+        self.rank = rank
+        self.world_size = world_size
+        self.data_endpoint = ""  # set once the rank's data socket is bound
         self._acked: set[int] = set(done_before)
-        self._unsent: set[int] = set()
-        self.finished = False
+        self._unsent: dict[int, int] = {}  # unit -> its batches
+        self._received: set[int] = set()  # units whose batches are all here, to tell
+        self.finished = False  # every unit of the job is done (the dispatcher said so)
         self.on_finished: Callable[[], None] = lambda: None
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
+        self._sock: zmq.asyncio.Socket | None = None
+        self._in_flight = 0
+        self._lock: asyncio.Lock | None = None
 
-    def ack(self, unit_id: int) -> bool:
-        self._unsent.add(unit_id)
+    def ack(self, unit_id: int, batches: int | None = None) -> bool:
+        self._unsent[unit_id] = batches or 0
         return True
 
+    def received(self, unit_id: int) -> None:
+        self._received.add(unit_id)
+
+    @property
+    def unsent(self) -> int:
+        """Acks not yet taken by the dispatcher."""
+        return len(self._unsent) + self._in_flight
+
     def done_units(self) -> list[int]:
-        return sorted(self._acked | self._unsent)
+        return sorted(self._acked | set(self._unsent))
 
     def stats(self) -> DispatcherStats:
         return DispatcherStats(pending=0, leased=0, done=len(self._acked), hosts_alive=0, releases=0)
 
-    async def run(self, ctx: zmq.asyncio.Context, stop: threading.Event, reply_timeout_s: float = 2.0) -> None:
-        """Send acks until the job is finished; a new connection attaches first (the dispatcher
-        takes acks only from its attached consumer, and a restarted one has none yet)."""
-        sock = None
-        while not stop.is_set() and not self.finished:
-            if not self._unsent:
+    async def run(self, ctx: zmq.asyncio.Context, stop: threading.Event) -> None:
+        """Attach with the data endpoint, then ack and say we are alive until the job is finished."""
+        self._ctx = ctx
+        self._lock = asyncio.Lock()
+        next_beat = 0.0
+        try:
+            while not stop.is_set():
+                now = asyncio.get_running_loop().time()
+                if self._unsent or self._received or now >= next_beat:
+                    batch, received = dict(self._unsent), set(self._received)
+                    self._unsent.clear()
+                    self._received.clear()
+                    self._in_flight = len(batch)
+                    reply = await self.call(pb.ControlRequest(ack=pb.Ack(unit_ids=list(batch),
+                                                                         batches=list(batch.values()),
+                                                                         received=sorted(received))), stop)
+                    self._in_flight = 0
+                    if reply is None:
+                        self._unsent.update(batch)
+                        self._received |= received
+                        continue
+                    self._acked |= set(batch)
+                    next_beat = now + HEARTBEAT_S
+                    if reply.WhichOneof("kind") == "finished" and not self.finished:
+                        self.finished = True
+                        self.on_finished()
                 await asyncio.sleep(0.02)
-                continue
-            if sock is None:
-                sock = self._socket(ctx)
-                attached = await self._call(sock, pb.ControlRequest(attach=pb.Attach(consumer_id=self.consumer_id)),
-                                            reply_timeout_s)
-                if attached is None:
-                    sock.close(0)
-                    sock = None
-                    continue
-            batch = sorted(self._unsent)
-            reply = await self._call(sock, pb.ControlRequest(ack=pb.Ack(unit_ids=batch)), reply_timeout_s)
-            if reply is None:
-                sock.close(0)
-                sock = None
-                continue
-            self._unsent -= set(batch)
-            self._acked |= set(batch)
-            if reply.WhichOneof("kind") == "finished":
-                self.finished = True
-                self.on_finished()
-        if sock is not None:
-            sock.close(0)
+        finally:
+            if self._sock is not None:
+                self._sock.close(0)
 
-    async def _call(self, sock: zmq.asyncio.Socket, request: pb.ControlRequest,
-                    timeout_s: float) -> pb.ControlReply | None:
-        """One request and its reply; None when the dispatcher does not answer in time."""
-        request.request_id = next(self._ids)
-        request.job_credential = self.credential
-        await sock.send(request.SerializeToString())
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            if not await sock.poll(int(left * 1000)):
-                break
-            reply = pb.ControlReply()
-            reply.ParseFromString(await sock.recv())
-            if reply.request_id == request.request_id:
-                if reply.WhichOneof("kind") == "error":
-                    raise NotAConsumer(f"the dispatcher at {self.endpoint} refused this consumer: "
-                                       f"{reply.error.message}")
-                return reply
-        log.warning("the dispatcher at %s did not answer; retrying", self.endpoint)
+    async def call(self, request: pb.ControlRequest, stop: threading.Event,
+                   reply_timeout_s: float = 2.0) -> pb.ControlReply | None:
+        """One request and its answer, re-attaching on a fresh socket until the dispatcher answers;
+        None when stopped first."""
+        assert self._lock is not None
+        async with self._lock:
+            while not stop.is_set():
+                if self._sock is None and not await self._connect(reply_timeout_s):
+                    await asyncio.sleep(0.2)
+                    continue
+                try:
+                    reply = await self._exchange(request, reply_timeout_s)
+                except _Reattach:
+                    reply = None
+                else:
+                    if reply is not None:
+                        return reply
+                    log.warning("the dispatcher at %s did not answer; retrying", self.endpoint)
+                self._sock.close(0)
+                self._sock = None
         return None
 
-    def _socket(self, ctx: zmq.asyncio.Context) -> zmq.asyncio.Socket:
-        sock = ctx.socket(zmq.DEALER)
+    async def _connect(self, timeout_s: float) -> bool:
+        sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         sock.setsockopt_string(zmq.IDENTITY, self.consumer_id)
         if self.curve is not None:
             self.curve.apply(sock)
         sock.connect(self.endpoint)
-        return sock
+        self._sock = sock
+        attached = await self._exchange(pb.ControlRequest(attach=pb.Attach(
+            consumer_id=self.consumer_id, rank=self.rank, data_endpoint=self.data_endpoint,
+            world_size=self.world_size)), timeout_s)
+        if attached is None:
+            sock.close(0)
+            self._sock = None
+            return False
+        return True
+
+    async def _exchange(self, request: pb.ControlRequest, timeout_s: float) -> pb.ControlReply | None:
+        assert self._sock is not None
+        request.request_id = next(self._ids)
+        request.job_credential = self.credential
+        await self._sock.send(request.SerializeToString())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (left := deadline - loop.time()) > 0:
+            if not await self._sock.poll(int(left * 1000)):
+                break
+            reply = pb.ControlReply()
+            reply.ParseFromString(await self._sock.recv())
+            if reply.request_id == request.request_id:
+                if reply.WhichOneof("kind") == "error":
+                    message = reply.error.message
+                    if message == "attach first":
+                        raise _Reattach
+                    if message.startswith("only the job's consumer"):
+                        raise NotAConsumer(f"the dispatcher at {self.endpoint} refused this consumer: {message}")
+                    raise RankRefused(f"the dispatcher at {self.endpoint}: {message}")
+                return reply
+        return None

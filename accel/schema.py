@@ -71,3 +71,20 @@ def schema_of(job: JobConfig) -> BatchSchema:
                             "label": TensorSpec("<i4", ())}, rows_are_samples=True, ragged={"jpeg": "jpeg_end"})
     return BatchSchema({"image": TensorSpec("|u1", (size, size, 3)), "label": TensorSpec("<i4", ())},
                        rows_are_samples=True)
+
+
+AVERAGE_JPEG_BYTES = 150_000  # a generous ImageNet mean (~110 KB): what a batch of encoded images weighs
+
+
+def batch_bytes(job: JobConfig) -> int:
+    """About how many bytes one full batch of the job weighs on the wire (for credit budgets)."""
+    schema = schema_of(job)
+    if "jpeg" in schema.tensors:
+        return job.batch_size * (AVERAGE_JPEG_BYTES + 32)
+    total = 0
+    for spec in schema.tensors.values():
+        count = 1
+        for dim in spec.shape:
+            count *= dim
+        total += count * np.dtype(spec.dtype).itemsize
+    return job.batch_size * total

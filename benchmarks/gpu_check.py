@@ -18,20 +18,17 @@ the ceiling; written to benchmarks/results/gpu_check.{json,md} (not for a dry ru
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 
 from accel.accelerators import AccelSpec, make_accelerator
 from accel.consumer import ConsumerConfig
+from benchmarks.report import write_results
 from stoker.embedded import RunConfig, run_embedded
-
-RESULTS = Path(__file__).parent / "results"
 
 
 @dataclass(frozen=True)
@@ -89,9 +86,9 @@ def fed(cfg: CheckConfig, overlap: bool, decode_on: str) -> dict:
                     worker_metrics_port=None,
                     consumer=ConsumerConfig(metrics_port=None, overlap=overlap, decode_threads=cfg.decode_threads))
     summary = run_embedded(dict(epochs=cfg.epochs, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                                decode_on=decode_on), run)
-    return {"images_per_s": summary.delivered_samples_per_s, "stall_fraction": summary.stall_fraction,
-            "images": summary.rows, "skipped": summary.skipped_samples, "stage_seconds": summary.stage_seconds}
+                                decode_on=decode_on), run)[0]  # one rank
+    return {"images_per_s": summary["delivered_samples_per_s"], "stall_fraction": summary["stall_fraction"],
+            "images": summary["rows"], "skipped": summary["skipped_samples"], "stage_seconds": summary["stage_seconds"]}
 
 
 def _stall(run: dict) -> str:
@@ -134,9 +131,7 @@ def main(argv: list[str] | None = None) -> None:
              f"Command: `python -m benchmarks.gpu_check{' --dry-run' if args.dry_run else ''}`\n")
     print(table)
     if not args.dry_run:  # a dry run checks the script; its figures are not a result
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "gpu_check.json").write_text(json.dumps(result, indent=1))
-        (RESULTS / "gpu_check.md").write_text(table)
+        write_results("gpu_check", result, table)
     print(f"took {result['seconds']:.0f} s")
 
 

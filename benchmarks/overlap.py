@@ -18,13 +18,11 @@ Target: (b) within 5% of (a).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -33,12 +31,12 @@ from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from accel.torch_accel import TorchAccelerator
 from benchmarks.common import run_with_worker
+from benchmarks.report import write_results
 from pipeline.augment import TrainTransform, decode_augment
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest, ShardReader
 from stoker.datasets import default_imagenet
 
-RESULTS = Path(__file__).parent / "results"
 SIZE, BATCH, EPOCHS = 112, 32, 1
 SPEC = AccelSpec(kind="torch", model="resnet18", lr=0.05)
 
@@ -131,8 +129,6 @@ def main(repeats: int = 3) -> dict:
               "stall_fraction": {"overlap": statistics.median(stall_over), "serial": statistics.median(stall_serial)},
               "ratio_overlap_to_memory": m["overlap"] / m["in_memory"],
               "ratio_serial_to_memory": m["serial"] / m["in_memory"], "simulated": sim}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "overlap.json").write_text(json.dumps(result, indent=1))
     so, ss = sim["overlap"], sim["serial"]
     table = (f"| simulated device at {SIM_RATE:.0f} img/s + host conversion, 1 worker process on core 0 | "
              f"images/s | stall | conversion hidden |\n|---|---|---|---|\n"
@@ -145,6 +141,6 @@ def main(repeats: int = 3) -> dict:
              f"({result['ratio_overlap_to_memory']:.2f}x) | {100 * result['stall_fraction']['overlap']:.1f}% |\n"
              f"| (c) Stoker-fed, `--no-overlap` | {m['serial']:.2f} ({result['ratio_serial_to_memory']:.2f}x) | "
              f"{100 * result['stall_fraction']['serial']:.1f}% |\n")
-    (RESULTS / "overlap.md").write_text(table)
+    write_results("overlap", result, table)
     print(table)
     return result

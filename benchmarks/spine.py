@@ -22,10 +22,10 @@ from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
+from benchmarks.report import write_results
 from pipeline.shards import Manifest
 from stoker.datasets import default_imagenet
 
-RESULTS = Path(__file__).parent / "results"
 WORKER_CORE, CONSUMER_CORE = "0", 1
 
 
@@ -67,14 +67,12 @@ def main(repeats: int = 3) -> dict:
         "stoker_median": statistics.median(stoker),
     }
     result["ratio"] = result["stoker_median"] / result["bare_median"]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "spine.json").write_text(json.dumps(result, indent=1))
     table = ("| contender (1 decode core, train transform, batch 64) | images/s per core, median of "
              f"{repeats} |\n|---|---|\n"
              f"| (a) bare decode+augment loop, one process | {result['bare_median']:.0f} |\n"
              f"| (b) `stoker worker` -> ZeroMQ -> null consumer | {result['stoker_median']:.0f} |\n"
              f"| ratio (b)/(a) | {result['ratio']:.3f} |\n")
-    (RESULTS / "spine.md").write_text(table)
+    write_results("spine", result, table)
     print(table)
     return result
 

@@ -13,18 +13,17 @@ Targets: >= 5,000 sequences/s per core at length 512; packing removes >= 80% of 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
+from benchmarks.report import write_results
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource
@@ -33,7 +32,6 @@ from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
 from stoker.datasets import default_wikipedia
 
-RESULTS = Path(__file__).parent / "results"
 WORKER_CORE, CONSUMER_CORE = 0, 1
 UNIT_DOCS = 256
 BATCH = 64
@@ -110,8 +108,6 @@ def main(repeats: int = 3) -> dict:
         "configs": {name: asdict(cfg) for name, cfg in CONFIGS.items()},
         "in_process": rows, "service": service,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "text.json").write_text(json.dumps(result, indent=1))
     table = (f"| one core, {manifest.num_samples} real lead sections, median of {repeats} | sequences/s | tokens/s "
              "| padding, 1 per row | padding, as sent | padding removed |\n|---|---|---|---|---|---|\n")
     for name, r in rows.items():
@@ -121,6 +117,6 @@ def main(repeats: int = 3) -> dict:
     if service:
         table += (f"| 512 packed (3/row) through `stoker worker` -> ZeroMQ -> null consumer | "
                   f"{service['sequences_per_s']:,.0f} ({service['ratio_to_in_process']:.2f}x in-process) | | | | |\n")
-    (RESULTS / "text.md").write_text(table)
+    write_results("text", result, table)
     print(table)
     return result

@@ -3,23 +3,23 @@
 What "prepare" means is the job's decode placement (`SampleWork`): on the host it decodes
 and augments to pixels (`DecodeOnHost`); with decoding on the accelerator it only reads the
 JPEG header, draws the same random crop and flip, and ships the encoded bytes
-(`ShipEncoded`). A batch stays full-size when a sample is skipped (the next sample takes its
-place), so only a unit's last batch can be short. The generator looks one sample ahead, so
-it knows which batch is the last of the unit when it yields it.
+(`ShipEncoded`). A unit's rows are cut into batches by position, so a unit always gives the
+same number of batches: a skipped sample leaves its batch a row short rather than pulling in
+the next one, and every rank's step count follows from the plan.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from pipeline.augment import Crop, DecodeError, Transform, decode_augment, jpeg_size
-from pipeline.plan import Unit
+from pipeline.plan import Unit, batch_bounds
 from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
 
@@ -135,45 +135,36 @@ class _Sample:
     sample_id: int
     label: int
     prepared: Prepared
-    skipped_before: list[tuple[int, str, str]] = field(default_factory=list)
 
 
-def _samples(reader: ShardReader, unit: Unit, work: SampleWork,
-             seed: int) -> Iterator[_Sample | list[tuple[int, str, str]]]:
-    """Prepared samples in unit order; a trailing list holds skips after the last good one."""
-    skipped: list[tuple[int, str, str]] = []
-    for row in unit.sample_order(seed):
-        row = int(row)
-        sample_id = unit.first_sample_id + row
-        rng = sample_random(seed, unit.epoch, sample_id)
-        try:
-            prepared = work.prepare(reader.jpeg(row), rng)
-        except DecodeError as exc:
-            skipped.append((sample_id, reader.key(row), str(exc)))
-            continue
-        yield _Sample(sample_id, reader.label(row), prepared, skipped)
-        skipped = []
-    yield skipped
-
-
-def unit_batches(reader: ShardReader, unit: Unit, work: SampleWork, batch_size: int,
+def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, batch_size: int,
                  seed: int) -> Iterator[ImageBatch]:
-    """Every batch of `unit`; always at least one (possibly empty) batch marked last."""
-    pending: list[_Sample] = []
-    index = 0
-    for item in _samples(reader, unit, work, seed):
-        if isinstance(item, list):  # end of unit
-            yield _assemble(work, pending, item, index, last=True)
-            return
-        if len(pending) == batch_size:
-            yield _assemble(work, pending, [], index, last=False)
-            pending, index = [], index + 1
-        pending.append(item)
+    """Every batch of `unit`: its rows in their seeded order, cut every `batch_size` rows (they may
+    come from several shards: `reader_of(shard index)` gives a reader, or why the shard is
+    unusable). An unusable image leaves its batch a row short, so a unit always gives
+    ceil(size / batch_size) batches (at least one, possibly empty, marked last), cut as
+    `pipeline.plan.batch_bounds` says."""
+    rows = unit.rows(seed)
+    bounds = batch_bounds(len(rows), batch_size)
+    for index, (start, stop) in enumerate(bounds):
+        samples: list[_Sample] = []
+        skipped: list[tuple[int, str, str]] = []
+        for shard, row, sample_id in rows[start:stop]:
+            reader = reader_of(shard)
+            if isinstance(reader, str):
+                skipped.append((sample_id, f"shard {shard} row {row}", reader))
+                continue
+            try:
+                prepared = work.prepare(reader.jpeg(row), sample_random(seed, unit.epoch, sample_id))
+            except DecodeError as exc:
+                skipped.append((sample_id, reader.key(row), str(exc)))
+                continue
+            samples.append(_Sample(sample_id, reader.label(row), prepared))
+        yield _assemble(work, samples, skipped, index, last=index == len(bounds) - 1)
 
 
-def _assemble(work: SampleWork, samples: list[_Sample], trailing_skips: list[tuple[int, str, str]], index: int,
+def _assemble(work: SampleWork, samples: list[_Sample], skipped: list[tuple[int, str, str]], index: int,
               last: bool) -> ImageBatch:
-    skipped = [s for sample in samples for s in sample.skipped_before] + trailing_skips
     return ImageBatch(
         tensors=work.tensors([s.prepared.payload for s in samples]) if samples else {},
         labels=np.array([s.label for s in samples], dtype=np.int32),

@@ -1,4 +1,17 @@
-"""The epoch plan: work units (ranges of one shard) in a seeded order per epoch."""
+"""The epoch plan: one stream of work units per data-parallel rank, from (seed, epoch, world size).
+
+Each epoch, the shards' rows are cut into blocks of `unit_size` rows (a block never crosses
+a shard), the blocks are put in a seeded order, and the resulting sequence of every row is
+cut into `world_size` contiguous streams whose lengths differ by at most one row: every
+sample is in exactly one rank's stream. Each stream is cut into units of `unit_size` rows,
+so a unit may join the tail of one block to the head of the next (its `segments`), and
+only a rank's last unit is short: with unit_size a multiple of the batch size, every batch
+but each rank's last of the epoch is full. With `drop_last`, every stream is cut down to the
+same whole number of batches and the epoch's last rows (a different few each epoch, as the
+blocks are reshuffled) are left out of the plan. A unit's rows are visited in a seeded order of
+their own. The plan is a pure function of (manifest, unit size, epochs, seed, world size),
+so every process that holds it (dispatcher, each rank, the workers) agrees on it.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +27,9 @@ _UNIT_ORDER_KEY = "unit-order"
 
 
 @dataclass(frozen=True)
-class Unit:
-    """A contiguous range of one shard's rows, to be delivered in one epoch."""
+class Segment:
+    """Rows [start, stop) of one shard."""
 
-    unit_id: int  # unique in the job: epoch * units_per_epoch + position in the base list
-    epoch: int
     shard_index: int
     start: int
     stop: int
@@ -28,10 +39,47 @@ class Unit:
     def size(self) -> int:
         return self.stop - self.start
 
-    def sample_order(self, seed: int) -> np.ndarray:
-        """Shard rows of this unit in this epoch's seeded order."""
-        rng = derived_rng(seed, self.epoch, f"unit-{self.shard_index}-{self.start}")
-        return self.start + rng.permutation(self.size)
+
+@dataclass(frozen=True)
+class Unit:
+    """A run of one rank's stream: whole batches of rows, delivered in one epoch."""
+
+    unit_id: int  # unique in the job: epoch * units_per_epoch + index in the epoch (rank-major)
+    epoch: int
+    segments: tuple[Segment, ...]
+    rank: int = 0
+    position: int = 0  # its place in the rank's stream this epoch: batches are delivered in this order
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def sample_ids(self) -> np.ndarray:
+        """Global ids of the unit's samples, in plan (not visiting) order."""
+        parts = [np.arange(s.first_sample_id + s.start, s.first_sample_id + s.stop, dtype=np.int64)
+                 for s in self.segments]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def rows(self, seed: int) -> list[tuple[int, int, int]]:
+        """(shard index, row in shard, global sample id) of every sample, in this epoch's seeded order."""
+        flat = [(s.shard_index, row, s.first_sample_id + row) for s in self.segments for row in range(s.start, s.stop)]
+        first = self.segments[0] if self.segments else Segment(0, 0, 0, 0)
+        rng = derived_rng(seed, self.epoch, f"unit-{first.shard_index}-{first.start}-{self.size}")
+        return [flat[int(i)] for i in rng.permutation(len(flat))]
+
+
+def batch_bounds(rows: int, batch_size: int) -> list[tuple[int, int]]:
+    """Where a unit's rows are cut into batches: ceil(rows / batch_size) batches, all full but the
+    last two when the remainder is under half a batch (they share it, so no batch is a sliver:
+    a one-row batch would break batch norm in training). At least one (possibly empty) batch."""
+    count = max(1, -(-rows // batch_size))
+    bounds = [(i * batch_size, min((i + 1) * batch_size, rows)) for i in range(count)]
+    remainder = rows - (count - 1) * batch_size
+    if count >= 2 and 0 < remainder < batch_size / 2:
+        start = (count - 2) * batch_size
+        middle = start + (batch_size + remainder + 1) // 2
+        bounds[-2:] = [(start, middle), (middle, rows)]
+    return bounds
 
 
 @dataclass(frozen=True)
@@ -40,30 +88,119 @@ class EpochPlan:
     unit_size: int
     epochs: int
     seed: int
+    world_size: int = 1
+    batch_size: int = 0  # 0: the unit size; a rank's last unit takes in a remainder under half a batch
+    drop_last: bool = False  # every rank streams the same whole batches; the rows past them sit the epoch out
 
-    def base_ranges(self) -> list[tuple[int, int, int, int]]:
-        """(shard, start, stop, first_sample_id) for every unit of one epoch, unshuffled."""
-        return list(self._ranges)
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world size must be at least 1, not {self.world_size}")
+        if self.unit_size < 1:
+            raise ValueError(f"unit size must be at least 1, not {self.unit_size}")
+        if self.manifest.num_samples < self.world_size:
+            raise ValueError(f"{self.manifest.num_samples} samples cannot feed {self.world_size} ranks: every rank "
+                             f"needs at least one")
+        if self.drop_last and self.rank_sizes[0] == 0:
+            raise ValueError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
+                             f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
 
     @cached_property
-    def _ranges(self) -> tuple[tuple[int, int, int, int], ...]:
-        ranges = []
+    def _blocks(self) -> tuple[Segment, ...]:
+        blocks = []
         for index, shard in enumerate(self.manifest.shards):
             for start in range(0, shard.num_samples, self.unit_size):
-                ranges.append((index, start, min(start + self.unit_size, shard.num_samples),
-                               shard.first_sample_id))
-        return tuple(ranges)
+                blocks.append(Segment(index, start, min(start + self.unit_size, shard.num_samples),
+                                      shard.first_sample_id))
+        return tuple(blocks)
+
+    @cached_property
+    def rank_sizes(self) -> tuple[int, ...]:
+        """Samples in each rank's stream, every epoch: they differ by at most one (none with drop_last)."""
+        total = self.manifest.num_samples
+        if self.drop_last:
+            batch = self.batch_size or self.unit_size
+            return (total // self.world_size // batch * batch,) * self.world_size
+        base, extra = divmod(total, self.world_size)
+        return tuple(base + (rank < extra) for rank in range(self.world_size))
+
+    @cached_property
+    def units_per_rank(self) -> tuple[int, ...]:
+        return tuple(len(self._unit_sizes(size)) for size in self.rank_sizes)
+
+    def _unit_sizes(self, rows: int) -> list[int]:
+        """A rank's stream cut into units: whole units, and a last one that keeps a remainder under
+        half a batch (which would be a sliver of a batch on its own: see batch_bounds)."""
+        sizes = [self.unit_size] * (rows // self.unit_size)
+        remainder = rows % self.unit_size
+        if remainder and sizes and remainder < (self.batch_size or self.unit_size) / 2:
+            sizes[-1] += remainder
+        elif remainder:
+            sizes.append(remainder)
+        return sizes
+
+    @cached_property
+    def samples_per_epoch(self) -> int:
+        """The samples every epoch delivers: the dataset, less what drop_last leaves out."""
+        return sum(self.rank_sizes)
+
+    @cached_property
+    def units_per_epoch(self) -> int:
+        return sum(self.units_per_rank)
+
+    def units(self, epoch: int) -> list[Unit]:
+        """This epoch's units, rank by rank, each rank's in stream order."""
+        return list(self._units(epoch))
+
+    def rank_units(self, epoch: int, rank: int) -> list[Unit]:
+        """One rank's units of an epoch, in stream order."""
+        first = sum(self.units_per_rank[:rank])
+        return list(self._units(epoch)[first:first + self.units_per_rank[rank]])
+
+    def lease_order(self, epoch: int) -> list[Unit]:
+        """The order the dispatcher hands units out: position by position across the ranks, so
+        that no rank's stream runs ahead of the others'."""
+        return sorted(self._units(epoch), key=lambda u: (u.position, u.rank))
 
     def unit(self, unit_id: int) -> Unit | None:
         """The unit with this id (any epoch), or None when the plan has no such unit."""
-        ranges = self._ranges
-        epoch, index = divmod(unit_id, len(ranges)) if ranges else (self.epochs, 0)
+        if not self.units_per_epoch:
+            return None
+        epoch, index = divmod(unit_id, self.units_per_epoch)
         if not 0 <= epoch < self.epochs:
             return None
-        return Unit(unit_id, epoch, *ranges[index])
+        return self._units(epoch)[index]
 
-    def units(self, epoch: int) -> list[Unit]:
-        """This epoch's units in the order they are leased."""
-        ranges = self.base_ranges()
-        order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(ranges))
-        return [Unit(epoch * len(ranges) + int(i), epoch, *ranges[int(i)]) for i in order]
+    @cached_property
+    def _cache(self) -> dict[int, tuple[Unit, ...]]:
+        return {}
+
+    def _units(self, epoch: int) -> tuple[Unit, ...]:
+        """Made once per epoch and kept (the last few epochs: a job walks them in order)."""
+        found = self._cache.get(epoch)
+        if found is None:
+            found = self._cache[epoch] = self._make_units(epoch)
+            while len(self._cache) > 4:
+                del self._cache[min(self._cache)]
+        return found
+
+    def _make_units(self, epoch: int) -> tuple[Unit, ...]:
+        blocks = self._blocks
+        order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
+        stream = [blocks[int(i)] for i in order]
+        units: list[Unit] = []
+        cursor = 0  # index into stream
+        offset = 0  # rows of stream[cursor] already taken
+        for rank, size in enumerate(self.rank_sizes):
+            for position, want in enumerate(self._unit_sizes(size)):
+                segments = []
+                while want > 0:
+                    block = stream[cursor]
+                    take = min(want, block.size - offset)
+                    segments.append(Segment(block.shard_index, block.start + offset, block.start + offset + take,
+                                            block.first_sample_id))
+                    want -= take
+                    offset += take
+                    if offset == block.size:
+                        cursor, offset = cursor + 1, 0
+                units.append(Unit(epoch * self.units_per_epoch + len(units), epoch, tuple(segments), rank, position))
+        return tuple(units)

@@ -9,10 +9,10 @@ mmaps, which halves throughput.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import crc32c
 import numpy as np
 
 from protos import stoker_pb2 as pb
@@ -58,7 +58,7 @@ def parse_data_message(frame: object) -> pb.DataMessage:
 
 def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], checksum: bool,
                    max_frame_bytes: int = MAX_FRAME_BYTES) -> list[object]:
-    """Fill header.frames (and crc32) and return the tensor frames to send after it."""
+    """Fill header.frames (and the CRC-32C) and return the tensor frames to send after it."""
     frames: list[object] = []
     crc = 0
     del header.frames[:]
@@ -74,10 +74,10 @@ def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], check
         for piece in pieces:
             header.frames.add(tensor=name, dtype=dtype, shape=list(piece.shape), nbytes=piece.nbytes)
             if checksum:
-                crc = zlib.crc32(piece.data, crc)
+                crc = crc32c.crc32c(piece.data, crc)
             frames.append(piece)
-    header.has_crc32 = checksum
-    header.crc32 = crc if checksum else 0
+    header.has_crc32c = checksum
+    header.crc32c = crc if checksum else 0
     return frames
 
 
@@ -92,6 +92,24 @@ class ReceivedTensors:
         """The whole tensor; a copy only when it arrived in several frames."""
         parts = self.parts[name]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def rows(self, start: int, stop: int) -> ReceivedTensors:
+        """Rows [start, stop) of every tensor (views). A ragged tensor (`X` with row ends `X_end`,
+        as JPEG bytes travel) is cut at its row ends."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for name in self.parts:
+            if f"{name}_end" in self.parts:
+                ends = self.array(f"{name}_end")
+                first = int(ends[start - 1]) if start else 0
+                last = int(ends[stop - 1]) if stop > start else first
+                parts[name] = [self.array(name)[first:last]]
+            elif name.endswith("_end") and name[:-4] in self.parts:
+                ends = self.array(name)
+                first = int(ends[start - 1]) if start else 0
+                parts[name] = [ends[start:stop] - first]
+            else:
+                parts[name] = [self.array(name)[start:stop]]
+        return ReceivedTensors(parts, sum(p.nbytes for arrays in parts.values() for p in arrays))
 
 
 def decode_tensors(header: pb.BatchHeader, frames: Sequence[object]) -> ReceivedTensors:
@@ -114,10 +132,10 @@ def decode_tensors(header: pb.BatchHeader, frames: Sequence[object]) -> Received
         if expected != spec.nbytes or len(data) != expected:
             raise FrameError("size_mismatch", f"{spec.tensor}: shape {list(spec.shape)} x {dtype} is "
                              f"{expected} bytes, header says {spec.nbytes}, frame has {len(data)}")
-        if header.has_crc32:
-            crc = zlib.crc32(data, crc)
+        if header.has_crc32c:
+            crc = crc32c.crc32c(data, crc)
         total += len(data)
         parts.setdefault(spec.tensor, []).append(np.frombuffer(data, dtype=dtype).reshape(tuple(spec.shape)))
-    if header.has_crc32 and crc != header.crc32:
-        raise FrameError("checksum", f"crc32 {crc:#010x} != header {header.crc32:#010x}")
+    if header.has_crc32c and crc != header.crc32c:
+        raise FrameError("checksum", f"crc32c {crc:#010x} != header {header.crc32c:#010x}")
     return ReceivedTensors(parts, total)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
+import time
 from pathlib import Path
 
 ENV = "STOKER_JOB_SECRET"
@@ -47,11 +49,36 @@ def read(path: str | Path) -> bytes:
     return secret.encode()
 
 
-def for_consumer(path: str | None) -> bytes:
-    """A consumer's credential: $STOKER_JOB_SECRET, else the file."""
+def default_path(endpoint: str) -> Path:
+    """Where the secret of the dispatcher on `endpoint`'s port is kept on this machine by default:
+    ranks of one machine (torchrun, `stoker run --world-size`) find it there."""
+    port = endpoint.rsplit(":", 1)[-1]
+    return Path(tempfile.gettempdir()) / f"stoker-job-{port}.secret"
+
+
+def for_rank_zero(path: str | None, control_bind: str) -> bytes:
+    """The secret rank 0 (whose process runs the dispatcher) gives its job: $STOKER_JOB_SECRET,
+    else a fresh one written to `path` (default: `default_path`), replacing an old job's."""
     if os.environ.get(ENV):
         return os.environ[ENV].strip().encode()
-    if not path:
-        raise JobSecretError(f"attaching to a dispatcher without CURVE keys needs the job secret: pass "
-                             f"--job-secret FILE (the file `stoker dispatch` wrote) or set ${ENV}")
-    return read(path)
+    target = Path(path) if path else default_path(control_bind)
+    if path and target.exists():
+        return read(target)
+    target.unlink(missing_ok=True)
+    return load_or_create(target)
+
+
+def for_consumer(path: str | None, dispatcher: str = "", wait_s: float = 0.0) -> bytes:
+    """A consumer's credential: $STOKER_JOB_SECRET, else the file (default: where rank 0 or
+    `stoker dispatch` on this machine keeps it), waiting up to `wait_s` for it to be written."""
+    if os.environ.get(ENV):
+        return os.environ[ENV].strip().encode()
+    target = Path(path) if path else default_path(dispatcher)
+    deadline = time.monotonic() + wait_s
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not target.exists():
+        raise JobSecretError(f"attaching to a dispatcher without CURVE keys needs the job secret, and there is none "
+                             f"at {target}: pass --job-secret FILE (the file `stoker dispatch` or rank 0 wrote) "
+                             f"or set ${ENV}")
+    return read(target)

@@ -7,9 +7,9 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from protos.job_secret import ENV as JOB_SECRET_ENV
 from stoker import __version__, cli_experiments
 from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, float_in, int_at_least
 
@@ -36,7 +36,12 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-on", choices=("host", "accelerator"), default="host",
                    help="where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes "
                         "and crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)")
-    p.add_argument("--checksum", action="store_true", help="crc32 every batch's frames")
+    p.add_argument("--checksum", action="store_true", help="CRC-32C of every batch's frames, checked by the consumer")
+    p.add_argument("--world-size", type=POSITIVE, default=None,
+                   help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
+    p.add_argument("--drop-last", action="store_true",
+                   help="imagenet: every rank streams only whole batches; the few rows past them sit the epoch out "
+                        "(default: no sample is dropped, and a rank's last batches may be short)")
     text = p.add_argument_group("wikipedia (BERT pretraining) options")
     text.add_argument("--seq-len", type=int_at_least(8), default=128, help="tokens per row (default 128)")
     text.add_argument("--max-predictions", type=NON_NEGATIVE, default=0,
@@ -48,7 +53,7 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     text.add_argument("--pack-max-sequences", type=POSITIVE, default=3, help="sequences per packed row (default 3)")
 
 
-def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
+def _add_consumer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accel", choices=("null", "simulated", "torch"), default="null")
     p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
     p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
@@ -74,8 +79,8 @@ def _add_consumer_args(p: argparse.ArgumentParser, metrics_port: int) -> None:
     p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
                    help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
     p.add_argument("--advertise-host", help="host name workers use to reach this machine")
-    p.add_argument("--metrics-port", type=METRICS_PORT, default=metrics_port,
-                   help=f"/metrics port (default {metrics_port}; -1: none)")
+    p.add_argument("--metrics-port", type=METRICS_PORT, default=None,
+                   help="/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="/metrics address (beyond loopback: with --keys or "
                                                                 "--insecure)")
     p.add_argument("--credit-window", type=POSITIVE, default=3, help="batches in flight per worker process")
@@ -174,15 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--job-secret", metavar="FILE",
                        help="with --dispatcher and no --keys: the job secret `stoker dispatch` wrote (or set "
                             "$STOKER_JOB_SECRET); it proves this process is the job's consumer")
+    train.add_argument("--rank", type=NON_NEGATIVE, default=None,
+                       help="this consumer's data-parallel rank (default 0, or $RANK); ranks other than 0 attach "
+                            "to rank 0's dispatcher (--dispatcher, default its control port on $MASTER_ADDR)")
+    train.add_argument("--attach-timeout", type=SECONDS, default=60.0,
+                       help="with --dispatcher (or as a rank other than 0): give up on a dispatcher that does not "
+                            "answer for this long (default 60)")
+    train.add_argument("--credit-budget-mb", type=SECONDS, default=1024.0,
+                       help="what this rank may have in flight or waiting, in all (default 1024 MB)")
     train.add_argument("--key-name", default="consumer",
                        help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
                             "consumer; default: consumer)")
     _add_job_args(train)
-    _add_consumer_args(train, 9560)
+    _add_consumer_args(train)
 
     dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal")
     dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
-    dispatch.add_argument("--consumer", required=True, help="the consumer's data endpoint, e.g. tcp://accel-0:5560")
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
     dispatch.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND)
     dispatch.add_argument("--advertise-host")
@@ -206,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
                      help="host i serves on this + i (default 9561; -1: none)")
     _add_job_args(run)
-    _add_consumer_args(run, 9560)
+    _add_consumer_args(run)
 
     lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -217,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--link-gbit", type=SECONDS, help="shape each host's link to this rate")
     up.add_argument("--link-latency-ms", type=SECONDS, help="add this one-way latency to each host's link")
     up.add_argument("--loopback", action="store_true", help="no namespaces: everything on 127.0.0.1")
+    up.add_argument("--ranks", type=POSITIVE, default=1,
+                    help="consumer ranks (data-parallel), all on the accelerator (default 1)")
     up.add_argument("train_args", nargs=argparse.REMAINDER,
                     help="after --: options for the consumer's `stoker train` (default data: the generated set)")
     lab_sub.add_parser("status", help="what the lab is made of and whether its processes live")
@@ -240,7 +254,14 @@ def _job_args(args: argparse.Namespace) -> dict:
                       pack_max_sequences=args.pack_max_sequences)
     return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
                 image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
-                checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text)
+                checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text,
+                world_size=_world_size(args), drop_last=args.drop_last)
+
+
+def _world_size(args: argparse.Namespace) -> int:
+    from accel.loader import ranks_from_env
+
+    return ranks_from_env(getattr(args, "rank", None), args.world_size, None)[1]
 
 
 def _accel_spec(args: argparse.Namespace):
@@ -265,17 +286,27 @@ def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
     return "imagenet"
 
 
+def _metrics_port(args: argparse.Namespace) -> int | None:
+    from accel.consumer import rank_metrics_port
+
+    if args.metrics_port is None:
+        return rank_metrics_port(getattr(args, "rank", None) or int(os.environ.get("LOCAL_RANK") or 0))
+    return None if args.metrics_port < 0 else args.metrics_port
+
+
 def _consumer_config(args: argparse.Namespace):
     from accel.consumer import ConsumerConfig
 
     return ConsumerConfig(data_bind=args.data_bind, control_bind=args.control_bind,
                           advertise_host=args.advertise_host,
-                          metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                          metrics_addr=args.metrics_addr, credit_window=args.credit_window,
+                          metrics_port=_metrics_port(args), metrics_addr=args.metrics_addr,
+                          credit_window=args.credit_window,
                           host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
                           dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap,
                           decode_threads=args.decode_threads, sender_timeout_s=args.sender_timeout,
-                          key_name=getattr(args, "key_name", "consumer"), job_secret=getattr(args, "job_secret", None))
+                          key_name=getattr(args, "key_name", "consumer"), job_secret=getattr(args, "job_secret", None),
+                          attach_timeout_s=getattr(args, "attach_timeout", 60.0),
+                          credit_budget_mb=getattr(args, "credit_budget_mb", 1024.0))
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -352,25 +383,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.accelerators import NullAccelerator, make_accelerator
     from accel.consumer import Consumer
     from accel.job import JobConfig
+    from accel.loader import ranks_from_env
     from stoker.embedded import Progress, print_summary
 
-    job = None if args.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
-                                                 **_job_args(args))
+    rank, world_size, _ = ranks_from_env(args.rank, args.world_size, None)
+    cfg = _consumer_config(args)
+    if rank and not cfg.dispatcher:  # rank 0's dispatcher, on its control port at $MASTER_ADDR
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        cfg = replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
+    job = None if cfg.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
+                                                **_job_args(args))
     resume = None
     if args.resume and args.resume == args.checkpoint and not Path(args.resume).exists():
         print(f"stoker train: no checkpoint at {args.resume} yet; starting the job from the beginning")
     elif args.resume:
         resume = checkpoint.load(args.resume)
-    consumer = Consumer(_consumer_config(args), job, NullAccelerator(), resume=resume)
+    consumer = Consumer(cfg, job, NullAccelerator(), resume=resume, rank=rank,
+                        world_size=world_size if cfg.dispatcher and args.world_size else None)
     consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, consumer.job.text.seq_len)
     if args.resume and checkpoint.load_model(consumer.accelerator, args.resume):
         print(f"stoker train: model and optimizer restored from {checkpoint.model_path(args.resume)}")
     consumer.start()
     job = consumer.job
-    print(f"stoker train: job {job.job_id}; workers connect to {consumer.control_endpoint}"
+    ranks = f" (rank {rank} of {job.world_size})" if job.world_size > 1 else ""
+    print(f"stoker train: job {job.job_id}{ranks}; workers connect to {consumer.control_endpoint}"
           + (f"; metrics on :{consumer.metrics_port}" if consumer.metrics_port else ""), flush=True)
-    progress = Progress(job.epochs * consumer.manifest.num_samples, not args.no_progress, job.dataset)
+    progress = Progress(job.epochs * consumer.plan.samples_per_epoch, not args.no_progress, job.dataset)
     steps = 0
 
     def on_step(c: Consumer) -> None:
@@ -397,10 +436,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
                     procs=args.procs, accel=_accel_spec(args), consumer=_consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
-                    progress=not args.no_progress, log_level=args.log_level)
-    summary = run_embedded(_job_args(args), cfg)
-    print_summary(summary, args.json)
+                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args)))
+    summaries = run_embedded(_job_args(args), cfg)
+    print_summary(summaries, args.json)
     return 0
+
+
+def _rank_argv(args: argparse.Namespace) -> list[str]:
+    """The options of `stoker run` that the other ranks' `stoker train` need: how they step."""
+    argv = ["--accel", args.accel, "--model", args.model, "--device", args.device, "--width", str(args.width),
+            "--label-smoothing", str(args.label_smoothing), "--precision", args.precision, "--scale", str(args.scale),
+            "--decode-threads", str(args.decode_threads), "--sender-timeout", str(args.sender_timeout),
+            "--host-timeout", str(args.host_timeout)]
+    for flag, value in (("--rate", args.rate), ("--profile", args.profile), ("--lr", args.lr),
+                        ("--optimizer", args.optimizer)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--convert"] if args.convert else []
+    argv += ["--no-overlap"] if args.no_overlap else []
+    return argv
 
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:
@@ -409,7 +463,7 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
 
     job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
     service = DispatchService(DispatchConfig(
-        consumer=args.consumer, control_bind=args.control_bind, advertise_host=args.advertise_host,
+        control_bind=args.control_bind, advertise_host=args.advertise_host,
         journal=args.journal, host_timeout_s=args.host_timeout,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port, metrics_addr=args.metrics_addr,
         keys=args.keys, insecure=args.insecure, job_secret=args.job_secret), job)
@@ -450,6 +504,7 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
             train_args += ["--data", str(default_imagenet())]
         state = cluster.Lab(cluster.LabConfig(hosts=args.hosts, cores_per_host=args.cores_per_host, procs=args.procs,
+                                              ranks=args.ranks,
                                               link_gbit=args.link_gbit, link_latency_ms=args.link_latency_ms,
                                               loopback=args.loopback)).up(train_args)
         _print_lab(state)
@@ -487,14 +542,18 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     from protos.curve import is_loopback
 
     command = args.command
-    if command == "train" and bool(args.data) == bool(args.dispatcher):
+    ranked = command == "train" and bool(args.rank or os.environ.get("RANK", "0") not in ("", "0"))
+    if command == "train" and not ranked and bool(args.data) == bool(args.dispatcher):
         parser.error("train: give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), "
                      "not both")
-    if command == "train" and args.job_secret and not args.dispatcher:
-        parser.error("train: --job-secret is for attaching to a `stoker dispatch` (--dispatcher)")
-    if command == "train" and args.dispatcher and not (args.keys or args.job_secret or os.environ.get(JOB_SECRET_ENV)):
-        parser.error("train: argument --dispatcher: without --keys the consumer proves itself with the job secret: "
-                     "pass --job-secret FILE (the file `stoker dispatch` wrote) or set $STOKER_JOB_SECRET")
+    if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
+        parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
+    if getattr(args, "drop_last", False) and getattr(args, "dataset", None) == "wikipedia":
+        parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
+                     f"by the packing)")
+    if command == "run" and args.keys and (args.world_size or 1) > 1:
+        parser.error("run: argument --world-size: with --keys, start the ranks with `stoker train --rank R` and "
+                     "consumer keys (stoker keys add DIR NAME --role consumer)")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")

@@ -35,6 +35,8 @@ def add_parsers(sub) -> None:
     sweep.add_argument("--data", help="manifest (default: the dataset's generated/fetched set)")
     sweep.add_argument("--out", type=Path, help="results folder (default sweeps/DATASET); rerun to resume")
     sweep.add_argument("--loopback", action="store_true", help="no namespaces (no CPU quotas without root)")
+    sweep.add_argument("--ranks", type=POSITIVE, default=1,
+                       help="feed the system as this many data-parallel ranks, each 1/ranks of its rate (default 1)")
     sweep.add_argument("--no-progress", action="store_true")
     sweep.add_argument("train_args", nargs=argparse.REMAINDER,
                        help="after --: more `stoker train` options; `-- --accel torch --model resnet18 "
@@ -72,7 +74,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     out = args.out or Path("sweeps") / args.dataset
     cfg = SweepConfig(out=out, dataset=args.dataset, hosts=args.hosts, cores_per_host=args.cores_per_host,
                       procs=args.procs, profile=args.profile, scale=args.scale, seconds=args.seconds,
-                      data=args.data, loopback=args.loopback,
+                      data=args.data, loopback=args.loopback, ranks=args.ranks,
                       train_args=tuple(a for a in args.train_args if a != "--"))
     manifest = args.data or str(default_wikipedia() if args.dataset == "wikipedia" else default_imagenet())
     points = run_sweep(cfg, manifest, progress=not args.no_progress)

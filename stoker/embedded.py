@@ -1,9 +1,12 @@
-"""`stoker run`: dispatcher + consumer in this process, worker daemons as child processes.
+"""`stoker run`: dispatcher + consumer (rank 0) in this process, worker daemons as child processes.
 
 Each worker daemon is a real `stoker worker` process (one per emulated host) talking to the
-consumer over loopback TCP, exactly as daemons on separate hosts would. The daemons die with
-this process (workers.lifeline), and a daemon that exits with an error before the job is done
-(a port in use, say) ends the run with its message instead of leaving it waiting.
+consumer over loopback TCP, exactly as daemons on separate hosts would. With `--world-size N`
+the other ranks are `stoker train --rank r` processes (Graphcore's "instances"), attached to
+rank 0's dispatcher with a job secret made for the run; the summary has each rank's figures
+and the job's. The children die with this process (workers.lifeline), and a daemon or rank
+that exits with an error before the job is done (a port in use, say) ends the run with its
+message instead of leaving it waiting.
 """
 
 from __future__ import annotations
@@ -11,18 +14,23 @@ from __future__ import annotations
 import collections
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from tqdm import tqdm
 
 from accel.accelerators import AccelSpec, NullAccelerator, make_accelerator
-from accel.consumer import Consumer, ConsumerConfig, Summary
+from accel.consumer import Consumer, ConsumerConfig, Summary, rank_metrics_port
 from accel.job import JobConfig
+from protos import job_secret
 from stoker.datasets import default_imagenet, default_wikipedia
 
 
@@ -38,6 +46,7 @@ class RunConfig:
     worker_metrics_port: int | None = 9561  # host i serves on this + i
     progress: bool = True
     log_level: str = "WARNING"
+    rank_args: tuple[str, ...] = ()  # `stoker train` options for ranks 1.. (the accelerator's)
 
 
 def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str) -> list[str]:
@@ -105,8 +114,9 @@ class Progress:
         self.bar.close()
 
 
-def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
-    """Run one job end to end; job_args are JobConfig fields other than manifest_uri."""
+def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
+    """Run one job end to end; job_args are JobConfig fields other than manifest_uri. Returns each
+    rank's summary (rank 0's first)."""
     if cfg.data:
         manifest = cfg.data
     elif cfg.dataset == "wikipedia":
@@ -114,14 +124,19 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
     else:
         manifest = str(default_imagenet(cfg.images, progress=cfg.progress))
     job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
+    if job.world_size > 1 and not cfg.consumer.keys:
+        os.environ.setdefault(job_secret.ENV, secrets.token_hex(32))  # rank 0 and its children share it
     consumer = Consumer(cfg.consumer, job, NullAccelerator())
     consumer.accelerator = make_accelerator(cfg.accel, job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, job.text.seq_len)
     consumer.start()
     daemons: list[DaemonProcess] = []
-    progress = Progress(job.epochs * consumer.manifest.num_samples, cfg.progress, job.dataset)
+    progress = Progress(job.epochs * consumer.plan.rank_sizes[0], cfg.progress, job.dataset)
     done = threading.Event()
+    folder = Path(tempfile.mkdtemp(prefix="stoker-run-"))
     try:
+        for rank in range(1, job.world_size):
+            daemons.append(DaemonProcess(f"rank {rank}", _rank_command(consumer, rank, cfg, folder)))
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
             cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level)
@@ -129,11 +144,51 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> Summary:
         threading.Thread(target=_watch, args=(daemons, consumer, done), name="stoker-daemon-watch", daemon=True).start()
         summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
         progress.close(consumer)
-    finally:
+        consumer.stop()  # rank 0 waits here for the other ranks to finish
         done.set()
         _stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
+        summaries = [summary.as_dict()] + [_rank_summary(folder, rank) for rank in range(1, job.world_size)]
+    finally:
+        done.set()
+        _stop_daemons([d.proc for d in daemons], timeout_s=0.0)
         consumer.stop()
-    return summary
+        shutil.rmtree(folder, ignore_errors=True)
+    return summaries
+
+
+def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -> list[str]:
+    job = consumer.job
+    metrics = ["--metrics-port", str(rank_metrics_port(rank) if cfg.consumer.metrics_port else -1)]
+    return [sys.executable, "-m", "stoker", "--log-level", cfg.log_level, "train", "--rank", str(rank),
+            "--world-size", str(job.world_size), "--dispatcher", consumer.control_endpoint,
+            "--data-bind", "tcp://127.0.0.1:0", *metrics, "--no-progress", "--json", str(folder / f"rank-{rank}.json"),
+            "--credit-window", str(cfg.consumer.credit_window), *cfg.rank_args]
+
+
+def _rank_summary(folder: Path, rank: int) -> dict:
+    path = folder / f"rank-{rank}.json"
+    if not path.exists():
+        raise RuntimeError(f"rank {rank} wrote no summary")
+    return json.loads(path.read_text())
+
+
+def job_totals(ranks: list[dict]) -> dict:
+    """The job's figures from its ranks': counts add up, rates add up, the stall is the worst rank's."""
+    first = ranks[0]
+    total = dict(first)
+    for key in ("samples", "unique_samples", "duplicates_dropped", "batches", "skipped_samples", "rows",
+                "bytes_received", "delivered_samples_per_s", "rows_per_s", "sequences", "sequences_per_s",
+                "tokens", "tokens_per_s"):
+        if first.get(key) is not None:
+            total[key] = sum(r[key] for r in ranks)
+    total["per_epoch_unique"] = [sum(e) for e in zip(*(r["per_epoch_unique"] for r in ranks), strict=True)]
+    total["stall_fraction"] = max(r["stall_fraction"] for r in ranks)
+    total["elapsed_s"] = max(r["elapsed_s"] for r in ranks)
+    total["skipped"] = [s for r in ranks for s in r["skipped"]]
+    total["hosts"] = max(r["hosts"] for r in ranks)
+    total["rank"] = None
+    total["ranks"] = ranks
+    return total
 
 
 def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
@@ -150,12 +205,20 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
             proc.kill()
 
 
-def print_summary(summary: Summary, json_path: str | None) -> None:
-    s = summary
+def print_summary(summaries: Summary | list[dict], json_path: str | None) -> None:
+    """The closing lines (one per rank, then the job's, when there are several) and the JSON."""
+    ranks = [summaries.as_dict()] if isinstance(summaries, Summary) else summaries
+    if len(ranks) > 1:
+        for r in ranks:
+            print(f"rank {r['rank']}: {r['samples']} samples ({r['unique_samples']} unique) in {r['steps']} steps, "
+                  f"{r['delivered_samples_per_s']:.0f}/s, stall {100 * r['stall_fraction']:.1f}%")
+    data = job_totals(ranks) if len(ranks) > 1 else ranks[0]
+    s = SimpleNamespace(**data)
     noun = "documents" if s.dataset == "wikipedia" else "samples"
     procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
+    who = f" to {len(ranks)} ranks" if len(ranks) > 1 else ""
     print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
-          f"{s.hosts} host(s){procs}: {s.delivered_samples_per_s:.0f} {noun}/s, "
+          f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s, "
           f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
     print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
           f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased: {s.units_released}")
@@ -166,5 +229,5 @@ def print_summary(summary: Summary, json_path: str | None) -> None:
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
     print(f"stage seconds: {stages}")
     if json_path:
-        Path(json_path).write_text(json.dumps(s.as_dict(), indent=1))
+        Path(json_path).write_text(json.dumps(data, indent=1))
         print(f"summary written to {json_path}")

@@ -47,6 +47,7 @@ class SweepConfig:
     data: str | None = None  # manifest; None: the dataset's default set
     loopback: bool = False
     train_args: tuple[str, ...] = ()  # more `stoker train` options; with --accel, a real step replaces the profile
+    ranks: int = 1  # the profile's system as this many data-parallel ranks, each 1/ranks of its rate
 
     @property
     def real_step(self) -> bool:
@@ -116,11 +117,13 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
     from stoker.lab import cluster
 
     scale = cfg.effective_scale
-    device = [] if cfg.real_step else ["--accel", "simulated", "--profile", cfg.profile, "--scale", str(scale)]
+    device = [] if cfg.real_step else ["--accel", "simulated", "--profile", cfg.profile,
+                                       "--scale", str(scale / cfg.ranks)]  # each rank is its share of the system
     train = ["--data", manifest, "--dataset", cfg.dataset, *device, "--epochs", "1000",
              "--batch-size", str(cfg.batch_size), "--max-seconds", str(cfg.seconds), "--seq-len", str(cfg.seq_len),
              *cfg.train_args]
-    lab = cluster.Lab(cluster.LabConfig(hosts=hosts, cores_per_host=cores, procs=procs, loopback=cfg.loopback))
+    lab = cluster.Lab(cluster.LabConfig(hosts=hosts, cores_per_host=cores, procs=procs, loopback=cfg.loopback,
+                                        ranks=cfg.ranks))
     try:
         state = lab.up(train)
         if not state.cgroups:

@@ -12,9 +12,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from accel.accelerators import NullAccelerator
+from accel.accelerators import NullAccelerator, SimulatedAccelerator
 from accel.consumer import Consumer, ConsumerConfig, Summary
 from accel.job import JobConfig
 
@@ -152,3 +153,18 @@ def assert_exactly_once(summary: Summary, num_samples: int, epochs: int, skipped
     expected = epochs * (num_samples - skipped_per_epoch)
     assert summary.samples == summary.unique_samples == expected
     assert summary.per_epoch_unique == [num_samples - skipped_per_epoch] * epochs
+
+
+class RecordingAccelerator(SimulatedAccelerator):
+    """A simulated device that remembers which samples each of its steps trained on."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__(rate)
+        self.stepped: list[np.ndarray] = []
+
+    def step(self, batch) -> None:
+        self.stepped.append(np.asarray(batch.sample_ids).copy())
+        super().step(batch)
+
+    def samples(self) -> np.ndarray:
+        return np.concatenate(self.stepped) if self.stepped else np.empty(0, dtype=np.int64)

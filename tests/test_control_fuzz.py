@@ -27,6 +27,7 @@ IN_PROCESS = AccessPolicy(keyed=False)
 def make_server(access: AccessPolicy = IN_PROCESS) -> tuple[ControlServer, RecordingSocket]:
     sock = RecordingSocket()
     dispatcher = Dispatcher(EpochPlan(MANIFEST, 16, 2, 0), host_timeout_s=5.0)
+    dispatcher.attach_rank(0, "tcp://127.0.0.1:1")
     return ControlServer(sock, dispatcher, pb.JobSpec(job_id=JOB), ConsumerMetrics(), SIGNER, access), sock
 
 

@@ -24,7 +24,7 @@ from tests.strangers import call, dealer
 def _dispatcher(manifest_uri: str, control: str, data: str, journal, log_path,
                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "dispatch", "--data", manifest_uri,
-           "--consumer", data, "--journal", str(journal), "--control-bind", control, "--metrics-port", "-1",
+           "--journal", str(journal), "--control-bind", control, "--metrics-port", "-1",
            "--host-timeout", "3", "--epochs", "2", "--batch-size", "16", "--unit-batches", "2",
            "--job-secret", f"{journal}.key", *extra]
     return subprocess.Popen(cmd, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,

@@ -31,9 +31,10 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["train", "--data", "x", "--data-bind", "tcp://0.0.0.0:5560"], "--data-bind"),
     (["worker", "--connect", "tcp://127.0.0.1:1", "--procs", "0"], "--procs"),
     (["worker", "--connect", "tcp://127.0.0.1:1", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
-    (["dispatch", "--data", "x", "--consumer", "tcp://127.0.0.1:1", "--metrics-port", "-7"], "--metrics-port"),
+    (["dispatch", "--data", "x", "--metrics-port", "-7"], "--metrics-port"),
+    (["run", "--world-size", "0"], "--world-size"),
+    (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
-    (["train", "--dispatcher", "tcp://127.0.0.1:1"], "--dispatcher"),
 ])
 def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
     result, took = _stoker(*args)

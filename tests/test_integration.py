@@ -56,6 +56,22 @@ def test_worker_metrics_aggregate_their_processes(manifest, run_job, log_dir):
     assert_exactly_once(summary, manifest.num_samples, 1)
 
 
+def test_a_scrape_while_a_worker_process_starts_its_metrics_file_still_answers(tmp_path, monkeypatch):
+    """A starting process creates its metrics file before it sizes it; a scrape in that instant
+    used to fail whole (HTTP 500, prometheus/client_python#1199)."""
+    from prometheus_client import Counter
+    from prometheus_client.values import MultiProcessValue
+
+    from workers.metrics import serve_multiprocess
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr("prometheus_client.metrics.values.ValueClass", MultiProcessValue(lambda: 4242))
+    Counter("stoker_test_sent", "made by a running process", registry=None).inc(3)
+    (tmp_path / "counter_999.db").touch()  # the new process, caught between open and truncate
+    metrics = scrape(serve_multiprocess(0, "127.0.0.1"))
+    assert metrics["stoker_test_sent_total"] == 3
+
+
 def test_corrupt_jpeg_is_skipped_counted_and_reported(corrupt_manifest, run_job):
     manifest, victim = corrupt_manifest
     consumer = consumer_for(manifest.uri, epochs=2)
@@ -229,3 +245,30 @@ def test_oversupplied_workers_wait_for_credit_and_memory_stays_flat(manifest, ru
     growth = [b - a for a, b in zip(first, last, strict=True)]
     assert max(growth) < 25, f"RSS grew by {growth} MB while the workers were ahead"
     assert credit_wait > 5, "workers this far ahead must spend their time waiting for credit"
+
+
+def test_a_rank_holds_no_more_batches_than_its_byte_budget_however_many_senders(manifest, run_job):
+    """9 worker processes with a credit window of 3 could hold 27 batches at the rank; its byte
+    budget allows 6 (and one more of the unit the step waits for). Batches sent (scraped from the
+    daemons) less batches stepped (read before and after the scrape) never exceed it, and the job still delivers every
+    sample once: a tight budget slows the workers, it does not deadlock them."""
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None,
+                         credit_window=3, credit_budget_mb=1e-4)  # under 6 batches: the floor, 2 x window
+    job_cfg = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=8, unit_batches=2, image_size=32)
+    consumer = Consumer(cfg, job_cfg, SimulatedAccelerator(rate=160))
+    job = run_job(consumer, hosts=3, procs=3)
+    assert consumer._receiver.budget == 6
+    assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
+    most, senders = 0, 0
+    while job.thread.is_alive() and consumer.ledger.samples < 2 * manifest.num_samples - 40:
+        stepped = consumer.progress.batches
+        sent = sum(scrape(d.metrics_port).get("stoker_worker_batches_total", 0) for d in job.daemons)
+        if consumer.progress.batches == stepped:  # no step ended during the scrape: an exact reading
+            most = max(most, sent - stepped)
+        senders = max(senders, len(consumer._receiver.peers))
+        time.sleep(0.05)
+    summary = job.finish()
+    assert_exactly_once(summary, manifest.num_samples, 2)
+    assert senders > 2, "the test needs more senders than the budget has windows"
+    # the budget, and one batch of the unit the step waits for when early batches fill the budget
+    assert 3 <= most <= 6 + 1, f"the rank held {most} batches; its budget is 6"

@@ -76,8 +76,19 @@ def test_a_cut_link_is_healed_and_the_host_rejoins(manifest, lab):
     summary = cluster.wait(timeout_s=120)
     assert summary["samples"] == summary["unique_samples"] == total  # redone units: nothing twice, nothing lost
     assert summary["per_epoch_unique"] == [manifest.num_samples] * 2
-    assert summary["units_released"] >= 1
-    assert summary["duplicates_dropped"] > 0  # its late batches arrived after the heal and were dropped
+    assert summary["units_released"] >= 1  # the cut host's leases went to the others
+    # (whether any of its batches arrive late, to be dropped as duplicates, depends on where the cut
+    # caught it: a process starved of credit hands its unit back, and it may have had nothing in flight)
+
+
+def test_two_consumer_ranks_in_the_lab_share_the_hosts(manifest, lab):
+    state = cluster.Lab(cluster.LabConfig(hosts=2, cores_per_host=0.5, ranks=2)).up(
+        ["--data", manifest.uri, "--batch-size", "16", "--epochs", "2", "--accel", "simulated", "--rate", "400"])
+    assert {"accel", "accel1", "h0", "h1"} <= set(state.members)
+    summary = cluster.wait(timeout_s=120)
+    assert summary["samples"] == summary["unique_samples"] == 2 * manifest.num_samples
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert summary["ranks"][0]["steps"] == summary["ranks"][1]["steps"]
 
 
 def test_lab_cli_up_status_down(manifest, lab):

@@ -11,6 +11,7 @@ from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
 from accel.schema import schema_of
+from accel.stream import EpochEnd, StreamOrder
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardInfo
 from pipeline.text.examples import TextConfig
@@ -44,9 +45,10 @@ def hello(unit_id: int = 0, worker_id: str = WORKER, token: bytes | None = None)
 
 def make_receiver(job: JobConfig = IMAGE_JOB):
     out = queue.Queue()
-    ledger = Ledger(EpochPlan(FUZZ_MANIFEST, unit_size=8, epochs=2, seed=0))
-    receiver = Receiver(RecordingSocket(), JOB, window=2, ledger=ledger, out=out, metrics=ConsumerMetrics(),
-                        on_unit_done=lambda unit: None, schema=schema_of(job), leases=SIGNER)
+    plan = EpochPlan(FUZZ_MANIFEST, unit_size=8, epochs=2, seed=0)
+    receiver = Receiver(RecordingSocket(), JOB, window=2, ledger=Ledger(plan), out=out, metrics=ConsumerMetrics(),
+                        on_unit_done=lambda unit, batches: None, schema=schema_of(job), leases=SIGNER,
+                        order=StreamOrder(plan, 0))
     receiver.handle([PEER, hello()])
     return receiver, out
 
@@ -81,13 +83,15 @@ def test_malformed_batches_are_dropped_not_raised(header, payloads, raw, as_raw,
     receiver.handle([peer, first, *payloads])
     while not out.empty():  # anything that got through must be a consistent batch
         batch = out.get_nowait()
+        if isinstance(batch, EpochEnd):
+            continue
         if batch.size == 0:  # an empty closing batch of a unit carries no tensors
             assert batch.tensors.parts == {}
             continue
         for name, spec in receiver.schema.tensors.items():
             array = batch.tensor(name)
             assert array.shape == (batch.size, *spec.shape) and array.dtype.str == spec.dtype
-    assert sum(receiver.dropped.values()) + receiver.ledger.duplicate_batches + out.qsize() <= 1
+    assert sum(receiver.dropped.values()) + receiver.ledger.duplicate_batches + out.qsize() + receiver.order.held <= 2
 
 
 def image_batch(unit_id: int, ids: list[int], index: int = 0, last: bool = True, worker_id: str = WORKER,
@@ -104,8 +108,7 @@ def image_batch(unit_id: int, ids: list[int], index: int = 0, last: bool = True,
 
 
 def unit_ids(receiver, unit_id: int) -> list[int]:
-    unit = receiver.ledger.plan.unit(unit_id)
-    return [unit.first_sample_id + row for row in range(unit.start, unit.stop)]
+    return receiver.ledger.plan.unit(unit_id).sample_ids().tolist()
 
 
 def replies(receiver, peer: bytes) -> list[pb.DataReply]:
@@ -120,15 +123,28 @@ def replies(receiver, peer: bytes) -> list[pb.DataReply]:
 
 def test_a_valid_batch_passes_and_credit_flows_back():
     receiver, out = make_receiver()
-    ids = unit_ids(receiver, 1)
-    receiver.handle([PEER, *image_batch(1, ids)])
+    head = receiver.order.next_unit().unit_id
+    ids = unit_ids(receiver, head)
+    receiver.handle([PEER, *image_batch(head, ids)])
     batch = out.get_nowait()
     assert batch.size == len(ids) and receiver.dropped == {}
     credits_before = len(receiver.socket.sent)
     receiver.step_done(batch)
     assert len(receiver.socket.sent) == credits_before + 1
-    receiver.handle([PEER, *image_batch(1, ids)])
+    receiver.handle([PEER, *image_batch(head, ids)])
     assert out.empty() and receiver.ledger.duplicate_samples == len(ids)
+
+
+def test_batches_leave_in_plan_order_whatever_order_they_come_in():
+    receiver, out = make_receiver()
+    units = receiver.ledger.plan.rank_units(0, 0)
+    for unit in reversed(units):
+        receiver.handle([PEER, *image_batch(unit.unit_id, unit_ids(receiver, unit.unit_id))])
+        if unit is not units[0]:
+            assert out.empty()  # held: an earlier unit is still missing
+    released = [out.get_nowait() for _ in range(out.qsize())]
+    assert [b.header.unit_id for b in released[:-1]] == [u.unit_id for u in units]
+    assert isinstance(released[-1], EpochEnd) and released[-1].batches == len(units)
 
 
 def test_a_hello_without_a_lease_gets_no_slot():

@@ -55,7 +55,7 @@ def _attack(consumer: Consumer, curve: ClientKeys | None = None) -> dict[str, in
         for unit in consumer.dispatcher.plan.units(0) + consumer.dispatcher.plan.units(1):
             if unit.unit_id == mine.unit_id:
                 continue
-            ids = [unit.first_sample_id + row for row in range(unit.start, unit.stop)]
+            ids = unit.sample_ids().tolist()
             target = pb.WorkUnit(unit_id=unit.unit_id, epoch=unit.epoch)
             # ... but only for its own unit: black images and an empty "last" batch for every other unit
             data.send_multipart(zero_batch(job.job_id, "mallory/p0", target, ids, IMAGE, True, mine.lease_token))

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.plan import EpochPlan, Unit
+from pipeline.plan import Segment, Unit
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource
 from pipeline.text.docs import DOC_SCHEMA, ShardError, flatten, read_doc_shard, write_doc_shard
@@ -33,9 +33,13 @@ def source(manifest: Manifest, shard: int, cfg: TextConfig, seed: int = 0) -> Te
     return TextUnitSource(docs, cfg, Specials.of(vocab), seed)
 
 
+def one_range(unit_id: int, epoch: int, shard: int, start: int, stop: int, first_sample_id: int) -> Unit:
+    return Unit(unit_id, epoch, (Segment(shard, start, stop, first_sample_id),))
+
+
 def whole_shard_unit(manifest: Manifest, shard: int, epoch: int = 0) -> Unit:
     info = manifest.shards[shard]
-    return Unit(epoch, epoch, shard, 0, info.num_samples, info.first_sample_id)
+    return one_range(epoch, epoch, shard, 0, info.num_samples, info.first_sample_id)
 
 
 def sequences_of(manifest: Manifest, cfg: TextConfig, shards=(0, 1, 2)):
@@ -160,7 +164,7 @@ def test_next_sentence_labels_are_half_random_on_long_documents(wiki_manifest, v
     src = TextUnitSource(long_docs, TextConfig(), Specials.of(vocab), seed=0)
     seqs = []
     for epoch in range(8):
-        seqs += src.sequences(Unit(epoch, epoch, 0, 0, len(long_docs), 0))[0]
+        seqs += src.sequences(one_range(epoch, epoch, 0, 0, len(long_docs), 0))[0]
     assert len(seqs) > 3000
     coin = [s.is_random_next for s in seqs if not s.forced_random]
     assert abs(np.mean(coin) - 0.5) < 0.025  # the coin is fair
@@ -173,7 +177,7 @@ def test_a_sentence_longer_than_the_row_is_truncated_not_fatal(vocab, tmp_path):
     write_doc_shard(str(tmp_path / "s.parquet"), ["huge", "small"], [[huge, huge[:7]], [huge[:9]]])
     docs = read_doc_shard(str(tmp_path / "s.parquet"), None, vocab.size)
     src = TextUnitSource(docs, TextConfig(seq_len=128), Specials.of(vocab), seed=0)
-    batches = list(src.batches(Unit(0, 0, 0, 0, 2, 0), batch_size=8))
+    batches = list(src.batches(one_range(0, 0, 0, 0, 2, 0), batch_size=8))
     assert batches[-1].last and batches[0].tensors["input_ids"].shape[1] == 128
     assert sum(b.sequences for b in batches) >= 2 and all(len(set(b.doc_ids)) == len(b.doc_ids) for b in batches)
 
@@ -195,9 +199,9 @@ def test_pack_places_every_sequence_once_within_every_capacity():
 @pytest.mark.parametrize("seq_len", [128, 512])
 def test_packed_rows_keep_sequences_apart_and_lose_nothing(wiki_manifest, vocab, seq_len):
     cfg = TextConfig(seq_len=seq_len, pack=True)
-    unit = EpochPlan(wiki_manifest, 256, 1, 0).units(0)[0]
-    packed = list(source(wiki_manifest, unit.shard_index, cfg).batches(unit, batch_size=32))
-    plain = list(source(wiki_manifest, unit.shard_index, TextConfig(seq_len=seq_len)).batches(unit, batch_size=32))
+    unit = one_range(0, 0, 0, 0, 256, wiki_manifest.shards[0].first_sample_id)
+    packed = list(source(wiki_manifest, 0, cfg).batches(unit, batch_size=32))
+    plain = list(source(wiki_manifest, 0, TextConfig(seq_len=seq_len)).batches(unit, batch_size=32))
     assert set(tensor_specs(cfg)) == set(packed[0].tensors)
     seen_from_packed = []
     padding_before = padding_after = 0.0
@@ -258,7 +262,7 @@ def test_unusable_documents_are_reported_not_batched(vocab, tmp_path):
     assert set(docs.problems) == {1, 2, 3, 4}
     assert "outside the vocabulary" in docs.problems[3]
     src = TextUnitSource(docs, TextConfig(), Specials.of(vocab), seed=0)
-    batches = list(src.batches(Unit(0, 0, 0, 0, len(keys), 100), batch_size=64))
+    batches = list(src.batches(one_range(0, 0, 0, 0, len(keys), 100), batch_size=64))
     assert sorted(d for b in batches for d in b.doc_ids) == [100, 105]
     assert sorted(key for b in batches for _, key, _ in b.skipped) == sorted(keys[1:5])
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 
@@ -31,7 +32,7 @@ class ControlClient:
         self.endpoint = endpoint
         self.identity = identity
         self.reply_timeout_s = reply_timeout_s
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._socket: zmq.Socket | None = None
 
     def _open(self) -> zmq.Socket:

@@ -53,6 +53,7 @@ class WorkerConfig:
 
 
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)  # by crashes in a row
+FINISHED_GRACE_S = 2.0  # after the job is finished, processes still busy (nothing left to do) are stopped
 STEADY_S = 10.0  # a process that ran this long resets its crash count
 
 
@@ -185,7 +186,7 @@ class WorkerDaemon:
                 if answer == "finished" and finished_at is None:
                     finished_at = time.monotonic()
             now = time.monotonic()
-            if finished_at is not None and now - finished_at > self.cfg.drain_timeout_s:
+            if finished_at is not None and now - finished_at > FINISHED_GRACE_S:
                 log.info("%s: job finished; stopping processes that are still busy", self.host_id)
                 break
             if now - last_answer > self.cfg.leave_after_s:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
 IMAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256)
@@ -32,10 +35,26 @@ class WorkerMetrics:
         self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum")
 
 
+class _SizedFilesCollector(multiprocess.MultiProcessCollector):
+    """prometheus_client's multi-process collector, minus the files a starting process has made
+    and not yet sized: a scrape in that instant would fail whole with a 500
+    (prometheus/client_python#1199), and worker processes start whenever one is restarted."""
+
+    def collect(self):
+        sized = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            try:
+                if os.path.getsize(path) >= 8:  # the used-bytes header and one aligned entry
+                    sized.append(path)
+            except FileNotFoundError:  # a dead process's live gauge, removed since the glob
+                pass
+        return self.merge(sized, accumulate=True)
+
+
 def serve_multiprocess(port: int, addr: str) -> int:
     """Serve the aggregate of every process's metrics files; returns the bound port."""
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    _SizedFilesCollector(registry)
     try:
         server, _ = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:

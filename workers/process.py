@@ -3,7 +3,10 @@
 SIGINT is ignored (the daemon coordinates shutdown); SIGTERM means drain: finish the batch
 in hand, say goodbye to the consumer and exit 0. The daemon hands unfinished units back. A
 process whose daemon dies stops too (workers.lifeline). A unit whose lease the consumer
-refuses (it restarted, or forgot this sender) is handed back and the next one leased.
+refuses (it restarted, or forgot this sender) is handed back and the next one leased; so is
+a unit whose batch waits for credit longer than PATIENCE_S (its consumer rank may be waiting,
+in lock-step with the others, for an earlier unit of another rank that only this process
+can make now); leased again, it goes on where it was.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from pipeline.plan import Unit
+from pipeline.plan import Segment, Unit
 from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
@@ -23,7 +26,7 @@ from protos.framing import encode_tensors
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
-from workers.sender import DataSender, Lease, LeaseRefused, Rejected
+from workers.sender import DataSender, Lease, LeaseRefused, Rejected, Starved
 from workers.sources import Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
@@ -32,6 +35,7 @@ EXIT_FINISHED = 0
 EXIT_DISPATCHER_LOST = 3
 EXIT_REJECTED = 4
 EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusable): do not restart
+PATIENCE_S = 2.0  # how long a batch waits for credit before its unit is handed back (and leased again)
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,14 @@ def run_process(spec: ProcessSpec) -> int:
     metrics.processes.inc()
     ctx = zmq.Context()
     control = ControlClient(ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
-    sender = DataSender(ctx, job.data_endpoint, spec.host_id, spec.worker_id, job.job_id, curve=spec.curve)
+    senders: dict[str, DataSender] = {}  # one per rank's data socket, made when a unit first goes there
+
+    def sender_for(endpoint: str) -> DataSender:
+        if endpoint not in senders:
+            senders[endpoint] = DataSender(ctx, endpoint, spec.host_id, spec.worker_id, job.job_id, curve=spec.curve)
+        return senders[endpoint]
+
+    carried: tuple[int, object, Outgoing] | None = None  # a unit handed back while starved: (id, batches, next)
     try:
         while not stop():
             reply = control.request(pb.ControlRequest(
@@ -80,24 +91,45 @@ def run_process(spec: ProcessSpec) -> int:
             if kind == "finished":
                 return EXIT_FINISHED
             if kind == "wait":
-                time.sleep(reply.wait.retry_after_s)
+                _idle(senders.values(), reply.wait.retry_after_s)
                 continue
             if kind != "unit":
                 raise RuntimeError(f"unexpected reply to a lease request: {reply}")
             w = reply.unit
-            unit = Unit(w.unit_id, w.epoch, w.shard_index, w.start, w.stop, w.first_sample_id)
-            sender.lease = Lease(w.unit_id, w.lease_token)
+            unit = Unit(w.unit_id, w.epoch, tuple(Segment(g.shard_index, g.start, g.stop, g.first_sample_id)
+                                                  for g in w.segments), w.rank, w.position)
+            log.debug("%s: leased unit %d", spec.worker_id, w.unit_id)
+            sender = sender_for(w.data_endpoint or job.data_endpoint)
+            sender.start_unit(Lease(w.unit_id, w.lease_token))
+            if carried is not None and carried[0] == unit.unit_id:
+                _, batches, pending = carried  # the unit this process handed back: on from where it was
+            else:
+                batches = iter(source.batches(unit))
+                pending = next(batches, None)
+            carried = None
             try:
-                for batch in source.batches(unit):
-                    _send_batch(job, spec, unit, batch, sender, metrics, stop)
+                while pending is not None:
+                    try:
+                        _send_batch(job, spec, unit, pending, sender, metrics, stop, give_up_after_s=PATIENCE_S)
+                    except Starved:
+                        # Hand the unit back and lease again: the job may wait, in lock-step across its
+                        # ranks, for an earlier unit that only this process can make now. If the same
+                        # unit comes back, this process goes on with it where it was.
+                        control.request(pb.ControlRequest(release=pb.Release(
+                            host_id=spec.host_id, worker_ids=[spec.worker_id], unit_ids=[unit.unit_id],
+                            reason="starved")), should_stop=stop)
+                        carried = (unit.unit_id, batches, pending)
+                        break
                     if stop():
                         break
-                else:
+                    pending = next(batches, None)
+                if pending is None:
                     metrics.units.inc()
             except LeaseRefused as exc:
                 log.warning("%s: unit %d: %s; handing it back", spec.worker_id, unit.unit_id, exc)
                 control.request(pb.ControlRequest(release=pb.Release(
-                    host_id=spec.host_id, worker_ids=[spec.worker_id], reason="lease refused")), should_stop=stop)
+                    host_id=spec.host_id, worker_ids=[spec.worker_id], unit_ids=[unit.unit_id],
+                    reason="lease refused")), should_stop=stop)
         return EXIT_FINISHED
     except DispatcherUnreachable as exc:
         if stop():
@@ -109,20 +141,35 @@ def run_process(spec: ProcessSpec) -> int:
         return EXIT_REJECTED
     finally:
         metrics.processes.dec()
-        sender.close()
+        for sender in senders.values():
+            sender.close()
         control.close()
         ctx.term()
 
 
+def _idle(senders, seconds: float) -> None:
+    """Wait for a lease; every consumer this process sends to hears that it is still alive."""
+    senders = list(senders)
+    if not senders:
+        time.sleep(seconds)
+        return
+    for sender in senders:
+        sender.idle(seconds / len(senders))
+
+
 def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender,
-                metrics: WorkerMetrics, stop: _Stop) -> None:
+                metrics: WorkerMetrics, stop: _Stop, give_up_after_s: float | None = None) -> None:
     framing_from = time.perf_counter()
     header = batch.header
     header.job_id, header.worker_id = job.job_id, spec.worker_id
     header.epoch, header.unit_id = unit.epoch, unit.unit_id
     frames = encode_tensors(header, batch.tensors, checksum=job.checksum)
     send_s = time.perf_counter() - framing_from
-    waited = sender.wait_for_credit(stop)
+    try:
+        waited = sender.wait_for_credit(stop, give_up_after_s=give_up_after_s)
+    except Starved as exc:
+        metrics.credit_wait.inc(exc.waited)
+        raise
     if sender.credit <= 0:  # stopped while waiting
         return
     header.stages.wait_for_credit = waited

@@ -23,6 +23,14 @@ class Rejected(ConnectionError):
     """The consumer serves another job: this process cannot work for it."""
 
 
+class Starved(TimeoutError):
+    """No credit came in the time given."""
+
+    def __init__(self, waited: float) -> None:
+        super().__init__(f"no credit for {waited:.1f} s")
+        self.waited = waited
+
+
 class LeaseRefused(ConnectionError):
     """The consumer does not accept the lease (it restarted, or the lease was lost): drop the unit."""
 
@@ -48,11 +56,21 @@ class DataSender:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # replies are credits and rejects: tiny
         sock.setsockopt_string(zmq.IDENTITY, worker_id)
-        if curve is not None:
-            curve.apply(sock)
-        sock.connect(endpoint)
+        try:
+            if curve is not None:
+                curve.apply(sock)
+            sock.connect(endpoint)
+        except zmq.ZMQError:
+            sock.close(0)  # an unclosed socket would hang the context's term()
+            raise
         self.socket = sock
         self._welcomed = False  # the consumer answered our hello
+
+    def start_unit(self, lease: Lease) -> None:
+        """The next unit goes to this consumer: say so at once, so that a consumer waiting for exactly
+        this unit (it delivers in plan order) knows who makes it, and can grant credit for it."""
+        self.lease = lease
+        self._hello()
 
     def _hello(self) -> None:
         lease = self.lease or Lease(0, b"")
@@ -102,8 +120,9 @@ class DataSender:
             raise LeaseRefused(f"consumer at {self.endpoint} refused the lease: {reject.reason}")
         raise Rejected(f"consumer at {self.endpoint} refused us: {reject.reason}")
 
-    def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0) -> float:
-        """Block until a credit is held; returns seconds waited.
+    def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0,
+                        give_up_after_s: float | None = None) -> float:
+        """Block until a credit is held; returns seconds waited (Starved after `give_up_after_s`).
 
         Says hello until welcomed, and again every `rehello_after_s` while starved: a consumer
         that restarted (from a checkpoint) does not know us, and a hello is how it learns to
@@ -120,7 +139,19 @@ class DataSender:
                     next_hello = time.monotonic() + backoff
                     backoff = min(backoff * 2, 2.0)
             self._read_replies(100)
+            if give_up_after_s is not None and time.perf_counter() - started > give_up_after_s:
+                raise Starved(time.perf_counter() - started)
         return time.perf_counter() - started
+
+    def idle(self, seconds: float) -> None:
+        """Wait between units (no lease to be had yet) while answering pings: this sender is alive.
+        A refusal heard now is about a unit already finished, or says the slot was freed."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._read_replies(int(left * 1000))
+            except LeaseRefused:
+                continue
 
     def send(self, header: pb.BatchHeader, frames: list[object]) -> int:
         """Send one batch; the caller must hold credit. Frames go out without a copy.
@@ -131,6 +162,7 @@ class DataSender:
         self._read_replies(0)  # answer pings, hear rejects, between batches too
         if self.lease is not None:
             header.lease_token = self.lease.token
+        header.host_id = self.host_id
         message = pb.DataMessage(batch=header).SerializeToString()
         self.socket.send_multipart([message, *frames], copy=False)
         self.credit -= 1

@@ -1,10 +1,10 @@
 """Batch sources: what a worker process makes of a leased unit, for each kind of dataset.
 
-A source turns a unit into outgoing batches: the tensors, the header fields that describe
-them, and how they count in the worker's metrics. A shard that cannot be opened or fails
-its checks does not crash the process: the unit is answered with one empty last batch that
-lists every one of its samples as skipped, with the reason, so nothing is lost silently and
-the dispatcher does not hand the same broken unit out forever.
+A source turns a unit (rows of one or more shards) into outgoing batches: the tensors, the
+header fields that describe them, and how they count in the worker's metrics. A shard that
+cannot be opened or fails its checks does not crash the process: its rows in the unit are
+reported as skipped, with the reason, so nothing is lost silently and the dispatcher does
+not hand the same broken unit out forever.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipeline.augment import CROP_DECODER_AVAILABLE, EvalTransform, TrainTransfo
 from pipeline.batching import sample_work, unit_batches
 from pipeline.plan import Unit
 from pipeline.shards import Manifest, ShardReader
-from pipeline.text.batching import TextUnitSource
+from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import ShardError, read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
@@ -55,17 +55,6 @@ def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: in
     return header
 
 
-def unreadable_unit(unit: Unit, keys: Callable[[int], str] | None, reason: str) -> Outgoing:
-    """The one batch that answers a unit whose shard cannot be used: every sample skipped."""
-    skipped = [(unit.first_sample_id + row, keys(row) if keys else f"row {row}", reason)
-               for row in range(unit.start, unit.stop)]
-
-    def observe(metrics: WorkerMetrics) -> None:
-        metrics.decode_errors.inc(len(skipped))
-
-    return Outgoing(_header([], skipped, 0, True, 0), {}, observe)
-
-
 class ImageSource:
     def __init__(self, manifest: Manifest, job: pb.JobSpec) -> None:
         self.manifest = manifest
@@ -88,11 +77,7 @@ class ImageSource:
         return self.readers[shard]
 
     def batches(self, unit: Unit) -> Iterator[Outgoing]:
-        reader = self._reader(unit.shard_index)
-        if isinstance(reader, str):
-            yield unreadable_unit(unit, None, reader)
-            return
-        for batch in unit_batches(reader, unit, self.work, self.job.batch_size, self.job.seed):
+        for batch in unit_batches(self._reader, unit, self.work, self.job.batch_size, self.job.seed):
             header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last, batch.batch_index)
             header.stages.decode = batch.decode_s
             header.stages.augment = batch.augment_s
@@ -135,11 +120,7 @@ class TextSource:
         return self.shards[index]
 
     def batches(self, unit: Unit) -> Iterator[Outgoing]:
-        source = self._shard(unit.shard_index)
-        if isinstance(source, str):
-            yield unreadable_unit(unit, None, source)
-            return
-        for batch in source.batches(unit, self.job.batch_size):
+        for batch in unit_text_batches(self._shard, unit, self.cfg, self.job.seed, self.job.batch_size):
             header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
             header.stages.examples = batch.examples_s
             header.stages.pack = batch.pack_s

@@ -11,12 +11,12 @@ the last batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.plan import Unit
+from pipeline.plan import Unit, batch_bounds
 from pipeline.seeds import derived_rng
 from pipeline.text.docs import DocShard
 from pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
@@ -45,7 +45,9 @@ class TextBatch:
 
 @dataclass
 class TextUnitSource:
-    """Makes the batches of units over one shard (the shard's valid rows are the random-next pool)."""
+    """One shard's documents: their examples (the shard's valid rows are the random-next pool),
+    and the batches of a unit that lies in this shard. A unit whose rows span several shards
+    goes through `unit_text_batches` with a source for each."""
 
     shard: DocShard
     cfg: TextConfig
@@ -55,54 +57,86 @@ class TextUnitSource:
     def __post_init__(self) -> None:
         self.pool = valid_rows(self.shard)
 
+    def document(self, row: int, doc_id: int, epoch: int) -> list[Sequence] | str:
+        """Every example of one document this epoch, or why the document is unusable."""
+        problem = self.shard.problem(row)
+        if problem:
+            return problem
+        rng = derived_rng(self.seed, epoch, self.shard.key(row))
+        return document_sequences(self.shard, row, doc_id, self.pool, self.cfg, self.specials, rng)
+
     def sequences(self, unit: Unit) -> tuple[list[Sequence], list[tuple[int, str, str]]]:
-        sequences: list[Sequence] = []
-        skipped: list[tuple[int, str, str]] = []
-        for row in unit.sample_order(self.seed):
-            row = int(row)
-            doc_id = unit.first_sample_id + row
-            key = self.shard.key(row)
-            problem = self.shard.problem(row)
-            if problem:
-                skipped.append((doc_id, key, problem))
-                continue
-            rng = derived_rng(self.seed, unit.epoch, key)
-            sequences += document_sequences(self.shard, row, doc_id, self.pool, self.cfg, self.specials, rng)
-        return sequences, skipped
+        return unit_sequences(self._only_me(unit), unit, self.seed)
 
     def batches(self, unit: Unit, batch_size: int) -> Iterator[TextBatch]:
-        started = time.perf_counter()
-        sequences, skipped = self.sequences(unit)
-        made = time.perf_counter()
-        rows = self._rows(unit, sequences)
-        packed = time.perf_counter()
-        claimed: set[int] = set()
-        count = max(1, -(-len(rows) // batch_size))
-        for index in range(count):
-            chunk = rows[index * batch_size: (index + 1) * batch_size]
-            flat = [seq for row in chunk for seq in row]
-            doc_ids = list(dict.fromkeys(s.doc_id for s in flat if s.doc_id not in claimed))
-            claimed.update(doc_ids)
-            build_from = time.perf_counter()
-            tensors = assemble(chunk, self.cfg)
-            assemble_s = time.perf_counter() - build_from
-            last = index == count - 1
-            real = sum(len(s) for s in flat)
-            yield TextBatch(
-                tensors=tensors, doc_ids=doc_ids, skipped=skipped if last else [], batch_index=index, last=last,
-                rows=len(chunk), sequences=len(flat), real_tokens=real,
-                token_slots=len(chunk) * self.cfg.seq_len, unpacked_slots=len(flat) * self.cfg.seq_len,
-                examples_s=(made - started) if index == 0 else 0.0,
-                pack_s=((packed - made) if index == 0 else 0.0) + assemble_s,
-                masked=sum(s.masked_positions.size for s in flat),
-                random_next=sum(s.is_random_next for s in flat),
-                lengths=[len(s) for s in flat])
+        return unit_text_batches(self._only_me(unit), unit, self.cfg, self.seed, batch_size)
 
-    def _rows(self, unit: Unit, sequences: list[Sequence]) -> list[list[Sequence]]:
-        rng = derived_rng(self.seed, unit.epoch, f"rows-{unit.shard_index}-{unit.start}")
-        if not self.cfg.pack:
-            return [[sequences[int(i)]] for i in rng.permutation(len(sequences))]
-        lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
-        preds = np.fromiter((s.masked_positions.size for s in sequences), dtype=np.int64, count=len(sequences))
-        packs = pack(lengths, preds, self.cfg.seq_len, self.cfg.pack_max_sequences, self.cfg.predictions_per_row)
-        return [[sequences[i] for i in packs[int(p)]] for p in rng.permutation(len(packs))]
+    def _only_me(self, unit: Unit) -> Callable[[int], TextUnitSource]:
+        shards = {s.shard_index for s in unit.segments}
+        if len(shards) > 1:
+            raise ValueError(f"unit {unit.unit_id} spans shards {sorted(shards)}: use unit_text_batches")
+        return lambda _shard: self
+
+
+def unit_sequences(source_of: Callable[[int], TextUnitSource | str], unit: Unit,
+                   seed: int) -> tuple[list[Sequence], list[tuple[int, str, str]]]:
+    """The examples of every document of the unit, in its seeded order, and the unusable documents
+    (`source_of` gives a shard's source, or why the shard cannot be read)."""
+    sequences: list[Sequence] = []
+    skipped: list[tuple[int, str, str]] = []
+    for shard, row, doc_id in unit.rows(seed):
+        source = source_of(shard)
+        if isinstance(source, str):
+            skipped.append((doc_id, f"shard {shard} row {row}", source))
+            continue
+        made = source.document(row, doc_id, unit.epoch)
+        if isinstance(made, str):
+            skipped.append((doc_id, source.shard.key(row), made))
+        else:
+            sequences += made
+    return sequences, skipped
+
+
+def unit_text_batches(source_of: Callable[[int], TextUnitSource | str], unit: Unit, cfg: TextConfig, seed: int,
+                      batch_size: int) -> Iterator[TextBatch]:
+    """Every batch of a unit: its sequences packed (or one per row), the rows shuffled and cut
+    into batches of `batch_size` rows; each document is listed in the first batch that holds it."""
+    started = time.perf_counter()
+    sequences, skipped = unit_sequences(source_of, unit, seed)
+    made = time.perf_counter()
+    rows = _rows(unit, sequences, cfg, seed)
+    packed = time.perf_counter()
+    claimed: set[int] = set()
+    bounds = batch_bounds(len(rows), batch_size)
+    count = len(bounds)
+    for index, (start, stop) in enumerate(bounds):
+        chunk = rows[start:stop]
+        flat = [seq for row in chunk for seq in row]
+        doc_ids = list(dict.fromkeys(s.doc_id for s in flat if s.doc_id not in claimed))
+        claimed.update(doc_ids)
+        build_from = time.perf_counter()
+        tensors = assemble(chunk, cfg)
+        assemble_s = time.perf_counter() - build_from
+        last = index == count - 1
+        real = sum(len(s) for s in flat)
+        yield TextBatch(
+            tensors=tensors, doc_ids=doc_ids, skipped=skipped if last else [], batch_index=index, last=last,
+            rows=len(chunk), sequences=len(flat), real_tokens=real,
+            token_slots=len(chunk) * cfg.seq_len, unpacked_slots=len(flat) * cfg.seq_len,
+            examples_s=(made - started) if index == 0 else 0.0,
+            pack_s=((packed - made) if index == 0 else 0.0) + assemble_s,
+            masked=sum(s.masked_positions.size for s in flat),
+            random_next=sum(s.is_random_next for s in flat),
+            lengths=[len(s) for s in flat])
+
+
+def _rows(unit: Unit, sequences: list[Sequence], cfg: TextConfig, seed: int) -> list[list[Sequence]]:
+    first = unit.segments[0] if unit.segments else None
+    key = f"rows-{first.shard_index}-{first.start}-{unit.size}" if first else "rows-empty"
+    rng = derived_rng(seed, unit.epoch, key)
+    if not cfg.pack:
+        return [[sequences[int(i)]] for i in rng.permutation(len(sequences))]
+    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    preds = np.fromiter((s.masked_positions.size for s in sequences), dtype=np.int64, count=len(sequences))
+    packs = pack(lengths, preds, cfg.seq_len, cfg.pack_max_sequences, cfg.predictions_per_row)
+    return [[sequences[i] for i in packs[int(p)]] for p in rng.permutation(len(packs))]

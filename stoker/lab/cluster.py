@@ -46,6 +46,7 @@ BRIDGE_ADDRESS = "198.18.0.254"
 ACCEL_ADDRESS = "198.18.0.1"
 CGROUP_NAME = "stoker-lab"
 DATA_PORT, CONTROL_PORT, METRICS_PORT, WORKER_METRICS_PORT = 5560, 5561, 9560, 9561
+RANK_METRICS_PORT = 9570  # + rank, for ranks 1.. (clear of the workers' ports on loopback)
 
 
 def host_address(index: int) -> str:
@@ -66,6 +67,7 @@ class LabConfig:
     link_gbit: float | None = None
     link_latency_ms: float | None = None
     loopback: bool = False  # force the fallback even where namespaces work
+    ranks: int = 1  # consumer ranks (data-parallel), all in the accelerator's namespace
 
 
 @dataclass
@@ -148,6 +150,8 @@ class Lab:
         init_keys(folder)
         for index in range(self.cfg.hosts):
             add_key(folder, f"h{index}")
+        for rank in range(1, self.cfg.ranks):  # they attach to rank 0's dispatcher as consumers
+            add_key(folder, f"rank{rank}", role="consumer")
 
     def _network(self, state: LabState) -> None:
         run("ip", "link", "add", BRIDGE, "type", "bridge")
@@ -186,13 +190,16 @@ class Lab:
         address = ACCEL_ADDRESS if netns else "127.0.0.1"
         member = Member("accel", address, f"{PREFIX}accel" if netns else None,
                         log=str(state_dir() / "accel.log"), metrics=f"http://{address}:{METRICS_PORT}/metrics")
+        ranks = ["--world-size", str(self.cfg.ranks)] if self.cfg.ranks > 1 else []
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress",
                "--data-bind", f"tcp://{address}:{DATA_PORT}", "--control-bind", f"tcp://{address}:{CONTROL_PORT}",
                "--metrics-addr", address, "--metrics-port", str(METRICS_PORT), "--json", state.summary,
-               "--keys", str(state_dir() / "keys"), *train_args]
+               "--keys", str(state_dir() / "keys"), *ranks, *train_args]
         member.pid = _spawn(cmd, member.netns, None, Path(member.log))
         state.members["accel"] = member
         state.save()
+        for rank in range(1, self.cfg.ranks):
+            self._start_rank(state, rank, address, _step_options(train_args))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if not alive(member.pid):
@@ -203,6 +210,20 @@ class Lab:
             except OSError:
                 time.sleep(0.2)
         raise LabError(f"the consumer did not come up within 60 s; see {member.log}")
+
+    def _start_rank(self, state: LabState, rank: int, address: str, step_options: list[str]) -> None:
+        """Rank r: a consumer in the accelerator's namespace, attached to rank 0's dispatcher."""
+        name = f"accel{rank}"
+        member = Member(name, address, state.consumer.netns, log=str(state_dir() / f"{name}.log"),
+                        metrics=f"http://{address}:{RANK_METRICS_PORT + rank}/metrics")
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress", "--rank", str(rank),
+               "--world-size", str(self.cfg.ranks), "--dispatcher", state.control_endpoint,
+               "--data-bind", f"tcp://{address}:0", "--advertise-host", address, "--metrics-addr", address,
+               "--metrics-port", str(RANK_METRICS_PORT + rank), "--json", rank_summary(state, rank),
+               "--keys", str(state_dir() / "keys"), "--key-name", f"rank{rank}", *step_options]
+        member.pid = _spawn(cmd, member.netns, None, Path(member.log))
+        state.members[name] = member
+        state.save()
 
     def _start_worker(self, state: LabState, index: int) -> None:
         netns = state.mode == "netns"
@@ -269,17 +290,47 @@ def _namespace_of(name: str) -> str:
 
 
 def wait(timeout_s: float | None = None) -> dict:
-    """Wait for the consumer to finish its job; its closing summary."""
+    """Wait for the consumer ranks to finish their job; the closing summary (with several ranks,
+    the job's figures and each rank's under "ranks")."""
+    from stoker.embedded import job_totals
+
     state = current()
+    consumers = [m for name, m in state.members.items() if name.startswith("accel")]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while alive(state.consumer.pid):
+    while any(alive(m.pid) for m in consumers):
         if deadline is not None and time.monotonic() > deadline:
             raise LabError(f"the job is still running after {timeout_s:.0f} s")
         time.sleep(0.2)
-    path = Path(state.summary)
-    if not path.exists():
-        raise LabError(f"the consumer exited without a summary; its log:\n{_tail(state.consumer.log)}")
-    return json.loads(path.read_text())
+    summaries = []
+    for rank, member in enumerate(sorted(consumers, key=lambda m: m.name)):
+        path = Path(state.summary if rank == 0 else rank_summary(state, rank))
+        if not path.exists():
+            raise LabError(f"rank {rank} exited without a summary; its log:\n{_tail(member.log)}")
+        summaries.append(json.loads(path.read_text()))
+    return summaries[0] if len(summaries) == 1 else job_totals(summaries)
+
+
+def rank_summary(state: LabState, rank: int) -> str:
+    return str(Path(state.summary).with_name(f"summary-rank{rank}.json"))
+
+
+_JOB_OPTIONS = {"--data", "--dataset", "--epochs", "--batch-size", "--unit-batches", "--seed", "--image-size",
+                "--transform", "--crop-area", "--decoder", "--decode-on", "--seq-len", "--max-predictions",
+                "--masked-lm-prob", "--short-seq-prob", "--pack-max-sequences", "--world-size"}
+_JOB_SWITCHES = {"--checksum", "--whole-word-mask", "--pack"}
+
+
+def _step_options(train_args: list[str]) -> list[str]:
+    """What a rank other than 0 takes of rank 0's options: how it steps, not what the job is."""
+    out, skip = [], False
+    for arg in train_args:
+        if skip:
+            skip = False
+        elif arg in _JOB_OPTIONS:
+            skip = True
+        elif arg not in _JOB_SWITCHES and arg.split("=", 1)[0] not in _JOB_OPTIONS:
+            out.append(arg)
+    return out
 
 
 def down() -> list[str]:
