@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from accel import checkpoint
-from accel.accelerators import Accelerator
+from accel.accelerators import Accelerator, require
 from accel.aio import pump
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
@@ -195,6 +195,8 @@ class Consumer:
         self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, self.manifest)
+        if job.decode_on == "accelerator":
+            require("nvidia.dali", "--decode-on accelerator")
         self.plan = plan = job.plan(self.manifest)
         self.start_position = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
         done = self.start_position.done_units(plan)
