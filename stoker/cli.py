@@ -446,26 +446,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from stoker.embedded import RunConfig, print_summary, run_embedded
 
+    spec = _accel_spec(args)
     cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
-                    procs=args.procs, accel=_accel_spec(args), consumer=_consumer_config(args),
+                    procs=args.procs, accel=spec, consumer=_consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
-                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args)))
+                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)))
     summaries = run_embedded(_job_args(args), cfg)
     print_summary(summaries, args.json, cfg.accel)
     return 0
 
 
-def _rank_argv(args: argparse.Namespace) -> list[str]:
-    """The options of `stoker run` that the other ranks' `stoker train` need: how they step."""
-    argv = ["--accel", args.accel, "--model", args.model, "--device", args.device, "--width", str(args.width),
-            "--label-smoothing", str(args.label_smoothing), "--precision", args.precision, "--scale", str(args.scale),
-            "--decode-threads", str(args.decode_threads), "--sender-timeout", str(args.sender_timeout),
-            "--host-timeout", str(args.host_timeout)]
-    for flag, value in (("--rate", args.rate), ("--profile", args.profile), ("--lr", args.lr),
-                        ("--optimizer", args.optimizer)):
-        if value is not None:
+def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
+    """The options of `stoker run` that the other ranks' `stoker train` need: how they step (`spec`, the
+    device rank 0 resolved, defaults included)."""
+    argv = ["--accel", spec.kind, "--model", spec.model, "--device", spec.device, "--width", str(spec.width),
+            "--label-smoothing", str(spec.label_smoothing), "--precision", spec.precision, "--scale", str(spec.scale),
+            "--lr", str(spec.lr), "--decode-threads", str(args.decode_threads),
+            "--sender-timeout", str(args.sender_timeout), "--host-timeout", str(args.host_timeout)]
+    for flag, value in (("--rate", spec.rate), ("--profile", spec.profile), ("--optimizer", spec.optimizer)):
+        if value:
             argv += [flag, str(value)]
-    argv += ["--convert"] if args.convert else []
+    argv += ["--convert"] if spec.convert else []
     argv += ["--no-overlap"] if args.no_overlap else []
     return argv
 
