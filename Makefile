@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	CC="$(SIMD_CC)" $(BIN)/pip install -q -e '.[dev]'
+	CC="$(SIMD_CC)" $(BIN)/pip install -q -e '.[accel,dev]'
 	# pillow and pillow-simd both install the module PIL and the last one installed wins:
 	# if anything pulled in stock pillow, remove it and put pillow-simd back on top.
 	if $(BIN)/pip show -q pillow >/dev/null 2>&1; then \

@@ -90,6 +90,15 @@ class AccelSpec:
     precision: str = "fp32"  # torch ResNet: fp32 | bf16 (autocast)
 
 
+def require(module: str, feature: str) -> None:
+    """An accelerator-side dependency a worker host need not have: say which install brings it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise RuntimeError(f"{feature} needs {module}, which is not installed: pip install 'stoker[accel]' "
+                           f"(worker hosts need only 'stoker')")
+
+
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
                      seq_len: int = 128) -> Accelerator:
     if spec.kind == "null":
@@ -103,7 +112,10 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         if spec.rate is None:
             raise ValueError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
         return kind(spec.rate)
+    if spec.kind == "torch":
+        require("torch", "--accel torch")
     if spec.kind == "torch" and dataset == "wikipedia":
+        require("transformers", "--accel torch with --dataset wikipedia")
         from accel.bert_accel import BertAccelerator
 
         model = spec.model if spec.model.startswith("bert") else "bert-tiny"

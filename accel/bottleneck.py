@@ -189,5 +189,23 @@ def read_status(metrics_url: str) -> dict:
                   + (f" (+{more:.2f})" if stage in ("decode", "augment", "examples", "pack") else ""),
                   f"rows stepped so far: {rows:,.0f}",
                   "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
+    hosts = {json.loads(k)["host"]: {"rows": v} for k, v in values.get("stoker_consumer_host_rows_total", {}).items()}
+    for k, v in values.get("stoker_consumer_host_credit_wait_seconds_total", {}).items():
+        hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})["credit_wait_s"] = v
     return {"stage": stage, "stall_fraction": stall, "cores_in_use": in_use, "cores_needed": needed,
-            "more_cores": more, "shares": shares, "rows": rows, "text": "\n".join(text_lines)}
+            "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "text": "\n".join(text_lines)}
+
+
+def watch_frame(old: dict | None, new: dict, seconds: float) -> str:
+    """One screen of `stoker status --watch`: the diagnosis, with rates over the last refresh."""
+    def rate(now: float, before: float) -> float:
+        return (now - before) / seconds if old is not None and seconds > 0 else 0.0
+
+    lines = [f"rows/s: {rate(new['rows'], old['rows'] if old else 0):,.0f}   stall: {100 * new['stall_fraction']:.1f}%"
+             f"   bottleneck: {new['stage']}   worker cores busy {new['cores_in_use']:.2f}, needed "
+             f"{new['cores_needed']:.2f}", f"{'host':<24} {'rows/s':>10} {'credit wait s/s':>16}"]
+    for host, now in sorted(new["hosts"].items()):
+        before = (old or {}).get("hosts", {}).get(host, {})
+        lines.append(f"{host[:24]:<24} {rate(now['rows'], before.get('rows', 0.0)):>10,.0f} "
+                     f"{rate(now.get('credit_wait_s', 0.0), before.get('credit_wait_s', 0.0)):>16.2f}")
+    return "\n".join(lines)

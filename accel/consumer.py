@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from accel import checkpoint
-from accel.accelerators import Accelerator
+from accel.accelerators import Accelerator, require
 from accel.aio import pump
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
@@ -116,7 +116,7 @@ class Summary:
     skipped_samples: int
     skipped: list[dict]
     frames_dropped: dict[str, int]
-    units_released: int
+    units_released: int  # units taken from a lost host (or a stale lease) and made again
     stage_seconds: dict[str, float]
     per_epoch_unique: list[int] = field(default_factory=list)
     dataset: str = "imagenet"
@@ -127,7 +127,13 @@ class Summary:
     rows_per_s: float = 0.0  # rows stepped per second after start-up: what the device consumed
     bytes_received: int = 0  # tensor bytes that crossed the wire
     time_boxed: bool = False  # stopped by max_seconds before the job was complete
+    units_handed_back: int = 0  # units a worker process gave back while waiting for credit: nothing lost
     decode_on: str = "host"  # where JPEGs were decoded; "accelerator": failures there are in `skipped`
+    # what bounded the run after start-up (accel.bottleneck's rules over the whole run, not a window)
+    bottleneck: str = "unknown"
+    bottleneck_detail: str = ""
+    cores_needed: float = 0.0  # busy worker processes (at their CPU share here) that keep the device fed
+    cores_in_use: float = 0.0  # ... that were busy, on average
     # text only (None for images): BERT examples and tokens stepped, and padding as sent
     sequences: int | None = None
     sequences_per_s: float | None = None
@@ -189,6 +195,8 @@ class Consumer:
         self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, self.manifest)
+        if job.decode_on == "accelerator":
+            require("nvidia.dali", "--decode-on accelerator")
         self.plan = plan = job.plan(self.manifest)
         self.start_position = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
         done = self.start_position.done_units(plan)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from accel.journal import Journal
 from pipeline.plan import EpochPlan, Unit
+from protos.leases import STARVED
 
 
 @dataclass
@@ -39,7 +40,8 @@ class DispatcherStats:
     leased: int
     done: int
     hosts_alive: int
-    releases: int
+    releases: int  # units taken from a lost host or a stale lease and leased again
+    handed_back: int = 0  # units a worker process gave back while it waited for credit (nothing lost)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Dispatcher:
     _done: set[int] = field(init=False, default_factory=set)
     _hosts: dict[str, float] = field(init=False, default_factory=dict)
     _releases: int = field(init=False, default=0)
+    _handed_back: int = field(init=False, default=0)
     _known: set[int] = field(init=False, default_factory=set)
     _endpoints: dict[int, str] = field(init=False, default_factory=dict)  # rank -> its data socket
     _ranks: dict[int, tuple[str, float]] = field(init=False, default_factory=dict)  # rank -> (consumer, last heard)
@@ -256,8 +259,11 @@ class Dispatcher:
         for lease in sorted(lost, key=lambda item: item.leased_at, reverse=True):
             del self._leased[lease.unit.unit_id]
             self._requeue(lease.unit)
-        if lost:
+        if lost and reason == STARVED:
+            self._handed_back += len(lost)
+        elif lost:
             self._releases += len(lost)
+        if lost:
             if self.on_release:
                 self.on_release(reason, len(lost))
         return len(lost)
@@ -278,4 +284,4 @@ class Dispatcher:
 
     def stats(self) -> DispatcherStats:
         return DispatcherStats(len(self._pending_ids), len(self._leased) + len(self._received), len(self._done),
-                               len(self._hosts), self._releases)
+                               len(self._hosts), self._releases, self._handed_back)

@@ -22,6 +22,10 @@ class ConsumerMetrics:
                              "Text: share of token slots that are padding, one sequence per row (packing=before) "
                              "and as received (packing=after), over the job so far", ["packing"], registry=r)
         self.bytes_received = Counter("stoker_consumer_bytes_received", "Tensor bytes received", registry=r)
+        self.host_rows = Counter("stoker_consumer_host_rows", "Rows received, by the worker host that made them "
+                                 "(hosts that proved a lease)", ["host"], registry=r)
+        self.host_credit_wait = Counter("stoker_consumer_host_credit_wait_seconds", "Seconds the host's processes "
+                                        "waited for credit before the batches they sent here", ["host"], registry=r)
         self.duplicates = Counter("stoker_consumer_duplicates_dropped",
                                   "Samples dropped because their batch was already delivered", registry=r)
         self.frames_dropped = Counter("stoker_consumer_frames_dropped",

@@ -291,6 +291,8 @@ class Receiver:
             self._batches_of[header.unit_id] = header.batch_index + 1
         self.hosts_delivered.add(peer.host_id)
         self.metrics.bytes_received.inc(tensors.nbytes)
+        self.metrics.host_rows.labels(host=peer.host_id).inc(header.rows or len(sample_ids))
+        self.metrics.host_credit_wait.labels(host=peer.host_id).inc(header.stages.wait_for_credit)
         self.bytes_received += tensors.nbytes
         stages = header.stages
         self.stages.decode += stages.decode

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from accel.bottleneck import Totals
+from accel.bottleneck import Totals, diagnose
 from accel.loader import Loader
 
 
@@ -36,6 +36,7 @@ def train(consumer, on_step: Callable | None = None, procs_per_host: int = 0,
     startup = 0.0
     first = True
     time_boxed = False
+    steady_from = None  # the counters after the first batch: the whole-run diagnosis starts there
     sequences = tokens = 0
     while consumer.position[0] < job.epochs and not time_boxed:
         batches = iter(loader)
@@ -51,6 +52,7 @@ def train(consumer, on_step: Callable | None = None, procs_per_host: int = 0,
                 waited = max(0.0, waited - batch.copy_s)
             if first:
                 startup, first = waited, False
+                steady_from = consumer._totals()
             else:
                 p.stall_s += waited
                 metrics.input_wait.observe(waited)
@@ -82,6 +84,7 @@ def train(consumer, on_step: Callable | None = None, procs_per_host: int = 0,
                 break
     elapsed = time.perf_counter() - started
     steady = max(elapsed - startup, 1e-9)
+    verdict = diagnose(steady_from, consumer._totals()) if steady_from is not None else None
     consumer.settle()
     receiver = consumer._receiver
     stages = receiver.stages
@@ -103,13 +106,15 @@ def train(consumer, on_step: Callable | None = None, procs_per_host: int = 0,
         delivered_samples_per_s=ledger.samples / steady, stall_fraction=p.stall_s / steady, batches=p.batches,
         hosts=len(receiver.hosts_delivered), procs_per_host=procs_per_host, skipped_samples=len(skipped),
         skipped=[asdict(s) for s in skipped], frames_dropped=dict(receiver.dropped),
-        units_released=consumer.dispatcher.stats().releases,
+        units_released=consumer.dispatcher.stats().releases, units_handed_back=consumer.dispatcher.stats().handed_back,
         stage_seconds={**work, "send": stages.send, "wait_for_credit": stages.wait_for_credit,
                        "receive": stages.receive, "copy": p.copy_s, "step": p.step_s, "stall": p.stall_s},
         per_epoch_unique=[ledger.unique_in_epoch(e) for e in range(job.epochs)], dataset=job.dataset,
         rank=consumer.rank, world_size=job.world_size, steps=p.batches,
         rows=p.rows, rows_per_s=p.rows / steady, bytes_received=receiver.bytes_received, time_boxed=time_boxed,
-        decode_on=job.decode_on, **text_fields)
+        decode_on=job.decode_on, **text_fields,
+        **({} if verdict is None else dict(bottleneck=verdict.stage, bottleneck_detail=verdict.detail,
+                                           cores_needed=verdict.cores_needed, cores_in_use=verdict.cores_in_use)))
 
 
 def _decoding(consumer, accelerator):

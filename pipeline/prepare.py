@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from pipeline.shards import MANIFEST_NAME, Manifest, ShardWriter
 from pipeline.stats import image_files
+from pipeline.storage import join, staged
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,14 @@ def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = Prep
     classes = sorted({p.parent.name for p in files})
     label_of = {name: i for i, name in enumerate(classes)}
     random.Random(cfg.seed).shuffle(files)
+    with staged(dst) as folder:
+        manifest, skipped = _write_shards(files, label_of, classes, folder, cfg, src)
+    manifest.uri = join(dst, MANIFEST_NAME)
+    return PrepareResult(manifest, skipped)
+
+
+def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str], dst: Path, cfg: PrepareConfig,
+                  src: str | Path) -> tuple[Manifest, list[dict[str, str]]]:
     writer = ShardWriter(dst, target_bytes=cfg.shard_bytes)
     skipped: list[dict[str, str]] = []
     with mp.get_context("spawn").Pool(cfg.processes or mp.cpu_count()) as pool:
@@ -81,6 +90,5 @@ def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = Prep
     if not shards:
         raise ValueError(f"{src}: none of the {len(files)} files is a decodable JPEG")
     manifest = Manifest(kind="imagenet", classes=classes, shards=shards, skipped=skipped)
-    manifest.save(Path(dst) / MANIFEST_NAME)
-    manifest.uri = str(Path(dst) / MANIFEST_NAME)
-    return PrepareResult(manifest, skipped)
+    manifest.save(dst / MANIFEST_NAME)
+    return manifest, skipped

@@ -1,8 +1,8 @@
 """Arrow IPC image shards (`key, label, jpeg`) and their JSON manifest.
 
 Shards are read memory-mapped: a JPEG handed to the decoder is a view into the mapped file,
-never a copy made by Stoker. Any `pyarrow.fs` URI can hold shards; non-local filesystems are
-read into memory once per shard.
+never a copy made by Stoker. Any `pyarrow.fs` URI can hold shards; a remote shard is fetched
+once per host into a local cache and mapped from there (pipeline.storage).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from pipeline.files import write_atomically
+from pipeline.storage import is_remote, local_copy, read_bytes
 
 IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
 MANIFEST_NAME = "manifest.json"
@@ -65,6 +65,9 @@ class Manifest:
     def shard_uri(self, index: int) -> str:
         return self.relative_uri(self.shards[index].path)
 
+    def open_shard(self, index: int) -> ShardReader:
+        return ShardReader(self.shard_uri(index), self.shards[index].sha256)
+
     def relative_uri(self, name: str) -> str:
         """URI of a file named relative to the manifest's folder."""
         base = self.uri.rsplit("/", 1)[0] if "/" in self.uri else "."
@@ -81,10 +84,8 @@ class Manifest:
         uri = str(uri)
         if not uri.endswith(".json"):
             uri = f"{uri.rstrip('/')}/{MANIFEST_NAME}"
-        fs, path = filesystem(uri)
         try:
-            with fs.open_input_stream(path) as stream:
-                data = json.loads(stream.read())
+            data = json.loads(read_bytes(uri))
         except FileNotFoundError as exc:
             raise ValueError(f"{uri}: no manifest there (make one with `stoker prepare`)") from exc
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -96,12 +97,6 @@ class Manifest:
         data.pop("num_samples", None)
         shards = [ShardInfo(**s) for s in data.pop("shards")]
         return cls(shards=shards, uri=uri, **data)
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in uri:
-        return pafs.FileSystem.from_uri(uri)
-    return pafs.LocalFileSystem(), os.path.abspath(uri)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -170,13 +165,10 @@ class ShardWriter:
 class ShardReader:
     """Random access to one shard's rows without copying the JPEG bytes."""
 
-    def __init__(self, uri: str) -> None:
-        fs, path = filesystem(uri)
-        if isinstance(fs, pafs.LocalFileSystem):
-            source = pa.memory_map(path, "r")
-        else:
-            with fs.open_input_file(path) as f:
-                source = pa.BufferReader(f.read_buffer())
+    def __init__(self, uri: str, sha256: str = "") -> None:
+        """`sha256`: the manifest's, which names a remote shard's cached copy (a replaced shard is fetched anew)."""
+        path = local_copy(uri, sha256) if is_remote(uri) else os.path.abspath(uri)
+        source = pa.memory_map(path, "r")
         self.uri = uri
         reader = pa.ipc.open_file(source)
         if not reader.schema.equals(IMAGE_SCHEMA):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 KEY_BYTES = 32
 TOKEN_BYTES = 16
+STARVED = "starved"  # a Release's reason when a process gives a unit back because no credit came (nothing lost)
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,13 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_consumer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--accel", choices=("null", "simulated", "torch"), default="null")
+    p.add_argument("--accel", choices=("null", "simulated", "torch"),
+                   help="what the consumer steps with (train: null; run: simulated, --profile a100 at --scale 0.1; "
+                        "null: the data path's ceiling)")
     p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
     p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
-    p.add_argument("--scale", type=SECONDS, default=1.0, help="shrink a --profile rate (e.g. 0.01)")
+    p.add_argument("--scale", type=float_in(0.0, 1.0),
+                   help="shrink a --profile rate (default 1; run: 0.1 for images, 1 for text)")
     p.add_argument("--convert", action="store_true",
                    help="--accel simulated: also convert each batch on the host as a real device feed would")
     p.add_argument("--model", choices=("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large"),
@@ -264,13 +267,22 @@ def _world_size(args: argparse.Namespace) -> int:
     return ranks_from_env(getattr(args, "rank", None), args.world_size, None)[1]
 
 
+# `stoker run`'s device: an A100, at a tenth for images (250 img/s) and whole for text (210 seq/s)
+RUN_PROFILE, RUN_SCALE = "a100", {"imagenet": 0.1, "wikipedia": 1.0}
+
+
 def _accel_spec(args: argparse.Namespace):
     from accel.accelerators import AccelSpec
 
     if args.accel == "torch":  # the loss every few steps is what a person training wants to see
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
     lr = args.lr if args.lr is not None else (1e-4 if args.model.startswith("bert") else 0.1)
-    return AccelSpec(kind=args.accel, rate=args.rate, profile=args.profile, scale=args.scale, convert=args.convert,
+    kind, profile, scale = args.accel, args.profile, args.scale
+    if kind is None and args.command == "run" and args.rate is None:  # a device that computes: the default job
+        kind, profile = "simulated", profile or RUN_PROFILE
+        scale = scale if scale is not None else RUN_SCALE[_dataset(args, args.data)]
+    kind = kind or ("simulated" if args.rate or profile else "null")
+    return AccelSpec(kind=kind, rate=args.rate, profile=profile, scale=scale or 1.0, convert=args.convert,
                      model=args.model, optimizer=args.optimizer or "", precision=args.precision,
                      device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
 
@@ -400,7 +412,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         resume = checkpoint.load(args.resume)
     consumer = Consumer(cfg, job, NullAccelerator(), resume=resume, rank=rank,
                         world_size=world_size if cfg.dispatcher and args.world_size else None)
-    consumer.accelerator = make_accelerator(_accel_spec(args), consumer.job.dataset, len(consumer.manifest.classes),
+    spec = _accel_spec(args)
+    consumer.accelerator = make_accelerator(spec, consumer.job.dataset, len(consumer.manifest.classes),
                                             consumer.manifest.vocab_size, consumer.job.text.seq_len)
     if args.resume and checkpoint.load_model(consumer.accelerator, args.resume):
         print(f"stoker train: model and optimizer restored from {checkpoint.model_path(args.resume)}")
@@ -426,33 +439,34 @@ def _cmd_train(args: argparse.Namespace) -> int:
             checkpoint.save_all(consumer, args.checkpoint)
     finally:
         consumer.stop()
-    print_summary(summary, args.json)
+    print_summary(summary, args.json, spec)
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from stoker.embedded import RunConfig, print_summary, run_embedded
 
+    spec = _accel_spec(args)
     cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
-                    procs=args.procs, accel=_accel_spec(args), consumer=_consumer_config(args),
+                    procs=args.procs, accel=spec, consumer=_consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
-                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args)))
+                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)))
     summaries = run_embedded(_job_args(args), cfg)
-    print_summary(summaries, args.json)
+    print_summary(summaries, args.json, cfg.accel)
     return 0
 
 
-def _rank_argv(args: argparse.Namespace) -> list[str]:
-    """The options of `stoker run` that the other ranks' `stoker train` need: how they step."""
-    argv = ["--accel", args.accel, "--model", args.model, "--device", args.device, "--width", str(args.width),
-            "--label-smoothing", str(args.label_smoothing), "--precision", args.precision, "--scale", str(args.scale),
-            "--decode-threads", str(args.decode_threads), "--sender-timeout", str(args.sender_timeout),
-            "--host-timeout", str(args.host_timeout)]
-    for flag, value in (("--rate", args.rate), ("--profile", args.profile), ("--lr", args.lr),
-                        ("--optimizer", args.optimizer)):
-        if value is not None:
+def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
+    """The options of `stoker run` that the other ranks' `stoker train` need: how they step (`spec`, the
+    device rank 0 resolved, defaults included)."""
+    argv = ["--accel", spec.kind, "--model", spec.model, "--device", spec.device, "--width", str(spec.width),
+            "--label-smoothing", str(spec.label_smoothing), "--precision", spec.precision, "--scale", str(spec.scale),
+            "--lr", str(spec.lr), "--decode-threads", str(args.decode_threads),
+            "--sender-timeout", str(args.sender_timeout), "--host-timeout", str(args.host_timeout)]
+    for flag, value in (("--rate", spec.rate), ("--profile", spec.profile), ("--optimizer", spec.optimizer)):
+        if value:
             argv += [flag, str(value)]
-    argv += ["--convert"] if args.convert else []
+    argv += ["--convert"] if spec.convert else []
     argv += ["--no-overlap"] if args.no_overlap else []
     return argv
 

@@ -65,6 +65,9 @@ def add_parsers(sub) -> None:
     status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics")
     status.add_argument("--metrics", default="http://127.0.0.1:9560/metrics", help="the consumer's /metrics URL")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
+    status.add_argument("--interval", type=float_in(0.1), default=1.0, help="--watch: seconds between refreshes")
+    status.add_argument("--count", type=POSITIVE, help="--watch: stop after this many refreshes")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -142,8 +145,40 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from accel.bottleneck import read_status
 
-    status = read_status(args.metrics)
-    print(json.dumps(status, indent=1) if args.json else status["text"])
+    if not args.watch:
+        status = read_status(args.metrics)
+        print(json.dumps(status, indent=1) if args.json else status["text"])
+        return 0
+    return _watch(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """Redraw the job's figures in place (or, with --json or off a terminal, one frame after another)."""
+    import sys
+    import time
+
+    from accel.bottleneck import read_status, watch_frame
+
+    redraw = sys.stdout.isatty() and not args.json
+    old, at, shown = None, time.monotonic(), 0
+    while args.count is None or shown < args.count:
+        try:
+            new = read_status(args.metrics)
+        except OSError:
+            if old is None:
+                raise
+            print(f"{args.metrics} stopped answering: the job has ended")
+            return 0
+        now = time.monotonic()
+        if args.json:
+            print(json.dumps({k: v for k, v in new.items() if k != "text"}), flush=True)
+        else:
+            frame = watch_frame(old, new, now - at)
+            print(("\033[H\033[2J" if redraw else "") + f"{time.strftime('%H:%M:%S')}  {args.metrics}\n{frame}\n",
+                  flush=True)
+        old, at, shown = new, now, shown + 1
+        if args.count is None or shown < args.count:
+            time.sleep(args.interval)
     return 0
 
 

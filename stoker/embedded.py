@@ -186,6 +186,10 @@ def job_totals(ranks: list[dict]) -> dict:
     total["elapsed_s"] = max(r["elapsed_s"] for r in ranks)
     total["skipped"] = [s for r in ranks for s in r["skipped"]]
     total["hosts"] = max(r["hosts"] for r in ranks)
+    total["cores_needed"] = sum(r["cores_needed"] for r in ranks)  # each rank's device wants its own supply
+    total["cores_in_use"] = sum(r["cores_in_use"] for r in ranks)
+    worst = max(ranks, key=lambda r: r["stall_fraction"])
+    total["bottleneck"], total["bottleneck_detail"] = worst["bottleneck"], worst["bottleneck_detail"]
     total["rank"] = None
     total["ranks"] = ranks
     return total
@@ -205,7 +209,24 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
             proc.kill()
 
 
-def print_summary(summaries: Summary | list[dict], json_path: str | None) -> None:
+def feeding(data: dict, accel: AccelSpec | None) -> dict | None:
+    """How many host cores the run's device needed, and for a profile what a full-size system of
+    that kind would need (the per-core rate is this machine's). None for the null device, which
+    never computes: its stall is the data path's ceiling, not a device's need."""
+    if accel is None or accel.kind == "null" or data.get("bottleneck", "unknown") == "unknown":
+        return None
+    found = {"device": accel.kind, "rows_per_s": data["rows_per_s"], "cores_needed": data["cores_needed"],
+             "cores_in_use": data["cores_in_use"]}
+    if accel.kind == "simulated" and accel.profile:
+        from accel.profiles import profile_rate
+
+        found |= {"system": accel.profile, "scale": accel.scale,
+                  "system_rate": profile_rate(accel.profile, data["dataset"]),
+                  "cores_per_system": data["cores_needed"] / accel.scale}
+    return found
+
+
+def print_summary(summaries: Summary | list[dict], json_path: str | None, accel: AccelSpec | None = None) -> None:
     """The closing lines (one per rank, then the job's, when there are several) and the JSON."""
     ranks = [summaries.as_dict()] if isinstance(summaries, Summary) else summaries
     if len(ranks) > 1:
@@ -221,13 +242,28 @@ def print_summary(summaries: Summary | list[dict], json_path: str | None) -> Non
           f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s, "
           f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
     print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
-          f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased: {s.units_released}")
+          f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased after a loss: {s.units_released}"
+          + (f" (handed back while waiting for credit, nothing lost: {s.units_handed_back})"
+             if s.units_handed_back else ""))
     if s.tokens is not None:
         print(f"text: {s.sequences} sequences in {s.rows} rows, {s.sequences_per_s:.0f} sequences/s, "
               f"{s.tokens_per_s:.0f} tokens/s; padding {100 * s.padding_fraction:.1f}% as sent, "
               f"{100 * s.padding_fraction_before_packing:.1f}% with one sequence per row")
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
     print(f"stage seconds: {stages}")
+    fed = data["feeding"] = feeding(data, accel)
+    unit = "sequences" if s.dataset == "wikipedia" else "images"
+    if accel is not None and accel.kind == "null":
+        print("device: null (it never computes, so the stall is the data path's ceiling, not what a device "
+              "needs; `stoker run`'s default feeds a simulated A100 at 1/10 scale)")
+    elif fed is not None:
+        print(f"bottleneck: {s.bottleneck} ({s.bottleneck_detail})")
+        line = (f"host cores to feed it: {fed['cores_needed']:.2f} worker processes at their CPU share here "
+                f"keep this device fed ({fed['cores_in_use']:.2f} were busy, on average)")
+        if "system" in fed:
+            line += (f"; a full-size {fed['system']} ({fed['system_rate']:,.0f} {unit}/s, run here at "
+                     f"{fed['scale']:g} scale) needs about {fed['cores_per_system']:.1f} such cores")
+        print(line)
     if json_path:
         Path(json_path).write_text(json.dumps(data, indent=1))
         print(f"summary written to {json_path}")

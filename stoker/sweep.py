@@ -232,6 +232,9 @@ def _per_system(point: Point) -> str:
 
 def plot(points: list[Point], path: Path) -> None:
     """Delivered rate and stall fraction against host cores per accelerator, the knee marked."""
+    from accel.accelerators import require
+
+    require("matplotlib", "stoker sweep's plot")
     import matplotlib
 
     matplotlib.use("Agg")

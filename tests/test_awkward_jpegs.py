@@ -42,7 +42,7 @@ def awkward(tmp_path_factory):
 def test_every_awkward_image_is_delivered_every_epoch(awkward, tmp_path, decode_on, transform):
     out = tmp_path / "summary.json"
     result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", awkward.uri, "--epochs", str(EPOCHS),
-                             "--batch-size", "16", "--image-size", "64", "--decode-on", decode_on,
+                             "--batch-size", "16", "--image-size", "64", "--decode-on", decode_on, "--accel", "null",
                              "--transform", transform, "--no-progress", "--json", str(out),
                              "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
                              "--metrics-port", "-1", "--worker-metrics-port", "-1"],

@@ -14,7 +14,7 @@ from accel.accelerators import SimulatedAccelerator
 from accel.bottleneck import Totals, diagnose
 from stoker.lab import cluster
 from stoker.lab.system import can_use_namespaces
-from tests.helpers import consumer_for
+from tests.helpers import consumer_for, wait_for
 
 
 def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,
@@ -96,6 +96,24 @@ def test_status_names_compute_when_the_device_is_slow(manifest, run_job):
     assert status["stage"] == "compute", status["text"]
     assert status["stall_fraction"] < 0.05
     assert status["cores_needed"] < status["cores_in_use"] + 1
+
+
+def test_status_watch_shows_the_rate_and_each_host_while_the_job_runs(manifest, run_job):
+    consumer = consumer_for(manifest.uri, epochs=8, accel=SimulatedAccelerator(200), image_size=64)
+    job = run_job(consumer, hosts=2)
+    assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
+    url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
+    out = subprocess.run([sys.executable, "-m", "stoker", "status", "--watch", "--interval", "1", "--count", "3",
+                          "--metrics", url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    frames = [f for f in out.stdout.split("\n\n") if f.strip()]
+    assert len(frames) == 3  # not a terminal: frames one after another, no screen clearing
+    last = frames[-1].splitlines()
+    rate = float(last[1].split()[1].replace(",", ""))
+    assert 100 < rate < 300, frames[-1]  # the device takes 200 rows/s
+    hosts = {line.split()[0]: float(line.split()[1].replace(",", "")) for line in last[3:]}
+    assert set(hosts) == {"host0", "host1"} and sum(hosts.values()) > 0, frames[-1]
+    job.finish()
 
 
 @pytest.mark.skipif(can_use_namespaces() is not None, reason=f"needs network namespaces: {can_use_namespaces()}")

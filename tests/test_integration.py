@@ -218,6 +218,22 @@ def test_stoker_run_cli_writes_the_summary(manifest, tmp_path):
     assert summary["samples"] == summary["unique_samples"] == 2 * manifest.num_samples
     assert summary["duplicates_dropped"] == 0 and summary["hosts"] == 2
     assert np.isfinite(summary["delivered_samples_per_s"]) and summary["delivered_samples_per_s"] > 0
+    # the default device computes: an A100 at a tenth (250 img/s), which two worker processes here outrun
+    fed = summary["feeding"]
+    assert (fed["device"], fed["system"], fed["scale"], fed["system_rate"]) == ("simulated", "a100", 0.1, 2500)
+    assert 200 < summary["rows_per_s"] <= 260 and summary["bottleneck"] == "compute"
+    assert 0 < fed["cores_needed"] < 2 and fed["cores_per_system"] == pytest.approx(fed["cores_needed"] / 0.1)
+    lines = result.stdout.strip().splitlines()
+    assert lines[-3].startswith("bottleneck: compute") and "a full-size a100" in lines[-2]
+
+
+def test_stoker_run_on_the_null_device_says_its_stall_is_the_ceiling(manifest):
+    result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--accel", "null",
+                             "--no-progress", "--data-bind", "tcp://127.0.0.1:0", "--control-bind",
+                             "tcp://127.0.0.1:0", "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "device: null (it never computes" in result.stdout and "a full-size" not in result.stdout
 
 
 def _rss_mb(pid: int) -> float:

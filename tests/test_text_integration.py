@@ -84,7 +84,8 @@ def test_a_job_that_does_not_fit_its_shards_fails_at_start(wiki_manifest, manife
 def test_stoker_run_wikipedia_writes_padding_and_tokens_per_second(wiki_manifest, tmp_path):
     out = tmp_path / "summary.json"
     result = subprocess.run([sys.executable, "-m", "stoker", "run", "--dataset", "wikipedia", "--data",
-                             wiki_manifest.uri, "--seq-len", "512", "--pack", "--json", str(out), "--no-progress",
+                             wiki_manifest.uri, "--seq-len", "512", "--pack", "--accel", "null", "--json", str(out),
+                             "--no-progress",
                              "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
                              "--metrics-port", "0", "--worker-metrics-port", "-1"],
                             capture_output=True, text=True, timeout=180)

@@ -178,7 +178,7 @@ class WorkerDaemon:
                 break
             for child in children:
                 self._reap(child, job, finished_at is not None)
-            if time.monotonic() >= next_beat:
+            if finished_at is None and time.monotonic() >= next_beat:  # once finished, nobody listens any more
                 answer = self._heartbeat(children)
                 next_beat = time.monotonic() + job.heartbeat_s
                 if answer is not None:

@@ -23,6 +23,7 @@ from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
 from protos.framing import encode_tensors
+from protos.leases import STARVED
 from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
@@ -117,7 +118,7 @@ def run_process(spec: ProcessSpec) -> int:
                         # unit comes back, this process goes on with it where it was.
                         control.request(pb.ControlRequest(release=pb.Release(
                             host_id=spec.host_id, worker_ids=[spec.worker_id], unit_ids=[unit.unit_id],
-                            reason="starved")), should_stop=stop)
+                            reason=STARVED)), should_stop=stop)
                         carried = (unit.unit_id, batches, pending)
                         break
                     if stop():

@@ -70,7 +70,7 @@ class ImageSource:
     def _reader(self, shard: int) -> ShardReader | str:
         if shard not in self.readers:
             try:
-                self.readers[shard] = ShardReader(self.manifest.shard_uri(shard))
+                self.readers[shard] = self.manifest.open_shard(shard)
             except (OSError, ValueError) as exc:
                 log.error("shard %s is unusable: %s", self.manifest.shard_uri(shard), exc)
                 self.readers[shard] = f"unreadable shard: {exc}"

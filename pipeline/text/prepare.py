@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
+from pipeline.storage import join, staged
 from pipeline.text.docs import write_doc_shard
 from pipeline.text.sentences import split_sentences
 from pipeline.text.vocab import Vocab
@@ -108,8 +109,14 @@ def prepare_wikipedia(src: str | Path, dst: str | Path, vocab_path: str | Path,
         raise ValueError(f"{src}: none of the {len(documents)} documents has any text")
     order = list(range(len(docs)))
     random.Random(cfg.seed).shuffle(order)
-    out = Path(dst)
-    out.mkdir(parents=True, exist_ok=True)
+    with staged(dst) as out:
+        manifest = _write_shards(out, keys, docs, order, vocab_path, vocab, skipped, cfg)
+    manifest.uri = join(dst, MANIFEST_NAME)
+    return TextPrepareResult(manifest, skipped, sentences_total, tokens_total)
+
+
+def _write_shards(out: Path, keys: list[str], docs: list, order: list[int], vocab_path: str | Path, vocab,
+                  skipped: list[dict[str, str]], cfg: TextPrepareConfig) -> Manifest:
     shards: list[ShardInfo] = []
     for first in range(0, len(order), cfg.docs_per_shard):
         rows = order[first: first + cfg.docs_per_shard]
@@ -120,5 +127,4 @@ def prepare_wikipedia(src: str | Path, dst: str | Path, vocab_path: str | Path,
     manifest = Manifest(kind=TEXT_KIND, classes=[], shards=shards, skipped=skipped, vocab="vocab.txt",
                         vocab_size=vocab.size, vocab_sha256=vocab.sha256)
     manifest.save(out / MANIFEST_NAME)
-    manifest.uri = str(out / MANIFEST_NAME)
-    return TextPrepareResult(manifest, skipped, sentences_total, tokens_total)
+    return manifest

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.fs as pafs
+
+from pipeline.storage import read_bytes
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -92,14 +93,9 @@ class Vocab:
     def load(cls, uri: str | Path) -> Vocab:
         """From a local path or any pyarrow.fs URI."""
         uri = str(uri)
-        if "://" in uri:
-            fs, path = pafs.FileSystem.from_uri(uri)
-        else:
-            fs, path = pafs.LocalFileSystem(), str(Path(uri).resolve())
         try:
-            with fs.open_input_stream(path) as stream:
-                data = stream.read()
-        except (OSError, FileNotFoundError) as exc:
+            data = read_bytes(uri)
+        except OSError as exc:
             raise VocabError(f"{uri}: cannot read the vocabulary ({exc})") from exc
         return cls.parse(data, uri)
 
