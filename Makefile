@@ -7,11 +7,11 @@ APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev prometheus systemd
 # pillow-simd compiles from source: build it for AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup run test lint bench protos clean
+.PHONY: setup run test lint bench protos lock clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml requirements.lock Makefile
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $$missing"; \
@@ -20,7 +20,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	CC="$(SIMD_CC)" $(BIN)/pip install -q -e '.[accel,dev]'
+	# every dependency at the version and hash requirements.lock gives (make lock rewrites it), then Stoker
+	CC="$(SIMD_CC)" $(BIN)/pip install -q --require-hashes -r requirements.lock
+	CC="$(SIMD_CC)" $(BIN)/pip install -q --no-deps -e .
 	# pillow and pillow-simd both install the module PIL and the last one installed wins:
 	# if anything pulled in stock pillow, remove it and put pillow-simd back on top.
 	if $(BIN)/pip show -q pillow >/dev/null 2>&1; then \
@@ -44,6 +46,11 @@ bench: setup
 
 protos: setup
 	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. stoker.proto
+
+lock: setup
+	$(BIN)/pip-compile -q --generate-hashes --extra accel --extra dev --allow-unsafe --strip-extras --no-emit-index-url \
+	  --no-emit-find-links \
+	  -o requirements.lock pyproject.toml
 
 clean:
 	rm -rf $(VENV) *.egg-info run-summary.json
