@@ -25,10 +25,13 @@ def main() -> None:
     manifest = Manifest.load(args.manifest)
     plan = EpochPlan(manifest, args.batch_size * args.unit_batches, 1, args.seed)
     readers: dict[int, ShardReader] = {}
+
+    def reader_of(shard: int) -> ShardReader:
+        return readers.setdefault(shard, manifest.open_shard(shard))
+
     images, started = 0, None
     for unit in plan.units(0):
-        reader = readers.setdefault(unit.shard_index, ShardReader(manifest.shard_uri(unit.shard_index)))
-        for batch in unit_batches(reader, unit, DecodeOnHost(TrainTransform()), args.batch_size, args.seed):
+        for batch in unit_batches(reader_of, unit, DecodeOnHost(TrainTransform()), args.batch_size, args.seed):
             if started is None:
                 started = time.perf_counter()  # after the first batch: warm-up
                 continue

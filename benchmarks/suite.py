@@ -41,7 +41,7 @@ from pipeline.augment import TrainTransform, crop_window
 from pipeline.plan import EpochPlan
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest
-from pipeline.text.batching import TextUnitSource
+from pipeline.text.batching import TextUnitSource, unit_sequences
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
@@ -131,20 +131,17 @@ def write_sequences(manifest: Manifest, seq_len: int) -> Path:
     vocab = Vocab.load(manifest.relative_uri(manifest.vocab))
     cfg = TextConfig(seq_len=seq_len)
     tokens, types, offsets = [], [], [0]
-    for shard in range(len(manifest.shards)):
-        source = TextUnitSource(read_doc_shard(manifest.shard_uri(shard), manifest.shards[shard], vocab.size), cfg,
-                                Specials.of(vocab), 0)
-        for unit in EpochPlan(manifest, 256, 1, 0).units(0):
-            if unit.shard_index != shard:
-                continue
-            for seq in source.sequences(unit)[0]:
-                ids = seq.tokens.copy()
-                ids[seq.masked_positions] = seq.masked_ids
-                tokens.append(ids)
-                kinds = np.zeros(ids.size, np.int32)
-                kinds[seq.len_a + 2:] = 1
-                types.append(kinds)
-                offsets.append(offsets[-1] + ids.size)
+    sources = [TextUnitSource(read_doc_shard(manifest.shard_uri(i), manifest.shards[i], vocab.size), cfg,
+                              Specials.of(vocab), 0) for i in range(len(manifest.shards))]
+    for unit in EpochPlan(manifest, 256, 1, 0).units(0):
+        for seq in unit_sequences(sources.__getitem__, unit, 0)[0]:
+            ids = seq.tokens.copy()
+            ids[seq.masked_positions] = seq.masked_ids
+            tokens.append(ids)
+            kinds = np.zeros(ids.size, np.int32)
+            kinds[seq.len_a + 2:] = 1
+            types.append(kinds)
+            offsets.append(offsets[-1] + ids.size)
     path = WORK / f"sequences-{seq_len}.npz"
     np.savez(path, tokens=np.concatenate(tokens), token_types=np.concatenate(types), offsets=np.array(offsets))
     return path

@@ -26,7 +26,7 @@ from benchmarks.common import run_with_worker
 from benchmarks.report import write_results
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
-from pipeline.text.batching import TextUnitSource
+from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
@@ -57,7 +57,7 @@ def in_process(manifest: Manifest, cfg: TextConfig) -> dict:
     sequences = real = slots = unpacked = 0
     started = time.perf_counter()
     for unit in units:
-        for batch in sources[unit.shard_index].batches(unit, BATCH):
+        for batch in unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH):
             sequences += batch.sequences
             real += batch.real_tokens
             slots += batch.token_slots

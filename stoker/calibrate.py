@@ -18,7 +18,7 @@ from pipeline.augment import TrainTransform
 from pipeline.batching import DecodeOnHost, unit_batches
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardReader
-from pipeline.text.batching import TextUnitSource
+from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
@@ -53,10 +53,12 @@ def imagenet_rate(manifest: Manifest, seconds: float) -> float:
     readers: dict[int, ShardReader] = {}
     work = DecodeOnHost(TrainTransform(size=224))
 
+    def reader_of(shard: int) -> ShardReader:
+        return readers.setdefault(shard, manifest.open_shard(shard))
+
     def batches():
         for unit in _epochs(manifest, BATCH * 4):
-            reader = readers.setdefault(unit.shard_index, ShardReader(manifest.shard_uri(unit.shard_index)))
-            yield from unit_batches(reader, unit, work, BATCH, 0)
+            yield from unit_batches(reader_of, unit, work, BATCH, 0)
 
     return _timed(batches(), seconds, lambda b: len(b.sample_ids))
 
@@ -70,7 +72,7 @@ def wikipedia_rate(manifest: Manifest, seconds: float, seq_len: int = 512) -> fl
 
     def batches():
         for unit in _epochs(manifest, 256):
-            yield from sources[unit.shard_index].batches(unit, BATCH)
+            yield from unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH)
 
     return _timed(batches(), seconds, lambda b: b.sequences)
 

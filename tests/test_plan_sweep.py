@@ -106,3 +106,13 @@ def test_one_real_sweep_point_on_the_lab(manifest, tmp_path, monkeypatch):
     assert 0 < point.cores_used <= (0.6 if os.geteuid() == 0 else 1.2)  # as root a quota holds it to half a core
     assert point.stage_seconds["decode"] > 0
     assert not Path(tmp_path / "lab" / "state.json").exists()  # the lab is down again
+
+
+def test_calibrate_measures_both_datasets_on_units_that_span_shards(manifest, wiki_manifest, tmp_path):
+    """`stoker calibrate` walks the plan's units, which may join two shards: both rates come out."""
+    from stoker.calibrate import calibrate
+
+    out = tmp_path / "calibration.json"
+    result = calibrate(manifest.uri, wiki_manifest.uri, seconds=0.5, out=out)
+    assert result["imagenet"]["per_core_rate"] > 0 and result["wikipedia"]["per_core_rate"] > 0
+    assert json.loads(out.read_text())["imagenet"]["unit"] == "images/s"
