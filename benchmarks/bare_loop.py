@@ -27,7 +27,9 @@ def main() -> None:
     readers: dict[int, ShardReader] = {}
 
     def reader_of(shard: int) -> ShardReader:
-        return readers.setdefault(shard, manifest.open_shard(shard))
+        if shard not in readers:
+            readers[shard] = manifest.open_shard(shard)
+        return readers[shard]
 
     images, started = 0, None
     for unit in plan.units(0):

@@ -54,7 +54,9 @@ def imagenet_rate(manifest: Manifest, seconds: float) -> float:
     work = DecodeOnHost(TrainTransform(size=224))
 
     def reader_of(shard: int) -> ShardReader:
-        return readers.setdefault(shard, manifest.open_shard(shard))
+        if shard not in readers:
+            readers[shard] = manifest.open_shard(shard)
+        return readers[shard]
 
     def batches():
         for unit in _epochs(manifest, BATCH * 4):

@@ -13,7 +13,13 @@ from pipeline.shards import Manifest, ShardInfo, ShardReader
 
 def _readers(manifest):
     readers = {}
-    return lambda shard: readers.setdefault(shard, ShardReader(manifest.shard_uri(shard)))
+
+    def reader_of(shard):
+        if shard not in readers:
+            readers[shard] = ShardReader(manifest.shard_uri(shard))
+        return readers[shard]
+
+    return reader_of
 
 
 def test_each_epoch_covers_every_sample_once_in_a_new_order(manifest):
