@@ -13,7 +13,6 @@ Medians of 3 go to benchmarks/results/ingest.{json,md}. Target: (b) >= 0.8 x (a)
 
 from __future__ import annotations
 
-import importlib.metadata
 import multiprocessing as mp
 import os
 import platform
@@ -28,7 +27,7 @@ import numpy as np
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.report import write_results
+from benchmarks.report import versions, write_results
 from stoker.datasets import default_imagenet
 
 BATCH, SIZE = 64, 224
@@ -209,8 +208,7 @@ def main(repeats: int = 3) -> dict:
     medians = {k: statistics.median(v) for k, v in rows.items()}
     result = {"benchmark": "ingest", "when": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "versions": {"pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(), "numpy": np.__version__,
-                           "crc32c": importlib.metadata.version("crc32c")},
+              "versions": versions("crc32c"),
               "frame_bytes": FRAME_BYTES, "gb_per_s": rows, "medians": medians,
               "ratio": medians["stoker"] / medians["raw"],
               "ratio_checksum": medians["stoker_checksum"] / medians["raw"]}

@@ -17,13 +17,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 
 from accel.consumer import ConsumerConfig
 from accel.job import JobConfig
 from accel.loader import Loader
-from benchmarks.report import write_results
+from benchmarks.report import versions, write_results
 from stoker.datasets import default_imagenet
 
 STEP_S = 0.080
@@ -87,7 +86,7 @@ def main(repeats: int = 3) -> dict:
         print(f"round {i + 1}: in memory {memory[-1]:.2f} steps/s, loader {loader[-1]:.2f} steps/s", flush=True)
     result = {"benchmark": "loader", "when": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "versions": _versions(), "step_s": STEP_S, "batch": BATCH, "steps": STEPS,
+              "versions": versions("torch"), "step_s": STEP_S, "batch": BATCH, "steps": STEPS,
               "in_memory_steps_per_s": memory, "loader_steps_per_s": loader,
               "in_memory_median": statistics.median(memory), "loader_median": statistics.median(loader),
               "ratio": statistics.median(loader) / statistics.median(memory)}
@@ -99,14 +98,6 @@ def main(repeats: int = 3) -> dict:
     write_results("loader", result, table)
     print(table)
     return result
-
-
-def _versions() -> dict:
-    import pyarrow
-    import zmq
-
-    return {"torch": torch.__version__, "numpy": np.__version__, "pyzmq": zmq.__version__,
-            "libzmq": zmq.zmq_version(), "pyarrow": pyarrow.__version__}
 
 
 if __name__ == "__main__":

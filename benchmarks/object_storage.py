@@ -20,13 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow
-
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
-from benchmarks.report import write_results
+from benchmarks.report import versions, write_results
 from pipeline.storage import upload_folder
 from stoker.datasets import default_imagenet
 
@@ -90,7 +88,7 @@ def main(repeats: int = 3) -> dict:
     medians = {k: statistics.median(v) for k, v in rows.items()}
     result = {"benchmark": "object_storage", "when": time.strftime("%Y-%m-%d %H:%M:%S"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "versions": {"pyarrow": pyarrow.__version__}, "images_per_s": rows, "medians": medians}
+              "versions": versions("moto"), "images_per_s": rows, "medians": medians}
     table = ("| one worker process on core 0, null consumer, one epoch of 2,000 images | images/s, median of "
              f"{repeats} | vs local |\n|---|---|---|\n"
              f"| (a) local shards (memory-mapped) | {medians['local']:.0f} | 1.00 |\n"

@@ -31,7 +31,7 @@ from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from accel.torch_accel import TorchAccelerator
 from benchmarks.common import run_with_worker
-from benchmarks.report import write_results
+from benchmarks.report import versions, write_results
 from pipeline.augment import TrainTransform, decode_augment
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest, ShardReader
@@ -124,6 +124,7 @@ def main(repeats: int = 3) -> dict:
          "serial": statistics.median(serial)}
     result = {"benchmark": "overlap", "when": time.strftime("%Y-%m-%d %H:%M"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+              "versions": versions("torch"),
               "model": replace(SPEC).model, "image_size": SIZE, "batch": BATCH, "repeats": repeats,
               "steps_per_s": {"in_memory": memory, "overlap": over, "serial": serial}, "medians": m,
               "stall_fraction": {"overlap": statistics.median(stall_over), "serial": statistics.median(stall_serial)},

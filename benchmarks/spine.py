@@ -22,7 +22,7 @@ from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
-from benchmarks.report import write_results
+from benchmarks.report import versions, write_results
 from pipeline.shards import Manifest
 from stoker.datasets import default_imagenet
 
@@ -59,6 +59,7 @@ def main(repeats: int = 3) -> dict:
         "benchmark": "spine",
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "versions": versions("pillow-simd"),
         "images": Manifest.load(manifest).num_samples,
         "repeats": repeats,
         "bare_loop_images_per_s": bare,

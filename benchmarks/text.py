@@ -23,7 +23,7 @@ from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
-from benchmarks.report import write_results
+from benchmarks.report import versions, write_results
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource, unit_text_batches
@@ -104,6 +104,7 @@ def main(repeats: int = 3) -> dict:
         "benchmark": "text",
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "versions": versions("tokenizers"),
         "documents": manifest.num_samples, "unit_documents": UNIT_DOCS, "batch_rows": BATCH, "repeats": repeats,
         "configs": {name: asdict(cfg) for name, cfg in CONFIGS.items()},
         "in_process": rows, "service": service,
