@@ -85,6 +85,14 @@ def ranks_from_env(rank: int | None, world_size: int | None, local_rank: int | N
     return rank_, world, local
 
 
+def with_rank_zero_dispatcher(cfg: ConsumerConfig, rank: int) -> ConsumerConfig:
+    """A rank other than 0 with no dispatcher named attaches to rank 0's: its control port at $MASTER_ADDR."""
+    if not rank or cfg.dispatcher:
+        return cfg
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    return replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
+
+
 class Loader:
     def __init__(self, job: JobConfig | None = None, *, config: ConsumerConfig | None = None,
                  rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
@@ -101,9 +109,7 @@ class Loader:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         self.rank, self.world_size, self.local_rank = ranks_from_env(rank, world_size, local_rank)
         cfg = config or ConsumerConfig(data_bind="tcp://127.0.0.1:0", metrics_port=rank_metrics_port(self.local_rank))
-        if self.rank and not cfg.dispatcher:
-            host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            cfg = replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
+        cfg = with_rank_zero_dispatcher(cfg, self.rank)
         if self.rank and job is not None and not config:
             job = None  # every rank may be handed the job; only rank 0's (or the dispatcher's) counts
         if job is not None and job.world_size != self.world_size:

@@ -1,8 +1,9 @@
-"""What the benchmarks share: one pinned `stoker worker` daemon feeding a consumer in this process."""
+"""What the benchmarks share: one pinned `stoker worker` daemon feeding a consumer in this process, and free ports."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -21,3 +22,10 @@ def run_with_worker(consumer: Consumer, worker_cores: str, procs: int = 1) -> Su
     finally:
         worker.wait(60)
         consumer.stop()
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

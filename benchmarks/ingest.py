@@ -16,7 +16,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.common import free_port
 from benchmarks.report import versions, write_results
 from stoker.datasets import default_imagenet
 
@@ -120,12 +120,6 @@ def _replay_sender(control: str, host: str, seconds: float) -> None:
     ctx.term()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _bytes_received(port: int) -> float:
     """The rank's `stoker_consumer_bytes_received_total`, scraped from its /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
@@ -142,8 +136,8 @@ def stoker_ingest(manifest: str, ranks: int, checksum: bool, senders: int = SEND
     Every rank is a `stoker train` process (rank 0 runs the dispatcher) pinned to the rank core,
     measured by scraping its /metrics while all of them run, so no rank's start-up or finish
     skews another's window."""
-    control = _free_port()
-    metrics = [_free_port() for _ in range(ranks)]
+    control = free_port()
+    metrics = [free_port() for _ in range(ranks)]
     env = {**os.environ, "STOKER_JOB_SECRET": "ab" * 32}
     common = ["--world-size", str(ranks), "--data-bind", "tcp://127.0.0.1:0", "--no-progress", "--accel", "null",
               "--credit-window", str(WINDOW)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
-from benchmarks.common import run_with_worker
+from benchmarks.common import free_port, run_with_worker
 from benchmarks.report import versions, write_results
 from pipeline.storage import upload_folder
 from stoker.datasets import default_imagenet
@@ -41,9 +40,7 @@ def _epoch(manifest: str) -> float:
 
 
 def _start_server() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(["taskset", "-c", SERVER_CORE, str(Path(sys.executable).with_name("moto_server")),
                                "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from stoker import __version__, cli_experiments
@@ -395,14 +394,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from accel.accelerators import NullAccelerator, make_accelerator
     from accel.consumer import Consumer
     from accel.job import JobConfig
-    from accel.loader import ranks_from_env
+    from accel.loader import ranks_from_env, with_rank_zero_dispatcher
     from stoker.embedded import Progress, print_summary
 
     rank, world_size, _ = ranks_from_env(args.rank, args.world_size, None)
-    cfg = _consumer_config(args)
-    if rank and not cfg.dispatcher:  # rank 0's dispatcher, on its control port at $MASTER_ADDR
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        cfg = replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
+    cfg = with_rank_zero_dispatcher(_consumer_config(args), rank)
     job = None if cfg.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
                                                 **_job_args(args))
     resume = None
