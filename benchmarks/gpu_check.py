@@ -27,7 +27,7 @@ import torch
 
 from accel.accelerators import AccelSpec, make_accelerator
 from accel.consumer import ConsumerConfig
-from benchmarks.report import write_results
+from benchmarks.report import header, write_results
 from stoker.embedded import RunConfig, run_embedded
 
 
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name}: {runs[name]['images_per_s']:.0f} img/s, stall {100 * runs[name]['stall_fraction']:.1f}%",
               flush=True)
     top = runs["ceiling"]["images_per_s"]
-    result = {"benchmark": "gpu_check", "when": time.strftime("%Y-%m-%d %H:%M"), "device": device_name,
-              "cores": os.cpu_count(), "torch": torch.__version__, "config": asdict(cfg), "runs": runs,
+    result = {**header("gpu_check", "torch", "nvidia-dali-cuda130", "pillow-simd"), "device": device_name,
+              "cores": os.cpu_count(), "config": asdict(cfg), "runs": runs,
               "overlap_gain": runs["overlap"]["images_per_s"] / runs["serial"]["images_per_s"],
               "share_of_ceiling": {k: v["images_per_s"] / top for k, v in runs.items()},
               "seconds": time.perf_counter() - started, "dry_run": args.dry_run}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import free_port
-from benchmarks.report import versions, write_results
+from benchmarks.report import header, write_results
 from stoker.datasets import default_imagenet
 
 BATCH, SIZE = 64, 224
@@ -200,9 +199,7 @@ def main(repeats: int = 3) -> dict:
         rows["stoker_2_ranks"].append(stoker_ingest(manifest, 2, checksum=False))
         print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f} GB/s" for k, v in rows.items()), flush=True)
     medians = {k: statistics.median(v) for k, v in rows.items()}
-    result = {"benchmark": "ingest", "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "versions": versions("crc32c"),
+    result = {**header("ingest", "crc32c"),
               "frame_bytes": FRAME_BYTES, "gb_per_s": rows, "medians": medians,
               "ratio": medians["stoker"] / medians["raw"],
               "ratio_checksum": medians["stoker_checksum"] / medians["raw"]}

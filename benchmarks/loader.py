@@ -11,7 +11,6 @@ b >= 0.98 x a.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import torch
 from accel.consumer import ConsumerConfig
 from accel.job import JobConfig
 from accel.loader import Loader
-from benchmarks.report import versions, write_results
+from benchmarks.report import header, write_results
 from stoker.datasets import default_imagenet
 
 STEP_S = 0.080
@@ -84,9 +83,7 @@ def main(repeats: int = 3) -> dict:
         memory.append(in_memory())
         loader.append(fed_by_loader(manifest))
         print(f"round {i + 1}: in memory {memory[-1]:.2f} steps/s, loader {loader[-1]:.2f} steps/s", flush=True)
-    result = {"benchmark": "loader", "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "versions": versions("torch"), "step_s": STEP_S, "batch": BATCH, "steps": STEPS,
+    result = {**header("loader", "torch"), "step_s": STEP_S, "batch": BATCH, "steps": STEPS,
               "in_memory_steps_per_s": memory, "loader_steps_per_s": loader,
               "in_memory_median": statistics.median(memory), "loader_median": statistics.median(loader),
               "ratio": statistics.median(loader) / statistics.median(memory)}

@@ -10,7 +10,6 @@ warm. Runs alternate; medians of 3 go to benchmarks/results/object_storage.{json
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import free_port, run_with_worker
-from benchmarks.report import versions, write_results
+from benchmarks.report import header, write_results
 from pipeline.storage import upload_folder
 from stoker.datasets import default_imagenet
 
@@ -83,9 +82,7 @@ def main(repeats: int = 3) -> dict:
         server.wait(10)
         shutil.rmtree(cache, ignore_errors=True)
     medians = {k: statistics.median(v) for k, v in rows.items()}
-    result = {"benchmark": "object_storage", "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-              "versions": versions("moto"), "images_per_s": rows, "medians": medians}
+    result = {**header("object_storage", "moto"), "images_per_s": rows, "medians": medians}
     table = ("| one worker process on core 0, null consumer, one epoch of 2,000 images | images/s, median of "
              f"{repeats} | vs local |\n|---|---|---|\n"
              f"| (a) local shards (memory-mapped) | {medians['local']:.0f} | 1.00 |\n"

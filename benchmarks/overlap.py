@@ -19,7 +19,6 @@ Target: (b) within 5% of (a).
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from dataclasses import replace
@@ -31,7 +30,7 @@ from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from accel.torch_accel import TorchAccelerator
 from benchmarks.common import run_with_worker
-from benchmarks.report import versions, write_results
+from benchmarks.report import header, write_results
 from pipeline.augment import TrainTransform, decode_augment
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest, ShardReader
@@ -122,9 +121,7 @@ def main(repeats: int = 3) -> dict:
               flush=True)
     m = {"in_memory": statistics.median(memory), "overlap": statistics.median(over),
          "serial": statistics.median(serial)}
-    result = {"benchmark": "overlap", "when": time.strftime("%Y-%m-%d %H:%M"),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-              "versions": versions("torch"),
+    result = {**header("overlap", "torch"),
               "model": replace(SPEC).model, "image_size": SIZE, "batch": BATCH, "repeats": repeats,
               "steps_per_s": {"in_memory": memory, "overlap": over, "serial": serial}, "medians": m,
               "stall_fraction": {"overlap": statistics.median(stall_over), "serial": statistics.median(stall_serial)},

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
-from benchmarks.report import versions, write_results
+from benchmarks.report import header, write_results
 from pipeline.shards import Manifest
 from stoker.datasets import default_imagenet
 
@@ -56,10 +54,7 @@ def main(repeats: int = 3) -> dict:
         stoker.append(run_stoker(manifest))
         print(f"round {i + 1}: bare {bare[-1]:.0f} img/s, stoker {stoker[-1]:.0f} img/s", flush=True)
     result = {
-        "benchmark": "spine",
-        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-        "versions": versions("pillow-simd"),
+        **header("spine", "pillow-simd"),
         "images": Manifest.load(manifest).num_samples,
         "repeats": repeats,
         "bare_loop_images_per_s": bare,

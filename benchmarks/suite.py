@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
+from benchmarks.report import header, write_results
 from pipeline import augment
 from pipeline.augment import TrainTransform, crop_window
 from pipeline.plan import EpochPlan
@@ -49,7 +48,6 @@ from stoker.datasets import default_imagenet, default_wikipedia
 
 ROOT = Path(__file__).parent
 WORK = ROOT / "work"
-RESULTS = ROOT / "results"
 README = ROOT.parent / "README.md"
 PEER_VENV = WORK / "peer-venv"
 PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "nvidia-dali-cuda130", "transformers"]
@@ -247,19 +245,15 @@ def main(repeats: int = 3) -> dict:
     os.sched_setaffinity(0, {0, 1})
     medians = {name: statistics.median(values) for name, values in runs.items()}
     result = {
-        "benchmark": "suite",
-        "when": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        **header("suite", "pillow-simd", "crc32c", "tokenizers"),
         "images": len(files), "repeats": repeats, "runs": runs, "medians": medians, "ratios": _ratios(medians),
         "peer_versions": subprocess.run([peer, "-c", "import torch, torchvision, nvidia.dali, transformers, PIL;"
                                          "print(torch.__version__, torchvision.__version__, nvidia.dali.__version__,"
                                          " transformers.__version__, PIL.__version__)"],
                                         capture_output=True, text=True).stdout.strip(),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "suite.json").write_text(json.dumps(result, indent=1))
     table = markdown(result, field)
-    (RESULTS / "suite.md").write_text(table)
+    write_results("suite", result, table)
     rewrite_readme(table)
     print(table)
     return result

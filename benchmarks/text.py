@@ -7,23 +7,29 @@
 (b) through the service: one `stoker worker` process pinned to core 0 sending to a null
     consumer on core 1, at length 512 packed, 3 epochs, sequences/s after the first batch,
     as a ratio to (a) for the same config.
+(c) sensitivity: (a) at 512 packed again with a busy process pinned to the same core, and with
+    one on the other core. A neighbour on the pinned core halves the figure; each run records
+    how much of its core went elsewhere (`CoreWatch`), so a halved figure explains itself.
 Medians of `repeats` runs; results go to benchmarks/results/text.{json,md}.
 Targets: >= 5,000 sequences/s per core at length 512; packing removes >= 80% of padding.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import platform
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 
 from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.job import JobConfig
 from benchmarks.common import run_with_worker
-from benchmarks.report import versions, write_results
+from benchmarks.report import CoreWatch, header, write_results
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource, unit_text_batches
@@ -55,15 +61,17 @@ def in_process(manifest: Manifest, cfg: TextConfig) -> dict:
                for i in range(len(manifest.shards))]
     units = EpochPlan(manifest, UNIT_DOCS, 1, 0).units(0)
     sequences = real = slots = unpacked = 0
-    started = time.perf_counter()
-    for unit in units:
-        for batch in unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH):
-            sequences += batch.sequences
-            real += batch.real_tokens
-            slots += batch.token_slots
-            unpacked += batch.unpacked_slots
-    elapsed = time.perf_counter() - started
+    with CoreWatch(WORKER_CORE) as core:
+        started = time.perf_counter()
+        for unit in units:
+            for batch in unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH):
+                sequences += batch.sequences
+                real += batch.real_tokens
+                slots += batch.token_slots
+                unpacked += batch.unpacked_slots
+        elapsed = time.perf_counter() - started
     return {"sequences_per_s": sequences / elapsed, "tokens_per_s": real / elapsed, "sequences": sequences,
+            "core": core.as_dict(),
             "padding_unpacked": 1 - real / unpacked, "padding_sent": 1 - real / slots,
             "padding_removed": 1 - (slots - real) / (unpacked - real)}
 
@@ -75,6 +83,32 @@ def through_service(manifest_uri: str, cfg: TextConfig) -> float:
     consumer_docs = Manifest.load(manifest_uri).num_samples
     assert summary.per_epoch_unique == [consumer_docs] * SERVICE_EPOCHS
     return summary.sequences_per_s  # after the first batch: process start-up is not example making
+
+
+@contextlib.contextmanager
+def busy_neighbour(core: int) -> Iterator[None]:
+    """A process spinning on `core` for the duration, as a suite or a build sharing the machine would."""
+    spin = f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def sensitivity(manifest: Manifest, repeats: int) -> dict[str, dict]:
+    cfg = CONFIGS["512 packed (3/row)"]
+    found = {}
+    for where, core in (("a busy process on the same core", WORKER_CORE), ("a busy process on the other core",
+                                                                            CONSUMER_CORE)):
+        with busy_neighbour(core):
+            runs = [in_process(manifest, cfg) for _ in range(repeats)]
+        found[where] = {"sequences_per_s": statistics.median(r["sequences_per_s"] for r in runs),
+                        "others_share": statistics.median(r["core"]["others_share"] for r in runs)}
+        print(f"512 packed (3/row), {where}: {found[where]['sequences_per_s']:.0f} sequences/s", flush=True)
+    return found
 
 
 def main(repeats: int = 3) -> dict:
@@ -89,6 +123,7 @@ def main(repeats: int = 3) -> dict:
         best["sequences_per_s"] = statistics.median(r["sequences_per_s"] for r in runs)
         best["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in runs)
         best["runs_sequences_per_s"] = [r["sequences_per_s"] for r in runs]
+        best["core"] = {key: max(r["core"][key] for r in runs) for key in ("others_share", "steal_share")}
         rows[name] = best
         print(f"{name}: {best['sequences_per_s']:.0f} sequences/s, padding {best['padding_unpacked']:.3f} -> "
               f"{best['padding_sent']:.3f}", flush=True)
@@ -100,14 +135,13 @@ def main(repeats: int = 3) -> dict:
         service = {"config": "512 packed (3/row)", "sequences_per_s": statistics.median(runs), "runs": runs,
                    "ratio_to_in_process": statistics.median(runs) / rows["512 packed (3/row)"]["sequences_per_s"]}
         print(f"through the service: {service['sequences_per_s']:.0f} sequences/s", flush=True)
+        os.sched_setaffinity(0, {WORKER_CORE})
+    neighbours = sensitivity(manifest, repeats) if two_cores else {}
     result = {
-        "benchmark": "text",
-        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-        "versions": versions("tokenizers"),
+        **header("text", "tokenizers"),
         "documents": manifest.num_samples, "unit_documents": UNIT_DOCS, "batch_rows": BATCH, "repeats": repeats,
         "configs": {name: asdict(cfg) for name, cfg in CONFIGS.items()},
-        "in_process": rows, "service": service,
+        "in_process": rows, "service": service, "sensitivity": neighbours,
     }
     table = (f"| one core, {manifest.num_samples} real lead sections, median of {repeats} | sequences/s | tokens/s "
              "| padding, 1 per row | padding, as sent | padding removed |\n|---|---|---|---|---|---|\n")
@@ -118,6 +152,10 @@ def main(repeats: int = 3) -> dict:
     if service:
         table += (f"| 512 packed (3/row) through `stoker worker` -> ZeroMQ -> null consumer | "
                   f"{service['sequences_per_s']:,.0f} ({service['ratio_to_in_process']:.2f}x in-process) | | | | |\n")
+    for where, r in neighbours.items():
+        share = r["sequences_per_s"] / rows["512 packed (3/row)"]["sequences_per_s"]
+        table += (f"| 512 packed (3/row), {where} ({100 * r['others_share']:.0f}% of core {WORKER_CORE} to others) | "
+                  f"{r['sequences_per_s']:,.0f} ({share:.2f}x alone) | | | | |\n")
     write_results("text", result, table)
     print(table)
     return result
