@@ -32,19 +32,17 @@ from accel.accelerators import Accelerator, require
 from accel.aio import pump
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
-from accel.control_server import AccessPolicy, ControlServer, control_router, ticker
-from accel.dispatcher import Dispatcher
-from accel.job import JobConfig, job_from_spec
+from accel.control.dispatcher import Dispatcher
+from accel.control.remote import NotAConsumer, RankRefused, RemoteAcks, attach
+from accel.control.server import AccessPolicy, ControlServer, control_router, ticker
+from accel.job import JobConfig, check_dataset, job_from_spec
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
-from accel.remote_dispatcher import NotAConsumer, RankRefused, RemoteAcks, attach
 from accel.schema import batch_bytes, schema_of
 from accel.steps import EpochDone, Scheduled, StepSchedule
 from accel.stream import StreamOrder
-from accel.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 from pipeline.shards import Manifest
-from pipeline.text.vocab import Vocab
 from protos import job_secret
 from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, ClientKeys, ServerKeys, is_loopback
@@ -52,6 +50,8 @@ from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
 from protos.leases import LeaseSigner
 from protos.sd_notify import Notifier
+from protos.sockets import router
+from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 log = logging.getLogger("stoker.consumer")
 _END = object()
@@ -146,17 +146,6 @@ class Summary:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def check_dataset(job: JobConfig, manifest: Manifest) -> None:
-    """Fail at start-up, with the fix, when the shards do not fit the job."""
-    if job.dataset == "wikipedia":
-        if not manifest.vocab:
-            raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards, not text: "
-                             f"make text shards with `stoker prepare wikipedia`")
-        Vocab.load(manifest.relative_uri(manifest.vocab))  # raises VocabError (a ValueError) if unusable
-    elif manifest.kind != "imagenet":
-        raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards; run with --dataset {manifest.kind}")
 
 
 class Consumer:
@@ -306,17 +295,12 @@ class Consumer:
         authenticator = KeyAuthenticator(ctx, keys) if keys else None
         if authenticator is not None:
             authenticator.start()  # before any bind
-        data = ctx.socket(zmq.ROUTER)
+        data = router(ctx, MAX_FRAME_BYTES + (1 << 20), keys, receive_hwm=10_000)
         control = None
         tasks = []
         try:
-            data.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            data.setsockopt(zmq.LINGER, 0)
             if keys:
-                keys.apply(data)
-                tasks.append(count_handshakes(monitor_handshakes(data), self.metrics, self._stop))
-            data.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + (1 << 20))
-            data.setsockopt(zmq.RCVHWM, 10_000)
+                tasks.append(count_handshakes(monitor_handshakes(data), self.metrics.auth, self._stop))
             self.data_endpoint = advertised(bind(data, self.cfg.data_bind, "data"), self.cfg.advertise_host)
             self._receiver = Receiver(data, self.job.job_id, self.cfg.credit_window, self.ledger, self.queue,
                                       self.metrics, self._unit_done, schema_of(self.job), self.leases, self.order,
@@ -332,7 +316,7 @@ class Consumer:
             else:
                 control = control_router(ctx, keys)
                 if keys:
-                    tasks.append(count_handshakes(monitor_handshakes(control), self.metrics, self._stop))
+                    tasks.append(count_handshakes(monitor_handshakes(control), self.metrics.auth, self._stop))
                 self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
                                                    self.cfg.advertise_host)
                 self.dispatcher.attach_rank(0, self.data_endpoint, self.consumer_id)

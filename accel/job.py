@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from pipeline.augment import DECODERS, REFERENCE_AREA
 from pipeline.plan import EpochPlan, Unit
+from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
+from pipeline.text.vocab import Vocab
 from protos import stoker_pb2 as pb
 
 DATASETS = ("imagenet", "wikipedia")
@@ -92,3 +94,14 @@ def job_from_spec(spec: pb.JobSpec) -> JobConfig:
                      decode_on=spec.decode_on or "host", text=text, checksum=spec.checksum,
                      heartbeat_s=spec.heartbeat_s, job_id=spec.job_id, world_size=spec.world_size or 1,
                      drop_last=spec.drop_last)
+
+
+def check_dataset(job: JobConfig, manifest: Manifest) -> None:
+    """Fail at start-up, with the fix, when the shards do not fit the job."""
+    if job.dataset == "wikipedia":
+        if not manifest.vocab:
+            raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards, not text: "
+                             f"make text shards with `stoker prepare wikipedia`")
+        Vocab.load(manifest.relative_uri(manifest.vocab))  # raises VocabError (a ValueError) if unusable
+    elif manifest.kind != "imagenet":
+        raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards; run with --dataset {manifest.kind}")

@@ -1,15 +1,19 @@
-"""Prometheus metrics of the consumer and the in-process dispatcher (one registry per job)."""
+"""Prometheus metrics of a consumer rank (one registry per rank)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from accel.control.metrics import ControlMetrics
 
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-class ConsumerMetrics:
+class ConsumerMetrics(ControlMetrics):
+    """The consumer's own metrics, beside the control plane's (rank 0 runs the dispatcher in-process)."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        super().__init__(registry)
         r = self.registry
         self.samples = Counter("stoker_consumer_samples", "Rows consumed by training steps (images, or rows of tokens)",
                                registry=r)
@@ -55,26 +59,3 @@ class ConsumerMetrics:
                                      "Sender slots freed: the sender said bye, went silent past the sender timeout, "
                                      "could not be reached, or reconnected under a new routing id",
                                      ["reason"], registry=r)
-        self.units = Gauge("stoker_dispatcher_units", "Work units by state", ["state"], registry=r)
-        self.workers_alive = Gauge("stoker_dispatcher_workers_alive", "Worker hosts with a live heartbeat",
-                                   registry=r)
-        self.ranks_silent = Gauge("stoker_dispatcher_ranks_silent",
-                                  "Consumer ranks not heard from for longer than the host timeout (their streams "
-                                  "stall; the job cannot finish without them)", registry=r)
-        self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
-                                ["reason"], registry=r)
-        self.auth = Counter("stoker_consumer_auth",
-                            "CURVE connections: admitted, refused (key not allow-listed) or failed_handshake "
-                            "(no key, or not this service's server key)", ["result"], registry=r)
-        self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
-                                       "Control messages dropped as malformed or not allowed to the sender's role",
-                                       ["reason"], registry=r)
-
-    def serve(self, port: int, addr: str) -> int:
-        """Serve /metrics; returns the bound port (useful with port 0)."""
-        try:
-            server, _ = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise OSError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
-                          f"(pick another with --metrics-port)") from exc
-        return int(server.server_port)

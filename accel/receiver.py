@@ -14,7 +14,7 @@ never reaches the prefetch queue.
 A rank's batches leave in plan order (accel.stream); the ones that come early wait ("held").
 Memory is bounded per rank: every sender has at most `window` batches in flight, queued for
 the step or held, plus the batches of a unit it has started (so that it can always finish
-that unit and lease the next, which is the earliest one pending: accel.dispatcher), and all
+that unit and lease the next, which is the earliest one pending: accel.control.dispatcher), and all
 senders together at most `budget` batches, and one more: the sender of the very unit the rank
 waits for gets a credit whenever order, not the step, holds it back and the step has nothing
 else to step (the budget may be all in early batches that wait for this unit). A worker
@@ -40,8 +40,10 @@ from accel.schema import BatchSchema
 from accel.stream import StreamOrder
 from protos import stoker_pb2 as pb
 from protos.curve import NOBODY, WORKER, Caller, caller_of
+from protos.droplog import DropLog
 from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
 from protos.leases import LeaseSigner
+from protos.sockets import send_error
 
 log = logging.getLogger("stoker.consumer")
 MAX_SENDERS = 4096  # credit windows held at once; memory stays bounded however many peers say hello
@@ -155,7 +157,8 @@ class Receiver:
         self.stages = StageTotals()
         self.bytes_received = 0
         self.text = TextTotals()
-        self.dropped: dict[str, int] = {}
+        self._drops = DropLog(log, "a message", metrics.frames_dropped)
+        self.dropped = self._drops.counts  # by reason, for the summary
         self.freed: dict[str, int] = {}  # sender slots freed, by why
         self.hosts_delivered: set[str] = set()  # hosts whose batches were admitted
 
@@ -433,15 +436,4 @@ class Receiver:
                 self._free(peer_id, "unreachable")
 
     def _drop(self, reason: str, peer_id: bytes, detail: str) -> None:
-        count = self.dropped[reason] = self.dropped.get(reason, 0) + 1
-        self.metrics.frames_dropped.labels(reason=reason).inc()
-        if count <= 3 or count % 1000 == 0:  # a flood of junk must not become a flood of logs
-            log.warning("dropped a message from %r: %s (%s); %d so far", peer_id, reason, detail[:200], count)
-
-
-def send_error(sent: object) -> BaseException | None:
-    """The error of a non-blocking send, from a plain socket (None) or an asyncio future."""
-    if hasattr(sent, "done") and sent.done():
-        return sent.exception()
-    return None
-
+        self._drops(reason, peer_id, detail)

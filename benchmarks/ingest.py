@@ -80,7 +80,7 @@ def _replay_sender(control: str, host: str, seconds: float) -> None:
     os.sched_setaffinity(0, {SENDER_CORE})
     from pipeline.plan import Segment, Unit, batch_bounds
     from protos import stoker_pb2 as pb
-    from workers.control_client import ControlClient
+    from protos.control_client import ControlClient
     from workers.metrics import WorkerMetrics
     from workers.process import ProcessSpec, _send_batch, _Stop
     from workers.sender import DataSender, Lease

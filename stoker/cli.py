@@ -468,7 +468,7 @@ def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
 
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:
-    from accel.dispatch_service import DispatchConfig, DispatchService
+    from accel.control.service import DispatchConfig, DispatchService
     from accel.job import JobConfig
 
     job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))

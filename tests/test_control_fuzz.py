@@ -7,8 +7,8 @@ import tracemalloc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel.control_server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
-from accel.dispatcher import Dispatcher
+from accel.control.dispatcher import Dispatcher
+from accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
 from accel.metrics import ConsumerMetrics
 from accel.receiver import MAX_SENDERS
 from pipeline.plan import EpochPlan

@@ -155,7 +155,7 @@ def _rank_zero(manifest: Manifest, port: int, **config):
 
 def test_a_rank_that_cannot_join_is_told_why_at_start_up(odd_manifest):
     from accel.consumer import Consumer, ConsumerConfig
-    from accel.remote_dispatcher import RankRefused
+    from accel.control.remote import RankRefused
 
     port = free_port()
     zero = _rank_zero(odd_manifest, port)

@@ -13,8 +13,8 @@ import zmq
 
 from accel.accelerators import SimulatedAccelerator
 from accel.consumer import Consumer, ConsumerConfig
-from accel.journal import replay
-from accel.remote_dispatcher import NotAConsumer, attach
+from accel.control.journal import replay
+from accel.control.remote import NotAConsumer, attach
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys, add_key, init_keys
 from tests.helpers import Daemon, assert_exactly_once, free_port, wait_for

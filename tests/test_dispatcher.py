@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from accel.dispatcher import Dispatcher
-from accel.journal import Journal
+from accel.control.dispatcher import Dispatcher
+from accel.control.journal import Journal
 from accel.ledger import InvalidBatch, Ledger, Step
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardInfo

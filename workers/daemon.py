@@ -23,9 +23,9 @@ import zmq
 from prometheus_client import multiprocess
 
 from protos import stoker_pb2 as pb
+from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys, is_loopback
 from protos.sd_notify import Notifier
-from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
 from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, ProcessSpec, process_main

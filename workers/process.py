@@ -21,10 +21,10 @@ import zmq
 from pipeline.plan import Segment, Unit
 from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
+from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
 from protos.framing import encode_tensors
 from protos.leases import STARVED
-from workers.control_client import ControlClient, DispatcherUnreachable
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
 from workers.sender import DataSender, Lease, LeaseRefused, Rejected, Starved

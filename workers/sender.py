@@ -17,6 +17,7 @@ import zmq
 
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
+from protos.sockets import dealer
 
 
 class Rejected(ConnectionError):
@@ -51,14 +52,8 @@ class DataSender:
         self.lease: Lease | None = None  # the unit being sent, set by the process for each unit
         self.credit = 0
         self.bytes_sent = 0
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, 1 << 16)  # replies are credits and rejects: tiny
-        sock.setsockopt_string(zmq.IDENTITY, worker_id)
+        sock = dealer(ctx, worker_id, 1 << 16, curve, linger_ms=2000)  # replies are credits and rejects: tiny
         try:
-            if curve is not None:
-                curve.apply(sock)
             sock.connect(endpoint)
         except zmq.ZMQError:
             sock.close(0)  # an unclosed socket would hang the context's term()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from accel.journal import Journal
+from accel.control.journal import Journal
 from pipeline.plan import EpochPlan, Unit
 from protos.leases import STARVED
 

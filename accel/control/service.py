@@ -26,18 +26,17 @@ import zmq.asyncio
 
 from accel.aio import pump
 from accel.checkpoint import job_fields
-from accel.consumer import check_dataset
-from accel.control_server import AccessPolicy, ControlServer, control_router, ticker
-from accel.dispatcher import Dispatcher
-from accel.job import JobConfig
-from accel.journal import Journal
-from accel.metrics import ConsumerMetrics
-from accel.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
+from accel.control.dispatcher import Dispatcher
+from accel.control.journal import Journal
+from accel.control.metrics import ControlMetrics
+from accel.control.server import AccessPolicy, ControlServer, control_router, ticker
+from accel.job import JobConfig, check_dataset
 from pipeline.shards import Manifest
 from protos import job_secret
 from protos.curve import ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.leases import KEY_BYTES, LeaseSigner
+from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 log = logging.getLogger("stoker.dispatcher")
 
@@ -78,7 +77,7 @@ class DispatchService:
             else job_secret.load_or_create(self.secret_file))
         manifest = Manifest.load(job.manifest_uri)
         check_dataset(job, manifest)
-        self.metrics = ConsumerMetrics()
+        self.metrics = ControlMetrics()
         if self.journal and self.journal.replayed:
             log.info("continuing from %s: %d units done, %d leases open", cfg.journal,
                      len(self.journal.replayed.done), len(self.journal.replayed.leases))
@@ -112,7 +111,7 @@ class DispatchService:
         if authenticator is not None:
             authenticator.start()  # before the bind
         control = control_router(ctx, self.keys)
-        tasks = [count_handshakes(monitor_handshakes(control), self.metrics, self.stop)] if self.keys else []
+        tasks = [count_handshakes(monitor_handshakes(control), self.metrics.auth, self.stop)] if self.keys else []
         try:
             self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,

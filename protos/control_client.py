@@ -16,6 +16,7 @@ import zmq
 
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
+from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.worker")
 
@@ -37,13 +38,7 @@ class ControlClient:
 
     def _open(self) -> zmq.Socket:
         if self._socket is None:
-            sock = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # a job spec at most
-            sock.setsockopt_string(zmq.IDENTITY, self.identity)
-            if self.curve is not None:
-                self.curve.apply(sock)
+            sock = dealer(self.ctx, self.identity, CONTROL_MESSAGE_BYTES, self.curve)
             sock.connect(self.endpoint)
             self._socket = sock
         return self._socket

@@ -21,9 +21,11 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from accel.dispatcher import DispatcherStats
+from accel.control.dispatcher import DispatcherStats
 from protos import stoker_pb2 as pb
+from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
+from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.consumer")
 HEARTBEAT_S = 1.0
@@ -44,8 +46,6 @@ class _Reattach(Exception):
 def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential: bytes = b"",
            timeout_s: float = 60.0, rank: int = 0, world_size: int = 0) -> tuple[pb.JobSpec, bytes]:
     """Ask the dispatcher for its job and lease key (retrying while it starts)."""
-    from workers.control_client import ControlClient, DispatcherUnreachable
-
     ctx = zmq.Context()
     client = ControlClient(ctx, endpoint, consumer_id, curve=curve)
     try:
@@ -163,12 +163,7 @@ class RemoteAcks:
         return None
 
     async def _connect(self, timeout_s: float) -> bool:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
-        sock.setsockopt_string(zmq.IDENTITY, self.consumer_id)
-        if self.curve is not None:
-            self.curve.apply(sock)
+        sock = dealer(self._ctx, self.consumer_id, CONTROL_MESSAGE_BYTES, self.curve, immediate=False)
         sock.connect(self.endpoint)
         self._sock = sock
         attached = await self._exchange(pb.ControlRequest(attach=pb.Attach(

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from accel.dispatcher import Dispatcher, RankError
-from accel.metrics import ConsumerMetrics
-from accel.receiver import send_error
+from accel.control.dispatcher import Dispatcher, RankError
+from accel.control.metrics import ControlMetrics
 from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
+from protos.droplog import DropLog
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import LeaseSigner
+from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
 
 log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted
@@ -64,7 +65,7 @@ _REFUSED = {"not_worker": "this key is not allow-listed as a worker",
 
 class ControlServer:
     def __init__(self, socket: zmq.Socket, dispatcher: Dispatcher, job: pb.JobSpec,
-                 metrics: ConsumerMetrics, leases: LeaseSigner, access: AccessPolicy) -> None:
+                 metrics: ControlMetrics, leases: LeaseSigner, access: AccessPolicy) -> None:
         self.socket = socket
         self.dispatcher = dispatcher
         self.job = job
@@ -72,7 +73,8 @@ class ControlServer:
         self.leases = leases
         self.access = access
         self._last_reply: OrderedDict[bytes, tuple[int, bytes]] = OrderedDict()
-        self.dropped: dict[str, int] = {}
+        self._drops = DropLog(log, "a control message", metrics.control_dropped)
+        self.dropped = self._drops.counts  # by reason
         self.told_finished: set[str] = set()  # hosts that have heard "finished"
         self._consumers: dict[bytes, tuple[int, str]] = {}  # peer -> (rank, consumer id) of attached ranks
         self._silent_reported: set[int] = set()
@@ -208,10 +210,7 @@ class ControlServer:
             log.info("control peer %r unreachable: %s", peer, error)
 
     def _drop(self, reason: str, peer: bytes) -> None:
-        count = self.dropped[reason] = self.dropped.get(reason, 0) + 1
-        self.metrics.control_dropped.labels(reason=reason).inc()
-        if count <= 3 or count % 1000 == 0:
-            log.warning("dropped a control message from %r: %s; %d so far", peer[:64], reason, count)
+        self._drops(reason, peer[:64])
 
 
 def _too_long(body: object) -> bool:
@@ -223,13 +222,7 @@ def _too_long(body: object) -> bool:
 
 def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> zmq.asyncio.Socket:
     """The dispatcher's ROUTER: unroutable replies raise, small messages only, CURVE when keyed."""
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
-    if keys is not None:
-        keys.apply(sock)
-    return sock
+    return router(ctx, CONTROL_MESSAGE_BYTES, keys)
 
 
 async def ticker(server: ControlServer, stop: threading.Event, period_s: float = 0.5) -> None:

@@ -18,12 +18,13 @@ import threading
 
 import zmq
 import zmq.asyncio
+from prometheus_client import Counter
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from accel.metrics import ConsumerMetrics
 from protos.curve import ZAP_DOMAIN, ServerKeys
+from protos.droplog import DropLog
 
 log = logging.getLogger("stoker.consumer")
 _RESULTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted", zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
@@ -37,7 +38,7 @@ class KeyAuthenticator(AsyncioAuthenticator):
     def __init__(self, ctx: zmq.asyncio.Context, keys: ServerKeys) -> None:
         super().__init__(ctx, log=logging.getLogger("stoker.zap"))
         self.keys = keys
-        self.refused = 0
+        self._refusals = DropLog(log, "a CURVE connection", every=100)
 
     def start(self) -> None:
         """Bind the ZAP endpoint; must run on the event loop, before any guarded socket binds."""
@@ -48,10 +49,7 @@ class KeyAuthenticator(AsyncioAuthenticator):
         """pyzmq's credentials-provider hook: `key` is the client's z85 public key."""
         if key in self.keys.allowed:
             return True
-        self.refused += 1
-        if self.refused <= 3 or self.refused % 100 == 0:
-            log.warning("refused a CURVE connection: key %s is not allow-listed (%d refused so far)",
-                        key.decode(errors="replace"), self.refused)
+        self._refusals("its key is not allow-listed", key.decode(errors="replace"))
         return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:
@@ -64,9 +62,9 @@ def monitor_handshakes(sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
                                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-async def count_handshakes(monitor: zmq.asyncio.Socket, metrics: ConsumerMetrics, stop: threading.Event) -> None:
-    """Count every admitted and refused connection until `stop`."""
-    failed = 0
+async def count_handshakes(monitor: zmq.asyncio.Socket, outcomes: Counter, stop: threading.Event) -> None:
+    """Count every admitted and refused connection in `outcomes{result=...}` until `stop`."""
+    failures = DropLog(log, "a CURVE connection", every=100)
     try:
         while not stop.is_set():
             if not await monitor.poll(250):
@@ -75,11 +73,9 @@ async def count_handshakes(monitor: zmq.asyncio.Socket, metrics: ConsumerMetrics
             result = _RESULTS.get(event["event"])
             if result is None:
                 continue
-            metrics.auth.labels(result=result).inc()
+            outcomes.labels(result=result).inc()
             if result == "failed_handshake":
-                failed += 1
-                if failed <= 3 or failed % 100 == 0:
-                    log.warning("a connection from %s failed the CURVE handshake (no key, or not our server key); "
-                                "%d so far", event["endpoint"].decode(errors="replace"), failed)
+                failures("it failed the CURVE handshake (no key, or not our server key)",
+                         event["endpoint"].decode(errors="replace"))
     finally:
         monitor.close(0)

@@ -1,0 +1,35 @@
+"""Prometheus metrics of the control plane: served by the standalone dispatcher (`stoker dispatch`),
+and by rank 0's consumer when the dispatcher lives in it."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class ControlMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.units = Gauge("stoker_dispatcher_units", "Work units by state", ["state"], registry=r)
+        self.workers_alive = Gauge("stoker_dispatcher_workers_alive", "Worker hosts with a live heartbeat",
+                                   registry=r)
+        self.ranks_silent = Gauge("stoker_dispatcher_ranks_silent",
+                                  "Consumer ranks not heard from for longer than the host timeout (their streams "
+                                  "stall; the job cannot finish without them)", registry=r)
+        self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
+                                ["reason"], registry=r)
+        self.auth = Counter("stoker_consumer_auth",
+                            "CURVE connections: admitted, refused (key not allow-listed) or failed_handshake "
+                            "(no key, or not this service's server key)", ["result"], registry=r)
+        self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
+                                       "Control messages dropped as malformed or not allowed to the sender's role",
+                                       ["reason"], registry=r)
+
+    def serve(self, port: int, addr: str) -> int:
+        """Serve /metrics; returns the bound port (useful with port 0)."""
+        try:
+            server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
+                          f"(pick another with --metrics-port)") from exc
+        return int(server.server_port)

@@ -1,0 +1,51 @@
+"""One way to make Stoker's ZeroMQ sockets, so each carries the same guards: a size cap on what a
+peer may send (MAXMSGSIZE: a stranger cannot make us allocate), no linger on close unless asked,
+CURVE when keys are given, and ROUTERs that raise on an unroutable reply instead of dropping it."""
+
+from __future__ import annotations
+
+import zmq
+
+from protos.curve import ClientKeys, ServerKeys
+
+CONTROL_MESSAGE_BYTES = 1 << 20  # the largest control message: a job spec at most
+
+
+def dealer(ctx: zmq.Context, identity: str, max_message_bytes: int, curve: ClientKeys | None = None,
+           immediate: bool = True, linger_ms: int = 0) -> zmq.Socket:
+    """A DEALER named `identity`, not yet connected. `immediate`: queue nothing for a peer whose
+    connection is not complete (so a dead endpoint does not swallow requests)."""
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, linger_ms)
+        if immediate:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        sock.setsockopt_string(zmq.IDENTITY, identity)
+        if curve is not None:
+            curve.apply(sock)
+    except (zmq.ZMQError, ValueError):
+        sock.close(0)  # an unclosed socket would hang the context's term()
+        raise
+    return sock
+
+
+def router(ctx: zmq.Context, max_message_bytes: int, keys: ServerKeys | None = None,
+           receive_hwm: int | None = None) -> zmq.Socket:
+    """A ROUTER, not yet bound: unroutable replies raise (ROUTER_MANDATORY), CURVE server when keyed."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if receive_hwm is not None:
+        sock.setsockopt(zmq.RCVHWM, receive_hwm)
+    if keys is not None:
+        keys.apply(sock)
+    return sock
+
+
+def send_error(sent: object) -> BaseException | None:
+    """The error of a non-blocking send, from a plain socket (None) or an asyncio future."""
+    if hasattr(sent, "done") and sent.done():
+        return sent.exception()
+    return None
