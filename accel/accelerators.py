@@ -1,25 +1,20 @@
-"""Training-step backends. A backend consumes one received batch per `step` call."""
+"""The built-in training-step backends (their contracts are in accel/stepping.py) and the
+factory that makes one from an `AccelSpec` once the job is known."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from accel.batch import ReceivedBatch
-
-
-class Accelerator(Protocol):
-    name: str
-
-    def step(self, batch: ReceivedBatch) -> None:
-        """Run one training step on `batch` (blocking until it is done)."""
+from accel.stepping import PreparedStep, Step, StepFactory
+from pipeline.kinds import kind_of
 
 
 @dataclass
-class NullAccelerator:
+class NullAccelerator(Step):
     """Consumes instantly: measures what the data path alone delivers."""
 
     name: str = "null"
@@ -29,7 +24,7 @@ class NullAccelerator:
 
 
 @dataclass
-class SimulatedAccelerator:
+class SimulatedAccelerator(Step):
     """Takes len(batch) / rate seconds per step, like a device with that throughput."""
 
     rate: float  # samples per second
@@ -50,7 +45,7 @@ class SimulatedAccelerator:
 
 
 @dataclass
-class ConvertingSimulatedAccelerator(SimulatedAccelerator):
+class ConvertingSimulatedAccelerator(SimulatedAccelerator, PreparedStep):
     """A simulated device fed the way a real one is: each batch is first converted on the host
     (uint8 NHWC images to normalised float32 NCHW, token ids to int64), which the consumer's
     prefetch thread overlaps with the previous step unless --no-overlap."""
@@ -71,6 +66,9 @@ class ConvertingSimulatedAccelerator(SimulatedAccelerator):
     def step_prepared(self, rows: int) -> None:
         self.compute(rows)
 
+    def step(self, batch: ReceivedBatch) -> None:
+        self.step_prepared(self.prepare(batch))
+
 
 @dataclass(frozen=True)
 class AccelSpec:
@@ -89,6 +87,11 @@ class AccelSpec:
     optimizer: str = ""  # torch: sgd | lars (ResNet), adamw | lamb (BERT); empty: sgd / adamw
     precision: str = "fp32"  # torch ResNet: fp32 | bf16 (autocast)
 
+    def factory(self) -> StepFactory:
+        """The backend, made for the job once it is known (a rank learns it from the dispatcher)."""
+        return lambda job, manifest: make_accelerator(self, job.dataset, len(manifest.classes), manifest.vocab_size,
+                                                      job.text.seq_len)
+
 
 def require(module: str, feature: str) -> None:
     """An accelerator-side dependency a worker host need not have: say which install brings it."""
@@ -100,7 +103,7 @@ def require(module: str, feature: str) -> None:
 
 
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
-                     seq_len: int = 128) -> Accelerator:
+                     seq_len: int = 128) -> Step:
     if spec.kind == "null":
         return NullAccelerator()
     if spec.kind == "simulated":
@@ -114,7 +117,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         return kind(spec.rate)
     if spec.kind == "torch":
         require("torch", "--accel torch")
-    if spec.kind == "torch" and dataset == "wikipedia":
+    if spec.kind == "torch" and kind_of(dataset).model_family == "bert":
         require("transformers", "--accel torch with --dataset wikipedia")
         from accel.bert_accel import BertAccelerator
 

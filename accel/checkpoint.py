@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from accel.stepping import Stateful
 from pipeline.files import write_atomically
 
 STATE_VERSION = 2
@@ -90,7 +91,7 @@ def save_all(consumer, path: str | Path) -> None:
     a crash between the two leaves a data position that is not ahead of the model."""
     state = consumer.state_dict()
     accelerator = consumer.accelerator
-    if hasattr(accelerator, "state_dict"):
+    if isinstance(accelerator, Stateful):
         import torch
 
         tmp = model_path(path).with_suffix(".tmp")
@@ -101,7 +102,7 @@ def save_all(consumer, path: str | Path) -> None:
 
 def load_model(accelerator, path: str | Path) -> bool:
     """Restore the accelerator's model and optimizer saved beside a data checkpoint, if any."""
-    if not hasattr(accelerator, "load_state_dict") or not model_path(path).exists():
+    if not isinstance(accelerator, Stateful) or not model_path(path).exists():
         return False
     import torch
 

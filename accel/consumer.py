@@ -28,26 +28,28 @@ import zmq
 import zmq.asyncio
 
 from accel import checkpoint
-from accel.accelerators import Accelerator, require
+from accel.accelerators import NullAccelerator, require
 from accel.aio import pump
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
+from accel.consumer_config import ConsumerConfig
 from accel.control.dispatcher import Dispatcher
 from accel.control.remote import NotAConsumer, RankRefused, RemoteAcks, attach
 from accel.control.server import AccessPolicy, ControlServer, control_router, ticker
-from accel.job import JobConfig, check_dataset, job_from_spec
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
 from accel.schema import batch_bytes, schema_of
+from accel.stepping import StepFactory, given
 from accel.steps import EpochDone, Scheduled, StepSchedule
 from accel.stream import StreamOrder
 from pipeline.shards import Manifest
 from protos import job_secret
 from protos import stoker_pb2 as pb
-from protos.curve import CONSUMER, ClientKeys, ServerKeys, is_loopback
+from protos.curve import CONSUMER, ClientKeys, ServerKeys
 from protos.endpoints import advertised, bind
 from protos.framing import MAX_FRAME_BYTES
+from protos.job import JobConfig
 from protos.leases import LeaseSigner
 from protos.sd_notify import Notifier
 from protos.sockets import router
@@ -55,49 +57,6 @@ from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 log = logging.getLogger("stoker.consumer")
 _END = object()
-
-
-METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
-RANK_METRICS_BASE = 9570  # local rank r > 0 of a data-parallel job: 9570 + r, clear of the daemons' 9561 + i
-
-
-def rank_metrics_port(local_rank: int) -> int:
-    """The /metrics port a rank serves on by default: one per local rank, so the ranks of one
-    machine (8 on a DGX) never collide with each other or with a worker daemon there."""
-    return METRICS_PORT if local_rank == 0 else RANK_METRICS_BASE + local_rank
-
-
-@dataclass(frozen=True)
-class ConsumerConfig:
-    data_bind: str = "tcp://127.0.0.1:5560"
-    control_bind: str = "tcp://127.0.0.1:5561"
-    advertise_host: str | None = None  # host name workers use to reach this machine
-    metrics_port: int | None = METRICS_PORT  # None: no HTTP endpoint; 0: a free port (Consumer.metrics_port)
-    metrics_addr: str = "127.0.0.1"
-    credit_window: int = 3  # batches in flight per worker process
-    overlap: bool = True  # convert/copy batch N+1 on a side thread while step N runs
-    host_timeout_s: float = 10.0
-    dispatcher: str | None = None  # a `stoker dispatch` endpoint; None: the dispatcher runs in this process
-    key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (keys add --role consumer)
-    job_secret: str | None = None  # without keys and with a separate dispatcher: the job credential's file
-    keys: str | None = None  # CURVE key folder (stoker keys init): encrypt, admit allow-listed workers only
-    insecure: bool = False  # allow binding non-loopback addresses without keys
-    decode_threads: int = 1  # --decode-on accelerator: DALI's CPU threads on the consumer
-    sender_timeout_s: float = 30.0  # free the credit window of a sender that answers no ping this long
-    finish_linger_s: float = 3.0  # after the last ack, keep answering until every live host heard "finished"
-    rank_wait_s: float = 60.0  # rank 0, at the end: how long its dispatcher waits for the other ranks' acks
-    attach_timeout_s: float = 60.0  # how long a rank waits for the dispatcher it attaches to
-    credit_budget_mb: float = 1024.0  # batches this rank may have in flight or waiting, in all, in MB
-
-    def check_exposure(self) -> None:
-        """Without keys, refuse to listen beyond loopback unless told to."""
-        if self.keys or self.insecure:
-            return
-        for endpoint in (self.data_bind, self.control_bind, f"tcp://{self.metrics_addr}:0"):
-            if not is_loopback(endpoint):
-                raise ValueError(f"refusing to bind {endpoint} without CURVE keys: anyone who can reach it could "
-                                 f"feed or steal batches or read the job's metrics; make keys with `stoker keys init "
-                                 f"DIR` and pass --keys DIR, or pass --insecure on a trusted network")
 
 
 @dataclass
@@ -149,65 +108,39 @@ class Summary:
 
 
 class Consumer:
-    def __init__(self, cfg: ConsumerConfig, job: JobConfig | None, accelerator: Accelerator | None = None,
+    def __init__(self, cfg: ConsumerConfig, job: JobConfig | None, make_step: StepFactory | None = None,
                  metrics: ConsumerMetrics | None = None, resume: dict | None = None, rank: int = 0,
                  world_size: int | None = None) -> None:
         """`job`: the job, for the rank whose process runs the dispatcher; None to take it from the
-        dispatcher at `cfg.dispatcher`. `resume`: a `state_dict()` saved earlier (the same job: its
-        id is taken from it). `world_size` defaults to the job's."""
+        dispatcher at `cfg.dispatcher`. `make_step`: the training step, made for the job once it is
+        known (default: a null one; a loader's user steps on their own). `resume`: a `state_dict()`
+        saved earlier (the same job: its id is taken from it). `world_size` defaults to the job's."""
         cfg.check_exposure()
+        self.cfg = cfg
         self.rank = rank
         self.consumer_id = f"rank{rank}-{os.getpid()}-{secrets.token_hex(3)}"
         client_keys = ClientKeys.load(cfg.keys, cfg.key_name, CONSUMER) if cfg.keys and cfg.dispatcher else None
-        lease_key = b""
-        credential = b""
-        if cfg.dispatcher:
-            if job is not None:
-                raise ValueError("with a separate dispatcher the job is the dispatcher's; do not pass one")
-            spec, lease_key, credential = self._attach(cfg, client_keys, world_size or 0)
-            job = job_from_spec(spec)
-        assert job is not None
-        if world_size is not None and world_size != job.world_size:
-            if cfg.dispatcher:
-                raise RankRefused(f"the job has world size {job.world_size}, not {world_size}")
-            job = replace(job, world_size=world_size)
-        if not 0 <= rank < job.world_size:
-            raise RankRefused(f"rank {rank} is outside the job's ranks 0..{job.world_size - 1}")
+        job, lease_key, credential = self._the_job(job, client_keys, world_size)
         position = checkpoint.resume_position(job, resume) if resume is not None else None
         if resume is not None:
             job = replace(job, job_id=resume["job"]["job_id"])
-        self.cfg = cfg
         self.job = job
-        self.accelerator = accelerator
         self.metrics = metrics or ConsumerMetrics()
         self.leases = LeaseSigner(lease_key, job.job_id) if lease_key else LeaseSigner.new(job.job_id)
         self.server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
-        check_dataset(job, self.manifest)
+        job.check_fits(self.manifest)
         if job.decode_on == "accelerator":
             require("nvidia.dali", "--decode-on accelerator")
+        self.accelerator = (make_step or given(NullAccelerator()))(job, self.manifest)
         self.plan = plan = job.plan(self.manifest)
-        self.start_position = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
-        done = self.start_position.done_units(plan)
-        self.dispatcher: Dispatcher | RemoteAcks
+        self.start_position = start = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
+        done = start.done_units(plan)
         self.consumer_secret: bytes | None = None
-        if cfg.dispatcher:
-            mine = sum(len(plan.rank_units(e, rank)) for e in range(job.epochs))
-            self.dispatcher = RemoteAcks(cfg.dispatcher, self.consumer_id, mine, client_keys, credential,
-                                         done_before=done, rank=rank, world_size=job.world_size)
-        else:
-            if rank != 0:
-                raise RankRefused(f"rank {rank} attaches to rank 0's dispatcher: give its endpoint (--dispatcher)")
-            self.dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done,
-                                         planned_batches=job.planned_batches if job.dataset == "imagenet" else None)
-            self.dispatcher.resume_position(self.start_position.epoch, self.start_position.ranks,
-                                            self.start_position.step)
-            if job.world_size > 1 and not cfg.keys:  # the other ranks attach with the job secret
-                self.consumer_secret = job_secret.for_rank_zero(cfg.job_secret, cfg.control_bind)
+        self.dispatcher = self._make_dispatcher(done, client_keys, credential)
         self._control: ControlServer | None = None
         self.ledger = Ledger(plan)
         self.ledger.restore(set(done))
-        start = self.start_position
         units, replay = start.ranks[rank]
         self.order = StreamOrder(plan, rank, start.epoch, units, released=start.step - replay)
         self.queue: queue.Queue = queue.Queue()
@@ -224,6 +157,42 @@ class Consumer:
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self._totals, self.metrics.registry)
         self.systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
+
+    def _the_job(self, job: JobConfig | None, client_keys: ClientKeys | None,
+                 world_size: int | None) -> tuple[JobConfig, bytes, bytes]:
+        """The job this rank serves (given, or the dispatcher's), its lease key and this rank's credential."""
+        lease_key = credential = b""
+        if self.cfg.dispatcher:
+            if job is not None:
+                raise ValueError("with a separate dispatcher the job is the dispatcher's; do not pass one")
+            spec, lease_key, credential = self._attach(self.cfg, client_keys, world_size or 0)
+            job = JobConfig.from_proto(spec)
+        if job is None:
+            raise ValueError("give the job, or a dispatcher to take it from (ConsumerConfig.dispatcher)")
+        if world_size is not None and world_size != job.world_size:
+            if self.cfg.dispatcher:
+                raise RankRefused(f"the job has world size {job.world_size}, not {world_size}")
+            job = replace(job, world_size=world_size)
+        if not 0 <= self.rank < job.world_size:
+            raise RankRefused(f"rank {self.rank} is outside the job's ranks 0..{job.world_size - 1}")
+        return job, lease_key, credential
+
+    def _make_dispatcher(self, done: frozenset[int], client_keys: ClientKeys | None,
+                         credential: bytes) -> Dispatcher | RemoteAcks:
+        """Rank 0 runs the dispatcher in-process unless told to attach to one; other ranks attach."""
+        cfg, job, plan, start = self.cfg, self.job, self.plan, self.start_position
+        if cfg.dispatcher:
+            mine = sum(len(plan.rank_units(e, self.rank)) for e in range(job.epochs))
+            return RemoteAcks(cfg.dispatcher, self.consumer_id, mine, client_keys, credential,
+                              done_before=done, rank=self.rank, world_size=job.world_size)
+        if self.rank != 0:
+            raise RankRefused(f"rank {self.rank} attaches to rank 0's dispatcher: give its endpoint (--dispatcher)")
+        dispatcher = Dispatcher(plan, cfg.host_timeout_s, on_release=self._count_release, done_before=done,
+                                planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
+        dispatcher.resume_position(start.epoch, start.ranks, start.step)
+        if job.world_size > 1 and not cfg.keys:  # the other ranks attach with the job secret
+            self.consumer_secret = job_secret.for_rank_zero(cfg.job_secret, cfg.control_bind)
+        return dispatcher
 
     def _attach(self, cfg: ConsumerConfig, keys: ClientKeys | None, world_size: int) -> tuple[pb.JobSpec, bytes, bytes]:
         """The job from the dispatcher. Without keys a rank proves itself with the job secret, which
@@ -245,9 +214,7 @@ class Consumer:
         """A snapshot for the bottleneck monitor: the loop's counters plus what the workers reported."""
         p = self.progress
         stages = self._receiver.stages if self._receiver else None
-        work = {} if stages is None else {name: getattr(stages, name) for name in
-                                          (("examples", "pack") if self.job.dataset == "wikipedia"
-                                           else ("decode", "augment"))}
+        work = {} if stages is None else {name: getattr(stages, name) for name in self.job.kind.stages}
         if stages is not None:
             work["send"] = stages.send
         return Totals(at=time.monotonic(), stall_s=p.stall_s, step_s=p.step_s, copy_s=p.copy_s, rows=p.rows,
@@ -322,7 +289,7 @@ class Consumer:
                 self.dispatcher.attach_rank(0, self.data_endpoint, self.consumer_id)
                 access = AccessPolicy(keyed=keys is not None, consumer_secret=self.consumer_secret,
                                       remote_consumers=self.job.world_size > 1)
-                server = self._control = ControlServer(control, self.dispatcher, self.job.spec(self.data_endpoint),
+                server = self._control = ControlServer(control, self.dispatcher, self.job.to_proto(self.data_endpoint),
                                                        self.metrics, self.leases, access)
                 server.update_gauges()
                 tasks += [pump(control, server.handle, self._stop), ticker(server, self._stop)]
@@ -374,7 +341,7 @@ class Consumer:
 
     def steps_of(self, epoch: int, batches: int) -> int:
         """The epoch's steps on every rank: the longest rank stream (images: from the plan alone)."""
-        if self.job.dataset == "imagenet":
+        if self.job.kind.one_row_per_sample:
             return max(sum(self.job.planned_batches(u) for u in self.plan.rank_units(epoch, r))
                        for r in range(self.job.world_size))
         waited_from = time.monotonic()

@@ -28,6 +28,7 @@ import numpy as np
 
 from accel.batch import ReceivedBatch
 from accel.ledger import Skipped
+from accel.stepping import PreparedStep, Step, StepRunner
 from pipeline.augment import Crop, DecodeError, GivenCrop, decode_augment
 
 log = logging.getLogger("stoker.consumer")
@@ -166,11 +167,11 @@ def _to_torch(outputs: list, device: str):
 
 
 @dataclass
-class DecodingAccelerator:
-    """Any accelerator, fed decoded pixels: `prepare` decodes (and then runs the inner prepare,
-    if it has one), so the consumer's prefetch thread overlaps decoding with the previous step."""
+class DecodingAccelerator(PreparedStep):
+    """Any step, fed decoded pixels: `prepare` decodes (and then runs the inner prepare, if it
+    has one), so the consumer's prefetch thread overlaps decoding with the previous step."""
 
-    inner: object
+    inner: Step
     decoder: DaliJpegDecoder
     decode_s: float = 0.0
     on_decode: Callable[[float, int, int], None] | None = None  # seconds, failed rows, host fallbacks (metrics)
@@ -207,19 +208,15 @@ class DecodingAccelerator:
             self.on_decode(seconds, len(failed), self.decoder.fallbacks - fallbacks)
         return DecodedBatch(images, labels[keep], np.asarray(batch.sample_ids)[keep])
 
+    def __post_init__(self) -> None:
+        self.runner = StepRunner(self.inner)
+
     def prepare(self, batch: ReceivedBatch) -> tuple[DecodedBatch, object]:
         decoded = self.decode(batch)
-        inner_prepare = getattr(self.inner, "prepare", None)
-        return decoded, inner_prepare(decoded) if inner_prepare and decoded.size else None
+        prepare = self.runner.prepare
+        return decoded, prepare(decoded) if prepare is not None and decoded.size else None
 
     def step_prepared(self, prepared: tuple[DecodedBatch, object]) -> None:
         decoded, inner_prepared = prepared
-        if not decoded.size:
-            return
-        if hasattr(self.inner, "step_prepared"):
-            self.inner.step_prepared(inner_prepared)
-        else:
-            self.inner.step(decoded)
-
-    def step(self, batch: ReceivedBatch) -> None:
-        self.step_prepared(self.prepare(batch))
+        if decoded.size:
+            self.runner.run(decoded, inner_prepared)

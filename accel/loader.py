@@ -34,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from accel.batch import ReceivedBatch
-from accel.consumer import Consumer, ConsumerConfig, rank_metrics_port
-from accel.job import JobConfig
+from accel.consumer import Consumer
+from accel.consumer_config import ConsumerConfig, rank_metrics_port
 from accel.metrics import ConsumerMetrics
 from accel.steps import EpochDone, Scheduled
+from protos.job import JobConfig
 
 FORMATS = ("torch", "numpy", "jax")
 
@@ -168,7 +169,7 @@ class Loader:
         before that the previous epoch's, or at first the number of documents over the batch size."""
         consumer = self.consumer
         epoch = min(consumer.position[0], consumer.job.epochs - 1)
-        if consumer.job.dataset == "imagenet":
+        if consumer.job.kind.one_row_per_sample:
             return consumer.steps_of(epoch, 0)
         if epoch in self._epoch_steps:
             return self._epoch_steps[epoch]

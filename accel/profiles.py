@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.kinds import kind_of
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -36,9 +38,10 @@ def profile_rate(name: str, dataset: str, scale: float = 1.0) -> float:
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r} (choose {', '.join(PROFILES)})")
     profile = PROFILES[name]
-    rate = profile.bert if dataset == "wikipedia" else profile.resnet50
+    family = kind_of(dataset).model_family
+    rate = {"bert": profile.bert, "resnet50": profile.resnet50}[family]
     if not rate:
-        raise ValueError(f"profile {name} has no {'BERT' if dataset == 'wikipedia' else 'ResNet-50'} rate")
+        raise ValueError(f"profile {name} has no {family} rate")
     if not 0 < scale <= 1:
         raise ValueError(f"scale {scale} must lie in (0, 1]")
     return rate * scale

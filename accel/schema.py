@@ -10,21 +10,19 @@ never sees a silently wrong batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from accel.job import JobConfig
-from pipeline.text.layout import TensorSpec, tensor_specs
+from pipeline.tensors import BatchLayout, TensorSpec
 from protos import stoker_pb2 as pb
 from protos.framing import FrameError
+from protos.job import JobConfig
 
 
 @dataclass(frozen=True)
-class BatchSchema:
-    tensors: dict[str, TensorSpec]
-    rows_are_samples: bool  # images: one sample id per row
-    ragged: dict[str, str] = field(default_factory=dict)  # flat tensor -> the tensor of its rows' end offsets
+class BatchSchema(BatchLayout):
+    """A dataset kind's `BatchLayout`, enforced on every received batch."""
 
     def check(self, header: pb.BatchHeader, parts: dict[str, list[np.ndarray]]) -> None:
         rows = header.rows
@@ -62,15 +60,8 @@ class BatchSchema:
 
 
 def schema_of(job: JobConfig) -> BatchSchema:
-    if job.dataset == "wikipedia":
-        return BatchSchema(tensor_specs(job.text), rows_are_samples=False)
-    size = job.image_size
-    if job.decode_on == "accelerator":
-        return BatchSchema({"jpeg": TensorSpec("|u1", ()), "jpeg_end": TensorSpec("<i8", ()),
-                            "crop": TensorSpec("<f4", (4,)), "flip": TensorSpec("|u1", ()),
-                            "label": TensorSpec("<i4", ())}, rows_are_samples=True, ragged={"jpeg": "jpeg_end"})
-    return BatchSchema({"image": TensorSpec("|u1", (size, size, 3)), "label": TensorSpec("<i4", ())},
-                       rows_are_samples=True)
+    layout = job.kind.layout(job)
+    return BatchSchema(layout.tensors, layout.rows_are_samples, layout.ragged)
 
 
 AVERAGE_JPEG_BYTES = 150_000  # a generous ImageNet mean (~110 KB): what a batch of encoded images weighs

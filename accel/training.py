@@ -7,11 +7,14 @@ import math
 
 import torch
 
+from accel.stepping import PreparedStep, Stateful
+
 log = logging.getLogger("stoker.loss")  # the CLI shows it at INFO when training with --accel torch
 
 
-class TrainingStep:
-    """Mixin: needs `self.model`, `self.optimizer`, `self.losses`, `self.log_every`, `self.steps`."""
+class TrainingStep(PreparedStep, Stateful):
+    """A real model's step: needs `self.model`, `self.optimizer`, `self.losses`, `self.log_every`,
+    `self.steps`; subclasses write `prepare` and `step_prepared`."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -28,9 +31,6 @@ class TrainingStep:
         if self.log_every and self.steps % self.log_every == 0:
             recent = self.losses[-self.log_every:]
             log.info("step %d: loss %.4f (mean of the last %d)", self.steps, sum(recent) / len(recent), len(recent))
-
-    def step(self, batch) -> None:
-        self.step_prepared(self.prepare(batch))
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "steps": self.steps}

@@ -19,9 +19,9 @@ import time
 import torch
 
 from accel.consumer import ConsumerConfig
-from accel.job import JobConfig
 from accel.loader import Loader
 from benchmarks.report import header, write_results
+from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 STEP_S = 0.080

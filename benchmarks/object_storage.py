@@ -18,12 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
-from accel.job import JobConfig
 from benchmarks.common import free_port, run_with_worker
 from benchmarks.report import header, write_results
 from pipeline.storage import upload_folder
+from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 WORKER_CORE, SERVER_CORE = "0", "1"
@@ -32,7 +31,7 @@ BUCKET = "bench"
 
 def _epoch(manifest: str) -> float:
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
-    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, epochs=1), NullAccelerator())
+    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, epochs=1))
     summary = run_with_worker(consumer, WORKER_CORE)
     assert summary.unique_samples == summary.samples == consumer.manifest.num_samples
     return summary.delivered_samples_per_s

@@ -27,13 +27,14 @@ import torch
 
 from accel.accelerators import AccelSpec, make_accelerator
 from accel.consumer import Consumer, ConsumerConfig
-from accel.job import JobConfig
+from accel.stepping import given
 from accel.torch_accel import TorchAccelerator
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
 from pipeline.augment import TrainTransform, decode_augment
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest, ShardReader
+from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 SIZE, BATCH, EPOCHS = 112, 32, 1
@@ -71,7 +72,7 @@ def fed(manifest_uri: str, overlap: bool) -> tuple[float, float]:
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None,
                          overlap=overlap)
     job = JobConfig(manifest_uri=manifest_uri, epochs=EPOCHS, batch_size=BATCH, image_size=SIZE)
-    consumer = Consumer(cfg, job, _accelerator(len(Manifest.load(manifest_uri).classes)))
+    consumer = Consumer(cfg, job, given(_accelerator(len(Manifest.load(manifest_uri).classes))))
     summary = run_with_worker(consumer, "0")
     steady = summary.elapsed_s - summary.startup_s
     return (summary.batches - 1) / steady, summary.stall_fraction
@@ -84,7 +85,7 @@ def simulated(manifest_uri: str, overlap: bool) -> dict:
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None,
                          overlap=overlap)
     accel = make_accelerator(AccelSpec(kind="simulated", rate=SIM_RATE, convert=True), "imagenet", 0)
-    summary = run_with_worker(Consumer(cfg, JobConfig(manifest_uri=manifest_uri, epochs=2), accel), "0")
+    summary = run_with_worker(Consumer(cfg, JobConfig(manifest_uri=manifest_uri, epochs=2), given(accel)), "0")
     stages = summary.stage_seconds
     return {"images_per_s": summary.delivered_samples_per_s, "stall_fraction": summary.stall_fraction,
             "convert_s": stages["copy"], "stall_s": stages["stall"],

@@ -16,12 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
-from accel.job import JobConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
 from pipeline.shards import Manifest
+from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 WORKER_CORE, CONSUMER_CORE = "0", 1
@@ -35,7 +34,7 @@ def run_bare(manifest: str) -> float:
 
 def run_stoker(manifest: str) -> float:
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
-    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, epochs=1), NullAccelerator())
+    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, epochs=1))
     summary = run_with_worker(consumer, WORKER_CORE)
     assert summary.unique_samples == summary.samples == consumer.manifest.num_samples
     return summary.delivered_samples_per_s

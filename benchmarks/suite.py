@@ -30,9 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
-from accel.job import JobConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
 from pipeline import augment
@@ -44,6 +42,7 @@ from pipeline.text.batching import TextUnitSource, unit_sequences
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
+from protos.job import JobConfig
 from stoker.datasets import default_imagenet, default_wikipedia
 
 ROOT = Path(__file__).parent
@@ -94,7 +93,7 @@ def stoker_images(manifest: str, worker_cores: str, consumer_cores: set[int], pr
     """One worker daemon -> ZeroMQ -> null consumer; delivered images/s after the first batch."""
     os.sched_setaffinity(0, consumer_cores)
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
-    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, decoder=decoder), NullAccelerator())
+    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest, decoder=decoder))
     summary = run_with_worker(consumer, worker_cores, procs)
     assert summary.unique_samples == summary.samples == consumer.manifest.num_samples
     return summary.delivered_samples_per_s

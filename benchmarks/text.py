@@ -25,9 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
-from accel.accelerators import NullAccelerator
 from accel.consumer import Consumer, ConsumerConfig
-from accel.job import JobConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import CoreWatch, header, write_results
 from pipeline.plan import EpochPlan
@@ -36,6 +34,7 @@ from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
+from protos.job import JobConfig
 from stoker.datasets import default_wikipedia
 
 WORKER_CORE, CONSUMER_CORE = 0, 1
@@ -79,7 +78,7 @@ def in_process(manifest: Manifest, cfg: TextConfig) -> dict:
 def through_service(manifest_uri: str, cfg: TextConfig) -> float:
     consumer_cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
     job = JobConfig(manifest_uri=manifest_uri, dataset="wikipedia", batch_size=BATCH, text=cfg, epochs=SERVICE_EPOCHS)
-    summary = run_with_worker(Consumer(consumer_cfg, job, NullAccelerator()), str(WORKER_CORE))
+    summary = run_with_worker(Consumer(consumer_cfg, job), str(WORKER_CORE))
     consumer_docs = Manifest.load(manifest_uri).num_samples
     assert summary.per_epoch_unique == [consumer_docs] * SERVICE_EPOCHS
     return summary.sequences_per_s  # after the first batch: process start-up is not example making

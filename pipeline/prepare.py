@@ -17,6 +17,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
+from pipeline.kinds import IMAGENET
 from pipeline.shards import MANIFEST_NAME, Manifest, ShardWriter
 from pipeline.stats import image_files
 from pipeline.storage import join, staged
@@ -89,6 +90,6 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
     shards = writer.close()
     if not shards:
         raise ValueError(f"{src}: none of the {len(files)} files is a decodable JPEG")
-    manifest = Manifest(kind="imagenet", classes=classes, shards=shards, skipped=skipped)
+    manifest = Manifest(kind=IMAGENET.name, classes=classes, shards=shards, skipped=skipped)
     manifest.save(dst / MANIFEST_NAME)
     return manifest, skipped

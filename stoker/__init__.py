@@ -23,8 +23,8 @@ import importlib
 __version__ = "0.1.0"
 __all__ = ["Batch", "ConsumerConfig", "JobConfig", "Loader", "TextConfig"]
 
-_WHERE = {"Batch": "accel.loader", "Loader": "accel.loader", "ConsumerConfig": "accel.consumer",
-          "JobConfig": "accel.job", "TextConfig": "pipeline.text.examples"}
+_WHERE = {"Batch": "accel.loader", "Loader": "accel.loader", "ConsumerConfig": "accel.consumer_config",
+          "JobConfig": "protos.job", "TextConfig": "pipeline.text.examples"}
 
 
 def __getattr__(name: str):

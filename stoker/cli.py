@@ -9,94 +9,10 @@ import os
 import sys
 from pathlib import Path
 
-from stoker import __version__, cli_experiments
-from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, float_in, int_at_least
-
-DEFAULT_DATA_BIND = "tcp://127.0.0.1:5560"
-DEFAULT_CONTROL_BIND = "tcp://127.0.0.1:5561"
-
-
-def _add_job_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=("imagenet", "wikipedia"),
-                   help="imagenet (ResNet-50 images) or wikipedia (BERT pretraining text); "
-                        "default: what the manifest holds, else imagenet")
-    p.add_argument("--epochs", type=POSITIVE, default=1)
-    p.add_argument("--batch-size", type=POSITIVE, default=64, help="images, or rows of tokens (default 64)")
-    p.add_argument("--unit-batches", type=POSITIVE, default=4,
-                   help="a work unit holds batch-size x unit-batches images or documents (default 4)")
-    p.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    p.add_argument("--image-size", type=POSITIVE, default=224, help="output side in pixels (default 224)")
-    p.add_argument("--transform", choices=("train", "eval"), default="train")
-    p.add_argument("--crop-area", choices=("reference", "torchvision"), default="reference",
-                   help="random-resized-crop area range: MLPerf reference 0.05-1.0 or torchvision 0.08-1.0")
-    p.add_argument("--decoder", choices=("auto", "crop", "pillow", "full"), default="auto",
-                   help="JPEG decoding: crop (libjpeg-turbo, crop window only), pillow (pillow-simd draft), "
-                        "full (every pixel); auto: crop where built (default)")
-    p.add_argument("--decode-on", choices=("host", "accelerator"), default="host",
-                   help="where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes "
-                        "and crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)")
-    p.add_argument("--checksum", action="store_true", help="CRC-32C of every batch's frames, checked by the consumer")
-    p.add_argument("--world-size", type=POSITIVE, default=None,
-                   help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
-    p.add_argument("--drop-last", action="store_true",
-                   help="imagenet: every rank streams only whole batches; the few rows past them sit the epoch out "
-                        "(default: no sample is dropped, and a rank's last batches may be short)")
-    text = p.add_argument_group("wikipedia (BERT pretraining) options")
-    text.add_argument("--seq-len", type=int_at_least(8), default=128, help="tokens per row (default 128)")
-    text.add_argument("--max-predictions", type=NON_NEGATIVE, default=0,
-                      help="masked-LM targets per sequence (default: 20 at 128, 76 at 512)")
-    text.add_argument("--masked-lm-prob", type=FRACTION, default=0.15)
-    text.add_argument("--short-seq-prob", type=FRACTION, default=0.1)
-    text.add_argument("--whole-word-mask", action="store_true", help="mask whole words, not single pieces")
-    text.add_argument("--pack", action="store_true", help="pack several sequences into each row")
-    text.add_argument("--pack-max-sequences", type=POSITIVE, default=3, help="sequences per packed row (default 3)")
-
-
-def _add_consumer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--accel", choices=("null", "simulated", "torch"),
-                   help="what the consumer steps with (train: null; run: simulated, --profile a100 at --scale 0.1; "
-                        "null: the data path's ceiling)")
-    p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
-    p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
-    p.add_argument("--scale", type=float_in(0.0, 1.0),
-                   help="shrink a --profile rate (default 1; run: 0.1 for images, 1 for text)")
-    p.add_argument("--convert", action="store_true",
-                   help="--accel simulated: also convert each batch on the host as a real device feed would")
-    p.add_argument("--model", choices=("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large"),
-                   default="resnet18", help="--accel torch model (bert-*: with --dataset wikipedia)")
-    p.add_argument("--device", default="cpu", help="--accel torch device: cpu, cuda, cuda:1 ...")
-    p.add_argument("--width", type=POSITIVE, default=64,
-                   help="--accel torch: channels of the first stage (64: standard)")
-    p.add_argument("--lr", type=SECONDS, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")
-    p.add_argument("--label-smoothing", type=float_in(0.0, 1.0, low_open=False), default=0.0)
-    p.add_argument("--optimizer", choices=("sgd", "lars", "adamw", "lamb"),
-                   help="--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="--accel torch ResNet: bf16 autocasts the forward pass (as A100/H100 are benchmarked)")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="convert and copy each batch between steps instead of during the previous one")
-    p.add_argument("--decode-threads", type=POSITIVE, default=1,
-                   help="--decode-on accelerator: DALI CPU threads on the consumer (default 1)")
-    p.add_argument("--data-bind", default=DEFAULT_DATA_BIND, help=f"data socket (default {DEFAULT_DATA_BIND})")
-    p.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND,
-                   help=f"dispatcher socket (default {DEFAULT_CONTROL_BIND})")
-    p.add_argument("--advertise-host", help="host name workers use to reach this machine")
-    p.add_argument("--metrics-port", type=METRICS_PORT, default=None,
-                   help="/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)")
-    p.add_argument("--metrics-addr", default="127.0.0.1", help="/metrics address (beyond loopback: with --keys or "
-                                                                "--insecure)")
-    p.add_argument("--credit-window", type=POSITIVE, default=3, help="batches in flight per worker process")
-    p.add_argument("--keys", metavar="DIR", help="CURVE keys (stoker keys init): encrypt every link and admit only "
-                                                 "allow-listed workers")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow binding beyond loopback without --keys (trusted networks only)")
-    p.add_argument("--host-timeout", type=SECONDS, default=10.0,
-                   help="seconds without a heartbeat before a host's units are re-leased (default 10)")
-    p.add_argument("--sender-timeout", type=SECONDS, default=30.0,
-                   help="seconds a worker process may stay silent (answering no ping) before its credit window "
-                        "is freed (default 30)")
-    p.add_argument("--json", metavar="PATH", help="write the closing summary here")
-    p.add_argument("--no-progress", action="store_true")
+from pipeline.kinds import kind_of
+from stoker import __version__, cli_experiments, options
+from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, int_at_least
+from stoker.options import ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, JOB, OUTPUT, Deprecated, metrics, security
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,22 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     wikipedia.add_argument("--cased", action="store_true", help="do not lowercase (for a cased vocab)")
     wikipedia.add_argument("--seed", type=NON_NEGATIVE, default=0)
 
-    worker = sub.add_parser("worker", help="the per-host decode/augment daemon")
-    worker.add_argument("--connect", required=True, help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
+    worker = sub.add_parser("worker", help="the per-host decode/augment daemon", parents=[
+        security("CURVE key folder holding server.key and workers/NAME.key_secret"),
+        metrics(9561, "/metrics port (default %(default)s; -1: none)")])
+    worker.add_argument("--dispatcher", metavar="ENDPOINT", help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
+    worker.add_argument("--connect", dest="dispatcher", action=Deprecated, instead="--dispatcher",
+                        help=argparse.SUPPRESS)
+    worker.add_argument("--no-metrics", dest="metrics_port", action=Deprecated, nargs=0, const=-1,
+                        instead="--metrics-port -1", help=argparse.SUPPRESS)
     worker.add_argument("--procs", type=POSITIVE, default=1)
     worker.add_argument("--host-id", default="")
-    worker.add_argument("--metrics-port", type=METRICS_PORT, default=9561,
-                        help="/metrics port (default 9561; -1: none)")
-    worker.add_argument("--metrics-addr", default="127.0.0.1",
-                        help="/metrics address (beyond loopback: with --keys or --insecure)")
-    worker.add_argument("--no-metrics", action="store_true")
     worker.add_argument("--once", action="store_true", help="exit after one job (once it has heard it finish)")
     worker.add_argument("--leave-after", type=SECONDS, default=30.0,
                         help="leave a job whose dispatcher has been silent this many seconds (default 30); the "
                              "daemon keeps registering and rejoins it when it answers")
-    worker.add_argument("--keys", metavar="DIR", help="CURVE key folder holding server.key and workers/NAME.key_secret")
     worker.add_argument("--key-name", default="", help="this host's key NAME (default: the host id)")
-    worker.add_argument("--insecure", action="store_true", help="allow --metrics-addr beyond loopback without --keys")
     worker.add_argument("--parent-pid", type=POSITIVE, help="exit when the process with this pid is gone (stoker run "
                                                             "starts its daemons so)")
 
@@ -166,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     keys_list = keys.add_parser("list", help="list the keys and the allow-list")
     keys_list.add_argument("dir")
 
-    train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host")
+    train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host", parents=[
+        JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
+        security("CURVE keys (stoker keys init): encrypt every link and admit only allow-listed workers"),
+        metrics(None, "/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)"), OUTPUT])
     train.add_argument("--data", help="shards' manifest.json (or its folder); not with --dispatcher")
     train.add_argument("--dispatcher", metavar="ENDPOINT",
                        help="attach to a `stoker dispatch` at this endpoint instead of running one here")
@@ -192,26 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--key-name", default="consumer",
                        help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
                             "consumer; default: consumer)")
-    _add_job_args(train)
-    _add_consumer_args(train)
 
-    dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal")
+    dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal", parents=[
+        JOB, CONTROL_SOCKET, security("CURVE keys: workers and consumers by their keys' roles"),
+        metrics(9559, "/metrics port (default %(default)s; -1: none)")])
     dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
-    dispatch.add_argument("--control-bind", default=DEFAULT_CONTROL_BIND)
-    dispatch.add_argument("--advertise-host")
-    dispatch.add_argument("--metrics-port", type=METRICS_PORT, default=9559, help="/metrics port (default 9559; "
-                                                                                  "-1: none)")
-    dispatch.add_argument("--metrics-addr", default="127.0.0.1")
-    dispatch.add_argument("--host-timeout", type=SECONDS, default=10.0)
-    dispatch.add_argument("--keys", metavar="DIR", help="CURVE keys: workers and consumers by their keys' roles")
-    dispatch.add_argument("--insecure", action="store_true")
     dispatch.add_argument("--job-secret", metavar="FILE",
                           help="without --keys: where the consumer's job secret is kept (made on first start, mode "
                                "0600; default JOURNAL.secret, else stoker-job.secret; $STOKER_JOB_SECRET overrides)")
-    _add_job_args(dispatch)
 
-    run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine")
+    run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
+        JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
+        metrics(None, "the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), OUTPUT])
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
                                     "prepared Wikipedia text with --dataset wikipedia)")
     run.add_argument("--images", type=int_at_least(10), default=2000, help="size of the generated default image set")
@@ -219,8 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--procs", type=POSITIVE, default=1, help="decode processes per host")
     run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
                      help="host i serves on this + i (default 9561; -1: none)")
-    _add_job_args(run)
-    _add_consumer_args(run)
+    options.refused(run, "--keys", "stoker run starts its worker daemons here, over loopback, without keys; for CURVE "
+                                   "across hosts run `stoker train --keys DIR` and `stoker worker --keys DIR`")
+    run.add_argument("--insecure", action="store_true",
+                     help="allow binding beyond loopback without keys (trusted networks only)")
 
     lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
@@ -246,26 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _job_args(args: argparse.Namespace) -> dict:
-    from pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
-    from pipeline.text.examples import TextConfig
-
-    lo, hi = REFERENCE_AREA if args.crop_area == "reference" else TORCHVISION_AREA
-    text = TextConfig(seq_len=args.seq_len, max_predictions=args.max_predictions, masked_lm_prob=args.masked_lm_prob,
-                      short_seq_prob=args.short_seq_prob, whole_word_mask=args.whole_word_mask, pack=args.pack,
-                      pack_max_sequences=args.pack_max_sequences)
-    return dict(epochs=args.epochs, batch_size=args.batch_size, unit_batches=args.unit_batches, seed=args.seed,
-                image_size=args.image_size, transform=args.transform, min_area=lo, max_area=hi,
-                checksum=args.checksum, decoder=args.decoder, decode_on=args.decode_on, text=text,
-                world_size=_world_size(args), drop_last=args.drop_last)
-
-
-def _world_size(args: argparse.Namespace) -> int:
-    from accel.loader import ranks_from_env
-
-    return ranks_from_env(getattr(args, "rank", None), args.world_size, None)[1]
-
-
 # `stoker run`'s device: an A100, at a tenth for images (250 img/s) and whole for text (210 seq/s)
 RUN_PROFILE, RUN_SCALE = "a100", {"imagenet": 0.1, "wikipedia": 1.0}
 
@@ -279,45 +172,11 @@ def _accel_spec(args: argparse.Namespace):
     kind, profile, scale = args.accel, args.profile, args.scale
     if kind is None and args.command == "run" and args.rate is None:  # a device that computes: the default job
         kind, profile = "simulated", profile or RUN_PROFILE
-        scale = scale if scale is not None else RUN_SCALE[_dataset(args, args.data)]
+        scale = scale if scale is not None else RUN_SCALE[options.dataset(args, args.data)]
     kind = kind or ("simulated" if args.rate or profile else "null")
     return AccelSpec(kind=kind, rate=args.rate, profile=profile, scale=scale or 1.0, convert=args.convert,
                      model=args.model, optimizer=args.optimizer or "", precision=args.precision,
                      device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
-
-
-def _dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
-    """--dataset, else what the manifest holds, else imagenet."""
-    if args.dataset:
-        return args.dataset
-    if manifest_uri:
-        from pipeline.shards import Manifest
-
-        return "wikipedia" if Manifest.load(manifest_uri).vocab else "imagenet"
-    return "imagenet"
-
-
-def _metrics_port(args: argparse.Namespace) -> int | None:
-    from accel.consumer import rank_metrics_port
-
-    if args.metrics_port is None:
-        return rank_metrics_port(getattr(args, "rank", None) or int(os.environ.get("LOCAL_RANK") or 0))
-    return None if args.metrics_port < 0 else args.metrics_port
-
-
-def _consumer_config(args: argparse.Namespace):
-    from accel.consumer import ConsumerConfig
-
-    return ConsumerConfig(data_bind=args.data_bind, control_bind=args.control_bind,
-                          advertise_host=args.advertise_host,
-                          metrics_port=_metrics_port(args), metrics_addr=args.metrics_addr,
-                          credit_window=args.credit_window,
-                          host_timeout_s=args.host_timeout, keys=args.keys, insecure=args.insecure,
-                          dispatcher=getattr(args, "dispatcher", None), overlap=not args.no_overlap,
-                          decode_threads=args.decode_threads, sender_timeout_s=args.sender_timeout,
-                          key_name=getattr(args, "key_name", "consumer"), job_secret=getattr(args, "job_secret", None),
-                          attach_timeout_s=getattr(args, "attach_timeout", 60.0),
-                          credit_budget_mb=getattr(args, "credit_budget_mb", 1024.0))
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -379,8 +238,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         from workers.daemon import WorkerConfig, WorkerDaemon
 
-        cfg = WorkerConfig(connect=args.connect, procs=args.procs, host_id=args.host_id,
-                           metrics_port=None if args.no_metrics or args.metrics_port < 0 else args.metrics_port,
+        cfg = WorkerConfig(connect=args.dispatcher, procs=args.procs, host_id=args.host_id,
+                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
                            metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name,
                            leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid)
         return WorkerDaemon(cfg).run()
@@ -391,26 +250,21 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from accel import checkpoint
-    from accel.accelerators import NullAccelerator, make_accelerator
     from accel.consumer import Consumer
-    from accel.job import JobConfig
     from accel.loader import ranks_from_env, with_rank_zero_dispatcher
     from stoker.embedded import Progress, print_summary
 
     rank, world_size, _ = ranks_from_env(args.rank, args.world_size, None)
-    cfg = with_rank_zero_dispatcher(_consumer_config(args), rank)
-    job = None if cfg.dispatcher else JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data),
-                                                **_job_args(args))
+    cfg = with_rank_zero_dispatcher(options.consumer_config(args), rank)
+    job = None if cfg.dispatcher else options.job_config(args)
     resume = None
     if args.resume and args.resume == args.checkpoint and not Path(args.resume).exists():
         print(f"stoker train: no checkpoint at {args.resume} yet; starting the job from the beginning")
     elif args.resume:
         resume = checkpoint.load(args.resume)
-    consumer = Consumer(cfg, job, NullAccelerator(), resume=resume, rank=rank,
-                        world_size=world_size if cfg.dispatcher and args.world_size else None)
     spec = _accel_spec(args)
-    consumer.accelerator = make_accelerator(spec, consumer.job.dataset, len(consumer.manifest.classes),
-                                            consumer.manifest.vocab_size, consumer.job.text.seq_len)
+    consumer = Consumer(cfg, job, spec.factory(), resume=resume, rank=rank,
+                        world_size=world_size if cfg.dispatcher and args.world_size else None)
     if args.resume and checkpoint.load_model(consumer.accelerator, args.resume):
         print(f"stoker train: model and optimizer restored from {checkpoint.model_path(args.resume)}")
     consumer.start()
@@ -443,11 +297,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from stoker.embedded import RunConfig, print_summary, run_embedded
 
     spec = _accel_spec(args)
-    cfg = RunConfig(data=args.data, dataset=_dataset(args, args.data), images=args.images, hosts=args.hosts,
-                    procs=args.procs, accel=spec, consumer=_consumer_config(args),
+    cfg = RunConfig(data=args.data, dataset=options.dataset(args, args.data), images=args.images, hosts=args.hosts,
+                    procs=args.procs, accel=spec, consumer=options.consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
                     progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)))
-    summaries = run_embedded(_job_args(args), cfg)
+    summaries = run_embedded(options.job_fields(args), cfg)
     print_summary(summaries, args.json, cfg.accel)
     return 0
 
@@ -469,9 +323,8 @@ def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:
     from accel.control.service import DispatchConfig, DispatchService
-    from accel.job import JobConfig
 
-    job = JobConfig(manifest_uri=args.data, dataset=_dataset(args, args.data), **_job_args(args))
+    job = options.job_config(args)
     service = DispatchService(DispatchConfig(
         control_bind=args.control_bind, advertise_host=args.advertise_host,
         journal=args.journal, host_timeout_s=args.host_timeout,
@@ -558,16 +411,15 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      "not both")
     if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
         parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
-    if getattr(args, "drop_last", False) and getattr(args, "dataset", None) == "wikipedia":
+    if getattr(args, "drop_last", False) and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
-    if command == "run" and args.keys and (args.world_size or 1) > 1:
-        parser.error("run: argument --world-size: with --keys, start the ranks with `stoker train --rank R` and "
-                     "consumer keys (stoker keys add DIR NAME --role consumer)")
+    if command == "worker" and not args.dispatcher:
+        parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")
-    if command in ("train", "run", "dispatch", "worker") and not (args.keys or args.insecure):
+    if command in ("train", "run", "dispatch", "worker") and not (getattr(args, "keys", None) or args.insecure):
         names = {"--metrics-addr": args.metrics_addr}
         if command in ("train", "run"):
             names |= {"--data-bind": args.data_bind, "--control-bind": args.control_bind}

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from stoker.flags import POSITIVE, SECONDS, float_in
+from stoker.options import emit_json, json_option
 
 DEFAULT_CALIBRATION = Path("stoker-calibration.json")
 PRICE = float_in(0.0, low_open=False)
@@ -60,18 +61,18 @@ def add_parsers(sub) -> None:
     plan.add_argument("--host-price", type=PRICE, help="US$ per host server (default 25,000: an assumption)")
     plan.add_argument("--accel-price", type=PRICE, help="US$ for the system (default: its list price, if known)")
     plan.add_argument("--samples", type=SECONDS, help="samples to train (default: MLPerf's, see stoker/planning.py)")
-    plan.add_argument("--json", metavar="PATH")
+    json_option(plan, "the plans")
 
     status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics")
     status.add_argument("--metrics", default="http://127.0.0.1:9560/metrics", help="the consumer's /metrics URL")
-    status.add_argument("--json", action="store_true")
+    json_option(status, "the figures (with --watch: one line per refresh)")
     status.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
     status.add_argument("--interval", type=float_in(0.1), default=1.0, help="--watch: seconds between refreshes")
     status.add_argument("--count", type=POSITIVE, help="--watch: stop after this many refreshes")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from stoker.datasets import default_imagenet, default_wikipedia
+    from stoker.datasets import default_manifest
     from stoker.sweep import SweepConfig, run_sweep, write_outputs
 
     out = args.out or Path("sweeps") / args.dataset
@@ -79,7 +80,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                       procs=args.procs, profile=args.profile, scale=args.scale, seconds=args.seconds,
                       data=args.data, loopback=args.loopback, ranks=args.ranks,
                       train_args=tuple(a for a in args.train_args if a != "--"))
-    manifest = args.data or str(default_wikipedia() if args.dataset == "wikipedia" else default_imagenet())
+    manifest = args.data or str(default_manifest(args.dataset))
     points = run_sweep(cfg, manifest, progress=not args.no_progress)
     paths = write_outputs(points, out)
     print((out / "sweep.md").read_text())
@@ -137,8 +138,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if len(plans) > 1:
             print(compare(plans))
         out += [p.as_dict() for p in plans]
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    emit_json(args.json, out, "plans")
     return 0
 
 
@@ -147,7 +147,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     if not args.watch:
         status = read_status(args.metrics)
-        print(json.dumps(status, indent=1) if args.json else status["text"])
+        if args.json:
+            emit_json(args.json, status, "status")
+        else:
+            print(status["text"])
         return 0
     return _watch(args)
 
@@ -171,7 +174,12 @@ def _watch(args: argparse.Namespace) -> int:
             return 0
         now = time.monotonic()
         if args.json:
-            print(json.dumps({k: v for k, v in new.items() if k != "text"}), flush=True)
+            line = json.dumps({k: v for k, v in new.items() if k != "text"})
+            if args.json == "-":
+                print(line, flush=True)
+            else:
+                with open(args.json, "a") as out:
+                    out.write(line + "\n")
         else:
             frame = watch_frame(old, new, now - at)
             print(("\033[H\033[2J" if redraw else "") + f"{time.strftime('%H:%M:%S')}  {args.metrics}\n{frame}\n",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.kinds import IMAGENET, WIKIPEDIA, kind_of
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import MANIFEST_NAME
 from pipeline.synth import SynthConfig, generate
@@ -41,3 +42,10 @@ def default_wikipedia(root: Path | None = None, progress: bool = True) -> Path:
     print(f"stoker: tokenizing into {base / 'shards'}", flush=True)
     prepare_wikipedia(corpus.text, base / "shards", corpus.vocab, TextPrepareConfig(progress=progress))
     return manifest
+
+
+def default_manifest(dataset: str, images: int = DEFAULT_IMAGES, progress: bool = True) -> Path:
+    """The default set of a dataset kind (pipeline.kinds), made on first use."""
+    makers = {IMAGENET.name: lambda: default_imagenet(images, progress=progress),
+              WIKIPEDIA.name: lambda: default_wikipedia(progress=progress)}
+    return makers[kind_of(dataset).name]()

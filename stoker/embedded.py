@@ -27,11 +27,14 @@ from types import SimpleNamespace
 
 from tqdm import tqdm
 
-from accel.accelerators import AccelSpec, NullAccelerator, make_accelerator
-from accel.consumer import Consumer, ConsumerConfig, Summary, rank_metrics_port
-from accel.job import JobConfig
+from accel.accelerators import AccelSpec
+from accel.consumer import Consumer, Summary
+from accel.consumer_config import ConsumerConfig, rank_metrics_port
+from pipeline.kinds import kind_of
 from protos import job_secret
-from stoker.datasets import default_imagenet, default_wikipedia
+from protos.job import JobConfig
+from stoker.datasets import default_manifest
+from stoker.options import emit_json
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,9 @@ class RunConfig:
 
 
 def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str) -> list[str]:
-    cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--connect", connect,
+    cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--dispatcher", connect,
            "--procs", str(procs), "--host-id", host_id, "--once", "--parent-pid", str(os.getpid())]
-    cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--no-metrics"]
+    cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--metrics-port", "-1"]
     return cmd
 
 
@@ -95,8 +98,8 @@ def _watch(daemons: list[DaemonProcess], consumer: Consumer, done: threading.Eve
 
 class Progress:
     def __init__(self, total: int, enabled: bool, dataset: str = "imagenet") -> None:
-        unit = "doc" if dataset == "wikipedia" else "img"
-        self.bar = tqdm(total=total, unit=unit, desc="stoker run", disable=not enabled, smoothing=0.1)
+        self.bar = tqdm(total=total, unit=kind_of(dataset).progress_unit, desc="stoker run", disable=not enabled,
+                        smoothing=0.1)
         self.last = 0.0
 
     def __call__(self, consumer: Consumer, force: bool = False) -> None:
@@ -117,18 +120,11 @@ class Progress:
 def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
     """Run one job end to end; job_args are JobConfig fields other than manifest_uri. Returns each
     rank's summary (rank 0's first)."""
-    if cfg.data:
-        manifest = cfg.data
-    elif cfg.dataset == "wikipedia":
-        manifest = str(default_wikipedia(progress=cfg.progress))
-    else:
-        manifest = str(default_imagenet(cfg.images, progress=cfg.progress))
+    manifest = cfg.data or str(default_manifest(cfg.dataset, cfg.images, progress=cfg.progress))
     job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
     if job.world_size > 1 and not cfg.consumer.keys:
         os.environ.setdefault(job_secret.ENV, secrets.token_hex(32))  # rank 0 and its children share it
-    consumer = Consumer(cfg.consumer, job, NullAccelerator())
-    consumer.accelerator = make_accelerator(cfg.accel, job.dataset, len(consumer.manifest.classes),
-                                            consumer.manifest.vocab_size, job.text.seq_len)
+    consumer = Consumer(cfg.consumer, job, cfg.accel.factory())
     consumer.start()
     daemons: list[DaemonProcess] = []
     progress = Progress(job.epochs * consumer.plan.rank_sizes[0], cfg.progress, job.dataset)
@@ -235,7 +231,8 @@ def print_summary(summaries: Summary | list[dict], json_path: str | None, accel:
                   f"{r['delivered_samples_per_s']:.0f}/s, stall {100 * r['stall_fraction']:.1f}%")
     data = job_totals(ranks) if len(ranks) > 1 else ranks[0]
     s = SimpleNamespace(**data)
-    noun = "documents" if s.dataset == "wikipedia" else "samples"
+    kind = kind_of(s.dataset)
+    noun = kind.sample_noun
     procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
     who = f" to {len(ranks)} ranks" if len(ranks) > 1 else ""
     print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
@@ -252,7 +249,7 @@ def print_summary(summaries: Summary | list[dict], json_path: str | None, accel:
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
     print(f"stage seconds: {stages}")
     fed = data["feeding"] = feeding(data, accel)
-    unit = "sequences" if s.dataset == "wikipedia" else "images"
+    unit = kind.row_noun
     if accel is not None and accel.kind == "null":
         print("device: null (it never computes, so the stall is the data path's ceiling, not what a device "
               "needs; `stoker run`'s default feeds a simulated A100 at 1/10 scale)")
@@ -264,6 +261,4 @@ def print_summary(summaries: Summary | list[dict], json_path: str | None, accel:
             line += (f"; a full-size {fed['system']} ({fed['system_rate']:,.0f} {unit}/s, run here at "
                      f"{fed['scale']:g} scale) needs about {fed['cores_per_system']:.1f} such cores")
         print(line)
-    if json_path:
-        Path(json_path).write_text(json.dumps(data, indent=1))
-        print(f"summary written to {json_path}")
+    emit_json(json_path, data)

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from accel.profiles import profile_rate
 from pipeline.files import write_atomically
+from pipeline.kinds import kind_of
 from stoker.planning import WORKLOADS
 
 log = logging.getLogger("stoker.sweep")
@@ -208,7 +209,7 @@ def write_outputs(points: list[Point], out: Path) -> list[Path]:
 def markdown(points: list[Point]) -> str:
     k = knee(points)
     first = points[0]
-    unit = "seq" if first.dataset == "wikipedia" else "img"
+    unit = "seq" if kind_of(first.dataset).text else "img"
     against = (f"{first.profile} x {first.scale:g} ({first.accel_rate:,.0f} {unit}/s when never waiting)"
                if first.accel_rate else "a real training step")
     lines = [f"Sweep of {first.dataset} against {against}", "",
@@ -243,7 +244,7 @@ def plot(points: list[Point], path: Path) -> None:
     by_cores = sorted(points, key=lambda p: p.total_cores)
     x = [p.cores_per_system for p in by_cores]
     first = by_cores[0]
-    unit = "sequences/s" if first.dataset == "wikipedia" else "images/s"
+    unit = f"{kind_of(first.dataset).row_noun}/s"
     fig, (rate_ax, stall_ax, time_ax) = plt.subplots(1, 3, figsize=(14, 4))
     rate_ax.plot(x, [p.rows_per_s for p in by_cores], "o-", label="delivered")
     if first.accel_rate:

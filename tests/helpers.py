@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from accel.accelerators import NullAccelerator, SimulatedAccelerator
+from accel.accelerators import SimulatedAccelerator
 from accel.consumer import Consumer, ConsumerConfig, Summary
-from accel.job import JobConfig
+from accel.stepping import given
+from protos.job import JobConfig
 
 
 def free_port() -> int:
@@ -49,7 +50,7 @@ class Daemon:
                  extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.metrics_port = free_port()
         self.log_path = log_dir / f"{host_id}.log"
-        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--connect", connect,
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher", connect,
                "--procs", str(procs), "--host-id", host_id, "--metrics-port", str(self.metrics_port)]
         if once:
             cmd.append("--once")
@@ -102,7 +103,7 @@ def consumer_for(manifest_uri: str, epochs: int = 2, accel=None, **job) -> Consu
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
     job.setdefault("batch_size", 16)
     job.setdefault("unit_batches", 2)
-    return Consumer(cfg, JobConfig(manifest_uri=manifest_uri, epochs=epochs, **job), accel or NullAccelerator())
+    return Consumer(cfg, JobConfig(manifest_uri=manifest_uri, epochs=epochs, **job), given(accel) if accel else None)
 
 
 class Job:

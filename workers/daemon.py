@@ -25,6 +25,7 @@ from prometheus_client import multiprocess
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys, is_loopback
+from protos.job import JobConfig
 from protos.sd_notify import Notifier
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
@@ -128,7 +129,7 @@ class WorkerDaemon:
             self.stopping = True
         return self.stopping
 
-    def _register(self) -> pb.JobSpec | None:
+    def _register(self) -> JobConfig | None:
         """Wait for a dispatcher (back-off inside the client) and take its job."""
         log.info("%s: registering with %s", self.host_id, self.cfg.connect)
         while not self.stopping:
@@ -141,16 +142,16 @@ class WorkerDaemon:
             if reply.WhichOneof("kind") == "registered" and reply.registered.job.job_id != self._finished_job:
                 log.info("%s: joined job %s, data to %s", self.host_id, reply.registered.job.job_id,
                          reply.registered.job.data_endpoint)
-                return reply.registered.job
+                return JobConfig.from_proto(reply.registered.job)
             time.sleep(1.0)  # the dispatcher still serves the job we finished: wait for a new one
         return None
 
-    def _spawn(self, child: _Child, job: pb.JobSpec) -> None:
+    def _spawn(self, child: _Child, job: JobConfig) -> None:
         child.incarnation += 1
         child.restart_at = None
         child.started = time.monotonic()
         worker_id = self._worker_id(child)
-        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job.SerializeToString(), os.getpid(),
+        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(),
                            self.curve)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
@@ -158,7 +159,7 @@ class WorkerDaemon:
     def _worker_id(self, child: _Child) -> str:
         return f"{self.host_id}/p{child.index}.{child.incarnation}"
 
-    def _run_job(self, job: pb.JobSpec) -> bool:
+    def _run_job(self, job: JobConfig) -> bool:
         """Serve one job; True when it is finished, False when we left it (or were stopped)."""
         children = [_Child(i) for i in range(self.cfg.procs)]
         for child in children:
@@ -197,7 +198,7 @@ class WorkerDaemon:
         self._drain(children, release=self.stopping and not self._parent_gone())
         return not left and not self.stopping
 
-    def _reap(self, child: _Child, job: pb.JobSpec, job_finished: bool) -> None:
+    def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
         if child.restart_at is not None:
             if job_finished:

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import zmq
 
-from pipeline.plan import Segment, Unit
+from pipeline.plan import Unit
 from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
 from protos.framing import encode_tensors
+from protos.job import JobConfig
 from protos.leases import STARVED
+from protos.units import unit_from_proto
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
 from workers.sender import DataSender, Lease, LeaseRefused, Rejected, Starved
@@ -44,7 +46,7 @@ class ProcessSpec:
     host_id: str
     worker_id: str
     control_endpoint: str
-    job: bytes  # serialized pb.JobSpec
+    job: JobConfig
     parent_pid: int  # the daemon: this process stops when it is gone
     curve: ClientKeys | None = None  # this host's CURVE keys, when the service uses them
 
@@ -62,8 +64,7 @@ def run_process(spec: ProcessSpec) -> int:
     """The child's main loop; returns its exit code."""
     exit_with_parent(spec.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    job = pb.JobSpec()
-    job.ParseFromString(spec.job)
+    job = spec.job
     try:
         source = make_source(Manifest.load(job.manifest_uri), job)
     except (OSError, ValueError) as exc:
@@ -97,10 +98,9 @@ def run_process(spec: ProcessSpec) -> int:
             if kind != "unit":
                 raise RuntimeError(f"unexpected reply to a lease request: {reply}")
             w = reply.unit
-            unit = Unit(w.unit_id, w.epoch, tuple(Segment(g.shard_index, g.start, g.stop, g.first_sample_id)
-                                                  for g in w.segments), w.rank, w.position)
+            unit = unit_from_proto(w)
             log.debug("%s: leased unit %d", spec.worker_id, w.unit_id)
-            sender = sender_for(w.data_endpoint or job.data_endpoint)
+            sender = sender_for(w.data_endpoint)
             sender.start_unit(Lease(w.unit_id, w.lease_token))
             if carried is not None and carried[0] == unit.unit_id:
                 _, batches, pending = carried  # the unit this process handed back: on from where it was

@@ -18,13 +18,15 @@ import numpy as np
 
 from pipeline.augment import CROP_DECODER_AVAILABLE, EvalTransform, TrainTransform, Transform
 from pipeline.batching import sample_work, unit_batches
+from pipeline.kinds import IMAGENET, WIKIPEDIA
 from pipeline.plan import Unit
 from pipeline.shards import Manifest, ShardReader
 from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import ShardError, read_doc_shard
-from pipeline.text.examples import Specials, TextConfig
+from pipeline.text.examples import Specials
 from pipeline.text.vocab import Vocab
 from protos import stoker_pb2 as pb
+from protos.job import JobConfig
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger("stoker.worker")
@@ -41,7 +43,7 @@ class BatchSource(Protocol):
     def batches(self, unit: Unit) -> Iterator[Outgoing]: ...
 
 
-def transform_of(job: pb.JobSpec) -> Transform:
+def transform_of(job: JobConfig) -> Transform:
     if job.transform == "eval":
         return EvalTransform(size=job.image_size)
     return TrainTransform(size=job.image_size, min_area=job.min_area, max_area=job.max_area)
@@ -56,15 +58,15 @@ def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: in
 
 
 class ImageSource:
-    def __init__(self, manifest: Manifest, job: pb.JobSpec) -> None:
+    def __init__(self, manifest: Manifest, job: JobConfig) -> None:
         self.manifest = manifest
         self.job = job
         self.transform = transform_of(job)
-        self.decoder = job.decoder or "auto"
+        self.decoder = job.decoder
         if self.decoder == "crop" and not CROP_DECODER_AVAILABLE:
             log.warning("the crop-window decoder was not built on this host (no libjpeg-turbo headers at "
                         "install time); decoding with pillow-simd")
-        self.work = sample_work(self.transform, self.decoder, job.decode_on or "host")
+        self.work = sample_work(self.transform, self.decoder, job.decode_on)
         self.readers: dict[int, ShardReader | str] = {}  # shard -> reader, or why it cannot be read
 
     def _reader(self, shard: int) -> ShardReader | str:
@@ -95,10 +97,10 @@ class ImageSource:
 
 
 class TextSource:
-    def __init__(self, manifest: Manifest, job: pb.JobSpec) -> None:
+    def __init__(self, manifest: Manifest, job: JobConfig) -> None:
         self.manifest = manifest
         self.job = job
-        self.cfg = TextConfig.from_spec(job.text)
+        self.cfg = job.text
         if not manifest.vocab:
             raise ValueError(f"{manifest.uri}: a wikipedia job needs a text manifest with a vocab "
                              f"(this one is {manifest.kind!r}); make one with `stoker prepare wikipedia`")
@@ -143,9 +145,10 @@ class TextSource:
             yield Outgoing(header, tensors, observe)
 
 
-def make_source(manifest: Manifest, job: pb.JobSpec) -> BatchSource:
-    if job.dataset == "wikipedia":
-        return TextSource(manifest, job)
-    if manifest.kind != "imagenet":
-        raise ValueError(f"{manifest.uri}: an imagenet job cannot read a {manifest.kind!r} manifest")
-    return ImageSource(manifest, job)
+SOURCES: dict[str, Callable[[Manifest, JobConfig], BatchSource]] = {
+    IMAGENET.name: ImageSource, WIKIPEDIA.name: TextSource}  # one per pipeline.kinds entry
+
+
+def make_source(manifest: Manifest, job: JobConfig) -> BatchSource:
+    job.check_fits(manifest)
+    return SOURCES[job.dataset](manifest, job)

@@ -31,6 +31,7 @@ from protos.droplog import DropLog
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
+from protos.units import unit_to_proto
 
 log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted
@@ -134,11 +135,7 @@ class ControlServer:
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
             token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)
-            return pb.ControlReply(unit=pb.WorkUnit(
-                unit_id=unit.unit_id, epoch=unit.epoch, lease_token=token, rank=unit.rank, position=unit.position,
-                data_endpoint=d.endpoint(unit.rank) or "",
-                segments=[pb.Segment(shard_index=g.shard_index, start=g.start, stop=g.stop,
-                                     first_sample_id=g.first_sample_id) for g in unit.segments]))
+            return pb.ControlReply(unit=unit_to_proto(unit, token, d.endpoint(unit.rank) or ""))
         if kind == "release":
             r = request.release
             count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None)

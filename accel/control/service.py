@@ -30,11 +30,11 @@ from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
 from accel.control.metrics import ControlMetrics
 from accel.control.server import AccessPolicy, ControlServer, control_router, ticker
-from accel.job import JobConfig, check_dataset
 from pipeline.shards import Manifest
 from protos import job_secret
 from protos.curve import ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
+from protos.job import JobConfig
 from protos.leases import KEY_BYTES, LeaseSigner
 from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
@@ -76,14 +76,14 @@ class DispatchService:
             os.environ[job_secret.ENV].strip().encode() if self.secret_file is None
             else job_secret.load_or_create(self.secret_file))
         manifest = Manifest.load(job.manifest_uri)
-        check_dataset(job, manifest)
+        job.check_fits(manifest)
         self.metrics = ControlMetrics()
         if self.journal and self.journal.replayed:
             log.info("continuing from %s: %d units done, %d leases open", cfg.journal,
                      len(self.journal.replayed.done), len(self.journal.replayed.leases))
         self.dispatcher = Dispatcher(job.plan(manifest), cfg.host_timeout_s, journal=self.journal,
                                      on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n),
-                                     planned_batches=job.planned_batches if job.dataset == "imagenet" else None)
+                                     planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
         self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.endpoint = ""
         self.stop = threading.Event()
@@ -116,7 +116,7 @@ class DispatchService:
             self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
                                   remote_consumers=True)
-            server = ControlServer(control, self.dispatcher, self.job.spec(""), self.metrics,
+            server = ControlServer(control, self.dispatcher, self.job.to_proto(), self.metrics,
                                    self.leases, access)
             server.update_gauges()
             self.ready.set()

@@ -39,15 +39,6 @@ class TextConfig:
         if self.max_predictions < 0 or self.pack_max_sequences < 1:
             raise ValueError("max_predictions must be >= 0 and pack_max_sequences >= 1")
 
-    @classmethod
-    def from_spec(cls, spec) -> TextConfig:
-        """From a wire `TextSpec` (protos/stoker.proto); unset fields take the defaults."""
-        default = cls()
-        return cls(seq_len=spec.seq_len or default.seq_len, max_predictions=spec.max_predictions,
-                   masked_lm_prob=spec.masked_lm_prob or default.masked_lm_prob, short_seq_prob=spec.short_seq_prob,
-                   whole_word_mask=spec.whole_word_mask, pack=spec.pack,
-                   pack_max_sequences=spec.pack_max_sequences or default.pack_max_sequences)
-
     @property
     def predictions_per_sequence(self) -> int:
         if self.max_predictions:

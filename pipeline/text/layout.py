@@ -15,17 +15,10 @@ Packed (up to S sequences per row), as the packed-BERT models expect:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from pipeline.tensors import TensorSpec
 from pipeline.text.examples import Sequence, TextConfig
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    dtype: str  # numpy dtype string as it travels
-    shape: tuple[int, ...]  # per row
 
 
 def tensor_specs(cfg: TextConfig) -> dict[str, TensorSpec]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from pipeline.kinds import WIKIPEDIA
 from pipeline.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
 from pipeline.storage import join, staged
 from pipeline.text.docs import write_doc_shard
@@ -26,7 +27,7 @@ from pipeline.text.sentences import split_sentences
 from pipeline.text.vocab import Vocab
 
 _BLANK_LINES = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")
-TEXT_KIND = "wikipedia"
+TEXT_KIND = WIKIPEDIA.name
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,7 @@ class Lab:
         member = Member(name, address, f"{PREFIX}{name}" if netns else None, log=str(state_dir() / f"{name}.log"),
                         metrics=f"http://{address}:{port}/metrics")
         cgroup = Path(state.cgroups[0]) / name if state.cgroups else None
-        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--connect", state.control_endpoint,
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher", state.control_endpoint,
                "--procs", str(self.cfg.procs), "--host-id", name, "--metrics-addr", address,
                "--metrics-port", str(port), "--keys", str(state_dir() / "keys"), "--key-name", name]
         member.pid = _spawn(cmd, member.netns, cgroup, Path(member.log))

@@ -1,0 +1,101 @@
+"""The dispatcher as its own process: killed mid-epoch and restarted from its journal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import zmq
+
+from accel.accelerators import SimulatedAccelerator
+from accel.consumer import Consumer, ConsumerConfig
+from accel.control.journal import replay
+from accel.control.remote import NotAConsumer, attach
+from accel.stepping import given
+from protos import stoker_pb2 as pb
+from protos.curve import ClientKeys, add_key, init_keys
+from tests.helpers import Daemon, assert_exactly_once, free_port, wait_for
+from tests.strangers import call, dealer
+
+
+def _dispatcher(manifest_uri: str, control: str, data: str, journal, log_path,
+                extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "dispatch", "--data", manifest_uri,
+           "--journal", str(journal), "--control-bind", control, "--metrics-port", "-1",
+           "--host-timeout", "3", "--epochs", "2", "--batch-size", "16", "--unit-batches", "2",
+           "--job-secret", f"{journal}.key", *extra]
+    return subprocess.Popen(cmd, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
+                            env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"})
+
+
+def test_a_dispatcher_restarted_from_its_journal_finishes_the_epoch(manifest, log_dir):
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    journal = log_dir / "dispatch.journal"
+    first = _dispatcher(manifest.uri, control, data, journal, log_dir / "dispatch.log")
+    secret = log_dir / "dispatch.journal.key"
+    assert wait_for(secret.exists, timeout=30)
+    consumer = Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None, job_secret=str(secret)),
+                        None, given(SimulatedAccelerator(rate=250)))
+    consumer.start()
+    daemons = [Daemon(control, f"host{i}", 1, log_dir) for i in range(2)]
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(summary=consumer.run()), daemon=True)
+    runner.start()
+    second = None
+    try:
+        ctx = zmq.Context()
+        stranger = dealer(ctx, control)
+        for i, guess in enumerate((b"", b"0" * 64), 1):  # acks without the job secret end nothing
+            reply = call(stranger, pb.ControlRequest(ack=pb.Ack(unit_ids=list(range(100))), job_credential=guess), i)
+            assert reply.WhichOneof("kind") == "error" and "only the job's consumer" in reply.error.message
+        ctx.destroy(linger=0)
+        assert wait_for(lambda: consumer.ledger.samples > 0.3 * 2 * manifest.num_samples, timeout=60)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        done_before = len(replay(journal).done)
+        assert done_before > 0
+        second = _dispatcher(manifest.uri, control, data, journal, log_dir / "dispatch.log")
+        runner.join(120)
+        assert not runner.is_alive(), (log_dir / "dispatch.log").read_text()[-3000:]
+        codes = [d.wait(timeout=60) for d in daemons]
+        assert codes == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+        assert second.wait(30) == 0
+    finally:
+        consumer.stop()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    summary = result["summary"]
+    assert_exactly_once(summary, manifest.num_samples, 2)
+    assert consumer.ledger.collisions == 0 and summary.duplicates_dropped >= 0
+    assert summary.hosts == 2  # counted from the batches, also when the dispatcher is elsewhere
+    log = (log_dir / "dispatch.log").read_text()
+    assert "continuing from" in log and f"{done_before} units done" in log
+
+
+def test_with_keys_only_a_consumer_key_attaches_to_a_separate_dispatcher(manifest, log_dir, tmp_path):
+    keys = init_keys(tmp_path / "keys")
+    add_key(keys, "cpu-0")
+    add_key(keys, "rank-0", role="consumer")
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    service = _dispatcher(manifest.uri, control, data, log_dir / "j", log_dir / "dispatch.log", ("--keys", str(keys)))
+    with pytest.raises(NotAConsumer, match="only the job's consumer"):  # a worker key is refused as a consumer
+        attach(control, "cpu-0", ClientKeys.load(keys, "cpu-0"), timeout_s=30)
+    consumer = Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None, keys=str(keys),
+                                       key_name="rank-0"), None, given(SimulatedAccelerator(rate=1000)))
+    daemon = Daemon(control, "cpu-0", 1, log_dir, extra=("--keys", str(keys)))
+    try:
+        summary = consumer.run()
+        assert daemon.wait(timeout=30) == 0, daemon.output()
+        assert service.wait(30) == 0
+    finally:
+        consumer.stop()
+        daemon.stop()
+        if service.poll() is None:
+            service.kill()
+    assert_exactly_once(summary, manifest.num_samples, 2)
+    assert not (log_dir / "j.key").exists()  # with keys there is no job secret to keep

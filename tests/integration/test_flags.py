@@ -1,0 +1,66 @@
+"""Bad flags fail at once: exit 2, one line that names the flag and what it allows, no traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "stoker", *args], capture_output=True, text=True, timeout=timeout)
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["run", "--procs", "0"], "--procs"),
+    (["run", "--hosts", "0"], "--hosts"),
+    (["run", "--credit-window", "0"], "--credit-window"),
+    (["run", "--image-size", "0"], "--image-size"),
+    (["run", "--metrics-port", "70000"], "--metrics-port"),
+    (["run", "--worker-metrics-port", "65535", "--hosts", "2"], "--worker-metrics-port"),
+    (["run", "--epochs", "-1"], "--epochs"),
+    (["run", "--masked-lm-prob", "1.5"], "--masked-lm-prob"),
+    (["run", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
+    (["train", "--data", "x", "--checkpoint-every", "0"], "--checkpoint-every"),
+    (["train", "--data", "x", "--host-timeout", "0"], "--host-timeout"),
+    (["train", "--data", "x", "--data-bind", "tcp://0.0.0.0:5560"], "--data-bind"),
+    (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--procs", "0"], "--procs"),
+    (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
+    (["dispatch", "--data", "x", "--metrics-port", "-7"], "--metrics-port"),
+    (["run", "--world-size", "0"], "--world-size"),
+    (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
+    (["sweep", "--hosts", "0,1"], "--hosts"),
+])
+def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
+    result, took = _stoker(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert flag in lines[0] and "Traceback" not in result.stderr
+    assert took < 10
+
+
+def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result, took = _stoker("run", "--data", manifest.uri, "--hosts", "1", "--no-progress", "--metrics-port", "-1",
+                               "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                               "--worker-metrics-port", str(port), timeout=30)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("stoker: error: worker daemon host0 exited with code 2") and str(port) in last, last
+    assert "Traceback" not in result.stderr and took < 10
+
+
+def test_a_manifest_that_is_not_json_is_named(tmp_path):
+    bad = tmp_path / "manifest.json"
+    bad.write_text("<html>not a manifest</html>")
+    result, _ = _stoker("train", "--data", str(bad), "--metrics-port", "-1")
+    assert result.returncode == 2 and str(bad) in result.stderr and "not JSON" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

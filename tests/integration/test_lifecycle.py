@@ -1,0 +1,205 @@
+"""Daemons and their processes across restarts and deaths: rejoining a job, dying with a parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from accel import checkpoint
+from accel.accelerators import SimulatedAccelerator
+from accel.consumer import Consumer, ConsumerConfig
+from accel.stepping import given
+from protos.job import JobConfig
+from tests.helpers import Daemon, RecordingAccelerator, free_port, wait_for
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_consumer_restarted_after_the_daemons_left_gets_them_back(manifest, log_dir, tmp_path):
+    """The daemons leave the job after 2 s of silence; the consumer comes back 6 s after it died,
+    from its checkpoint, and they rejoin the same job: the epoch completes exactly once."""
+    cfg = ConsumerConfig(data_bind=f"tcp://127.0.0.1:{free_port()}", control_bind=f"tcp://127.0.0.1:{free_port()}",
+                         metrics_port=None, host_timeout_s=3.0)
+    job = JobConfig(manifest_uri=manifest.uri, epochs=1, batch_size=16, unit_batches=2)
+    before = RecordingAccelerator(rate=200)
+    first = Consumer(cfg, job, given(before))
+    first.start()
+    daemons = [Daemon(first.control_endpoint, f"host{i}", 1, log_dir, extra=("--leave-after", "2"))
+               for i in range(2)]
+
+    def step_then_maybe_die(consumer: Consumer) -> None:
+        if len(before.samples()) >= 0.4 * manifest.num_samples:
+            checkpoint.save(consumer.state_dict(), tmp_path / "data.json")
+            raise Crash
+
+    try:
+        with pytest.raises(Crash):
+            first.run(on_step=step_then_maybe_die)
+    finally:
+        first.stop()
+    died = time.monotonic()
+    assert wait_for(lambda: all("leaving job" in d.output() for d in daemons), timeout=30), daemons[0].output()
+    time.sleep(max(0.0, 6.0 - (time.monotonic() - died)))
+    state = checkpoint.load(tmp_path / "data.json")
+    after = RecordingAccelerator(rate=200)
+    second = Consumer(cfg, job, given(after), resume=state)
+    try:
+        summary = second.run()
+        codes = [d.wait(timeout=30) for d in daemons]
+    finally:
+        second.stop()
+        for d in daemons:
+            d.stop()
+    assert codes == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    everything = np.concatenate([before.samples(), after.samples()])
+    assert sorted(everything.tolist()) == list(range(manifest.num_samples))  # once each, across the restart
+    assert summary.samples == len(after.samples())
+    assert all(d.output().count(f"joined job {first.job.job_id}") == 2 for d in daemons)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] != "Z":
+                    return False
+        except FileNotFoundError:
+            continue
+    return True
+
+
+def test_decode_processes_die_with_their_daemon(manifest, log_dir):
+    consumer = Consumer(ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0",
+                                       metrics_port=None),
+                        JobConfig(manifest_uri=manifest.uri, epochs=50, batch_size=16),
+                        given(SimulatedAccelerator(rate=50)))
+    consumer.start()
+    daemon = Daemon(consumer.control_endpoint, "h0", 2, log_dir)
+    try:
+        assert wait_for(lambda: len(daemon.children()) == 2, timeout=30), daemon.output()
+        children = daemon.children()
+        daemon.proc.send_signal(signal.SIGKILL)  # only the daemon: no chance to drain
+        daemon.proc.wait(10)
+        assert wait_for(lambda: _gone(children), timeout=10), f"decode processes {children} outlived their daemon"
+    finally:
+        daemon.stop()
+        consumer.stop()
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_worker_daemons_die_with_their_stoker_run(manifest, tmp_path):
+    """kill -9 `stoker run`: its daemons and their processes go too, and free their metrics ports."""
+    port = free_port()
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.Popen([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "50",
+                            "--accel", "simulated", "--rate", "50", "--no-progress", "--metrics-port", "-1",
+                            "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                            "--worker-metrics-port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: not _port_free(port) and not _port_free(port + 1), timeout=60)
+        daemons = _children(run.pid)
+        assert len(daemons) == 2 and wait_for(lambda: all(_children(d) for d in daemons), timeout=30)
+        family = daemons + [c for d in daemons for c in _children(d)]  # each with its decode process
+        run.send_signal(signal.SIGKILL)
+        run.wait(10)
+        assert wait_for(lambda: _gone(family), timeout=10), "daemons outlived stoker run"
+        assert _port_free(port) and _port_free(port + 1)
+        assert not list(tmp_path.glob("stoker-worker-metrics-*"))  # each daemon removed its metrics folder
+    finally:
+        if run.poll() is None:
+            run.kill()
+
+
+def test_once_daemons_leave_as_soon_as_stoker_train_finishes(manifest, log_dir, tmp_path):
+    control = f"tcp://127.0.0.1:{free_port()}"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    train = subprocess.Popen([sys.executable, "-m", "stoker", "train", "--data", manifest.uri, "--batch-size", "16",
+                              "--no-progress", "--metrics-port", "-1", "--data-bind", "tcp://127.0.0.1:0",
+                              "--control-bind", control], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    daemon = Daemon(control, "h0", 1, log_dir, env=env)
+    try:
+        assert train.wait(120) == 0
+        ended = time.monotonic()
+        assert daemon.wait(timeout=30) == 0, daemon.output()
+        assert time.monotonic() - ended < 5, "the daemon did not hear that the job finished"
+        assert not list(tmp_path.glob("stoker-worker-metrics-*"))
+    finally:
+        daemon.stop()
+        if train.poll() is None:
+            train.kill()
+
+
+def _fake_dispatcher(endpoint: str, job, stop) -> None:
+    """Answers a daemon like a dispatcher would, with a job its processes cannot start on."""
+    import zmq
+
+    from protos import stoker_pb2 as pb
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    try:
+        while not stop.is_set():
+            if not sock.poll(100):
+                continue
+            peer, payload = sock.recv_multipart()
+            request = pb.ControlRequest()
+            request.ParseFromString(payload)
+            kind = request.WhichOneof("kind")
+            reply = pb.ControlReply(request_id=request.request_id)
+            if kind == "register":
+                reply.registered.job.CopyFrom(job)
+            elif kind == "lease":  # a unit to send to a data endpoint that cannot be: the process dies
+                reply.unit.CopyFrom(pb.WorkUnit(unit_id=0, epoch=0, data_endpoint="not an endpoint",
+                                                segments=[pb.Segment(shard_index=0, start=0, stop=4)]))
+            else:
+                reply.ok.SetInParent()
+            sock.send_multipart([peer, reply.SerializeToString()])
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_process_that_crashes_at_start_up_is_restarted_with_back_off(manifest, log_dir):
+    import threading
+
+    from protos import stoker_pb2 as pb
+
+    control = f"tcp://127.0.0.1:{free_port()}"
+    job = pb.JobSpec(job_id="crashy", manifest_uri=manifest.uri, batch_size=16,
+                     image_size=64, transform="train", min_area=0.05, max_area=1.0, heartbeat_s=0.5,
+                     dataset="imagenet")
+    stop = threading.Event()
+    server = threading.Thread(target=_fake_dispatcher, args=(control, job, stop), daemon=True)
+    server.start()
+    daemon = Daemon(control, "h0", 1, log_dir, once=False)
+    try:
+        assert wait_for(lambda: "crashed 4 time(s) in a row; restarting it in 2.0 s" in daemon.output(), timeout=40), \
+            daemon.output()[-3000:]
+        time.sleep(1.0)
+        assert daemon.output().count("died with exit code") == 4  # still waiting out the back-off
+    finally:
+        daemon.stop()
+        stop.set()

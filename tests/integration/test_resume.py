@@ -1,0 +1,95 @@
+"""A consumer killed mid-epoch and restarted from its checkpoint: nothing repeated, nothing skipped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from accel import checkpoint
+from accel.accelerators import SimulatedAccelerator
+from accel.consumer import Consumer, ConsumerConfig
+from accel.stepping import given
+from protos.job import JobConfig
+from tests.helpers import Daemon, RecordingAccelerator, free_port
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_restarted_consumer_continues_the_epoch_from_its_checkpoint(manifest, log_dir, tmp_path):
+    cfg = ConsumerConfig(data_bind=f"tcp://127.0.0.1:{free_port()}", control_bind=f"tcp://127.0.0.1:{free_port()}",
+                         metrics_port=None, host_timeout_s=3.0)
+    job = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=16, unit_batches=2)
+    before = RecordingAccelerator(rate=300)
+    first = Consumer(cfg, job, given(before))
+    first.start()
+    daemons = [Daemon(first.control_endpoint, f"host{i}", 1, log_dir) for i in range(2)]
+    saved: dict = {}
+
+    def step_then_maybe_die(consumer: Consumer) -> None:
+        if len(before.stepped) * 16 >= 0.4 * 2 * manifest.num_samples:
+            saved.update(consumer.state_dict())
+            checkpoint.save(saved, tmp_path / "data.json")
+            raise Crash  # the process dies right after its checkpoint
+
+    try:
+        with pytest.raises(Crash):
+            first.run(on_step=step_then_maybe_die)
+    finally:
+        first.stop()  # sockets gone without a goodbye, like a killed process
+    state = checkpoint.load(tmp_path / "data.json")
+    assert state["step"] == len(before.stepped) and len(str(state)) < 600  # a position, not a list of units
+    after = RecordingAccelerator(rate=300)
+    second = Consumer(cfg, job, given(after), resume=state)
+    try:
+        summary = second.run()
+        codes = [d.wait(timeout=60) for d in daemons]  # they hear "finished" from the live dispatcher
+    finally:
+        second.stop()
+    assert codes == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    assert second.job.job_id == first.job.job_id
+    everything = np.concatenate([before.samples(), after.samples()])
+    assert sorted(everything.tolist()) == sorted(list(range(manifest.num_samples)) * 2)  # each once per epoch
+    assert summary.samples == len(after.samples()) and second.ledger.collisions == 0
+
+
+def test_a_checkpoint_of_another_job_is_refused(manifest, tmp_path):
+    job = JobConfig(manifest_uri=manifest.uri, epochs=2)
+    state = checkpoint.state(job, 0, 3, [(0, 3)], 48)
+    state["job"]["seed"] = 99
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
+    with pytest.raises(ValueError, match="seed"):
+        Consumer(cfg, job, given(SimulatedAccelerator(rate=1)), resume=state)
+    with pytest.raises(ValueError, match="world_size"):
+        Consumer(cfg, replace(job, world_size=2), given(SimulatedAccelerator(rate=1)), resume=checkpoint.state(
+            job, 0, 3, [(0, 3)], 48))
+
+
+def test_train_cli_checkpoints_model_and_data_and_resumes(manifest, tmp_path, log_dir):
+    """`stoker train --checkpoint` with a real model; a second run with --resume restores both."""
+    import subprocess
+    import sys
+
+    import torch
+
+    ckpt = tmp_path / "ckpt.json"
+    control = f"tcp://127.0.0.1:{free_port()}"
+    common = [sys.executable, "-m", "stoker", "train", "--data", manifest.uri, "--epochs", "1", "--batch-size", "16",
+              "--image-size", "64", "--accel", "torch", "--width", "16", "--no-progress", "--metrics-port", "-1",
+              "--data-bind", f"tcp://127.0.0.1:{free_port()}", "--control-bind", control,
+              "--checkpoint", str(ckpt), "--checkpoint-every", "3"]
+    train = subprocess.Popen(common, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    worker = Daemon(control, "h0", 1, log_dir)
+    out, _ = train.communicate(timeout=180)
+    assert train.returncode == 0, out
+    assert worker.wait(timeout=60) == 0
+    state = checkpoint.load(ckpt)
+    assert state["epoch"] == 1 and checkpoint.model_path(ckpt).exists()  # saved at the end: the job is done
+    model = torch.load(checkpoint.model_path(ckpt), weights_only=False)
+    assert model["steps"] >= 10 and state["samples_stepped"] == manifest.num_samples  # saved at the end
+    again = subprocess.run([*common, "--resume", str(ckpt)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "model and optimizer restored" in again.stdout and "delivered 0 samples" in again.stdout

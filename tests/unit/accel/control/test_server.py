@@ -1,0 +1,103 @@
+"""Hostile input to the dispatcher's control socket: never an exception, never a lost unit, bounded memory."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accel.control.dispatcher import Dispatcher
+from accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
+from accel.metrics import ConsumerMetrics
+from accel.receiver import MAX_SENDERS
+from pipeline.plan import EpochPlan
+from pipeline.shards import Manifest, ShardInfo
+from protos import stoker_pb2 as pb
+from tests.unit.accel.test_receiver import JOB, SIGNER, RecordingSocket, hello, make_receiver
+
+SECRET = b"s" * 64
+MANIFEST = Manifest(kind="imagenet", classes=["a"],
+                    shards=[ShardInfo("s0", 100, 1, "", 0), ShardInfo("s1", 60, 1, "", 100)])
+
+
+IN_PROCESS = AccessPolicy(keyed=False)
+
+
+def make_server(access: AccessPolicy = IN_PROCESS) -> tuple[ControlServer, RecordingSocket]:
+    sock = RecordingSocket()
+    dispatcher = Dispatcher(EpochPlan(MANIFEST, 16, 2, 0), host_timeout_s=5.0)
+    dispatcher.attach_rank(0, "tcp://127.0.0.1:1")
+    return ControlServer(sock, dispatcher, pb.JobSpec(job_id=JOB), ConsumerMetrics(), SIGNER, access), sock
+
+
+hosts = st.sampled_from(["h0", "h1", "h2", "", "x" * 300])
+requests = st.one_of(
+    st.builds(lambda h, p: pb.ControlRequest(register=pb.Register(host_id=h, procs=p)), hosts, st.integers(0, 99)),
+    st.builds(lambda h: pb.ControlRequest(heartbeat=pb.Heartbeat(host_id=h)), hosts),
+    st.builds(lambda h, w: pb.ControlRequest(lease=pb.LeaseRequest(host_id=h, worker_id=w)), hosts,
+              st.sampled_from(["w0", "w1", "w" * 400])),
+    st.builds(lambda h, ws, r: pb.ControlRequest(release=pb.Release(host_id=h, worker_ids=ws, reason=r)), hosts,
+              st.lists(st.sampled_from(["w0", "w1"]), max_size=2), st.sampled_from(["crash", ""])),
+    st.builds(lambda ids, secret: pb.ControlRequest(ack=pb.Ack(unit_ids=ids), job_credential=secret),
+              st.lists(st.integers(0, 40), max_size=5), st.sampled_from([b"", b"guess", SECRET])),
+    st.builds(lambda secret: pb.ControlRequest(attach=pb.Attach(consumer_id="c"), job_credential=secret),
+              st.sampled_from([b"", SECRET])),
+    st.just(pb.ControlRequest()),
+)
+messages = st.one_of(
+    st.builds(lambda r, i, peer: [peer, r.SerializeToString()] if not setattr(r, "request_id", i) else [],
+              requests, st.integers(0, 5), st.sampled_from([b"peer", b"other"])),
+    st.lists(st.binary(max_size=40), min_size=1, max_size=4).map(lambda frames: [b"peer", *frames]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(batch=st.lists(messages, min_size=1, max_size=30), remote=st.booleans())
+def test_malformed_and_hostile_control_traffic_keeps_the_books_straight(batch, remote):
+    server, sock = make_server(AccessPolicy(keyed=False, consumer_secret=SECRET, remote_consumers=remote))
+    total = server.dispatcher.total_units
+    acked_by = set()
+    for frames in batch:
+        done_before = server.dispatcher.stats().done
+        server.handle(frames)
+        stats = server.dispatcher.stats()
+        assert stats.pending + stats.leased + stats.done == total  # every unit in exactly one place
+        if stats.done > done_before:
+            request = pb.ControlRequest()
+            request.ParseFromString(frames[1])
+            acked_by.add(request.job_credential)
+    assert acked_by <= ({SECRET} if remote else set())  # only the job's consumer ever completed a unit
+    answered = len(sock.sent)
+    dropped = sum(server.dropped.values())
+    refused = server.dropped.get("not_consumer", 0) + server.dropped.get("not_worker", 0)
+    assert answered + dropped - refused == len(batch)  # answered, dropped and counted, or refused with a reason
+
+
+class DiscardingSocket:
+    def send_multipart(self, frames, flags=0):
+        return None
+
+
+def test_floods_of_new_identities_do_not_grow_memory():
+    server, _ = make_server()
+    receiver, _ = make_receiver()
+    server.socket = receiver.socket = DiscardingSocket()  # keep only what Stoker itself keeps
+    leased = hello()  # a real lease, replayed from new identities: one slot, however many
+    forged = hello(token=SIGNER.token(0, "h0", "nobody"))
+    heartbeat = pb.ControlRequest(request_id=1, heartbeat=pb.Heartbeat(host_id="h0")).SerializeToString()
+    tracemalloc.start()
+    for i in range(2 * REPLY_CACHE_PEERS):  # warm up to the caps
+        server.handle([b"id%d" % i, heartbeat])
+        receiver.handle([b"id%d" % i, leased if i % 2 else forged])
+    settled = tracemalloc.get_traced_memory()[0]
+    for i in range(2 * REPLY_CACHE_PEERS, 6 * REPLY_CACHE_PEERS):
+        server.handle([b"id%d" % i, heartbeat])
+        receiver.handle([b"id%d" % i, leased if i % 2 else forged])
+    grown = tracemalloc.get_traced_memory()[0] - settled
+    tracemalloc.stop()
+    assert len(server._last_reply) <= REPLY_CACHE_PEERS and len(receiver.peers) == 1 < MAX_SENDERS
+    assert receiver.dropped["not_leaseholder"] == 3 * REPLY_CACHE_PEERS
+    assert grown < 2 << 20, f"{grown} bytes more after another {4 * REPLY_CACHE_PEERS} identities"
+
+

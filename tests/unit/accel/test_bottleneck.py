@@ -1,0 +1,44 @@
+"""accel/bottleneck.py: which stage bounds a job, from one window of counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from accel.bottleneck import Totals, diagnose
+
+
+def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,
+            rows=6400) -> tuple[Totals, Totals]:
+    """Ten seconds of a job: counters at the start (all zero) and at the end."""
+    end = Totals(at=10.0, stall_s=stall_s, step_s=step_s, rows=rows, batches=batches, received_batches=batches,
+                 transit_s=transit * batches, wait_for_credit_s=wait, work_s={"decode": decode, "augment": augment},
+                 queue_depth=queue)
+    return Totals(at=0.0, work_s={"decode": 0.0, "augment": 0.0}, queue_depth=queue), end
+
+
+def test_a_device_that_never_waits_is_the_bottleneck():
+    d = diagnose(*_window(stall_s=0.2, step_s=9.7, wait=8.0))
+    assert d.stage == "compute" and d.stall_fraction == pytest.approx(0.02)
+
+
+def test_busy_workers_and_a_waiting_device_name_the_larger_worker_stage():
+    # 6,400 rows in 2 s of device time: it wants 3,200 rows/s; workers made them in 25 busy seconds
+    # (256 rows per busy second), so 12.5 busy workers would feed it; 2.5 are busy now.
+    d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, wait=0.5))
+    assert d.stage == "decode"
+    assert d.cores_in_use == pytest.approx(2.5) and d.cores_needed == pytest.approx(12.5)
+    assert diagnose(*_window(stall_s=8.0, step_s=2.0, decode=5.0, augment=20.0, wait=0.5)).stage == "augment"
+
+
+def test_idle_workers_tell_a_full_link_from_slow_credit_by_transit_time():
+    # 100 batches in 10 s: a 0.1 s device cycle. 0.3 s in transit: the link is full.
+    assert diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, transit=0.3)).stage == "wire"
+    assert diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, transit=0.002)).stage == "credit"
+
+
+def test_batches_queued_on_a_waiting_device_point_at_its_own_conversion():
+    assert diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, queue=3)).stage == "device_copy"
+
+
+def test_too_few_samples_to_judge_say_so():
+    assert diagnose(*_window(batches=1)).stage == "unknown"

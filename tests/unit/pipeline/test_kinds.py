@@ -1,0 +1,39 @@
+"""pipeline/kinds.py: each dataset kind described once, and consistent with the wire and the workers."""
+
+import pytest
+
+from pipeline.kinds import KINDS, kind_of
+from protos import stoker_pb2 as pb
+from protos.job import JobConfig
+from workers.sources import SOURCES
+
+
+def test_an_unknown_kind_names_the_known_ones():
+    with pytest.raises(ValueError, match="imagenet, wikipedia"):
+        kind_of("audio")
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_kind_has_its_stages_on_the_wire_and_a_worker_source(name):
+    kind = kind_of(name)
+    assert set(kind.stages) <= set(pb.StageSeconds.DESCRIPTOR.fields_by_name)  # what the header carries
+    assert name in SOURCES
+
+
+@pytest.mark.parametrize("decode_on", ["host", "accelerator"])
+def test_an_image_layout_is_what_the_schema_expects(decode_on):
+    job = JobConfig(manifest_uri="m", image_size=96, decode_on=decode_on)
+    layout = job.kind.layout(job)
+    assert layout.rows_are_samples
+    if decode_on == "host":
+        assert layout.tensors["image"].shape == (96, 96, 3) and not layout.ragged
+    else:
+        assert layout.ragged == {"jpeg": "jpeg_end"} and "image" not in layout.tensors
+
+
+def test_a_text_layout_follows_packing():
+    from pipeline.text.examples import TextConfig
+
+    packed = JobConfig(manifest_uri="m", dataset="wikipedia", text=TextConfig(seq_len=512, pack=True))
+    layout = packed.kind.layout(packed)
+    assert not layout.rows_are_samples and layout.tensors["next_sentence_labels"].shape == (3,)

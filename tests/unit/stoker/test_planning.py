@@ -1,0 +1,54 @@
+"""stoker/planning.py: host cores, hosts and cost for a system, from a per-core rate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from stoker.planning import PlanInput, compare, make_plan
+
+
+def test_a_dgx_a100_needs_24_of_its_own_cores_for_resnet50():
+    # 8 x 2,500 = 20,000 img/s; ceil(0.98 * 20,000 / 850) = ceil(23.06) = 24 cores, inside its 128.
+    plan = make_plan(PlanInput(system="dgx-a100", dataset="imagenet", per_core_rate=850))
+    assert (plan.accel_rate, plan.cores_needed, plan.extra_hosts) == (20_000, 24, 0)
+    assert plan.delivered_rate == 20_000 and plan.stall_fraction == 0
+    assert plan.time_to_train_h == pytest.approx(1_281_167 * 40 / 20_000 / 3600)  # 0.712 h
+    assert plan.price == 300_000 and plan.samples_per_s_per_kdollar == pytest.approx(66.667, abs=1e-3)
+
+
+def test_an_ipu_pod16_buys_one_host_and_stalls_just_under_two_percent():
+    # ceil(0.98 * 26,000 / 850) = ceil(29.98) = 30 cores: one 64-core host; 30 x 850 = 25,500 img/s.
+    plan = make_plan(PlanInput(system="ipu-pod16", dataset="imagenet", per_core_rate=850, host_price=25_000))
+    assert (plan.cores_needed, plan.extra_hosts, plan.delivered_rate) == (30, 1, 25_500)
+    assert plan.stall_fraction == pytest.approx(1 - 25_500 / 26_000)  # 1.92%
+    assert plan.price == 174_995 and plan.samples_per_s_per_kdollar == pytest.approx(145.718, abs=1e-3)
+    dgx = make_plan(PlanInput(system="dgx-a100", dataset="imagenet", per_core_rate=850))
+    text = compare([plan, dgx])
+    assert "2.19x" in text and "published (Graphcore): 1.6x" in text
+
+
+def test_hosts_round_up_and_an_unpriced_system_has_no_cost():
+    # ceil(0.98 * 68,000 / 500) = ceil(133.28) = 134 cores in 32-core hosts: 5 hosts.
+    plan = make_plan(PlanInput(system="ipu-pod64", dataset="imagenet", per_core_rate=500, cores_per_host=32))
+    assert (plan.cores_needed, plan.extra_hosts, plan.price, plan.samples_per_s_per_kdollar) == (134, 5, None, None)
+    bert = make_plan(PlanInput(system="ipu-pod16", dataset="wikipedia", per_core_rate=1_000, samples=1_300 * 3600))
+    assert bert.cores_needed == 2 and bert.time_to_train_h == pytest.approx(1.0)  # ceil(1.274) cores, 1 hour
+    with pytest.raises(ValueError, match="per-core rate"):
+        make_plan(PlanInput(system="a100", dataset="imagenet", per_core_rate=0))
+
+
+def test_plan_cli_reads_a_calibration(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"imagenet": {"per_core_rate": 850}, "wikipedia": {"per_core_rate": 15_000}}))
+    out = subprocess.run([sys.executable, "-m", "stoker", "plan", "--calibration", str(cal), "--compare",
+                          "ipu-pod16,dgx-a100", "--json", str(tmp_path / "plan.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "imagenet: ipu-pod16 gives 2.19x" in out.stdout and "wikipedia: ipu-pod16 gives" in out.stdout
+    plans = json.loads((tmp_path / "plan.json").read_text())
+    assert [(p["system"], p["dataset"]) for p in plans] == [("ipu-pod16", "imagenet"), ("dgx-a100", "imagenet"),
+                                                           ("ipu-pod16", "wikipedia"), ("dgx-a100", "wikipedia")]

@@ -1,0 +1,72 @@
+"""workers/sources.py: what a worker process makes of a leased unit, checked against the consumer's schema."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from accel.schema import schema_of
+from pipeline.plan import Segment, Unit
+from pipeline.shards import Manifest
+from pipeline.text.examples import TextConfig
+from protos.job import JobConfig
+from workers.metrics import WorkerMetrics
+from workers.sources import ImageSource, make_source
+
+
+def _whole_first_shard(manifest: Manifest) -> Unit:
+    info = manifest.shards[0]
+    return Unit(0, 0, (Segment(0, 0, min(40, info.num_samples), info.first_sample_id),))
+
+
+def _parts(tensors: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+    return {name: [array] for name, array in tensors.items()}
+
+
+@pytest.fixture(scope="module")
+def metrics() -> WorkerMetrics:
+    return WorkerMetrics()  # one per process, as in a worker (its counters live in the default registry)
+
+
+@pytest.mark.parametrize("decode_on", ["host", "accelerator"])
+def test_image_batches_fit_the_schema_and_count_every_sample(manifest, decode_on, metrics):
+    job = JobConfig(manifest_uri=manifest.uri, batch_size=16, image_size=64, decode_on=decode_on)
+    unit = _whole_first_shard(manifest)
+    batches = list(make_source(manifest, job).batches(unit))
+    assert [b.header.batch_index for b in batches] == list(range(len(batches)))
+    assert batches[-1].header.last_in_unit and not any(b.header.last_in_unit for b in batches[:-1])
+    ids = [i for b in batches for i in b.header.sample_ids]
+    first = unit.segments[0].first_sample_id
+    assert sorted(ids) == list(range(first, first + unit.size))  # every sample once (shuffled within the unit)
+    for batch in batches:
+        schema_of(job).check(batch.header, _parts(batch.tensors))  # raises FrameError if it would be dropped
+    before = metrics.samples._value.get()
+    for batch in batches:
+        batch.observe(metrics)
+    assert metrics.samples._value.get() - before == unit.size
+
+
+def test_text_batches_fit_the_schema(wiki_manifest):
+    job = JobConfig(manifest_uri=wiki_manifest.uri, dataset="wikipedia", batch_size=16,
+                    text=TextConfig(seq_len=128, pack=True))
+    batches = list(make_source(wiki_manifest, job).batches(_whole_first_shard(wiki_manifest)))
+    assert sum(b.header.text.sequences for b in batches) > 0
+    for batch in batches:
+        schema_of(job).check(batch.header, _parts(batch.tensors))
+
+
+def test_a_shard_that_cannot_be_read_is_reported_skipped_not_fatal(manifest, tmp_path):
+    info = manifest.shards[0]
+    broken = Manifest(kind=manifest.kind, classes=manifest.classes, shards=[info])
+    broken.save(tmp_path / "manifest.json")  # the shard file is not beside this manifest
+    broken = Manifest.load(tmp_path / "manifest.json")
+    job = JobConfig(manifest_uri=broken.uri, batch_size=16, image_size=64)
+    batches = list(ImageSource(broken, job).batches(_whole_first_shard(broken)))
+    skipped = [s for b in batches for s in b.header.skipped]
+    assert len(skipped) == min(40, info.num_samples) and "unreadable shard" in skipped[0].reason
+    assert all(not b.tensors for b in batches)
+
+
+def test_a_worker_refuses_shards_of_another_kind(wiki_manifest):
+    with pytest.raises(ValueError, match="holds 'wikipedia' shards, not imagenet"):
+        make_source(wiki_manifest, JobConfig(manifest_uri=wiki_manifest.uri))
