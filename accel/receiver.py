@@ -38,6 +38,7 @@ from accel.ledger import InvalidBatch, Ledger, Skipped, Step
 from accel.metrics import ConsumerMetrics
 from accel.schema import BatchSchema
 from accel.stream import StreamOrder
+from pipeline.plan import Unit
 from protos import stoker_pb2 as pb
 from protos.curve import NOBODY, WORKER, Caller, caller_of
 from protos.droplog import DropLog
@@ -292,11 +293,24 @@ class Receiver:
         peer.unit_complete = peer.unit_complete or header.last_in_unit
         if header.last_in_unit:
             self._batches_of[header.unit_id] = header.batch_index + 1
+        self._account(peer, header, tensors.nbytes, len(sample_ids))
+        received_s = time.perf_counter() - started
+        self.stages.receive += received_s
+        peer.held_current += 1
+        self._in_hand += 1
+        batch = ReceivedBatch(peer_id, header, tensors, sample_ids, received_s)
+        self._offer_in_order(unit, batch)
+        self.metrics.queue_depth.set(self.out.qsize())
+        self._top_up(peer_id, peer)  # a batch that waits for its turn frees its place in the window
+        self._unblock_order()
+
+    def _account(self, peer: _Peer, header: pb.BatchHeader, nbytes: int, samples: int) -> None:
+        """What a new batch tells the books: its host, bytes, rows, the workers' stage times, text stats."""
         self.hosts_delivered.add(peer.host_id)
-        self.metrics.bytes_received.inc(tensors.nbytes)
-        self.metrics.host_rows.labels(host=peer.host_id).inc(header.rows or len(sample_ids))
+        self.metrics.bytes_received.inc(nbytes)
+        self.metrics.host_rows.labels(host=peer.host_id).inc(header.rows or samples)
         self.metrics.host_credit_wait.labels(host=peer.host_id).inc(header.stages.wait_for_credit)
-        self.bytes_received += tensors.nbytes
+        self.bytes_received += nbytes
         stages = header.stages
         self.stages.decode += stages.decode
         self.stages.augment += stages.augment
@@ -310,11 +324,10 @@ class Receiver:
             self.text.add(header.text)
             self.metrics.padding.labels(packing="before").set(self.text.padding_fraction_before_packing)
             self.metrics.padding.labels(packing="after").set(self.text.padding_fraction)
-        received_s = time.perf_counter() - started
-        self.stages.receive += received_s
-        peer.held_current += 1
-        self._in_hand += 1
-        batch = ReceivedBatch(peer_id, header, tensors, sample_ids, received_s)
+
+    def _offer_in_order(self, unit: Unit | None, batch: ReceivedBatch) -> None:
+        """Queue the batch in its place in the rank's stream: it and any batches it unblocks go out."""
+        header = batch.header
         for released in self.order.offer(unit, header.batch_index, header.last_in_unit, batch):
             if isinstance(released, ReceivedBatch):
                 owner = self.peers.get(released.peer)
@@ -323,9 +336,6 @@ class Receiver:
                     owner.queued += 1
                     self._queued += 1
             self.out.put(released)  # a batch, or the EpochEnd after a rank's last batch of an epoch
-        self.metrics.queue_depth.set(self.out.qsize())
-        self._top_up(peer_id, peer)  # a batch that waits for its turn frees its place in the window
-        self._unblock_order()
 
     # ---- after the step ----------------------------------------------------------------
     def step_done(self, batch: ReceivedBatch, replayed: bool = False) -> None:

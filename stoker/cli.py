@@ -20,7 +20,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_data(sub)
+    _add_prepare(sub)
+    _add_worker(sub)
+    _add_keys(sub)
+    _add_train(sub)
+    _add_dispatch(sub)
+    _add_run(sub)
+    _add_lab(sub)
+    cli_experiments.add_parsers(sub)
+    return parser
 
+
+def _add_data(sub) -> None:
+    """`stoker data`: make or inspect datasets."""
     data = sub.add_parser("data", help="make or inspect datasets").add_subparsers(dest="data_command", required=True)
     synth = data.add_parser("imagenet-synth", help="write an ImageNet-like set made from real photos")
     synth.add_argument("dir")
@@ -34,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     wiki.add_argument("dir")
     wiki.add_argument("--docs", type=POSITIVE, help="keep only the first N articles (default: all ~10,000)")
 
+
+def _add_prepare(sub) -> None:
+    """`stoker prepare`: a dataset into shards."""
     prepare = sub.add_parser("prepare", help="convert a dataset into shards").add_subparsers(
         dest="prepare_command", required=True)
     imagenet = prepare.add_parser("imagenet", help="ImageNet-layout folder -> Arrow IPC shards + manifest")
@@ -51,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     wikipedia.add_argument("--cased", action="store_true", help="do not lowercase (for a cased vocab)")
     wikipedia.add_argument("--seed", type=NON_NEGATIVE, default=0)
 
+
+def _add_worker(sub) -> None:
+    """`stoker worker`: the per-host daemon."""
     worker = sub.add_parser("worker", help="the per-host decode/augment daemon", parents=[
         security("CURVE key folder holding server.key and workers/NAME.key_secret"),
         metrics(9561, "/metrics port (default %(default)s; -1: none)")])
@@ -69,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--parent-pid", type=POSITIVE, help="exit when the process with this pid is gone (stoker run "
                                                             "starts its daemons so)")
 
+
+def _add_keys(sub) -> None:
+    """`stoker keys`: CURVE keys and the allow-list."""
     keys = sub.add_parser("keys", help="CURVE keys and the allow-list of worker hosts").add_subparsers(
         dest="keys_command", required=True)
     keys_init = keys.add_parser("init", help="make the service's key pair and an empty allow-list")
@@ -81,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     keys_list = keys.add_parser("list", help="list the keys and the allow-list")
     keys_list.add_argument("dir")
 
+
+def _add_train(sub) -> None:
+    """`stoker train`: a consumer rank (+ dispatcher)."""
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
         security("CURVE keys (stoker keys init): encrypt every link and admit only allow-listed workers"),
@@ -111,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
                             "consumer; default: consumer)")
 
+
+def _add_dispatch(sub) -> None:
+    """`stoker dispatch`: the dispatcher alone."""
     dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal", parents=[
         JOB, CONTROL_SOCKET, security("CURVE keys: workers and consumers by their keys' roles"),
         metrics(9559, "/metrics port (default %(default)s; -1: none)")])
@@ -120,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="without --keys: where the consumer's job secret is kept (made on first start, mode "
                                "0600; default JOURNAL.secret, else stoker-job.secret; $STOKER_JOB_SECRET overrides)")
 
+
+def _add_run(sub) -> None:
+    """`stoker run`: the whole job on this machine."""
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
         metrics(None, "the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), OUTPUT])
@@ -135,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--insecure", action="store_true",
                      help="allow binding beyond loopback without keys (trusted networks only)")
 
+
+def _add_lab(sub) -> None:
+    """`stoker lab`: the emulated cluster."""
     lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
     up = lab_sub.add_parser("up", help="make the hosts and start a consumer and one worker daemon per host")
@@ -155,8 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
                        ("heal", "undo cut")):
         op = lab_sub.add_parser(name, help=text)
         op.add_argument("host", help="h0, h1, ...")
-    cli_experiments.add_parsers(sub)
-    return parser
 
 
 # `stoker run`'s device: an A100, at a tenth for images (250 img/s) and whole for text (210 seq/s)

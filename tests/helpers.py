@@ -99,8 +99,9 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
     return False
 
 
-def consumer_for(manifest_uri: str, epochs: int = 2, accel=None, **job) -> Consumer:
-    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0)
+def consumer_for(manifest_uri: str, epochs: int = 2, accel=None, overlap: bool = True, **job) -> Consumer:
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0,
+                         overlap=overlap)
     job.setdefault("batch_size", 16)
     job.setdefault("unit_batches", 2)
     return Consumer(cfg, JobConfig(manifest_uri=manifest_uri, epochs=epochs, **job), given(accel) if accel else None)

@@ -5,34 +5,40 @@ from __future__ import annotations
 import glob
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
 IMAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256)
 
 
 class WorkerMetrics:
-    def __init__(self) -> None:
-        self.samples = Counter("stoker_worker_samples", "Samples produced into sent batches")
-        self.batches = Counter("stoker_worker_batches", "Batches sent")
-        self.bytes_sent = Counter("stoker_worker_bytes_sent", "Tensor bytes sent")
-        self.decode_errors = Counter("stoker_worker_decode_errors", "Samples skipped as undecodable")
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        """`registry`: the default one in a worker process (its multi-process files); a fresh one in tests."""
+        r = registry
+        self.samples = Counter("stoker_worker_samples", "Samples produced into sent batches", registry=r)
+        self.batches = Counter("stoker_worker_batches", "Batches sent", registry=r)
+        self.bytes_sent = Counter("stoker_worker_bytes_sent", "Tensor bytes sent", registry=r)
+        self.decode_errors = Counter("stoker_worker_decode_errors", "Samples skipped as undecodable", registry=r)
         self.credit_wait = Counter("stoker_worker_credit_wait_seconds",
-                                   "Time spent waiting for consumer credit (host ahead of accelerator)")
+                                   "Time spent waiting for consumer credit (host ahead of accelerator)", registry=r)
         self.decode_seconds = Histogram("stoker_worker_decode_seconds", "JPEG decode time per image",
-                                        buckets=IMAGE_BUCKETS)
+                                        buckets=IMAGE_BUCKETS, registry=r)
         self.augment_seconds = Histogram("stoker_worker_augment_seconds", "Crop/resize/flip time per image",
-                                         buckets=IMAGE_BUCKETS)
-        self.sequences = Counter("stoker_worker_sequences", "Text: BERT examples produced into sent batches")
-        self.tokens = Counter("stoker_worker_tokens", "Text: non-padding tokens sent")
+                                         buckets=IMAGE_BUCKETS, registry=r)
+        self.sequences = Counter("stoker_worker_sequences", "Text: BERT examples produced into sent batches",
+                                 registry=r)
+        self.tokens = Counter("stoker_worker_tokens", "Text: non-padding tokens sent", registry=r)
         self.token_slots = Counter("stoker_worker_token_slots",
                                    "Text: token slots one sequence per row would take (packing=before) and "
-                                   "that were sent (packing=after); padding = 1 - tokens / slots", ["packing"])
+                                   "that were sent (packing=after); padding = 1 - tokens / slots", ["packing"],
+                                   registry=r)
         self.example_seconds = Counter("stoker_worker_example_seconds",
-                                       "Text: time making examples (pairs, truncation, masking)")
-        self.pack_seconds = Counter("stoker_worker_pack_seconds", "Text: time packing and writing rows")
-        self.units = Counter("stoker_worker_units", "Work units completed")
-        self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash")
-        self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum")
+                                       "Text: time making examples (pairs, truncation, masking)", registry=r)
+        self.pack_seconds = Counter("stoker_worker_pack_seconds", "Text: time packing and writing rows", registry=r)
+        self.units = Counter("stoker_worker_units", "Work units completed", registry=r)
+        self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash",
+                                registry=r)
+        self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum",
+                               registry=r)
 
 
 class _SizedFilesCollector(multiprocess.MultiProcessCollector):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import zmq
@@ -30,7 +31,7 @@ from protos.units import unit_from_proto
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
 from workers.sender import DataSender, Lease, LeaseRefused, Rejected, Starved
-from workers.sources import Outgoing, make_source
+from workers.sources import BatchSource, Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
 
@@ -73,65 +74,9 @@ def run_process(spec: ProcessSpec) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop = _Stop(spec.parent_pid)
     signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "requested", True))
-    metrics = WorkerMetrics()
-    metrics.processes.inc()
-    ctx = zmq.Context()
-    control = ControlClient(ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
-    senders: dict[str, DataSender] = {}  # one per rank's data socket, made when a unit first goes there
-
-    def sender_for(endpoint: str) -> DataSender:
-        if endpoint not in senders:
-            senders[endpoint] = DataSender(ctx, endpoint, spec.host_id, spec.worker_id, job.job_id, curve=spec.curve)
-        return senders[endpoint]
-
-    carried: tuple[int, object, Outgoing] | None = None  # a unit handed back while starved: (id, batches, next)
+    process = _LeaseLoop(spec, source, stop)
     try:
-        while not stop():
-            reply = control.request(pb.ControlRequest(
-                lease=pb.LeaseRequest(host_id=spec.host_id, worker_id=spec.worker_id)), should_stop=stop)
-            kind = reply.WhichOneof("kind")
-            if kind == "finished":
-                return EXIT_FINISHED
-            if kind == "wait":
-                _idle(senders.values(), reply.wait.retry_after_s)
-                continue
-            if kind != "unit":
-                raise RuntimeError(f"unexpected reply to a lease request: {reply}")
-            w = reply.unit
-            unit = unit_from_proto(w)
-            log.debug("%s: leased unit %d", spec.worker_id, w.unit_id)
-            sender = sender_for(w.data_endpoint)
-            sender.start_unit(Lease(w.unit_id, w.lease_token))
-            if carried is not None and carried[0] == unit.unit_id:
-                _, batches, pending = carried  # the unit this process handed back: on from where it was
-            else:
-                batches = iter(source.batches(unit))
-                pending = next(batches, None)
-            carried = None
-            try:
-                while pending is not None:
-                    try:
-                        _send_batch(job, spec, unit, pending, sender, metrics, stop, give_up_after_s=PATIENCE_S)
-                    except Starved:
-                        # Hand the unit back and lease again: the job may wait, in lock-step across its
-                        # ranks, for an earlier unit that only this process can make now. If the same
-                        # unit comes back, this process goes on with it where it was.
-                        control.request(pb.ControlRequest(release=pb.Release(
-                            host_id=spec.host_id, worker_ids=[spec.worker_id], unit_ids=[unit.unit_id],
-                            reason=STARVED)), should_stop=stop)
-                        carried = (unit.unit_id, batches, pending)
-                        break
-                    if stop():
-                        break
-                    pending = next(batches, None)
-                if pending is None:
-                    metrics.units.inc()
-            except LeaseRefused as exc:
-                log.warning("%s: unit %d: %s; handing it back", spec.worker_id, unit.unit_id, exc)
-                control.request(pb.ControlRequest(release=pb.Release(
-                    host_id=spec.host_id, worker_ids=[spec.worker_id], unit_ids=[unit.unit_id],
-                    reason="lease refused")), should_stop=stop)
-        return EXIT_FINISHED
+        return process.run()
     except DispatcherUnreachable as exc:
         if stop():
             return EXIT_FINISHED
@@ -141,11 +86,86 @@ def run_process(spec: ProcessSpec) -> int:
         log.error("%s: %s", spec.worker_id, exc)
         return EXIT_REJECTED
     finally:
-        metrics.processes.dec()
-        for sender in senders.values():
+        process.close()
+
+
+class _LeaseLoop:
+    """Lease a unit, send its batches to its rank, repeat until the dispatcher says finished."""
+
+    def __init__(self, spec: ProcessSpec, source: BatchSource, stop: _Stop) -> None:
+        self.spec, self.source, self.stop = spec, source, stop
+        self.metrics = WorkerMetrics()
+        self.metrics.processes.inc()
+        self.ctx = zmq.Context()
+        self.control = ControlClient(self.ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
+        self.senders: dict[str, DataSender] = {}  # one per rank's data socket, made when a unit first goes there
+        self.carried: tuple[int, Iterator[Outgoing], Outgoing] | None = None  # handed back while starved
+
+    def run(self) -> int:
+        spec = self.spec
+        while not self.stop():
+            reply = self.control.request(pb.ControlRequest(
+                lease=pb.LeaseRequest(host_id=spec.host_id, worker_id=spec.worker_id)), should_stop=self.stop)
+            kind = reply.WhichOneof("kind")
+            if kind == "finished":
+                return EXIT_FINISHED
+            if kind == "wait":
+                _idle(self.senders.values(), reply.wait.retry_after_s)
+                continue
+            if kind != "unit":
+                raise RuntimeError(f"unexpected reply to a lease request: {reply}")
+            self._work_on(reply.unit)
+        return EXIT_FINISHED
+
+    def _sender_for(self, endpoint: str) -> DataSender:
+        if endpoint not in self.senders:
+            self.senders[endpoint] = DataSender(self.ctx, endpoint, self.spec.host_id, self.spec.worker_id,
+                                                self.spec.job.job_id, curve=self.spec.curve)
+        return self.senders[endpoint]
+
+    def _work_on(self, leased: pb.WorkUnit) -> None:
+        unit = unit_from_proto(leased)
+        log.debug("%s: leased unit %d", self.spec.worker_id, unit.unit_id)
+        sender = self._sender_for(leased.data_endpoint)
+        sender.start_unit(Lease(unit.unit_id, leased.lease_token))
+        if self.carried is not None and self.carried[0] == unit.unit_id:
+            _, batches, pending = self.carried  # the unit this process handed back: on from where it was
+        else:
+            batches = iter(self.source.batches(unit))
+            pending = next(batches, None)
+        self.carried = None
+        try:
+            while pending is not None:
+                try:
+                    _send_batch(self.spec.job, self.spec, unit, pending, sender, self.metrics, self.stop,
+                                give_up_after_s=PATIENCE_S)
+                except Starved:
+                    # Hand the unit back and lease again: the job may wait, in lock-step across its
+                    # ranks, for an earlier unit that only this process can make now. If the same
+                    # unit comes back, this process goes on with it where it was.
+                    self._release(unit, STARVED)
+                    self.carried = (unit.unit_id, batches, pending)
+                    break
+                if self.stop():
+                    break
+                pending = next(batches, None)
+            if pending is None:
+                self.metrics.units.inc()
+        except LeaseRefused as exc:
+            log.warning("%s: unit %d: %s; handing it back", self.spec.worker_id, unit.unit_id, exc)
+            self._release(unit, "lease refused")
+
+    def _release(self, unit: Unit, reason: str) -> None:
+        self.control.request(pb.ControlRequest(release=pb.Release(
+            host_id=self.spec.host_id, worker_ids=[self.spec.worker_id], unit_ids=[unit.unit_id], reason=reason)),
+            should_stop=self.stop)
+
+    def close(self) -> None:
+        self.metrics.processes.dec()
+        for sender in self.senders.values():
             sender.close()
-        control.close()
-        ctx.term()
+        self.control.close()
+        self.ctx.term()
 
 
 def _idle(senders, seconds: float) -> None:

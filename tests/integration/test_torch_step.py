@@ -22,8 +22,7 @@ def test_resnet18_learns_from_stoker_batches_and_times_add_up(manifest, run_job,
     accel = make_accelerator(AccelSpec(kind="torch", model="resnet18", width=16, lr=0.1), "imagenet",
                              len(manifest.classes))
     consumer = consumer_for(manifest.uri, epochs=6, batch_size=16, unit_batches=2, image_size=112, transform="eval",
-                            accel=accel)
-    consumer.cfg = type(consumer.cfg)(**{**consumer.cfg.__dict__, "overlap": overlap})
+                            accel=accel, overlap=overlap)
     job = run_job(consumer, hosts=1)  # one host: units in plan order, so the run repeats exactly
     summary = job.finish(timeout=300)
     assert_exactly_once(summary, manifest.num_samples, 6)

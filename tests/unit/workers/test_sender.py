@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import zmq
@@ -70,6 +72,7 @@ def test_a_consumer_that_forgot_the_sender_voids_its_credit(consumer_socket):
     _reply(router, peer, pb.DataReply(credit=pb.Credit(batches=3)))
     sender.wait_for_credit(lambda: False, give_up_after_s=5)
     _reply(router, peer, pb.DataReply(reject=pb.Reject(code="unknown_sender", reason="restarted")))
+    time.sleep(0.3)  # the refusal is in the sender's queue: its next send reads it first
     with pytest.raises(LeaseRefused, match="no longer knows this sender"):
         sender.send(pb.BatchHeader(), [b"x"])
     assert sender.credit == 0

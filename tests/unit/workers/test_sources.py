@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from accel.schema import schema_of
 from pipeline.plan import Segment, Unit
@@ -23,9 +24,9 @@ def _parts(tensors: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
     return {name: [array] for name, array in tensors.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def metrics() -> WorkerMetrics:
-    return WorkerMetrics()  # one per process, as in a worker (its counters live in the default registry)
+    return WorkerMetrics(CollectorRegistry())
 
 
 @pytest.mark.parametrize("decode_on", ["host", "accelerator"])
