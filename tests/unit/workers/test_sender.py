@@ -42,12 +42,19 @@ def _reply(router, peer: bytes, reply: pb.DataReply) -> None:
     router.send_multipart([peer, reply.SerializeToString()])
 
 
-def test_a_sender_says_hello_with_its_lease_and_sends_only_on_credit(consumer_socket):
+def _greeted(consumer_socket, host: str, lease: Lease) -> tuple[DataSender, bytes, pb.DataMessage]:
+    """A sender working on `lease`, and its first hello as the consumer saw it."""
     ctx, router, endpoint = consumer_socket
-    sender = DataSender(ctx, endpoint, "host-a", "host-a/p0.1", "job-1")
-    sender.start_unit(Lease(7, b"token-7"))
+    sender = DataSender(ctx, endpoint, host, f"{host}/p0.1", "job-1")
+    sender.start_unit(lease)
     _say_hello(sender)
     peer, hello, _ = _next_message(router)
+    return sender, peer, hello
+
+
+def test_a_sender_says_hello_with_its_lease_and_sends_only_on_credit(consumer_socket):
+    router = consumer_socket[1]
+    sender, peer, hello = _greeted(consumer_socket, "host-a", Lease(7, b"token-7"))
     assert hello.WhichOneof("kind") == "hello" and peer == b"host-a/p0.1"
     with pytest.raises(RuntimeError, match="without credit"):
         sender.send(pb.BatchHeader(), [b"x"])
@@ -64,11 +71,8 @@ def test_a_sender_says_hello_with_its_lease_and_sends_only_on_credit(consumer_so
 
 
 def test_a_consumer_that_forgot_the_sender_voids_its_credit(consumer_socket):
-    ctx, router, endpoint = consumer_socket
-    sender = DataSender(ctx, endpoint, "h", "h/p0.1", "job-1")
-    sender.start_unit(Lease(1, b"t"))
-    _say_hello(sender)
-    peer, _, _ = _next_message(router)
+    router = consumer_socket[1]
+    sender, peer, _ = _greeted(consumer_socket, "h", Lease(1, b"t"))
     _reply(router, peer, pb.DataReply(credit=pb.Credit(batches=3)))
     sender.wait_for_credit(lambda: False, give_up_after_s=5)
     _reply(router, peer, pb.DataReply(reject=pb.Reject(code="unknown_sender", reason="restarted")))
