@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 
+import zmq
 import zmq.asyncio
 
 
@@ -17,3 +18,20 @@ async def pump(sock: zmq.asyncio.Socket, handle: Callable[[list], None], stop: t
         except TimeoutError:
             continue
         handle(frames)
+
+
+async def pump_batches(sock: zmq.asyncio.Socket, handle_all: Callable[[list[list]], None], stop: threading.Event,
+                       most: int = 256) -> None:
+    """Like `pump`, but hands over every message already waiting (up to `most`) in one call, so
+    that the handler can do once what each would do alone (the control server's journal sync)."""
+    while not stop.is_set():
+        try:
+            batch = [await asyncio.wait_for(sock.recv_multipart(copy=False), timeout=0.25)]
+        except TimeoutError:
+            continue
+        while len(batch) < most:
+            try:
+                batch.append(await sock.recv_multipart(flags=zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                break
+        handle_all(batch)

@@ -29,7 +29,7 @@ import zmq.asyncio
 
 from accel import checkpoint
 from accel.accelerators import NullAccelerator, require
-from accel.aio import pump
+from accel.aio import pump, pump_batches
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
 from accel.consumer_config import ConsumerConfig
@@ -139,7 +139,7 @@ class Consumer:
         self.consumer_secret: bytes | None = None
         self.dispatcher = self._make_dispatcher(done, client_keys, credential)
         self._control: ControlServer | None = None
-        self.ledger = Ledger(plan)
+        self.ledger = Ledger(plan, rank)
         self.ledger.restore(set(done))
         units, replay = start.ranks[rank]
         self.order = StreamOrder(plan, rank, start.epoch, units, released=start.step - replay)
@@ -292,7 +292,7 @@ class Consumer:
                 server = self._control = ControlServer(control, self.dispatcher, self.job.to_proto(self.data_endpoint),
                                                        self.metrics, self.leases, access)
                 server.update_gauges()
-                tasks += [pump(control, server.handle, self._stop), ticker(server, self._stop)]
+                tasks += [pump_batches(control, server.handle_all, self._stop), ticker(server, self._stop)]
             tasks.append(self._feed_watchdog())
             self._ready.set()
             await asyncio.gather(*tasks)

@@ -7,6 +7,11 @@ its batches have accounted for every one of its samples (delivered or skipped): 
 "last" batch cannot close a unit. Batches are stepped in plan order, so a unit whose batches
 ended short (only a misbehaving leaseholder does that) is closed with its missing samples
 reported as skipped, never silently counted as delivered.
+
+The books keep what the open epochs need: a bitmap of delivered samples and the set of completed
+units for each epoch still under way, folded into one count when the rank's last unit of the
+epoch completes (any batch of a closed epoch is a duplicate), so memory does not grow with the
+epoch number.
 """
 
 from __future__ import annotations
@@ -48,6 +53,15 @@ class _UnitProgress:
     covered: set[int] = field(default_factory=set)  # sample ids stepped or skipped
 
 
+@dataclass
+class _OpenEpoch:
+    """An epoch still under way on this rank: what its units and samples have done so far."""
+
+    completed: set[int] = field(default_factory=set)  # unit ids
+    own: int = 0  # of them, this rank's: the epoch closes when they are all its units
+    delivered: np.ndarray | None = None  # bitmap of stepped sample ids, made at the first step
+
+
 class InvalidBatch(ValueError):
     """A batch whose accounting fields make no sense (ids outside its unit, bad epoch)."""
 
@@ -55,13 +69,15 @@ class InvalidBatch(ValueError):
 
 
 class Ledger:
-    def __init__(self, plan: EpochPlan) -> None:
+    def __init__(self, plan: EpochPlan, rank: int = 0) -> None:
         self.plan = plan
         self.num_samples = plan.manifest.num_samples
         self.epochs = plan.epochs
-        self._delivered: dict[int, np.ndarray] = {}
+        self.rank = rank
+        self._units_here = plan.units_per_rank[rank] if plan.units_per_rank else 0  # this rank's units per epoch
+        self._open: dict[int, _OpenEpoch] = {}
+        self._closed: dict[int, int] = {}  # epoch whose units have all completed -> its unique samples
         self._units: dict[int, _UnitProgress] = {}
-        self._completed: set[int] = set()
         self.skipped: dict[tuple[int, int], Skipped] = {}
         self.samples = 0
         self.duplicate_samples = 0
@@ -84,7 +100,7 @@ class Ledger:
         skipped_ids = np.empty(0, dtype=np.int64) if skipped_ids is None else skipped_ids
         self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
         progress = self._units.get(unit_id)
-        if unit_id in self._completed or (progress and batch_index in progress.admitted):
+        if self._completed(epoch, unit_id) or (progress and batch_index in progress.admitted):
             self.duplicate_batches += 1
             self.duplicate_samples += int(sample_ids.size)
             return False
@@ -109,7 +125,10 @@ class Ledger:
         """Record a finished step: `sample_ids` trained on, `skipped_ids` accounted for without.
         `replayed`: stepped before a resume, so accounted for here but not delivered again."""
         if not replayed:
-            delivered = self._delivered.setdefault(epoch, np.zeros(self.num_samples, dtype=bool))
+            books = self._open.setdefault(epoch, _OpenEpoch())
+            if books.delivered is None:
+                books.delivered = np.zeros(self.num_samples, dtype=bool)
+            delivered = books.delivered
             self.collisions += int(np.count_nonzero(delivered[sample_ids]))
             delivered[sample_ids] = True
             self.samples += int(sample_ids.size)
@@ -118,13 +137,26 @@ class Ledger:
         progress.covered.update(sample_ids.tolist(), skipped_ids.tolist())
         if last:
             progress.expected = batch_index + 1
-        return self._settle(unit_id, progress)
+        return self._settle(epoch, unit_id, progress)
 
-    def _settle(self, unit_id: int, progress: _UnitProgress) -> Step:
+    def _completed(self, epoch: int, unit_id: int) -> bool:
+        return epoch in self._closed or (epoch in self._open and unit_id in self._open[epoch].completed)
+
+    def _complete(self, epoch: int, unit_id: int) -> None:
+        """The unit is done; the epoch's books fold into a count once every unit of this rank is."""
+        books = self._open.setdefault(epoch, _OpenEpoch())
+        books.completed.add(unit_id)
+        unit = self.plan.unit(unit_id)
+        books.own += unit is not None and unit.rank == self.rank
+        if books.own >= self._units_here:
+            del self._open[epoch]
+            self._closed[epoch] = 0 if books.delivered is None else int(np.count_nonzero(books.delivered))
+
+    def _settle(self, epoch: int, unit_id: int, progress: _UnitProgress) -> Step:
         if progress.expected is None or len(progress.stepped) < progress.expected:
             return Step.OPEN
         del self._units[unit_id]
-        self._completed.add(unit_id)
+        self._complete(epoch, unit_id)
         if len(progress.covered) == progress.size:
             return Step.DONE
         # Only a misbehaving leaseholder gets here: what it left out is reported, not delivered.
@@ -140,7 +172,10 @@ class Ledger:
 
     def restore(self, completed: set[int]) -> None:
         """Resume: units completed before arrive again as duplicates."""
-        self._completed |= completed
+        for unit_id in sorted(completed):
+            unit = self.plan.unit(unit_id)
+            if unit is not None and not self._completed(unit.epoch, unit_id):
+                self._complete(unit.epoch, unit_id)
 
     @property
     def open_units(self) -> int:
@@ -148,14 +183,16 @@ class Ledger:
         return len(self._units)
 
     @property
-    def unique_samples(self) -> int:
-        return int(sum(np.count_nonzero(d) for d in self._delivered.values()))
+    def open_epochs(self) -> int:
+        """Epochs whose books are still kept in full (the rest are one count each)."""
+        return len(self._open)
 
-    def delivered(self, epoch: int) -> np.ndarray:
-        """A copy of the epoch's bitmap of stepped samples."""
-        found = self._delivered.get(epoch)
-        return np.zeros(self.num_samples, dtype=bool) if found is None else found.copy()
+    @property
+    def unique_samples(self) -> int:
+        return sum(self.unique_in_epoch(epoch) for epoch in {*self._closed, *self._open})
 
     def unique_in_epoch(self, epoch: int) -> int:
-        delivered = self._delivered.get(epoch)
-        return 0 if delivered is None else int(np.count_nonzero(delivered))
+        if epoch in self._closed:
+            return self._closed[epoch]
+        books = self._open.get(epoch)
+        return 0 if books is None or books.delivered is None else int(np.count_nonzero(books.delivered))

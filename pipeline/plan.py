@@ -15,6 +15,7 @@ so every process that holds it (dispatcher, each rank, the workers) agrees on it
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -177,17 +178,33 @@ class EpochPlan:
     def _units(self, epoch: int) -> tuple[Unit, ...]:
         """Made once per epoch and kept (the last few epochs: a job walks them in order)."""
         found = self._cache.get(epoch)
-        if found is None:
-            found = self._cache[epoch] = self._make_units(epoch)
-            while len(self._cache) > 4:
-                del self._cache[min(self._cache)]
-        return found
+        return self._keep(epoch, tuple(self._make_units(epoch))) if found is None else found
 
-    def _make_units(self, epoch: int) -> tuple[Unit, ...]:
+    def _keep(self, epoch: int, units: tuple[Unit, ...]) -> tuple[Unit, ...]:
+        self._cache[epoch] = units
+        while len(self._cache) > 4:
+            del self._cache[min(self._cache)]
+        return units
+
+    def units_stepwise(self, epoch: int) -> Iterator[Unit]:
+        """The epoch's units, rank by rank, made as they are asked for: the dispatcher spreads the
+        making of the next epoch (tens of ms at ImageNet-1k size) over many leases instead of
+        stalling one. Kept, as `units` keeps them, once the last is made."""
+        found = self._cache.get(epoch)
+        if found is not None:
+            yield from found
+            return
+        made = []
+        for unit in self._make_units(epoch):
+            made.append(unit)
+            yield unit
+        self._keep(epoch, tuple(made))
+
+    def _make_units(self, epoch: int) -> Iterator[Unit]:
         blocks = self._blocks
         order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
         stream = [blocks[int(i)] for i in order]
-        units: list[Unit] = []
+        made = 0
         cursor = 0  # index into stream
         offset = 0  # rows of stream[cursor] already taken
         for rank, size in enumerate(self.rank_sizes):
@@ -202,5 +219,5 @@ class EpochPlan:
                     offset += take
                     if offset == block.size:
                         cursor, offset = cursor + 1, 0
-                units.append(Unit(epoch * self.units_per_epoch + len(units), epoch, tuple(segments), rank, position))
-        return tuple(units)
+                yield Unit(epoch * self.units_per_epoch + made, epoch, tuple(segments), rank, position)
+                made += 1

@@ -10,9 +10,16 @@ import pytest
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import Manifest, ShardReader, ShardWriter
 from pipeline.synth import SynthConfig, generate
-from tests.helpers import Job
+from tests.helpers import Daemon, Job
 
 TEST_IMAGES = 160
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_outlives_its_test():
+    yield
+    while Daemon.started:
+        Daemon.started.pop().stop()
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,10 @@ def scrape_url(url: str) -> dict[str, float]:
 
 
 class Daemon:
-    """A real `stoker worker` process."""
+    """A real `stoker worker` process. Every one started is stopped after its test, also when the
+    test fails before it could (tests/conftest.py), so none is left to load the next tests."""
+
+    started: list[Daemon] = []
 
     def __init__(self, connect: str, host_id: str, procs: int, log_dir: Path, once: bool = True,
                  extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
@@ -58,6 +61,7 @@ class Daemon:
         env = {k: v for k, v in (env or os.environ).items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        Daemon.started.append(self)
 
     def children(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout

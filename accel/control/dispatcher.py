@@ -1,7 +1,11 @@
 """The dispatcher: owns the epoch plan, leases work units, takes acks, re-leases lost work.
 
 Pure state, no sockets: `control_server` maps control messages onto these methods, and the
-consumer calls `ack` directly when it runs in the same process. Units are handed out
+consumer calls `ack` directly when it runs in the same process. It holds what the open epochs
+need, not the whole job: the units of the epochs being leased (an epoch is made from the plan
+when leasing reaches it), and done units as one number for every whole epoch done plus the
+ids of the open epochs, so its memory does not grow with the epoch number (ImageNet-1k for 90
+epochs is 450,450 units). When an epoch is done the journal is compacted to a snapshot. Units are handed out
 position by position across the data-parallel ranks (`EpochPlan.lease_order`), each only once
 its rank has attached (a unit's batches go to its rank's data socket). The dispatcher also
 keeps what every rank's stream has given so far, in batches per unit, so that it can say how
@@ -11,13 +15,16 @@ many steps an epoch has on every rank and where every rank stands after a step.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from accel.control.journal import Journal
 from pipeline.plan import EpochPlan, Unit
 from protos.leases import STARVED
+
+MAKE_AHEAD_UNITS = 16  # units of the next epoch made per lease: ~0.1 ms, the epoch ready well before it is due
 
 
 @dataclass
@@ -54,15 +61,20 @@ class Dispatcher:
     done_before: frozenset[int] = frozenset()  # units a previous run completed (resume)
     journal: Journal | None = None  # every lease/ack/release is made durable before it is answered
     planned_batches: Callable[[Unit], int] | None = None  # images: a unit's batches follow from its size
-    _pending: list[tuple[int, int, Unit]] = field(init=False)  # a heap in lease order; may hold acked units
-    _order: dict[int, int] = field(init=False, default_factory=dict)  # unit -> its place in the lease order
+    _pending: list[tuple[int, int, int, int, Unit]] = field(init=False, default_factory=list)  # a heap in lease
+    # order, (epoch, position, rank, id, unit), of the epochs loaded so far; may hold acked units
     _pending_ids: set[int] = field(init=False, default_factory=set)
+    _loaded: int = field(init=False, default=0)  # epochs whose units have been put in the heap
+    _making: Iterator[Unit] | None = field(init=False, default=None)  # epoch _loaded's units, part-way in
+    _done_below: int = field(init=False, default=0)  # every unit id below this is done: whole epochs
+    _done_in_epoch: dict[int, int] = field(init=False, default_factory=dict)  # open epoch -> its done units
     _leased: dict[int, Lease] = field(init=False, default_factory=dict)
-    _done: set[int] = field(init=False, default_factory=set)
+    _by_request: dict[tuple[str, int, str], int] = field(init=False, default_factory=dict)  # (worker, request,
+    # key) -> the unit that request was given: a repeated request is answered without a scan of every lease
+    _done: set[int] = field(init=False, default_factory=set)  # done units at or above _done_below
     _hosts: dict[str, float] = field(init=False, default_factory=dict)
     _releases: int = field(init=False, default=0)
     _handed_back: int = field(init=False, default=0)
-    _known: set[int] = field(init=False, default_factory=set)
     _endpoints: dict[int, str] = field(init=False, default_factory=dict)  # rank -> its data socket
     _ranks: dict[int, tuple[str, float]] = field(init=False, default_factory=dict)  # rank -> (consumer, last heard)
     _prefix: dict[tuple[int, int], tuple[int, int]] = field(init=False, default_factory=dict)  # (epoch, rank) ->
@@ -73,25 +85,78 @@ class Dispatcher:
     total_units: int = field(init=False)
 
     def __post_init__(self) -> None:
-        units = [u for epoch in range(self.plan.epochs) for u in self.plan.lease_order(epoch)]
+        per_epoch = self.plan.units_per_epoch
+        self.total_units = per_epoch * self.plan.epochs
         replayed = self.journal.replayed if self.journal else None
-        done = set(self.done_before) | (replayed.done if replayed else set())
+        self._done_below = replayed.done_below if replayed else 0
         if replayed:
             self._batches.update(replayed.batches)
-        open_leases = replayed.leases if replayed else {}
-        self._done = {u.unit_id for u in units if u.unit_id in done}
+        for unit_id in set(self.done_before) | (replayed.done if replayed else set()):
+            self._mark_done(unit_id)
         now = self.clock()
-        for unit in units:  # leases from before a restart stay with their hosts for one host timeout
-            if unit.unit_id in open_leases and unit.unit_id not in self._done:
-                host, worker, request_id, key = open_leases[unit.unit_id]
-                self._leased[unit.unit_id] = Lease(unit, host, worker, now, request_id, key)
+        for unit_id, (host, worker, request_id, key) in (replayed.leases if replayed else {}).items():
+            unit = self.plan.unit(unit_id)  # leases from before a restart stay with their hosts for one host timeout
+            if unit is not None and not self._is_done(unit_id):
+                self._hold(Lease(unit, host, worker, now, request_id, key))
                 self._hosts.setdefault(host, now)
-        self._order = {u.unit_id: i for i, u in enumerate(units)}
-        self._pending = [(self._order[u.unit_id], u.unit_id, u) for u in units
-                         if u.unit_id not in self._done and u.unit_id not in self._leased]  # sorted: a heap already
-        self._pending_ids = {u.unit_id for _, _, u in self._pending}
-        self.total_units = len(units)
-        self._known = {u.unit_id for u in units}
+        self._close_done_epochs()
+        self._loaded = self._done_below // per_epoch if per_epoch else 0
+        self._fill()
+
+    def _is_done(self, unit_id: int) -> bool:
+        return unit_id < self._done_below or unit_id in self._done
+
+    def _mark_done(self, unit_id: int) -> None:
+        if 0 <= unit_id < self.total_units and not self._is_done(unit_id):
+            self._done.add(unit_id)
+            epoch = unit_id // self.plan.units_per_epoch
+            self._done_in_epoch[epoch] = self._done_in_epoch.get(epoch, 0) + 1
+
+    def _close_done_epochs(self) -> bool:
+        """Fold every whole epoch done at the low end into `_done_below`; True when one was."""
+        per_epoch, closed = self.plan.units_per_epoch, False
+        while per_epoch and self._done_in_epoch.get(self._done_below // per_epoch) == per_epoch:
+            epoch = self._done_below // per_epoch
+            self._done.difference_update(range(self._done_below, self._done_below + per_epoch))
+            del self._done_in_epoch[epoch]
+            self._done_below += per_epoch
+            for unit_id in [u for u in self._batches if u < self._done_below - per_epoch]:
+                del self._batches[unit_id]  # the epoch before the open one is kept: positions may ask for it
+            for old in [e for e in self._stream_batches if e < epoch]:
+                del self._stream_batches[old]
+            for key in [k for k in self._prefix if k[0] < epoch]:
+                del self._prefix[key]
+            closed = True
+        return closed
+
+    def _fill(self) -> bool:
+        """Load epochs into the lease heap, in order, until it holds a unit of a loaded epoch (a
+        released unit, or a unit of the epoch being made ahead, waits for its epoch's turn);
+        False when no unit is left. An epoch whose units are all done, leased or received adds
+        nothing, so the next is loaded."""
+        while self._loaded < self.plan.epochs and (not self._pending or self._pending[0][0] >= self._loaded):
+            self._load(None)
+        return bool(self._pending)
+
+    def _load(self, most: int | None) -> None:
+        """Put up to `most` more units (all, for None) of epoch `_loaded` in the heap; once its
+        last is in, the epoch is loaded."""
+        if self._making is None:
+            self._making = self.plan.units_stepwise(self._loaded)
+        taken = 0
+        for unit in itertools.islice(self._making, most):
+            taken += 1
+            if not (self._is_done(unit.unit_id) or unit.unit_id in self._leased or unit.unit_id in self._received
+                    or unit.unit_id in self._pending_ids):
+                self._requeue(unit)
+        if most is None or taken < most:
+            self._making, self._loaded = None, self._loaded + 1
+
+    def _make_ahead(self) -> None:
+        """A few units of the epoch after the one being leased, so that it is ready when leasing
+        reaches it and no lease waits for a whole epoch to be made."""
+        if self._loaded < self.plan.epochs and self._pending and self._loaded <= self._pending[0][0] + 1:
+            self._load(MAKE_AHEAD_UNITS)
 
     # ---- hosts -------------------------------------------------------------------------
     def heartbeat(self, host_id: str) -> None:
@@ -201,15 +266,15 @@ class Dispatcher:
         never heard of it until the lease expired."""
         self._hosts[host_id] = self.clock()
         if request_id:
-            for lease in self._leased.values():
-                if lease.worker_id == worker_id and lease.request_id == request_id and lease.key == key:
-                    return lease.unit
-        waiting: list[tuple[int, int, Unit]] = []  # units of ranks that have not attached yet keep their place
+            again = self._by_request.get((worker_id, request_id, key))
+            if again is not None and again in self._leased:
+                return self._leased[again].unit
+        waiting: list[tuple[int, int, int, int, Unit]] = []  # units of ranks not attached yet keep their place
         try:
-            while self._pending:
+            while self._fill():
                 entry = heapq.heappop(self._pending)
-                unit = entry[2]
-                if unit.unit_id in self._done:
+                unit = entry[-1]
+                if self._is_done(unit.unit_id):
                     self._pending_ids.discard(unit.unit_id)
                     continue
                 if unit.rank not in self._endpoints:
@@ -218,7 +283,8 @@ class Dispatcher:
                 self._pending_ids.discard(unit.unit_id)
                 if self.journal:
                     self.journal.lease(unit.unit_id, host_id, worker_id, request_id, key)
-                self._leased[unit.unit_id] = Lease(unit, host_id, worker_id, self.clock(), request_id, key)
+                self._hold(Lease(unit, host_id, worker_id, self.clock(), request_id, key))
+                self._make_ahead()
                 return unit
             return None
         finally:
@@ -227,23 +293,32 @@ class Dispatcher:
 
     def received(self, unit_id: int) -> None:
         """Every batch of the unit is at its rank: its lease is over, and no lost host makes it redone."""
-        lease = self._leased.pop(unit_id, None)
-        if lease is not None and unit_id not in self._done:
+        lease = self._let_go(unit_id)
+        if lease is not None and not self._is_done(unit_id):
             self._received[unit_id] = lease.unit
 
     def ack(self, unit_id: int, batches: int | None = None) -> bool:
         """The consumer has stepped every batch of the unit (`batches` of them); True the first time."""
-        if unit_id in self._done or unit_id not in self._known:
+        if not 0 <= unit_id < self.total_units or self._is_done(unit_id):
             return False
         if batches is not None:
             self._batches[unit_id] = batches
         if self.journal:
             self.journal.ack(unit_id, batches)
-        self._done.add(unit_id)
-        self._leased.pop(unit_id, None)
+        self._mark_done(unit_id)
+        self._let_go(unit_id)
         self._received.pop(unit_id, None)
         self._pending_ids.discard(unit_id)
+        if self._close_done_epochs() and self.journal:
+            self.journal.compact(self.snapshot())
         return True
+
+    def snapshot(self) -> dict:
+        """What a restart needs, in place of the history that led to it (journal compaction)."""
+        return {"done_below": self._done_below, "done": sorted(self._done),
+                "batches": {str(u): b for u, b in self._batches.items()},
+                "leases": [[lease.unit.unit_id, lease.host_id, lease.worker_id, lease.request_id, lease.key]
+                           for lease in self._leased.values()]}
 
     def release(self, host_id: str, worker_ids: Iterable[str] | None, reason: str,
                 unit_ids: Iterable[int] | None = None) -> int:
@@ -257,7 +332,7 @@ class Dispatcher:
         if lost and self.journal:
             self.journal.release([lease.unit.unit_id for lease in lost])
         for lease in sorted(lost, key=lambda item: item.leased_at, reverse=True):
-            del self._leased[lease.unit.unit_id]
+            self._let_go(lease.unit.unit_id)
             self._requeue(lease.unit)
         if lost and reason == STARVED:
             self._handed_back += len(lost)
@@ -268,20 +343,33 @@ class Dispatcher:
                 self.on_release(reason, len(lost))
         return len(lost)
 
+    def _hold(self, lease: Lease) -> None:
+        self._leased[lease.unit.unit_id] = lease
+        if lease.request_id:
+            self._by_request[(lease.worker_id, lease.request_id, lease.key)] = lease.unit.unit_id
+
+    def _let_go(self, unit_id: int) -> Lease | None:
+        lease = self._leased.pop(unit_id, None)
+        if lease is not None and lease.request_id:
+            self._by_request.pop((lease.worker_id, lease.request_id, lease.key), None)
+        return lease
+
     def _requeue(self, unit: Unit) -> None:
-        heapq.heappush(self._pending, (self._order[unit.unit_id], unit.unit_id, unit))
+        heapq.heappush(self._pending, (unit.epoch, unit.position, unit.rank, unit.unit_id, unit))
         self._pending_ids.add(unit.unit_id)
 
     def done_units(self) -> list[int]:
-        return sorted(self._done)
+        return [*range(self._done_below), *sorted(self._done)]
 
     def leases_of(self, host_id: str) -> list[Lease]:
         return [lease for lease in self._leased.values() if lease.host_id == host_id]
 
     @property
     def finished(self) -> bool:
-        return len(self._done) == self.total_units
+        return self._done_below + len(self._done) == self.total_units
 
     def stats(self) -> DispatcherStats:
-        return DispatcherStats(len(self._pending_ids), len(self._leased) + len(self._received), len(self._done),
-                               len(self._hosts), self._releases, self._handed_back)
+        done = self._done_below + len(self._done)
+        in_flight = len(self._leased) + len(self._received)
+        return DispatcherStats(self.total_units - done - in_flight, in_flight, done, len(self._hosts), self._releases,
+                               self._handed_back)

@@ -79,8 +79,27 @@ class ControlServer:
         self.told_finished: set[str] = set()  # hosts that have heard "finished"
         self._consumers: dict[bytes, tuple[int, str]] = {}  # peer -> (rank, consumer id) of attached ranks
         self._silent_reported: set[int] = set()
+        self._outbox: list[tuple[bytes, bytes]] | None = None  # answers held until the journal is synced
 
     def handle(self, frames: list) -> None:
+        self.handle_all([frames])
+
+    def handle_all(self, batch: list[list]) -> None:
+        """Answer a batch of requests read together: the journal is synced once, before any answer
+        leaves (group commit), so every answer sent is durable."""
+        self._outbox = []
+        try:
+            for frames in batch:
+                self._handle_one(frames)
+        finally:
+            outbox, self._outbox = self._outbox, None
+            if self.dispatcher.journal is not None:
+                self.dispatcher.journal.sync()
+            for peer, payload in outbox:
+                self._send(peer, payload)
+            self.update_gauges()
+
+    def _handle_one(self, frames: list) -> None:
         peer = frame_bytes(frames[0])
         if len(frames) != 2 or len(frames[1]) > MAX_HEADER_BYTES:
             self._drop("bad_frames", peer)
@@ -115,7 +134,6 @@ class ControlServer:
         if len(self._last_reply) > REPLY_CACHE_PEERS:
             self._last_reply.popitem(last=False)
         self._send(peer, payload)
-        self.update_gauges()
 
     def _answer(self, request: pb.ControlRequest, caller: Caller, peer: bytes) -> pb.ControlReply:
         d = self.dispatcher
@@ -192,6 +210,8 @@ class ControlServer:
                       "without it (restart every rank from the last state_dict)", rank, self.dispatcher.host_timeout_s)
         self._silent_reported = silent
         self.metrics.ranks_silent.set(len(silent))
+        if self.dispatcher.journal is not None:
+            self.dispatcher.journal.sync()  # the releases of expired hosts
         self.update_gauges()
 
     def update_gauges(self) -> None:
@@ -202,6 +222,9 @@ class ControlServer:
         self.metrics.workers_alive.set(stats.hosts_alive)
 
     def _send(self, peer: bytes, payload: bytes) -> None:
+        if self._outbox is not None:
+            self._outbox.append((peer, payload))
+            return
         error = send_error(self.socket.send_multipart([peer, payload], flags=zmq.NOBLOCK))
         if error is not None:
             log.info("control peer %r unreachable: %s", peer, error)

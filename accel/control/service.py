@@ -14,6 +14,7 @@ on first start, mode 0600, or $STOKER_JOB_SECRET); workers never see it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 import uvloop
 import zmq.asyncio
 
-from accel.aio import pump
+from accel.aio import pump_batches
 from accel.checkpoint import job_fields
 from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
@@ -79,8 +80,9 @@ class DispatchService:
         job.check_fits(manifest)
         self.metrics = ControlMetrics()
         if self.journal and self.journal.replayed:
+            replayed = self.journal.replayed
             log.info("continuing from %s: %d units done, %d leases open", cfg.journal,
-                     len(self.journal.replayed.done), len(self.journal.replayed.leases))
+                     replayed.done_below + len(replayed.done), len(replayed.leases))
         self.dispatcher = Dispatcher(job.plan(manifest), cfg.host_timeout_s, journal=self.journal,
                                      on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n),
                                      planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
@@ -93,6 +95,7 @@ class DispatchService:
         """Serve until the job is finished (plus `linger_s`) or SIGTERM/SIGINT."""
         if self.cfg.metrics_port is not None:
             self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+        gc.freeze()  # the manifest and the plan live as long as the process: keep them out of full collections
         loop = uvloop.new_event_loop()
         try:
             loop.run_until_complete(self._serve())
@@ -120,7 +123,8 @@ class DispatchService:
                                    self.leases, access)
             server.update_gauges()
             self.ready.set()
-            tasks += [pump(control, server.handle, self.stop), ticker(server, self.stop), self._until_done()]
+            tasks += [pump_batches(control, server.handle_all, self.stop), ticker(server, self.stop),
+                      self._until_done()]
             await asyncio.gather(*tasks)
         finally:
             control.close(0)

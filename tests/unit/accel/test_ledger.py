@@ -37,3 +37,33 @@ def test_ids_outside_the_unit_or_the_plan_are_invalid(plan):
         ledger.admit(0, 10**9, 0, np.array([0]))
     with pytest.raises(InvalidBatch, match="belongs to epoch 0"):
         ledger.admit(1, unit.unit_id, 0, np.array(unit.sample_ids()[:4]))
+
+
+def _step_whole_unit(ledger: Ledger, unit) -> Step:
+    ids = np.array(unit.sample_ids())
+    ledger.admit(unit.epoch, unit.unit_id, 0, ids, last=True)
+    return ledger.stepped(unit.epoch, unit.unit_id, 0, True, ids, np.empty(0, np.int64))
+
+
+def test_a_finished_epoch_is_kept_as_one_count_and_its_batches_stay_duplicates(manifest):
+    plan = EpochPlan(manifest, unit_size=32, epochs=4, seed=0, world_size=2, batch_size=32)
+    ledger = Ledger(plan, rank=1)
+    for epoch in range(plan.epochs):
+        for unit in plan.rank_units(epoch, 1):
+            assert _step_whole_unit(ledger, unit) == Step.DONE
+        assert ledger.open_epochs == 0  # no bitmap, no unit set left behind for a finished epoch
+        assert ledger.unique_in_epoch(epoch) == sum(u.size for u in plan.rank_units(epoch, 1))
+    again = plan.rank_units(0, 1)[0]
+    assert not ledger.admit(0, again.unit_id, 0, np.array(again.sample_ids()))  # a redone unit of a closed epoch
+    assert ledger.unique_samples == ledger.samples and ledger.collisions == 0
+
+
+def test_another_ranks_units_do_not_close_an_epoch(manifest):
+    plan = EpochPlan(manifest, unit_size=32, epochs=1, seed=0, world_size=2, batch_size=32)
+    ledger = Ledger(plan, rank=0)
+    ledger.restore({u.unit_id for u in plan.rank_units(0, 1)})  # a resume's done units, every rank's
+    mine = plan.rank_units(0, 0)
+    for unit in mine[:-1]:
+        _step_whole_unit(ledger, unit)
+    assert ledger.open_epochs == 1
+    assert ledger.admit(0, mine[-1].unit_id, 0, np.array(mine[-1].sample_ids()), last=True)  # still wanted

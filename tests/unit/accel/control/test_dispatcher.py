@@ -135,3 +135,38 @@ def test_a_repeated_lease_request_gets_the_same_unit_from_a_restarted_dispatcher
     assert second.lease("h1", "h1/p0.1", request_id=7).unit_id != granted.unit_id  # another worker's ids are its own
     third = second.lease("h0", "h0/p0.1", request_id=9, key="cpu-0")
     assert second.lease("h0", "h0/p0.1", request_id=9, key="rogue").unit_id != third.unit_id  # nor another key's
+
+
+def test_units_go_in_plan_order_with_at_most_two_epochs_loaded(manifest):
+    """Epochs are made as leasing nears them, also when every unit of one is leased and none acked."""
+    plan = EpochPlan(manifest, unit_size=32, epochs=5, seed=0)
+    d = attached(plan)
+    leased = []
+    while (unit := d.lease("h", "w")) is not None:
+        leased.append(unit.unit_id)
+        assert len(d._pending_ids) < 2 * plan.units_per_epoch  # the epoch being leased and the next, being made
+    assert leased == [u.unit_id for e in range(plan.epochs) for u in plan.lease_order(e)]
+    assert d.stats().pending == 0 and d.stats().leased == d.total_units
+
+
+def test_a_compacted_journal_restarts_with_the_same_units_done_and_leases_open(manifest, tmp_path):
+    plan = EpochPlan(manifest, unit_size=32, epochs=3, seed=0)
+    job, path = {"manifest": manifest.uri}, tmp_path / "j"
+    first = attached(plan, host_timeout_s=10, journal=Journal(path, job, b"k" * 32))
+    acked = []
+    for _ in range(plan.units_per_epoch + 3):  # epoch 0 and three units of epoch 1
+        unit = first.lease("h0", "h0/p0.1")
+        assert first.ack(unit.unit_id)
+        acked.append(unit.unit_id)
+    held = [first.lease("h0", "h0/p0.1", request_id=i).unit_id for i in (1, 2)]
+    first.journal.sync()  # what the control server does before it answers; then the process dies
+    assert len(path.read_text().splitlines()) == 2 + 3 * 2 + 2  # header, snapshot, 3 leases + 3 acks, 2 leases
+    second = attached(plan, host_timeout_s=10, journal=Journal(path, job, b"n" * 32))
+    assert second.done_units() == sorted(acked)
+    assert second.lease("h0", "h0/p0.1", request_id=2).unit_id == held[1]  # an open lease survived the snapshot
+    second.release("h0", None, "crash")
+    while (unit := second.lease("h1", "h1/p0.1")) is not None:
+        assert second.ack(unit.unit_id)
+        acked.append(unit.unit_id)
+    assert sorted(acked) == list(range(plan.units_per_epoch * plan.epochs)) and second.finished
+    assert len(path.read_text().splitlines()) == 2  # the last epoch compacted too
