@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accel.control.dispatcher import Dispatcher
+from accel.control.journal import Journal, replay
 from accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
 from accel.metrics import ConsumerMetrics
 from accel.receiver import MAX_SENDERS
@@ -101,3 +103,21 @@ def test_floods_of_new_identities_do_not_grow_memory():
     assert grown < 2 << 20, f"{grown} bytes more after another {4 * REPLY_CACHE_PEERS} identities"
 
 
+
+
+def test_a_batch_of_requests_is_journaled_with_one_fsync_before_any_answer_leaves(tmp_path, monkeypatch):
+    """Group commit: answers wait for the journal's sync, and one sync serves the whole batch."""
+    events: list[str] = []
+    sock = RecordingSocket()
+    sock.send_multipart = lambda frames, flags=0: events.append("send")
+    journal = Journal(tmp_path / "j", {"job": JOB}, b"k" * 32)
+    dispatcher = Dispatcher(EpochPlan(MANIFEST, 16, 2, 0), host_timeout_s=5.0, journal=journal)
+    dispatcher.attach_rank(0, "tcp://127.0.0.1:1")
+    server = ControlServer(sock, dispatcher, pb.JobSpec(job_id=JOB), ConsumerMetrics(), SIGNER, IN_PROCESS)
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    leases = [[f"w{i}".encode(), pb.ControlRequest(request_id=1, lease=pb.LeaseRequest(
+        host_id="h0", worker_id=f"w{i}")).SerializeToString()] for i in range(8)]
+    server.handle_all(leases)
+    assert events == ["fsync"] + ["send"] * 8
+    assert len(replay(tmp_path / "j").leases) == 8  # what was answered is on disk
