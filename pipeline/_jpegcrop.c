@@ -6,9 +6,10 @@
  * iMCU columns that cover it (jpeg_crop_scanline). This module exposes exactly that:
  *
  *   header(data) -> (width, height, components, colorspace, progressive)
- *   decode(data, denom, left, top, right, bottom) -> (rgbx bytes, width, height, x, y)
+ *   decode(data, denom, left, top, right, bottom[, num]) -> (rgbx bytes, width, height, x, y)
  *
- * `decode` returns rows [top, bottom) of the image scaled by 1/denom, at least covering
+ * `decode` returns rows [top, bottom) of the image scaled by num/denom (num 1 and denom 1, 2, 4
+ * or 8, or denom 8 and num 1..16: libjpeg-turbo scales the IDCT by any M/8), at least covering
  * columns [left, right): the region actually decoded starts at column x (iMCU-aligned, <= left)
  * and is `width` columns wide. Pixels are RGBX (4 bytes), the layout Pillow keeps RGB images
  * in, so Pillow can wrap the buffer without a copy. Greyscale is expanded by libjpeg. CMYK and YCCK
@@ -98,7 +99,7 @@ typedef struct {
     int failed;       /* 1: libjpeg error, 2: truncated, 3: unsupported colour space, 4: bad window, 5: too big */
 } decode_result;
 
-static void decode_window(const unsigned char *buf, size_t len, int denom, JDIMENSION left, JDIMENSION top,
+static void decode_window(const unsigned char *buf, size_t len, int num, int denom, JDIMENSION left, JDIMENSION top,
                           JDIMENSION right, JDIMENSION bottom, error_state *err, decode_result *res) {
     struct jpeg_decompress_struct cinfo;
     unsigned char *pixels = res->pixels;
@@ -118,7 +119,7 @@ static void decode_window(const unsigned char *buf, size_t len, int denom, JDIME
         return;
     }
     cinfo.out_color_space = JCS_EXT_RGBX;
-    cinfo.scale_num = 1;
+    cinfo.scale_num = (unsigned int)num;
     cinfo.scale_denom = (unsigned int)denom;
     jpeg_start_decompress(&cinfo);
     if (right > cinfo.output_width) right = cinfo.output_width;
@@ -153,12 +154,12 @@ static void decode_window(const unsigned char *buf, size_t len, int denom, JDIME
 
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer data;
-    int denom;
+    int denom, num = 1;
     unsigned int left, top, right, bottom;
-    if (!PyArg_ParseTuple(args, "y*iIIII", &data, &denom, &left, &top, &right, &bottom)) return NULL;
-    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+    if (!PyArg_ParseTuple(args, "y*iIIII|i", &data, &denom, &left, &top, &right, &bottom, &num)) return NULL;
+    if (num == 1 ? (denom != 1 && denom != 2 && denom != 4 && denom != 8) : (denom != 8 || num < 1 || num > 16)) {
         PyBuffer_Release(&data);
-        PyErr_SetString(PyExc_ValueError, "denom must be 1, 2, 4 or 8");
+        PyErr_SetString(PyExc_ValueError, "the scale must be 1/1, 1/2, 1/4, 1/8 or M/8 with M in 1..16");
         return NULL;
     }
     if (right <= left || bottom <= top || right - left > 65535 || bottom - top > 65535) {
@@ -176,7 +177,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     error_state err;
     decode_result res = {(unsigned char *)PyBytes_AS_STRING(pixels), capacity, 0, 0, 0, 0};
     Py_BEGIN_ALLOW_THREADS
-    decode_window((const unsigned char *)data.buf, (size_t)data.len, denom, left, top, right, bottom, &err, &res);
+    decode_window((const unsigned char *)data.buf, (size_t)data.len, num, denom, left, top, right, bottom, &err, &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     if (res.failed) {
@@ -197,7 +198,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, components, colorspace, progressive)"},
     {"decode", decode, METH_VARARGS,
-     "decode(data, denom, left, top, right, bottom) -> (rgbx bytes, width, height, x, y)"},
+     "decode(data, denom, left, top, right, bottom[, num]) -> (rgbx bytes, width, height, x, y); scale num/denom"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -82,3 +82,18 @@ def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "fallback ok" in result.stdout, result.stderr
+
+
+def test_an_m_over_8_scale_gives_libjpegs_size_and_a_bad_scale_is_refused(manifest):
+    """The M/8 scales benchmarks/dct_scale.py measures: output ceil(size * M / 8); others refused."""
+    from pipeline import _jpegcrop
+
+    data = bytes(ShardReader(manifest.shard_uri(0)).jpeg(0))
+    width, height = _jpegcrop.header(data)[:2]
+    for num in (3, 5, 6, 7):
+        scaled_w, scaled_h = -(-width * num // 8), -(-height * num // 8)
+        _, region_w, region_h, x, y = _jpegcrop.decode(data, 8, 0, 0, scaled_w, scaled_h, num)
+        assert (x, y, region_w, region_h) == (0, 0, scaled_w, scaled_h), num
+    for denom, num in ((4, 3), (8, 0), (8, 17), (3, 1)):
+        with pytest.raises(ValueError, match="scale must be"):
+            _jpegcrop.decode(data, denom, 0, 0, 8, 8, num)
