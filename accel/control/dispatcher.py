@@ -2,14 +2,15 @@
 
 Pure state, no sockets: `control_server` maps control messages onto these methods, and the
 consumer calls `ack` directly when it runs in the same process. It holds what the open epochs
-need, not the whole job: the units of the epochs being leased (an epoch is made from the plan
-when leasing reaches it), and done units as one number for every whole epoch done plus the
-ids of the open epochs, so its memory does not grow with the epoch number (ImageNet-1k for 90
-epochs is 450,450 units). When an epoch is done the journal is compacted to a snapshot. Units are handed out
-position by position across the data-parallel ranks (`EpochPlan.lease_order`), each only once
-its rank has attached (a unit's batches go to its rank's data socket). The dispatcher also
-keeps what every rank's stream has given so far, in batches per unit, so that it can say how
-many steps an epoch has on every rank and where every rank stands after a step.
+need, not the whole job: the units of the epoch being leased and of the next (made from the
+plan a few with each lease, so no lease waits for a whole epoch to be made), and done units
+as one number for every whole epoch done plus the ids of the open epochs, so its memory does
+not grow with the epoch number (ImageNet-1k for 90 epochs is 450,450 units). When an epoch is
+done the journal is compacted to a snapshot. Units are handed out position by position
+across the data-parallel ranks (`EpochPlan.lease_order`), each only once its rank has
+attached (a unit's batches go to its rank's data socket). The dispatcher also keeps what every
+rank's stream has given so far, in batches per unit, so that it can say how many steps an
+epoch has on every rank and where every rank stands after a step.
 """
 
 from __future__ import annotations
