@@ -47,6 +47,7 @@ class Journal:
         self.lease_key = lease_key
         self._header = {"job": self.replayed.job if self.replayed else job, "lease_key": lease_key.hex()}
         self._dirty = False
+        self.compactions = 0  # since this process opened it
         try:
             self._file = open(self.path, "a")
         except OSError as exc:
@@ -60,12 +61,20 @@ class Journal:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
         self._dirty = True
 
-    def sync(self) -> None:
-        """Make every line written so far durable; call before answering what they record."""
-        if self._dirty:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._dirty = False
+    def sync(self) -> bool:
+        """Make every line written so far durable; call before answering what they record.
+        True when there was something to make durable (an fsync happened)."""
+        if not self._dirty:
+            return False
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._dirty = False
+        return True
+
+    @property
+    def size(self) -> int:
+        """Bytes in the journal, the lines not yet synced included."""
+        return self._file.tell()
 
     def lease(self, unit_id: int, host_id: str, worker_id: str, request_id: int = 0, key: str = "") -> None:
         self._write({"lease": unit_id, "host": host_id, "worker": worker_id, "request": request_id, "key": key})
@@ -95,6 +104,7 @@ class Journal:
             os.close(folder)
         self._file = open(self.path, "a")
         self._dirty = False
+        self.compactions += 1
 
     def close(self) -> None:
         self.sync()

@@ -3,7 +3,7 @@ and by rank 0's consumer when the dispatcher lives in it."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
 class ControlMetrics:
@@ -21,6 +21,12 @@ class ControlMetrics:
         self.auth = Counter("stoker_consumer_auth",
                             "CURVE connections: admitted, refused (key not allow-listed) or failed_handshake "
                             "(no key, or not this service's server key)", ["result"], registry=r)
+        self.journal_group = Histogram("stoker_dispatcher_journal_group_requests",
+                                       "Control requests answered after one fsync of the journal (group commit)",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+        self.journal_compactions = Counter("stoker_dispatcher_journal_compactions",
+                                           "Journal compactions to a snapshot, one as each epoch is done", registry=r)
+        self.journal_bytes = Gauge("stoker_dispatcher_journal_bytes", "Size of the journal file", registry=r)
         self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
                                        "Control messages dropped as malformed or not allowed to the sender's role",
                                        ["reason"], registry=r)

@@ -80,6 +80,7 @@ class ControlServer:
         self._consumers: dict[bytes, tuple[int, str]] = {}  # peer -> (rank, consumer id) of attached ranks
         self._silent_reported: set[int] = set()
         self._outbox: list[tuple[bytes, bytes]] | None = None  # answers held until the journal is synced
+        self._compactions_counted = 0
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -93,8 +94,8 @@ class ControlServer:
                 self._handle_one(frames)
         finally:
             outbox, self._outbox = self._outbox, None
-            if self.dispatcher.journal is not None:
-                self.dispatcher.journal.sync()
+            if self.dispatcher.journal is not None and self.dispatcher.journal.sync():
+                self.metrics.journal_group.observe(len(batch))
             for peer, payload in outbox:
                 self._send(peer, payload)
             self.update_gauges()
@@ -215,6 +216,11 @@ class ControlServer:
         self.update_gauges()
 
     def update_gauges(self) -> None:
+        journal = self.dispatcher.journal
+        if journal is not None:
+            self.metrics.journal_bytes.set(journal.size)
+            self.metrics.journal_compactions.inc(journal.compactions - self._compactions_counted)
+            self._compactions_counted = journal.compactions
         stats = self.dispatcher.stats()
         self.metrics.units.labels(state="pending").set(stats.pending)
         self.metrics.units.labels(state="leased").set(stats.leased)

@@ -106,7 +106,8 @@ def test_floods_of_new_identities_do_not_grow_memory():
 
 
 def test_a_batch_of_requests_is_journaled_with_one_fsync_before_any_answer_leaves(tmp_path, monkeypatch):
-    """Group commit: answers wait for the journal's sync, and one sync serves the whole batch."""
+    """Group commit: answers wait for the journal's sync, and one sync serves the whole batch;
+    the metrics show the group's size, the compactions and the journal's size."""
     events: list[str] = []
     sock = RecordingSocket()
     sock.send_multipart = lambda frames, flags=0: events.append("send")
@@ -121,3 +122,11 @@ def test_a_batch_of_requests_is_journaled_with_one_fsync_before_any_answer_leave
     server.handle_all(leases)
     assert events == ["fsync"] + ["send"] * 8
     assert len(replay(tmp_path / "j").leases) == 8  # what was answered is on disk
+    metric = server.metrics.registry.get_sample_value
+    assert metric("stoker_dispatcher_journal_group_requests_count") == 1
+    assert metric("stoker_dispatcher_journal_group_requests_sum") == 8
+    for unit in dispatcher.plan.units(0):  # epoch 0 done: the journal is compacted to a snapshot
+        dispatcher.ack(unit.unit_id)
+    server.update_gauges()
+    assert metric("stoker_dispatcher_journal_compactions_total") == 1
+    assert metric("stoker_dispatcher_journal_bytes") == (tmp_path / "j").stat().st_size
