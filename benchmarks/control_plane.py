@@ -309,18 +309,38 @@ def client_main(argv: list[str]) -> None:
     Path(a.out).write_text(json.dumps(found))
 
 
-class Acker:
-    """The job's one rank: attaches, then acks whatever the clients leased, in batches of up to ACK_BATCH."""
+class Sink:
+    """Where the clients send the unit ids they were leased; this one only counts them (for the
+    peer, which keeps no books), `Acker` acks them."""
 
-    def __init__(self, endpoint: str, secret: bytes) -> None:
+    def __init__(self) -> None:
         self.ctx = zmq.Context()
-        self.control = self.ctx.socket(zmq.DEALER)
-        self.control.setsockopt_string(zmq.IDENTITY, "rank0")
-        self.control.connect(endpoint)
         self.pull = self.ctx.socket(zmq.PULL)
         self.acks = f"tcp://127.0.0.1:{free_port()}"
         self.pull.bind(self.acks)
-        self.secret, self.ids, self.acked = secret, 0, 0
+        self.acked = 0
+
+    def run_for(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.pull.poll(20):
+                self.pull.recv()
+                self.acked += 1
+
+    def close(self) -> None:
+        self.pull.close(0)
+        self.ctx.term()
+
+
+class Acker(Sink):
+    """The job's one rank: attaches, then acks whatever the clients leased, in batches of up to ACK_BATCH."""
+
+    def __init__(self, endpoint: str, secret: bytes) -> None:
+        super().__init__()
+        self.control = self.ctx.socket(zmq.DEALER)
+        self.control.setsockopt_string(zmq.IDENTITY, "rank0")
+        self.control.connect(endpoint)
+        self.secret, self.ids = secret, 0
         reply = self._call(pb.ControlRequest(attach=pb.Attach(consumer_id="rank0", rank=0, world_size=1,
                                                               data_endpoint="tcp://127.0.0.1:1")))
         assert reply.WhichOneof("kind") == "attached", reply
@@ -346,30 +366,7 @@ class Acker:
 
     def close(self) -> None:
         self.control.close(0)
-        self.pull.close(0)
-        self.ctx.term()
-
-
-class Sink:
-    """Where the clients' leased unit ids go when the peer, which keeps no books, is measured."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.acks = f"tcp://127.0.0.1:{free_port()}"
-        self.pull.bind(self.acks)
-        self.acked = 0
-
-    def run_for(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.pull.poll(20):
-                self.pull.recv()
-                self.acked += 1
-
-    def close(self) -> None:
-        self.pull.close(0)
-        self.ctx.term()
+        super().close()
 
 
 def _start_dispatcher(manifest: Path, endpoint: str, journal: Path) -> tuple[subprocess.Popen, Acker]:
@@ -396,7 +393,7 @@ def over_sockets(manifest: Path, folder: Path, rate: float, seconds: float, floo
     if floor:
         dispatcher = subprocess.Popen(["taskset", "-c", DISPATCHER_CORE, sys.executable, "-m",
                                        "benchmarks.control_plane", "floor", endpoint, str(journal)])
-        acker: Acker | Sink = Sink()
+        acker: Sink = Sink()
     else:
         dispatcher, acker = _start_dispatcher(manifest, endpoint, journal)
     try:
