@@ -1,16 +1,28 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
-ingest, object_storage, control_plane, dct_scale) or all of them.
+ingest, object_storage, control_plane, dct_scale, restart_index) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`)."""
 
 import os
 import sys
 
-from benchmarks import control_plane, dct_scale, ingest, loader, object_storage, overlap, ratio, spine, suite, text
+from benchmarks import (
+    control_plane,
+    dct_scale,
+    ingest,
+    loader,
+    object_storage,
+    overlap,
+    ratio,
+    restart_index,
+    spine,
+    suite,
+    text,
+)
 
 BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "overlap": overlap.main,
               "ratio": ratio.main, "loader": loader.main, "ingest": ingest.main, "object_storage": object_storage.main,
-              "control_plane": control_plane.main, "dct_scale": dct_scale.main}
+              "control_plane": control_plane.main, "dct_scale": dct_scale.main, "restart_index": restart_index.main}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

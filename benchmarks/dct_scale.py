@@ -49,7 +49,7 @@ def decode_resize(jpeg: bytes, width: int, height: int, crop, eighths: int) -> n
     box = (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
     left, top = max(0, math.floor(box[0]) - _MARGIN), max(0, math.floor(box[1]) - _MARGIN)
     right, bottom = min(scaled_w, math.ceil(box[2]) + _MARGIN), min(scaled_h, math.ceil(box[3]) + _MARGIN)
-    pixels, region_w, region_h, x, y = _jpegcrop.decode(jpeg, denom, left, top, right, bottom, num)
+    pixels, region_w, region_h, x, y, _ = _jpegcrop.decode(jpeg, denom, left, top, right, bottom, num)
     region = Image.frombuffer("RGBX", (region_w, region_h), pixels, "raw", "RGBX", 0, 1)
     out = region.resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=(box[0] - x, box[1] - y, box[2] - x, box[3] - y))
     return np.asarray(out.convert("RGB"))

@@ -2,7 +2,8 @@
 
 Images (uint8 224x224x3, random resized crop area 0.05-1 + flip, batches of 64, the default
 2,000-image set): Stoker end to end (worker daemon -> ZeroMQ -> null consumer) with its
-crop-window decoder and with pillow-simd; PyTorch DataLoader + torchvision on PIL images
+crop-window decoder on the default shards (restart-indexed) and on shards of the same files
+prepared without the index, and with pillow-simd; PyTorch DataLoader + torchvision on PIL images
 (num_workers 0/1/2); NVIDIA DALI's CPU pipeline (1/2 threads, decode + random_resized_crop
 and the fused decoders.image_random_crop); libjpeg-turbo itself in C (every pixel, and only
 the crop windows Stoker would decode). Text: Stoker's online BERT examples (pairs, masking,
@@ -36,8 +37,9 @@ from benchmarks.report import header, write_results
 from pipeline import augment
 from pipeline.augment import TrainTransform, crop_window
 from pipeline.plan import EpochPlan
+from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.seeds import sample_random
-from pipeline.shards import Manifest
+from pipeline.shards import MANIFEST_VERSION, Manifest
 from pipeline.text.batching import TextUnitSource, unit_sequences
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
@@ -52,6 +54,7 @@ PEER_VENV = WORK / "peer-venv"
 PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "nvidia-dali-cuda130", "transformers"]
 ONE, TWO = "0", "0,1"
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
+PLAIN_SHARDS = "Stoker, crop-window decoder, shards without the restart index, 1 process (consumer on core 1)"
 
 
 @dataclass
@@ -144,8 +147,19 @@ def write_sequences(manifest: Manifest, seq_len: int) -> Path:
     return path
 
 
-def contenders(peer: str, tj: str, manifest: str, files: Path, windows: Path, wiki: str, sequences: Path,
-               vocab: str) -> list[Contender]:
+def plain_shards(manifest: Manifest) -> str:
+    """The same originals prepared without the restart index (`--restart-interval-px 0`), once."""
+    folder = WORK / "plain-shards"
+    path = folder / "manifest.json"
+    if not (path.exists() and Manifest.load(str(path)).version == MANIFEST_VERSION):
+        print(f"preparing the default set without the restart index in {folder}", flush=True)
+        prepare_imagenet(Path(manifest.uri).parent.parent / "raw", folder,
+                         PrepareConfig(progress=False, restart_interval_px=0))
+    return str(path)
+
+
+def contenders(peer: str, tj: str, manifest: str, plain: str, files: Path, windows: Path, wiki: str,
+               sequences: Path, vocab: str) -> list[Contender]:
     here = sys.executable
     peers = ROOT / "peers"
 
@@ -165,6 +179,7 @@ def contenders(peer: str, tj: str, manifest: str, files: Path, windows: Path, wi
     return [
         Contender("Stoker, crop-window decoder, 1 process (consumer on core 1)", ONE, "img/s",
                   lambda: stoker_images(manifest, ONE, {1}, 1, "auto")),
+        Contender(PLAIN_SHARDS, ONE, "img/s", lambda: stoker_images(plain, ONE, {1}, 1, "auto")),
         Contender("Stoker, pillow-simd decoder, 1 process (consumer on core 1)", ONE, "img/s",
                   lambda: stoker_images(manifest, ONE, {1}, 1, "pillow")),
         Contender("PyTorch DataLoader + torchvision, num_workers=0", ONE, "img/s", dataloader(0, ONE)),
@@ -209,6 +224,7 @@ def _ratios(medians: dict[str, float]) -> dict[str, float]:
             "DALI CPU, fused decoders.image_random_crop, 2 threads"),
         "stoker / libjpeg-turbo full decode, 1 core": crop1 / medians[
             "libjpeg-turbo in C, full decode (no crop, no resize)"],
+        "restart-indexed shards / plain shards, crop-window decoder, 1 core": crop1 / medians[PLAIN_SHARDS],
         "crop-window decoder / pillow-simd decoder, 1 core": crop1 / medians[
             "Stoker, pillow-simd decoder, 1 process (consumer on core 1)"],
         "stoker BERT / transformers collator, 1 core": medians[
@@ -234,7 +250,10 @@ def main(repeats: int = 3) -> dict:
         Path(path).read_bytes()
     for path in Path(manifest_uri).parent.glob("*.arrow"):
         path.read_bytes()
-    field = contenders(peer, tj, manifest_uri, listing, windows, wiki_uri, sequences,
+    plain = plain_shards(manifest)
+    for path in Path(plain).parent.glob("*.arrow"):
+        path.read_bytes()
+    field = contenders(peer, tj, manifest_uri, plain, listing, windows, wiki_uri, sequences,
                        wiki.relative_uri(wiki.vocab))
     runs: dict[str, list[float]] = {c.name: [] for c in field}
     for round_ in range(repeats):

@@ -6,7 +6,7 @@
  * iMCU columns that cover it (jpeg_crop_scanline). This module exposes exactly that:
  *
  *   header(data) -> (width, height, components, colorspace, progressive)
- *   decode(data, denom, left, top, right, bottom[, num]) -> (rgbx bytes, width, height, x, y)
+ *   decode(data, denom, left, top, right, bottom[, num[, restarts]]) -> (rgbx bytes, width, height, x, y, path)
  *
  * `decode` returns rows [top, bottom) of the image scaled by num/denom (num 1 and denom 1, 2, 4
  * or 8, or denom 8 and num 1..16: libjpeg-turbo scales the IDCT by any M/8), at least covering
@@ -16,6 +16,12 @@
  * images raise NotImplementedError so the caller can use its general decoder. A premature end
  * of data inside the decoded rows raises ValueError; libjpeg's other warnings are ignored, as
  * Pillow ignores them. The GIL is released while libjpeg works.
+ *
+ * `restarts`, the restart index of a file transcoded by pipeline._jpegrestart (restart_index.h),
+ * lets it entropy-decode only the restart intervals the window touches, instead of every row
+ * down to the window's end: it splices those intervals into a small JPEG of their own. `path`
+ * says what happened: "plain" (no index), "spliced", "whole" (the window needs the whole file)
+ * or "rejected" (the index does not describe this file, which was then decoded without it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +30,8 @@
 #include <string.h>
 #include <jpeglib.h>
 #include <jerror.h>
+
+#include "restart_index.h"
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -152,18 +160,186 @@ static void decode_window(const unsigned char *buf, size_t len, int num, int den
     if (err->truncated) res->failed = 2;
 }
 
+/* ---- Splicing the restart intervals a window needs (files transcoded by pipeline._jpegrestart). ---- */
+
+/* Scaled pixels kept between a band edge inside the image and the window: fancy chroma
+ * upsampling reads one neighbouring sample, which a band replicates at its edge. */
+#define BAND_MARGIN 2
+
+typedef struct {
+    unsigned char *buf; /* malloc'd: the band as a JPEG of its own */
+    size_t len;
+    JDIMENSION x, y;    /* where the band starts in the scaled image */
+} band;
+
+typedef enum { SPLICED, WHOLE_FILE, INDEX_REJECTED } splice_outcome;
+
+static unsigned int be16(const unsigned char *p) { return ((unsigned int)p[0] << 8) | p[1]; }
+
+typedef struct {
+    size_t sof;        /* offset of the SOF marker */
+    size_t scan_start; /* first entropy-coded byte */
+    unsigned int width, height, mcu_w, mcu_h;
+} frame_layout;
+
+/* Walks the markers up to SOS; 0 if the file is not the baseline/extended Huffman kind the
+ * transcoder writes. */
+static int read_layout(const unsigned char *b, size_t len, frame_layout *f) {
+    size_t i = 2;
+    f->sof = 0;
+    while (i + 4 <= len && b[i] == 0xFF) {
+        unsigned char marker = b[i + 1];
+        size_t seg = be16(b + i + 2);
+        if (i + 2 + seg > len) return 0;
+        if (marker >= 0xC2 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) return 0;
+        if (marker == 0xC0 || marker == 0xC1) {
+            if (seg < 8) return 0;
+            unsigned int comps = b[i + 9], max_h = 1, max_v = 1;
+            if (comps < 1 || seg < 8 + 3 * comps) return 0;
+            for (unsigned int c = 0; c < comps; c++) {
+                unsigned int hv = b[i + 11 + 3 * c];
+                if ((hv >> 4) > max_h) max_h = hv >> 4;
+                if ((hv & 15) > max_v) max_v = hv & 15;
+            }
+            f->sof = i;
+            f->height = be16(b + i + 5);
+            f->width = be16(b + i + 7);
+            f->mcu_w = DCTSIZE * (comps == 1 ? 1 : max_h);
+            f->mcu_h = DCTSIZE * (comps == 1 ? 1 : max_v);
+        }
+        if (marker == 0xDA) {
+            f->scan_start = i + 2 + seg;
+            return f->sof != 0 && f->width > 0 && f->height > 0;
+        }
+        i += 2 + seg;
+    }
+    return 0;
+}
+
+/* Bytes [start, end) of interval k, or 0 if the index and the file disagree about it. */
+static int interval_bytes(const unsigned char *b, size_t len, const unsigned char *index, uint32_t n, uint32_t k,
+                          size_t *start, size_t *end) {
+    *start = restart_index_get(index, RESTART_INDEX_HEADER + k);
+    size_t next = restart_index_get(index, RESTART_INDEX_HEADER + k + 1);
+    if (k + 1 < n) {
+        if (next < 2 || next > len || b[next - 2] != 0xFF || b[next - 1] != 0xD0 + (k & 7)) return 0;
+        *end = next - 2;
+    } else {
+        if (next + 2 > len || b[next] != 0xFF || b[next + 1] != 0xD9) return 0;
+        *end = next;
+    }
+    return *start <= *end;
+}
+
+/* The smallest rectangle of whole intervals that holds the window (plus BAND_MARGIN), written
+ * as a JPEG of its own: the original tables, a SOF with the band's size, the intervals with
+ * their RST markers renumbered, EOI. EXIF and other APPn/COM segments are left out. */
+static splice_outcome splice_band(const unsigned char *b, size_t len, const unsigned char *index, size_t index_len,
+                                  int num, int denom, JDIMENSION left, JDIMENSION top, JDIMENSION right,
+                                  JDIMENSION bottom, band *out) {
+    if (index_len < 4 * (RESTART_INDEX_HEADER + 2) || restart_index_get(index, 0) != RESTART_INDEX_VERSION)
+        return INDEX_REJECTED;
+    uint32_t r = restart_index_get(index, 1), per_row = restart_index_get(index, 2), n = restart_index_get(index, 3);
+    frame_layout f;
+    if (r == 0 || per_row == 0 || n == 0 || n % per_row || index_len != 4 * ((size_t)RESTART_INDEX_HEADER + n + 1) ||
+        !read_layout(b, len, &f) || f.scan_start != restart_index_get(index, RESTART_INDEX_HEADER))
+        return INDEX_REJECTED;
+    unsigned int mcus_per_row = (f.width + f.mcu_w - 1) / f.mcu_w, rows = (f.height + f.mcu_h - 1) / f.mcu_h;
+    if (mcus_per_row != r * per_row || rows != n / per_row) return INDEX_REJECTED;
+    /* The window in stored pixels, widened by the margin, then in intervals and MCU rows. */
+    size_t full_l = (size_t)(left > BAND_MARGIN ? left - BAND_MARGIN : 0) * denom / num;
+    size_t full_t = (size_t)(top > BAND_MARGIN ? top - BAND_MARGIN : 0) * denom / num;
+    size_t full_r = ((size_t)(right + BAND_MARGIN) * denom + num - 1) / num;
+    size_t full_b = ((size_t)(bottom + BAND_MARGIN) * denom + num - 1) / num;
+    size_t span = (size_t)r * f.mcu_w;
+    uint32_t j0 = (uint32_t)(full_l / span), j1 = (uint32_t)((full_r + span - 1) / span);
+    uint32_t r0 = (uint32_t)(full_t / f.mcu_h), r1 = (uint32_t)((full_b + f.mcu_h - 1) / f.mcu_h);
+    if (j1 > per_row) j1 = per_row;
+    if (r1 > rows) r1 = rows;
+    if (j0 >= j1 || r0 >= r1) return INDEX_REJECTED;
+    if (j0 == 0 && j1 == per_row && r0 == 0) return WHOLE_FILE; /* rows below the window are never read anyway */
+    size_t band_x = (size_t)j0 * span, band_y = (size_t)r0 * f.mcu_h;
+    size_t band_w = ((size_t)j1 * span < f.width ? (size_t)j1 * span : f.width) - band_x;
+    size_t band_h = ((size_t)r1 * f.mcu_h < f.height ? (size_t)r1 * f.mcu_h : f.height) - band_y;
+    /* Size the output: kept header segments + the chosen intervals + a marker after each + EOI. */
+    size_t need = f.scan_start + 2, s, e;
+    for (uint32_t row = r0; row < r1; row++)
+        for (uint32_t j = j0; j < j1; j++) {
+            if (!interval_bytes(b, len, index, n, row * per_row + j, &s, &e)) return INDEX_REJECTED;
+            need += e - s + 2;
+        }
+    unsigned char *o = malloc(need);
+    if (o == NULL) return INDEX_REJECTED;
+    size_t w = 0, i = 2;
+    o[w++] = 0xFF;
+    o[w++] = 0xD8;
+    while (i < f.scan_start) {
+        unsigned char marker = b[i + 1];
+        size_t seg = be16(b + i + 2);
+        int kept = !((marker >= 0xE1 && marker <= 0xEF && marker != 0xEE) || marker == 0xFE);
+        if (kept) {
+            memcpy(o + w, b + i, 2 + seg);
+            if (i == f.sof) {
+                o[w + 5] = (unsigned char)(band_h >> 8);
+                o[w + 6] = (unsigned char)band_h;
+                o[w + 7] = (unsigned char)(band_w >> 8);
+                o[w + 8] = (unsigned char)band_w;
+            }
+            w += 2 + seg;
+        }
+        i += 2 + seg;
+    }
+    uint32_t written = 0, total = (r1 - r0) * (j1 - j0);
+    for (uint32_t row = r0; row < r1; row++)
+        for (uint32_t j = j0; j < j1; j++) {
+            interval_bytes(b, len, index, n, row * per_row + j, &s, &e);
+            memcpy(o + w, b + s, e - s);
+            w += e - s;
+            if (++written < total) {
+                o[w++] = 0xFF;
+                o[w++] = (unsigned char)(0xD0 + ((written - 1) & 7));
+            }
+        }
+    o[w++] = 0xFF;
+    o[w++] = 0xD9;
+    out->buf = o;
+    out->len = w;
+    out->x = (JDIMENSION)(band_x * num / denom);
+    out->y = (JDIMENSION)(band_y * num / denom);
+    return SPLICED;
+}
+
+/* decode_window on the band the index points to, or on the whole file when the band is the whole
+ * file or the index does not fit it. Coordinates in and out are the whole image's. */
+static splice_outcome decode_indexed(const unsigned char *buf, size_t len, const unsigned char *index,
+                                     size_t index_len, int num, int denom, JDIMENSION left, JDIMENSION top,
+                                     JDIMENSION right, JDIMENSION bottom, error_state *err, decode_result *res) {
+    band cut;
+    splice_outcome how = splice_band(buf, len, index, index_len, num, denom, left, top, right, bottom, &cut);
+    if (how != SPLICED) {
+        decode_window(buf, len, num, denom, left, top, right, bottom, err, res);
+        return how;
+    }
+    decode_window(cut.buf, cut.len, num, denom, left - cut.x, top - cut.y, right - cut.x, bottom - cut.y, err, res);
+    free(cut.buf);
+    res->x += cut.x;
+    return SPLICED;
+}
+
 static PyObject *decode(PyObject *self, PyObject *args) {
-    Py_buffer data;
+    Py_buffer data, index = {NULL};
     int denom, num = 1;
     unsigned int left, top, right, bottom;
-    if (!PyArg_ParseTuple(args, "y*iIIII|i", &data, &denom, &left, &top, &right, &bottom, &num)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*iIIII|iz*", &data, &denom, &left, &top, &right, &bottom, &num, &index)) return NULL;
     if (num == 1 ? (denom != 1 && denom != 2 && denom != 4 && denom != 8) : (denom != 8 || num < 1 || num > 16)) {
         PyBuffer_Release(&data);
+        PyBuffer_Release(&index);
         PyErr_SetString(PyExc_ValueError, "the scale must be 1/1, 1/2, 1/4, 1/8 or M/8 with M in 1..16");
         return NULL;
     }
     if (right <= left || bottom <= top || right - left > 65535 || bottom - top > 65535) {
         PyBuffer_Release(&data);
+        PyBuffer_Release(&index);
         PyErr_SetString(PyExc_ValueError, "empty or oversized crop window");
         return NULL;
     }
@@ -172,14 +348,22 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     PyObject *pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)capacity);
     if (pixels == NULL) {
         PyBuffer_Release(&data);
+        PyBuffer_Release(&index);
         return NULL;
     }
     error_state err;
     decode_result res = {(unsigned char *)PyBytes_AS_STRING(pixels), capacity, 0, 0, 0, 0};
+    splice_outcome how = WHOLE_FILE;
     Py_BEGIN_ALLOW_THREADS
-    decode_window((const unsigned char *)data.buf, (size_t)data.len, num, denom, left, top, right, bottom, &err, &res);
+    if (index.buf != NULL)
+        how = decode_indexed((const unsigned char *)data.buf, (size_t)data.len, (const unsigned char *)index.buf,
+                             (size_t)index.len, num, denom, left, top, right, bottom, &err, &res);
+    else
+        decode_window((const unsigned char *)data.buf, (size_t)data.len, num, denom, left, top, right, bottom, &err,
+                      &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
+    PyBuffer_Release(&index);
     if (res.failed) {
         Py_DECREF(pixels);
         switch (res.failed) {
@@ -192,13 +376,15 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (_PyBytes_Resize(&pixels, (Py_ssize_t)res.width * res.height * BYTES_PER_PIXEL) < 0) return NULL;
-    return Py_BuildValue("(NIIII)", pixels, res.width, res.height, res.x, top);
+    const char *path = index.buf == NULL ? "plain" : how == SPLICED ? "spliced" : how == WHOLE_FILE ? "whole" : "rejected";
+    return Py_BuildValue("(NIIIIs)", pixels, res.width, res.height, res.x, top, path);
 }
 
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, components, colorspace, progressive)"},
     {"decode", decode, METH_VARARGS,
-     "decode(data, denom, left, top, right, bottom[, num]) -> (rgbx bytes, width, height, x, y); scale num/denom"},
+     "decode(data, denom, left, top, right, bottom[, num[, restarts]]) -> (rgbx bytes, width, height, x, y, path); "
+     "scale num/denom"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,6 +7,8 @@ and resizes just that box. Two decoders do this:
 
 - "crop" (pipeline._jpegcrop, a small C extension over libjpeg-turbo): decodes only the
   rows and iMCU columns of the crop window (plus a 2-pixel margin for the resize filter);
+  given the restart index that `stoker prepare` stores beside a transcoded file, it also
+  entropy-decodes only the restart intervals the window touches, to the same pixels;
 - "pillow": pillow-simd's draft mode, which decodes the whole image at the reduced scale.
 
 "auto" picks "crop" when the extension was built, else "pillow"; CMYK/YCCK files always
@@ -31,6 +33,10 @@ except ImportError:  # built without libjpeg-turbo's headers: the pillow path do
     _jpegcrop = None
 
 DECODERS = ("auto", "crop", "pillow", "full")
+# How a sample was decoded: the crop decoder on a file without an index, on the restart intervals
+# the window touches, on the whole file (the window needs it all), on the whole file because its
+# index did not match it; or pillow-simd.
+DECODE_PATHS = ("plain", "spliced", "whole", "rejected", "pillow")
 CROP_DECODER_AVAILABLE = _jpegcrop is not None
 _FILTER_MARGIN = 2  # scaled pixels decoded around the box so the bilinear filter sees its neighbours
 
@@ -120,11 +126,12 @@ Transform = TrainTransform | EvalTransform | GivenCrop
 
 @dataclass
 class DecodedSample:
-    """One augmented image and the seconds spent decoding and augmenting it."""
+    """One augmented image, the seconds spent decoding and augmenting it, and how it was decoded."""
 
     pixels: np.ndarray  # uint8, (size, size, 3)
     decode_s: float
     augment_s: float
+    path: str = "pillow"  # DECODE_PATHS
 
 
 def _draft_request(width: int, height: int, crop: Crop, size: int) -> tuple[int, int]:
@@ -147,8 +154,10 @@ def decode_augment(
     transform: Transform,
     rng: random.Random | None,
     decoder: str = "auto",
+    restarts: bytes | memoryview | None = None,
 ) -> DecodedSample:
-    """Decode a JPEG (only as much and as finely as the crop needs) and apply the transform."""
+    """Decode a JPEG (only as much and as finely as the crop needs) and apply the transform.
+    `restarts`: the file's restart index (pipeline.shards), which only the crop decoder uses."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
     if decoder in ("auto", "crop") and _jpegcrop is not None:
@@ -158,7 +167,7 @@ def decode_augment(
         except ValueError as exc:
             raise DecodeError(str(exc)) from exc
         if colorspace not in ("cmyk", "ycck"):
-            return _decode_window(jpeg, transform, rng, width, height, started)
+            return _decode_window(jpeg, transform, rng, width, height, started, restarts)
     return _decode_pillow(jpeg, transform, rng, draft=decoder != "full")
 
 
@@ -203,12 +212,13 @@ def crop_window(width: int, height: int, crop: Crop, size: int) -> Window:
 
 
 def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.Random | None, width: int,
-                   height: int, started: float) -> DecodedSample:
+                   height: int, started: float, restarts: bytes | memoryview | None) -> DecodedSample:
     crop = transform.crop(width, height, rng)
     w = crop_window(width, height, crop, transform.size)
     box = w.box
     try:
-        pixels, region_w, region_h, x, y = _jpegcrop.decode(jpeg, w.denom, w.left, w.top, w.right, w.bottom)
+        pixels, region_w, region_h, x, y, path = _jpegcrop.decode(jpeg, w.denom, w.left, w.top, w.right, w.bottom, 1,
+                                                                  restarts)
     except ValueError as exc:
         raise DecodeError(str(exc)) from exc
     decoded = time.perf_counter()
@@ -218,7 +228,7 @@ def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.R
     if crop.flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     array = np.frombuffer(out.tobytes("raw", "RGB"), dtype=np.uint8).reshape(transform.size, transform.size, 3)
-    return DecodedSample(array, decoded - started, time.perf_counter() - decoded)
+    return DecodedSample(array, decoded - started, time.perf_counter() - decoded, path)
 
 
 def _decode_pillow(

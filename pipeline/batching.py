@@ -31,11 +31,13 @@ class Prepared:
     payload: object
     decode_s: float
     augment_s: float
+    decode_path: str = ""  # pipeline.augment.DECODE_PATHS; "" where nothing was decoded
 
 
 class SampleWork(Protocol):
-    def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
-        """Raises DecodeError for a sample that cannot be used."""
+    def prepare(self, jpeg: bytes | memoryview, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+        """Raises DecodeError for a sample that cannot be used. `restarts`: the JPEG's restart
+        index, for a decoder that can use it."""
 
     def tensors(self, payloads: list) -> dict[str, np.ndarray]:
         """The batch's tensors (without the labels) from its samples' payloads."""
@@ -46,9 +48,9 @@ class DecodeOnHost:
     transform: Transform
     decoder: str = "auto"
 
-    def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
-        decoded = decode_augment(jpeg, self.transform, rng, self.decoder)
-        return Prepared(decoded.pixels, decoded.decode_s, decoded.augment_s)
+    def prepare(self, jpeg: bytes | memoryview, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+        decoded = decode_augment(jpeg, self.transform, rng, self.decoder, restarts)
+        return Prepared(decoded.pixels, decoded.decode_s, decoded.augment_s, decoded.path)
 
     def tensors(self, payloads: list) -> dict[str, np.ndarray]:
         size = self.transform.size
@@ -68,7 +70,8 @@ class ShipEncoded:
 
     transform: Transform
 
-    def prepare(self, jpeg: bytes | memoryview, rng: random.Random) -> Prepared:
+    def prepare(self, jpeg: bytes | memoryview, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+        """The transcoded JPEG is a plain baseline one to DALI; its index stays here."""
         started = time.perf_counter()
         width, height = jpeg_size(jpeg)  # raises DecodeError for a broken header
         crop = pixel_window(self.transform.crop(width, height, rng), width, height)
@@ -116,6 +119,7 @@ class ImageBatch:
     last: bool
     decode_times: list[float] = field(default_factory=list)  # seconds, per sample
     augment_times: list[float] = field(default_factory=list)
+    decode_paths: list[str] = field(default_factory=list)  # per sample, pipeline.augment.DECODE_PATHS
 
     @property
     def images(self) -> np.ndarray:
@@ -155,7 +159,8 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
                 skipped.append((sample_id, f"shard {shard} row {row}", reader))
                 continue
             try:
-                prepared = work.prepare(reader.jpeg(row), sample_random(seed, unit.epoch, sample_id))
+                prepared = work.prepare(reader.jpeg(row), sample_random(seed, unit.epoch, sample_id),
+                                        reader.restarts(row))
             except DecodeError as exc:
                 skipped.append((sample_id, reader.key(row), str(exc)))
                 continue
@@ -174,4 +179,5 @@ def _assemble(work: SampleWork, samples: list[_Sample], skipped: list[tuple[int,
         last=last,
         decode_times=[s.prepared.decode_s for s in samples],
         augment_times=[s.prepared.augment_s for s in samples],
+        decode_paths=[s.prepared.decode_path for s in samples if s.prepared.decode_path],
     )

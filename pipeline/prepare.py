@@ -2,8 +2,11 @@
 
 Every file is fully entropy-decoded (at 1/8 DCT scale, which is cheap) in a process pool, so
 a truncated, corrupt or non-JPEG file is reported and skipped here rather than in training.
-Samples are shuffled (seeded) before they are written, so a contiguous work unit mixes
-classes.
+Each good file is then rewritten losslessly with restart markers and its restart index stored
+beside it (pipeline._jpegrestart), so the crop decoder can entropy-decode only the intervals a
+crop window touches; a file the transcoder refuses (progressive, arithmetic-coded, CMYK, ...)
+is stored as it was and counted in the manifest. Samples are shuffled (seeded) before they are
+written, so a contiguous work unit mixes classes.
 """
 
 from __future__ import annotations
@@ -11,16 +14,36 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import random
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from PIL import Image
 from tqdm import tqdm
 
 from pipeline.kinds import IMAGENET
-from pipeline.shards import MANIFEST_NAME, Manifest, ShardWriter
+from pipeline.shards import MANIFEST_NAME, RESTART_INDEX_VERSION, Manifest, ShardWriter
 from pipeline.stats import image_files
 from pipeline.storage import join, staged
+
+try:
+    from pipeline import _jpegrestart
+except ImportError:  # built without libjpeg-turbo's headers: shards keep the files as they are
+    _jpegrestart = None
+
+
+RESTART_INTERVAL_PX = 32  # benchmarks/restart_index.py weighs 16, 32 and 64
+TRANSCODER_MISSING = "transcoder not built"
+
+
+def transcoder_available() -> bool:
+    return _jpegrestart is not None
+
+
+def default_restart_interval() -> int:
+    """RESTART_INTERVAL_PX where the transcoder was built, else 0 (store the files as they are)."""
+    return RESTART_INTERVAL_PX if transcoder_available() else 0
 
 
 @dataclass(frozen=True)
@@ -29,12 +52,24 @@ class PrepareConfig:
     seed: int = 0
     processes: int | None = None
     progress: bool = True
+    restart_interval_px: int = field(default_factory=default_restart_interval)  # 0: store the files as they are
 
 
 @dataclass
 class PrepareResult:
     manifest: Manifest
     skipped: list[dict[str, str]]
+
+
+@dataclass
+class Checked:
+    """One source file after the pool's look at it: what to store, or why it is skipped."""
+
+    path: str
+    jpeg: bytes | None = None
+    restarts: bytes | None = None
+    skipped: str | None = None  # why the file is not stored
+    kept_as_is: str | None = None  # why it is stored without restart markers
 
 
 def check_jpeg(data: bytes) -> str | None:
@@ -52,13 +87,29 @@ def check_jpeg(data: bytes) -> str | None:
     return None
 
 
-def _read_and_check(path: str) -> tuple[str, bytes | None, str | None]:
+def with_restart_index(data: bytes, interval_px: int) -> tuple[bytes, bytes | None, str | None]:
+    """(jpeg, restart index, None) for a transcoded file, or (data, None, why) for one kept as it was."""
+    if _jpegrestart is None:
+        return data, None, TRANSCODER_MISSING
+    try:
+        jpeg, restarts = _jpegrestart.transcode(data, interval_px)
+    except (NotImplementedError, ValueError, RuntimeError) as exc:
+        return data, None, str(exc)
+    return jpeg, restarts, None
+
+
+def _read_and_check(path: str, interval_px: int) -> Checked:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        return path, None, f"unreadable: {exc}"
+        return Checked(path, skipped=f"unreadable: {exc}")
     reason = check_jpeg(data)
-    return path, (None if reason else data), reason
+    if reason:
+        return Checked(path, skipped=reason)
+    if not interval_px:
+        return Checked(path, data)
+    jpeg, restarts, kept = with_restart_index(data, interval_px)
+    return Checked(path, jpeg, restarts, kept_as_is=kept)
 
 
 def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = PrepareConfig()) -> PrepareResult:
@@ -78,18 +129,25 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
                   src: str | Path) -> tuple[Manifest, list[dict[str, str]]]:
     writer = ShardWriter(dst, target_bytes=cfg.shard_bytes)
     skipped: list[dict[str, str]] = []
+    kept_as_is: Counter[str] = Counter()
+    transcoded = 0
     with mp.get_context("spawn").Pool(cfg.processes or mp.cpu_count()) as pool:
-        results = pool.imap(_read_and_check, [str(p) for p in files], chunksize=16)
-        for path, data, reason in tqdm(results, total=len(files), desc="prepare", unit="img",
-                                       disable=not cfg.progress):
-            if data is None:
-                skipped.append({"path": path, "reason": reason or "unknown"})
+        results = pool.imap(partial(_read_and_check, interval_px=cfg.restart_interval_px), [str(p) for p in files],
+                            chunksize=16)
+        for checked in tqdm(results, total=len(files), desc="prepare", unit="img", disable=not cfg.progress):
+            if checked.jpeg is None:
+                skipped.append({"path": checked.path, "reason": checked.skipped or "unknown"})
                 continue
-            p = Path(path)
-            writer.add(p.stem, label_of[p.parent.name], data)
+            if checked.kept_as_is:
+                kept_as_is[checked.kept_as_is] += 1
+            transcoded += checked.restarts is not None
+            p = Path(checked.path)
+            writer.add(p.stem, label_of[p.parent.name], checked.jpeg, checked.restarts)
     shards = writer.close()
     if not shards:
         raise ValueError(f"{src}: none of the {len(files)} files is a decodable JPEG")
-    manifest = Manifest(kind=IMAGENET.name, classes=classes, shards=shards, skipped=skipped)
+    manifest = Manifest(kind=IMAGENET.name, classes=classes, shards=shards, skipped=skipped,
+                        restart_index=RESTART_INDEX_VERSION if transcoded else 0, transcoded=transcoded,
+                        kept_as_is=dict(sorted(kept_as_is.items())))
     manifest.save(dst / MANIFEST_NAME)
     return manifest, skipped

@@ -1,8 +1,11 @@
-"""Arrow IPC image shards (`key, label, jpeg`) and their JSON manifest.
+"""Arrow IPC image shards (`key, label, jpeg, restarts`) and their JSON manifest.
 
 Shards are read memory-mapped: a JPEG handed to the decoder is a view into the mapped file,
-never a copy made by Stoker. Any `pyarrow.fs` URI can hold shards; a remote shard is fetched
-once per host into a local cache and mapped from there (pipeline.storage).
+never a copy made by Stoker. `restarts` is the restart-interval index of a JPEG that
+`stoker prepare` transcoded (pipeline/restart_index.h), null for one it kept as it was;
+shards written before the index (three columns, manifest version 1) are read as all null.
+Any `pyarrow.fs` URI can hold shards; a remote shard is fetched once per host into a local
+cache and mapped from there (pipeline.storage).
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import pyarrow as pa
 from pipeline.files import write_atomically
 from pipeline.storage import is_remote, local_copy, read_bytes
 
-IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
+PLAIN_IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
+IMAGE_SCHEMA = PLAIN_IMAGE_SCHEMA.append(pa.field("restarts", pa.binary()))
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: image shards carry the `restarts` column; 1 (still read): they do not
+READABLE_VERSIONS = (1, 2)
+RESTART_INDEX_VERSION = 1  # the layout pipeline/restart_index.h describes
 
 
 @dataclass
@@ -45,6 +51,9 @@ class Manifest:
     vocab: str = ""  # text sets: the WordPiece vocab.txt, relative to the manifest's folder
     vocab_size: int = 0
     vocab_sha256: str = ""
+    restart_index: int = 0  # image sets: the restart index version their `restarts` hold, 0 for none
+    transcoded: int = 0  # image sets: files rewritten with restart markers
+    kept_as_is: dict[str, int] = field(default_factory=dict)  # files the transcoder refused, by reason
     version: int = MANIFEST_VERSION
     uri: str = ""  # where it was loaded from (not saved)
 
@@ -92,8 +101,9 @@ class Manifest:
             raise ValueError(f"{uri}: not a Stoker manifest (not JSON: {exc})") from exc
         if not isinstance(data, dict):
             raise ValueError(f"{uri}: not a Stoker manifest (a JSON {type(data).__name__}, not an object)")
-        if data.get("version") != MANIFEST_VERSION:
-            raise ValueError(f"{uri}: manifest version {data.get('version')} is not {MANIFEST_VERSION}")
+        if data.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"{uri}: manifest version {data.get('version')} is not one of "
+                             f"{', '.join(map(str, READABLE_VERSIONS))} (this Stoker reads those)")
         data.pop("num_samples", None)
         shards = [ShardInfo(**s) for s in data.pop("shards")]
         return cls(shards=shards, uri=uri, **data)
@@ -118,15 +128,15 @@ class ShardWriter:
         self.target_bytes = target_bytes
         self.rows_per_batch = rows_per_batch
         self.shards: list[ShardInfo] = []
-        self._rows: list[tuple[str, int, bytes]] = []
+        self._rows: list[tuple[str, int, bytes, bytes | None]] = []
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self._path: Path | None = None
         self._count = 0
         self._bytes = 0
         self._next_id = 0
 
-    def add(self, key: str, label: int, jpeg: bytes) -> None:
-        self._rows.append((key, label, jpeg))
+    def add(self, key: str, label: int, jpeg: bytes, restarts: bytes | None = None) -> None:
+        self._rows.append((key, label, jpeg, restarts))
         self._bytes += len(jpeg)
         self._count += 1
         if len(self._rows) >= self.rows_per_batch:
@@ -140,9 +150,10 @@ class ShardWriter:
         if self._writer is None:
             self._path = self.folder / f"{self.prefix}-{len(self.shards):05d}.arrow"
             self._writer = pa.ipc.new_file(str(self._path), IMAGE_SCHEMA)
-        keys, labels, jpegs = zip(*self._rows, strict=True)
+        keys, labels, jpegs, restarts = zip(*self._rows, strict=True)
         self._writer.write_batch(pa.record_batch(
-            [pa.array(keys, pa.string()), pa.array(labels, pa.int32()), pa.array(jpegs, pa.binary())],
+            [pa.array(keys, pa.string()), pa.array(labels, pa.int32()), pa.array(jpegs, pa.binary()),
+             pa.array(restarts, pa.binary())],
             schema=IMAGE_SCHEMA))
         self._rows = []
 
@@ -171,20 +182,21 @@ class ShardReader:
         source = pa.memory_map(path, "r")
         self.uri = uri
         reader = pa.ipc.open_file(source)
-        if not reader.schema.equals(IMAGE_SCHEMA):
-            raise ValueError(f"{uri}: schema {reader.schema} is not {IMAGE_SCHEMA}")
+        if not (reader.schema.equals(IMAGE_SCHEMA) or reader.schema.equals(PLAIN_IMAGE_SCHEMA)):
+            raise ValueError(f"{uri}: schema {reader.schema} is neither {IMAGE_SCHEMA} nor {PLAIN_IMAGE_SCHEMA}")
+        indexed = reader.schema.equals(IMAGE_SCHEMA)
         self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         self._labels = np.concatenate([b.column(1).to_numpy() for b in self._batches]) if self._batches else \
             np.zeros(0, np.int32)
         self._starts: list[int] = []
         self._views: list[tuple[np.ndarray, memoryview]] = []
+        self._restart_views: list[tuple[np.ndarray, memoryview] | None] = []
         row = 0
         for batch in self._batches:
             self._starts.append(row)
             row += batch.num_rows
-            jpeg = batch.column(2)
-            offsets = np.frombuffer(jpeg.buffers()[1], dtype=np.int32)[jpeg.offset: jpeg.offset + len(jpeg) + 1]
-            self._views.append((offsets, memoryview(jpeg.buffers()[2])))
+            self._views.append(_binary_view(batch.column(2)))
+            self._restart_views.append(_binary_view(batch.column(3)) if indexed else None)
         self._rows = row
 
     def __len__(self) -> int:
@@ -201,6 +213,16 @@ class ShardReader:
         offsets, data = self._views[index]
         return data[offsets[local]: offsets[local + 1]]
 
+    def restarts(self, row: int) -> memoryview | None:
+        """The row's restart index, or None for a JPEG kept as it was (or a shard without the column)."""
+        index, local = self._locate(row)
+        view = self._restart_views[index]
+        if view is None:
+            return None
+        offsets, data = view
+        start, end = offsets[local], offsets[local + 1]
+        return data[start:end] if end > start else None
+
     def key(self, row: int) -> str:
         index, local = self._locate(row)
         return self._batches[index].column(0)[local].as_py()
@@ -209,3 +231,10 @@ class ShardReader:
         if not 0 <= row < self._rows:
             raise IndexError(f"row {row} outside shard of {self._rows}")
         return int(self._labels[row])
+
+
+def _binary_view(column: pa.BinaryArray) -> tuple[np.ndarray, memoryview]:
+    """(offsets, data) of a binary column, without copying its bytes; a null row has no bytes."""
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int32)[column.offset: column.offset + len(column) + 1]
+    data = column.buffers()[2]
+    return offsets, memoryview(data) if data is not None else memoryview(b"")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pipeline.kinds import kind_of
 from stoker import __version__, cli_experiments, options
-from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, int_at_least
+from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, int_at_least, restart_interval
 from stoker.options import ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, JOB, OUTPUT, Deprecated, metrics, security
 
 
@@ -50,6 +50,7 @@ def _add_data(sub) -> None:
 
 def _add_prepare(sub) -> None:
     """`stoker prepare`: a dataset into shards."""
+    from pipeline.prepare import RESTART_INTERVAL_PX
     prepare = sub.add_parser("prepare", help="convert a dataset into shards").add_subparsers(
         dest="prepare_command", required=True)
     imagenet = prepare.add_parser("imagenet", help="ImageNet-layout folder -> Arrow IPC shards + manifest")
@@ -58,6 +59,11 @@ def _add_prepare(sub) -> None:
     imagenet.add_argument("--shard-mb", type=SECONDS, default=256)
     imagenet.add_argument("--procs", type=POSITIVE)
     imagenet.add_argument("--seed", type=NON_NEGATIVE, default=0)
+    imagenet.add_argument("--restart-interval-px", type=restart_interval,
+                          help="rewrite each baseline JPEG losslessly with a restart marker about every N pixels "
+                               "of a row and store where each interval starts, so crops decode only what they touch "
+                               f"(default {RESTART_INTERVAL_PX} where the transcoder was built; 0: store the files "
+                               "as they are)")
     wikipedia = prepare.add_parser("wikipedia", help="BERT-format text -> tokenized Parquet shards + manifest")
     wikipedia.add_argument("src", help="a text file or folder of .txt files: one sentence (or paragraph) per "
                                        "line, a blank line between documents")
@@ -235,15 +241,19 @@ def _cmd_data(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     if args.prepare_command == "wikipedia":
         return _prepare_wikipedia(args)
-    from pipeline.prepare import PrepareConfig, prepare_imagenet
+    from pipeline.prepare import PrepareConfig, default_restart_interval, prepare_imagenet
 
     result = prepare_imagenet(args.src, args.dst, PrepareConfig(
-        shard_bytes=int(args.shard_mb * (1 << 20)), seed=args.seed, processes=args.procs))
+        shard_bytes=int(args.shard_mb * (1 << 20)), seed=args.seed, processes=args.procs,
+        restart_interval_px=default_restart_interval() if args.restart_interval_px is None
+        else args.restart_interval_px))
     for item in result.skipped:
         print(f"skipped {item['path']}: {item['reason']}", file=sys.stderr)
     m = result.manifest
+    kept = ", ".join(f"{n} {why}" for why, n in m.kept_as_is.items())
     print(f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, to {args.dst}; "
-          f"skipped {len(result.skipped)} file(s)")
+          f"skipped {len(result.skipped)} file(s); {m.transcoded} with restart markers"
+          + (f", kept as they were: {kept}" if kept else ""))
     return 0
 
 

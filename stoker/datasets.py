@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline.kinds import IMAGENET, WIKIPEDIA, kind_of
 from pipeline.prepare import PrepareConfig, prepare_imagenet
-from pipeline.shards import MANIFEST_NAME
+from pipeline.shards import MANIFEST_NAME, MANIFEST_VERSION, Manifest
 from pipeline.synth import SynthConfig, generate
 from pipeline.text.corpus import write_wikipedia
 from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
@@ -19,7 +19,7 @@ def default_imagenet(images: int = DEFAULT_IMAGES, root: Path | None = None, pro
     """Path of the manifest of the default ImageNet-like set, making it if needed."""
     base = (root or cache_dir()) / f"imagenet-synth-{images}"
     manifest = base / "shards" / MANIFEST_NAME
-    if manifest.exists():
+    if manifest.exists() and _current(manifest):
         return manifest
     raw = base / "raw"
     if not (raw / ".complete").exists():
@@ -29,6 +29,15 @@ def default_imagenet(images: int = DEFAULT_IMAGES, root: Path | None = None, pro
     print(f"stoker: preparing shards in {base / 'shards'}", flush=True)
     prepare_imagenet(raw, base / "shards", PrepareConfig(progress=progress))
     return manifest
+
+
+def _current(manifest: Path) -> bool:
+    """Whether cached shards are what this Stoker's prepare writes; older ones are made again
+    from the kept raw files (shards from before the restart index would decode the slow way)."""
+    try:
+        return Manifest.load(manifest).version == MANIFEST_VERSION
+    except ValueError:
+        return False
 
 
 def default_wikipedia(root: Path | None = None, progress: bool = True) -> Path:

@@ -71,6 +71,25 @@ def port(allow_off: bool = False) -> Callable[[str], int]:
     return parse
 
 
+def restart_interval(text: str) -> int:
+    """`stoker prepare imagenet --restart-interval-px`: 0 (no transcoding) or 8..65535 pixels, and
+    not above 0 where the transcoder was not built."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not (value == 0 or 8 <= value <= MAX_PORT):
+        raise argparse.ArgumentTypeError(f"must be 0 (keep the files as they are) or 8-{MAX_PORT} pixels, not {text!r}")
+    from pipeline.prepare import transcoder_available
+
+    if value and not transcoder_available():
+        raise argparse.ArgumentTypeError("this install has no restart-marker transcoder (pipeline._jpegrestart was "
+                                         "not built: libjpeg-turbo's headers were missing); use 0")
+    return value
+
+
+restart_interval.__name__ = "restart interval"
+
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 SECONDS = float_in(0.0)

@@ -48,7 +48,8 @@ def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
             if not victim:  # cut inside the first rows: any crop window reaches the cut
                 victim = reader.key(row)
                 data = data[: len(data) // 20]
-            writer.add(reader.key(row), reader.label(row), data)
+            restarts = reader.restarts(row)  # the victim's index now points past its end
+            writer.add(reader.key(row), reader.label(row), data, bytes(restarts) if restarts is not None else None)
     corrupt = Manifest(kind="imagenet", classes=manifest.classes, shards=writer.close())
     corrupt.save(dst / "manifest.json")
     return Manifest.load(dst / "manifest.json"), victim

@@ -10,6 +10,7 @@ not hand the same broken unit out forever.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -92,6 +93,8 @@ class ImageSource:
                     metrics.decode_seconds.observe(seconds)
                 for seconds in batch.augment_times:
                     metrics.augment_seconds.observe(seconds)
+                for path, count in Counter(batch.decode_paths).items():
+                    metrics.decodes.labels(path=path).inc(count)
 
             yield Outgoing(header, tensors, observe)
 

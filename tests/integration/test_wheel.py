@@ -25,6 +25,7 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
     wheel = next(dist.glob("stoker-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("pipeline/_jpegcrop") and n.endswith(".so") for n in names), "no crop decoder"
+    assert any(n.startswith("pipeline/_jpegrestart") and n.endswith(".so") for n in names), "no transcoder"
     assert {"protos/stoker_pb2.py", "protos/stoker.proto", "stoker/cli.py", "accel/loader.py"} <= set(names)
     assert not any(n.startswith("tests/") or n.startswith("benchmarks/") for n in names)
 
@@ -40,8 +41,9 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
     stoker = str(venv / "bin" / "stoker")
     version = subprocess.run([stoker, "--version"], capture_output=True, text=True, cwd=outside, env=env, timeout=60)
     assert version.returncode == 0 and version.stdout.strip() == "stoker 0.1.0", version.stderr
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import stoker, pipeline._jpegcrop as c; "
-                            "print(stoker.__file__); print(c.__file__)"], capture_output=True, text=True,
+    code = ("import stoker, pipeline._jpegcrop as c, pipeline._jpegrestart as r; "
+            "print(stoker.__file__); print(c.__file__); print(r.__file__)")
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
                            cwd=outside, env=env, timeout=60, check=True).stdout.split()
     assert all(str(site) in path for path in where), where  # the installed copy, not the checkout
     run = subprocess.run([stoker, "run", "--data", manifest.uri, "--epochs", "1", "--accel", "null", "--no-progress",

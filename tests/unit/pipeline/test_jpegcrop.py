@@ -92,7 +92,7 @@ def test_an_m_over_8_scale_gives_libjpegs_size_and_a_bad_scale_is_refused(manife
     width, height = _jpegcrop.header(data)[:2]
     for num in (3, 5, 6, 7):
         scaled_w, scaled_h = -(-width * num // 8), -(-height * num // 8)
-        _, region_w, region_h, x, y = _jpegcrop.decode(data, 8, 0, 0, scaled_w, scaled_h, num)
+        _, region_w, region_h, x, y, _ = _jpegcrop.decode(data, 8, 0, 0, scaled_w, scaled_h, num)
         assert (x, y, region_w, region_h) == (0, 0, scaled_w, scaled_h), num
     for denom, num in ((4, 3), (8, 0), (8, 17), (3, 1)):
         with pytest.raises(ValueError, match="scale must be"):

@@ -1,31 +1,122 @@
 """`stoker prepare imagenet` and the shards it writes."""
 
+import io
+import json
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from PIL import Image
 
-from pipeline.shards import Manifest, ShardReader, file_sha256
+from pipeline.augment import TrainTransform
+from pipeline.batching import DecodeOnHost, unit_batches
+from pipeline.plan import Segment, Unit
+from pipeline.prepare import PrepareConfig, prepare_imagenet
+from pipeline.shards import (
+    MANIFEST_VERSION,
+    PLAIN_IMAGE_SCHEMA,
+    RESTART_INDEX_VERSION,
+    Manifest,
+    ShardInfo,
+    ShardReader,
+    file_sha256,
+)
 from pipeline.stats import folder_stats, image_files
 
 
-def test_every_image_lands_in_a_shard_with_its_bytes_and_label(raw_images, manifest):
+def test_every_image_lands_in_a_shard_with_its_pixels_and_label(raw_images, manifest):
+    """A transcoded file decodes to its source's pixels; a refused one is stored byte for byte."""
     files = {p.stem: p for p in image_files(raw_images)}
     assert manifest.num_samples == len(files)
     assert len(manifest.shards) > 1
-    seen = set()
+    seen, kept = set(), 0
     for index, info in enumerate(manifest.shards):
         assert file_sha256(Path(manifest.uri).parent / info.path) == info.sha256
         reader = ShardReader(manifest.shard_uri(index))
         for row in range(len(reader)):
             key = reader.key(row)
-            assert bytes(reader.jpeg(row)) == files[key].read_bytes()
+            stored, source = bytes(reader.jpeg(row)), files[key].read_bytes()
+            if reader.restarts(row) is None:
+                assert stored == source
+                kept += 1
+            else:
+                assert np.array_equal(np.asarray(Image.open(io.BytesIO(stored))),
+                                      np.asarray(Image.open(io.BytesIO(source))))
             assert manifest.classes[reader.label(row)] == files[key].parent.name
             seen.add(key)
     assert seen == set(files)
+    assert manifest.transcoded + kept == manifest.num_samples
+    assert sum(manifest.kept_as_is.values()) == kept
+    assert manifest.restart_index == RESTART_INDEX_VERSION and manifest.version == MANIFEST_VERSION
+
+
+def test_files_the_transcoder_refuses_are_kept_as_they_were_and_counted(raw_images, tmp_path):
+    src = tmp_path / "src" / "train" / "n01440764"
+    src.mkdir(parents=True)
+    image = Image.open(image_files(raw_images)[0]).convert("RGB")
+    sources = {"baseline": {}, "progressive": {"progressive": True}, "cmyk": {}}
+    for name, options in sources.items():
+        (image.convert("CMYK") if name == "cmyk" else image).save(src / f"{name}.JPEG", "JPEG", **options)
+    result = subprocess.run([sys.executable, "-m", "stoker", "prepare", "imagenet", str(tmp_path / "src"),
+                             str(tmp_path / "dst")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "1 with restart markers, kept as they were: 1 CMYK/YCCK JPEG, 1 progressive JPEG" in result.stdout
+    manifest = Manifest.load(tmp_path / "dst")
+    assert (manifest.transcoded, manifest.kept_as_is) == (1, {"CMYK/YCCK JPEG": 1, "progressive JPEG": 1})
+    reader = manifest.open_shard(0)
+    for row in range(len(reader)):
+        key = reader.key(row)
+        assert (reader.restarts(row) is None) == (key != "baseline")
+        if key != "baseline":
+            assert bytes(reader.jpeg(row)) == (src / f"{key}.JPEG").read_bytes()
+
+
+def test_a_restart_interval_that_cannot_work_is_refused_at_parse_time(tmp_path):
+    for bad in ("4", "-1", "70000", "wide"):
+        result = subprocess.run([sys.executable, "-m", "stoker", "prepare", "imagenet", str(tmp_path), str(tmp_path),
+                                 "--restart-interval-px", bad], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "--restart-interval-px: must be 0" in result.stderr, bad
+
+
+def test_with_interval_zero_every_file_is_stored_as_it_is(raw_images, tmp_path):
+    result = prepare_imagenet(raw_images, tmp_path, PrepareConfig(progress=False, processes=2,
+                                                                   restart_interval_px=0))
+    assert (result.manifest.transcoded, result.manifest.restart_index, result.manifest.kept_as_is) == (0, 0, {})
+    reader = result.manifest.open_shard(0)
+    files = {p.stem: p for p in image_files(raw_images)}
+    assert all(reader.restarts(r) is None and bytes(reader.jpeg(r)) == files[reader.key(r)].read_bytes()
+               for r in range(len(reader)))
+
+
+def test_a_shard_written_without_the_index_still_trains(manifest, tmp_path):
+    """Shards and manifests from before the restart index (three columns, version 1) decode
+    through the worker's batch path the plain way."""
+    source = manifest.open_shard(0)
+    rows = range(min(24, len(source)))
+    table = pa.table({"key": [source.key(r) for r in rows], "label": pa.array([source.label(r) for r in rows],
+                                                                                 pa.int32()),
+                      "jpeg": [bytes(source.jpeg(r)) for r in rows]}, schema=PLAIN_IMAGE_SCHEMA)
+    with pa.ipc.new_file(str(tmp_path / "old-00000.arrow"), PLAIN_IMAGE_SCHEMA) as writer:
+        writer.write_table(table)
+    info = ShardInfo("old-00000.arrow", len(rows), (tmp_path / "old-00000.arrow").stat().st_size,
+                     file_sha256(tmp_path / "old-00000.arrow"), 0)
+    data = {"kind": "imagenet", "classes": manifest.classes, "shards": [asdict(info)], "skipped": [], "version": 1,
+            "num_samples": len(rows)}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    old = Manifest.load(tmp_path)
+    assert old.version == 1 and old.restart_index == 0
+    reader = old.open_shard(0)
+    assert all(reader.restarts(r) is None for r in rows)
+    unit = Unit(unit_id=0, epoch=0, segments=(Segment(0, 0, len(rows), 0),))
+    batches = list(unit_batches(lambda shard: reader, unit, DecodeOnHost(TrainTransform()), 8, seed=0))
+    assert sum(len(b.sample_ids) for b in batches) == len(rows) and not any(b.skipped for b in batches)
+    new = list(unit_batches(lambda shard: source, unit, DecodeOnHost(TrainTransform()), 8, seed=0))
+    for plain, indexed in zip(batches, new, strict=True):  # the same crops, the same pixels
+        assert np.array_equal(plain.images, indexed.images)
 
 
 def test_shards_are_memory_mapped_and_rows_are_zero_copy_views(manifest):

@@ -7,6 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from accel.schema import schema_of
+from pipeline.augment import DECODE_PATHS
 from pipeline.plan import Segment, Unit
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
@@ -45,6 +46,12 @@ def test_image_batches_fit_the_schema_and_count_every_sample(manifest, decode_on
     for batch in batches:
         batch.observe(metrics)
     assert metrics.samples._value.get() - before == unit.size
+    decodes = {path: metrics.decodes.labels(path=path)._value.get() for path in DECODE_PATHS}
+    if decode_on == "host":  # the test set's shards carry the restart index: most crops splice
+        assert sum(decodes.values()) == unit.size and decodes["spliced"] > unit.size / 2
+        assert decodes["rejected"] == 0
+    else:
+        assert sum(decodes.values()) == 0
 
 
 def test_text_batches_fit_the_schema(wiki_manifest):
