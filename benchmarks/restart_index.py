@@ -50,32 +50,40 @@ def main(repeats: int = 3) -> dict:
             kept[str(exc)] += 1
             continue
         sizes["original"] += len(data)
-        for px, (jpeg, index) in versions.items():
+        for px, (jpeg, index, _) in versions.items():
             sizes[f"jpeg {px}"] += len(jpeg)
             sizes[f"index {px}"] += len(index) if index else 0
         width, height = _jpegcrop.header(data)[:2]
         window = crop_window(width, height, transform.crop(width, height, sample_random(0, 0, number)), transform.size)
-        samples.append((data, window, versions))
+        samples.append((data, window, versions, "progressive" if versions[0][2] else "baseline"))
     rounds = []
     paths: Counter[str] = Counter()
+    kinds = Counter(kind for *_, kind in samples)
     with CoreWatch(CORE) as watch:
         for _ in range(repeats):
             spent = Counter()
-            for data, w, versions in samples:
+            for data, w, versions, kind in samples:
                 args = (w.denom, w.left, w.top, w.right, w.bottom)
                 started = time.perf_counter()
                 _jpegcrop.decode(data, *args)
-                spent["plain"] += time.perf_counter() - started
+                seconds = time.perf_counter() - started
+                spent["plain"] += seconds
+                spent[f"plain, {kind} sources"] += seconds
                 for px in INTERVALS_PX:
-                    jpeg, index = versions[px]
+                    jpeg, index, _ = versions[px]
                     started = time.perf_counter()
                     out = _jpegcrop.decode(jpeg, *args, 1, index)
-                    spent[f"spliced {px}"] += time.perf_counter() - started
-                    paths[out[5]] += px == RESTART_INTERVAL_PX
-            rounds.append({name: len(samples) / seconds for name, seconds in spent.items()})
+                    seconds = time.perf_counter() - started
+                    spent[f"spliced {px}"] += seconds
+                    if px == RESTART_INTERVAL_PX:
+                        spent[f"spliced {px}, {kind} sources"] += seconds
+                        paths[out[5]] += 1
+            rounds.append({name: (kinds[name.split(", ")[1].split()[0]] if ", " in name else len(samples)) / seconds
+                           for name, seconds in spent.items()})
     rates = {name: statistics.median(r[name] for r in rounds) for name in rounds[0]}
     original = sizes["original"]
-    result = {**header("restart_index", "pillow-simd"), "images": len(samples), "kept_as_is": dict(kept),
+    result = {**header("restart_index", "pillow-simd"), "images": len(samples), "sources": dict(kinds),
+              "kept_as_is": dict(kept),
               "bytes": dict(sizes), "rounds": rounds, "images_per_s": rates,
               "speedup": {px: rates[f"spliced {px}"] / rates["plain"] for px in INTERVALS_PX},
               "size_vs_original": {px: (sizes[f"jpeg {px}"] + sizes[f"index {px}"]) / original for px in INTERVALS_PX},
@@ -92,8 +100,8 @@ def markdown(result: dict) -> str:
     lines = [f"{n} transcodable files of the default set, MLPerf training crop windows, crop decoder only (no "
              f"resize), core {CORE}, medians of {len(result['rounds'])} interleaved rounds; "
              f"kept as they were: {', '.join(f'{c} {why}' for why, c in result['kept_as_is'].items()) or 'none'}.",
-             "", "| shards hold | bytes vs the original files | of which markers (vs Huffman-only) | index | "
-             "crop decode images/s | vs plain |", "|---|---|---|---|---|---|",
+             "", "| shards hold | bytes (JPEG + index) vs the original files | the markers' cost (vs Huffman-only) "
+             "| the index (vs the originals) | crop decode images/s | vs plain |", "|---|---|---|---|---|---|",
              f"| the original files | 1.000 | — | — | {result['images_per_s']['plain']:,.0f} | 1.00x |",
              f"| transcoded, optimal Huffman tables, no markers | {b['jpeg 0'] / b['original']:.3f} | — | — | "
              "— | — |"]
@@ -103,6 +111,13 @@ def markdown(result: dict) -> str:
                      f"{100 * result['marker_cost_vs_huffman_only'][px]:+.1f}% | "
                      f"{100 * result['index_vs_original'][px]:.1f}% | {result['images_per_s'][f'spliced {px}']:,.0f} "
                      f"| {result['speedup'][px]:.2f}x |")
+    px, rates = result["default_interval_px"], result["images_per_s"]
+    lines += ["", f"| at {px} px, by source file | files | plain images/s | spliced images/s | vs plain |",
+              "|---|---|---|---|---|"]
+    for kind, count in sorted(result["sources"].items()):
+        plain, spliced = rates[f"plain, {kind} sources"], rates[f"spliced {px}, {kind} sources"]
+        shown = f"{kind} (written sequential)" if kind == "progressive" else kind
+        lines.append(f"| {shown} | {count} | {plain:,.0f} | {spliced:,.0f} | {spliced / plain:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

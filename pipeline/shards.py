@@ -53,6 +53,7 @@ class Manifest:
     vocab_sha256: str = ""
     restart_index: int = 0  # image sets: the restart index version their `restarts` hold, 0 for none
     transcoded: int = 0  # image sets: files rewritten with restart markers
+    from_progressive: int = 0  # of those, files that were progressive (now sequential, the same pixels)
     kept_as_is: dict[str, int] = field(default_factory=dict)  # files the transcoder refused, by reason
     version: int = MANIFEST_VERSION
     uri: str = ""  # where it was loaded from (not saved)

@@ -252,7 +252,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     m = result.manifest
     kept = ", ".join(f"{n} {why}" for why, n in m.kept_as_is.items())
     print(f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, to {args.dst}; "
-          f"skipped {len(result.skipped)} file(s); {m.transcoded} with restart markers"
+          f"skipped {len(result.skipped)} file(s); {m.transcoded} with restart markers "
+          f"({m.from_progressive} of them were progressive)"
           + (f", kept as they were: {kept}" if kept else ""))
     return 0
 

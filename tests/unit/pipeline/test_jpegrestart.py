@@ -28,7 +28,7 @@ def _jpeg(image: Image.Image, **options) -> bytes:
 
 @pytest.fixture(scope="module")
 def photos(raw_images) -> list[bytes]:
-    """Baseline files of the test set, plus 4:4:4, 4:2:2, greyscale and odd-sized re-encodings."""
+    """Baseline files of the test set, plus 4:4:4, 4:2:2, greyscale, odd-sized and progressive re-encodings."""
     from pipeline import _jpegcrop
 
     files = [p.read_bytes() for p in image_files(raw_images)]
@@ -37,7 +37,15 @@ def photos(raw_images) -> list[bytes]:
     odd = image.crop((0, 0, 333, 211))
     return plain + [_jpeg(image, quality=90, subsampling=0), _jpeg(image, quality=90, subsampling=1),
                     _jpeg(image.convert("L"), quality=85), _jpeg(odd, quality=80),
-                    _jpeg(odd, quality=80, subsampling=0)]
+                    _jpeg(odd, quality=80, subsampling=0), _jpeg(image, quality=90, progressive=True),
+                    _jpeg(odd.convert("L"), quality=90, progressive=True)]
+
+
+def _transcode(data: bytes) -> tuple[bytes, bytes]:
+    from pipeline import _jpegrestart
+
+    jpeg, restarts, _ = _jpegrestart.transcode(data, INTERVAL_PX)
+    return jpeg, restarts
 
 
 def _index(restarts: bytes) -> tuple[int, int, int, list[int]]:
@@ -52,26 +60,24 @@ def _window(pixels: tuple, left: int, top: int, right: int, bottom: int) -> np.n
 
 
 def test_transcoding_keeps_every_pixel_and_the_app_segments(photos):
-    from pipeline import _jpegrestart
 
     exif = Image.Exif()
     exif[0x010F] = "Stoker test camera"  # Make
     tagged = _jpeg(Image.open(io.BytesIO(photos[0])), quality=90, exif=exif.tobytes(), icc_profile=b"\x00" * 700)
     for data in [*photos, tagged]:
-        jpeg, restarts = _jpegrestart.transcode(data, INTERVAL_PX)
+        jpeg, restarts = _transcode(data)
         before, after = Image.open(io.BytesIO(data)), Image.open(io.BytesIO(jpeg))
         assert np.array_equal(np.asarray(before), np.asarray(after))  # the same coefficients, the same decode
         assert after.info.get("exif") == before.info.get("exif")
         assert after.info.get("icc_profile") == before.info.get("icc_profile")
-    assert Image.open(io.BytesIO(_jpegrestart.transcode(tagged, INTERVAL_PX)[0])).getexif()[0x010F] == \
-        "Stoker test camera"
+    assert Image.open(io.BytesIO(_transcode(tagged)[0])).getexif()[0x010F] == "Stoker test camera"
 
 
 def test_the_index_lists_every_interval_and_intervals_tile_each_row(photos):
-    from pipeline import _jpegcrop, _jpegrestart
+    from pipeline import _jpegcrop
 
     for data in photos:
-        jpeg, restarts = _jpegrestart.transcode(data, INTERVAL_PX)
+        jpeg, restarts = _transcode(data)
         r, per_row, n, offsets = _index(restarts)
         width, height, components = _jpegcrop.header(jpeg)[:3]
         mcu = 8 if components == 1 else 16 if Image.open(io.BytesIO(data)).layer[0][1] == 2 else 8
@@ -86,13 +92,13 @@ def test_the_index_lists_every_interval_and_intervals_tile_each_row(photos):
 
 @pytest.mark.parametrize("scale", [(1, 1), (1, 2), (1, 4), (1, 8), (3, 8), (5, 8)], ids=str)
 def test_restart_indexed_crops_decode_to_the_same_pixels_as_the_plain_file(photos, scale):
-    from pipeline import _jpegcrop, _jpegrestart
+    from pipeline import _jpegcrop
 
     num, denom = scale
     rng = random.Random(denom * 10 + num)
     paths = []
     for data in photos:
-        jpeg, restarts = _jpegrestart.transcode(data, INTERVAL_PX)
+        jpeg, restarts = _transcode(data)
         width, height = _jpegcrop.header(data)[:2]
         scaled_w, scaled_h = -(-width * num // denom), -(-height * num // denom)
         for _ in range(12):
@@ -107,18 +113,18 @@ def test_restart_indexed_crops_decode_to_the_same_pixels_as_the_plain_file(photo
 
 
 def test_a_window_of_the_whole_image_decodes_the_whole_file(photos):
-    from pipeline import _jpegcrop, _jpegrestart
+    from pipeline import _jpegcrop
 
-    jpeg, restarts = _jpegrestart.transcode(photos[0], INTERVAL_PX)
+    jpeg, restarts = _transcode(photos[0])
     width, height = _jpegcrop.header(jpeg)[:2]
     assert _jpegcrop.decode(jpeg, 1, 0, 0, width, height, 1, restarts)[5] == "whole"
     assert _jpegcrop.decode(jpeg, 1, 0, 0, width, height)[5] == "plain"
 
 
 def test_a_wrong_or_damaged_index_is_rejected_and_the_file_decoded_without_it(photos):
-    from pipeline import _jpegcrop, _jpegrestart
+    from pipeline import _jpegcrop
 
-    (first, index_of_first), (second, index_of_second) = (_jpegrestart.transcode(d, INTERVAL_PX) for d in photos[:2])
+    (first, index_of_first), (second, index_of_second) = (_transcode(d) for d in photos[:2])
     window = (2, 40, 30, 120, 90)
     plain = _jpegcrop.decode(second, *window)
     for index in (index_of_first, index_of_second[:-4], b"\x00" * 40, struct.pack("<4I", 9, 1, 1, 1) + b"\0" * 8):
@@ -136,20 +142,32 @@ def test_a_wrong_or_damaged_index_is_rejected_and_the_file_decoded_without_it(ph
 
 
 def test_a_truncated_transcoded_file_is_a_clean_error(photos):
-    from pipeline import _jpegcrop, _jpegrestart
+    from pipeline import _jpegcrop
 
-    jpeg, restarts = _jpegrestart.transcode(photos[0], INTERVAL_PX)
+    jpeg, restarts = _transcode(photos[0])
     width, height = _jpegcrop.header(jpeg)[:2]
     with pytest.raises(ValueError, match="truncated|decodable"):
         _jpegcrop.decode(jpeg[: len(jpeg) // 3], 1, width // 4, height // 2, width // 2, height - 1, 1, restarts)
+
+
+def test_a_progressive_file_is_written_sequential_with_the_same_pixels(photos):
+    from pipeline import _jpegcrop, _jpegrestart
+
+    image = Image.open(io.BytesIO(photos[0])).convert("RGB")
+    progressive = _jpeg(image, quality=88, progressive=True)
+    jpeg, restarts, was_progressive = _jpegrestart.transcode(progressive, INTERVAL_PX)
+    assert was_progressive and not _jpegrestart.transcode(photos[0], INTERVAL_PX)[2]
+    assert _jpegcrop.header(progressive)[4] and not _jpegcrop.header(jpeg)[4]
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(jpeg))), np.asarray(Image.open(io.BytesIO(progressive))))
 
 
 def test_the_transcoder_refuses_what_the_splice_cannot_take(photos):
     from pipeline import _jpegrestart
 
     image = Image.open(io.BytesIO(photos[0])).convert("RGB")
-    with pytest.raises(NotImplementedError, match="progressive"):
-        _jpegrestart.transcode(_jpeg(image, progressive=True), INTERVAL_PX)
+    junk = photos[0].index(b"\xff\xdb")  # libjpeg warns "extraneous bytes before marker": kept as it was
+    with pytest.raises(ValueError, match="extraneous"):
+        _jpegrestart.transcode(photos[0][:junk] + b"\x00\x01" + photos[0][junk:], INTERVAL_PX)
     with pytest.raises(NotImplementedError, match="CMYK"):
         _jpegrestart.transcode(_jpeg(image.convert("CMYK")), INTERVAL_PX)
     with pytest.raises(ValueError, match="truncated|corrupt|decodable"):
@@ -163,7 +181,7 @@ def test_the_transcoder_refuses_what_the_splice_cannot_take(photos):
 def test_without_markers_only_the_huffman_tables_change(photos):
     from pipeline import _jpegrestart
 
-    jpeg, restarts = _jpegrestart.transcode(photos[0], 0)
+    jpeg, restarts, _ = _jpegrestart.transcode(photos[0], 0)
     assert restarts is None and b"\xff\xdd" not in jpeg[: jpeg.index(b"\xff\xda")]  # no DRI segment
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(jpeg))), np.asarray(Image.open(io.BytesIO(photos[0]))))
 

@@ -58,20 +58,24 @@ def test_files_the_transcoder_refuses_are_kept_as_they_were_and_counted(raw_imag
     src = tmp_path / "src" / "train" / "n01440764"
     src.mkdir(parents=True)
     image = Image.open(image_files(raw_images)[0]).convert("RGB")
-    sources = {"baseline": {}, "progressive": {"progressive": True}, "cmyk": {}}
-    for name, options in sources.items():
-        (image.convert("CMYK") if name == "cmyk" else image).save(src / f"{name}.JPEG", "JPEG", **options)
+    image.save(src / "baseline.JPEG", "JPEG")
+    image.save(src / "progressive.JPEG", "JPEG", progressive=True)
+    image.convert("CMYK").save(src / "cmyk.JPEG", "JPEG")
+    data = (src / "baseline.JPEG").read_bytes()
+    junk = data.index(b"\xff\xdb")  # Pillow decodes it; libjpeg warns of extraneous bytes
+    (src / "junk.JPEG").write_bytes(data[:junk] + b"\x00\x01\x02" + data[junk:])
     result = subprocess.run([sys.executable, "-m", "stoker", "prepare", "imagenet", str(tmp_path / "src"),
                              str(tmp_path / "dst")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "1 with restart markers, kept as they were: 1 CMYK/YCCK JPEG, 1 progressive JPEG" in result.stdout
+    assert "skipped 0 file(s); 2 with restart markers (1 of them were progressive), kept as they were: " \
+           "1 CMYK/YCCK JPEG, 1 corrupt or truncated JPEG: Corrupt JPEG data: 3 extraneous bytes" in result.stdout
     manifest = Manifest.load(tmp_path / "dst")
-    assert (manifest.transcoded, manifest.kept_as_is) == (1, {"CMYK/YCCK JPEG": 1, "progressive JPEG": 1})
+    assert (manifest.transcoded, manifest.from_progressive, sum(manifest.kept_as_is.values())) == (2, 1, 2)
     reader = manifest.open_shard(0)
     for row in range(len(reader)):
         key = reader.key(row)
-        assert (reader.restarts(row) is None) == (key != "baseline")
-        if key != "baseline":
+        assert (reader.restarts(row) is None) == (key in ("cmyk", "junk"))
+        if key in ("cmyk", "junk"):
             assert bytes(reader.jpeg(row)) == (src / f"{key}.JPEG").read_bytes()
 
 
