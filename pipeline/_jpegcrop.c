@@ -31,36 +31,8 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "jpeg_errors.h"
 #include "restart_index.h"
-
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf escape;
-    int truncated;
-    char message[JMSG_LENGTH_MAX];
-} error_state;
-
-static void on_error(j_common_ptr cinfo) {
-    error_state *err = (error_state *)cinfo->err;
-    (*cinfo->err->format_message)(cinfo, err->message);
-    longjmp(err->escape, 1);
-}
-
-static void on_message(j_common_ptr cinfo, int level) {
-    error_state *err = (error_state *)cinfo->err;
-    if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF && !err->truncated) {
-        err->truncated = 1;
-        (*cinfo->err->format_message)(cinfo, err->message);
-    }
-}
-
-static void init_errors(struct jpeg_decompress_struct *cinfo, error_state *err) {
-    cinfo->err = jpeg_std_error(&err->pub);
-    err->pub.error_exit = on_error;
-    err->pub.emit_message = on_message;
-    err->truncated = 0;
-    err->message[0] = '\0';
-}
 
 static const char *colorspace_name(J_COLOR_SPACE cs) {
     switch (cs) {
@@ -78,7 +50,7 @@ static PyObject *header(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
     struct jpeg_decompress_struct cinfo;
     error_state err;
-    init_errors(&cinfo, &err);
+    cinfo.err = init_errors(&err);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.escape)) {
         jpeg_destroy_decompress(&cinfo);
@@ -112,7 +84,7 @@ static void decode_window(const unsigned char *buf, size_t len, int num, int den
     struct jpeg_decompress_struct cinfo;
     unsigned char *pixels = res->pixels;
     JSAMPROW rows[16];
-    init_errors(&cinfo, err);
+    cinfo.err = init_errors(err);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err->escape)) {
         jpeg_destroy_decompress(&cinfo);

@@ -21,30 +21,8 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "jpeg_errors.h"
 #include "restart_index.h"
-
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf escape;
-    int warned;
-    char message[JMSG_LENGTH_MAX];
-} error_state;
-
-static void on_error(j_common_ptr cinfo) {
-    error_state *err = (error_state *)cinfo->err;
-    (*cinfo->err->format_message)(cinfo, err->message);
-    longjmp(err->escape, 1);
-}
-
-/* Any warning while reading the coefficients (premature end, corrupt data) means the stored
- * coefficients are libjpeg's guesses: the file is kept as it was rather than rewritten. */
-static void on_message(j_common_ptr cinfo, int level) {
-    error_state *err = (error_state *)cinfo->err;
-    if (level < 0 && !err->warned) {
-        err->warned = 1;
-        (*cinfo->err->format_message)(cinfo, err->message);
-    }
-}
 
 typedef enum { DONE, UNDECODABLE, CORRUPT, UNSUITED, INDEX_MISMATCH } outcome;
 
@@ -137,12 +115,8 @@ static outcome transcode_file(const unsigned char *buf, size_t len, unsigned int
                               transcode_result *res) {
     struct jpeg_decompress_struct src;
     struct jpeg_compress_struct dst;
-    src.err = jpeg_std_error(&err->pub);
+    src.err = init_errors(err);
     dst.err = src.err;
-    err->pub.error_exit = on_error;
-    err->pub.emit_message = on_message;
-    err->warned = 0;
-    err->message[0] = '\0';
     jpeg_create_decompress(&src);
     jpeg_create_compress(&dst);
     if (setjmp(err->escape)) {
