@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.plan import Unit, batch_bounds
-from pipeline.seeds import derived_rng
+from pipeline.seeds import ReseededRng, derived_rng
 from pipeline.text.docs import DocShard
 from pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
 from pipeline.text.layout import assemble
@@ -56,13 +56,14 @@ class TextUnitSource:
 
     def __post_init__(self) -> None:
         self.pool = valid_rows(self.shard)
+        self._rng = ReseededRng()  # one document at a time: document_sequences is eager
 
     def document(self, row: int, doc_id: int, epoch: int) -> list[Sequence] | str:
         """Every example of one document this epoch, or why the document is unusable."""
         problem = self.shard.problem(row)
         if problem:
             return problem
-        rng = derived_rng(self.seed, epoch, self.shard.key(row))
+        rng = self._rng.reseed(self.seed, epoch, self.shard.key(row))
         return document_sequences(self.shard, row, doc_id, self.pool, self.cfg, self.specials, rng)
 
     def sequences(self, unit: Unit) -> tuple[list[Sequence], list[tuple[int, str, str]]]:

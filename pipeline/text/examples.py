@@ -12,6 +12,7 @@ Work is done on array slices; the only per-token Python loop is whole-word selec
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -64,6 +65,11 @@ class Specials:
     mask_id: int
     vocab_size: int
     continuation: np.ndarray  # bool per token id: a `##` piece
+
+    @cached_property
+    def cls_sep(self) -> tuple[np.ndarray, np.ndarray]:
+        """[CLS] and [SEP] as one-element int32 arrays, to concatenate an example in one call."""
+        return np.array([self.cls_id], np.int32), np.array([self.sep_id], np.int32)
 
     @classmethod
     def of(cls, vocab: Vocab) -> Specials:
@@ -169,26 +175,21 @@ def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
 
 def _masked(doc_id: int, a: np.ndarray, b: np.ndarray, is_random: bool, cfg: TextConfig,
             specials: Specials, rng: np.random.Generator) -> Sequence:
+    """A few numpy calls per example: this runs for every sequence (a third of the text path)."""
     n = a.size + b.size + 3
-    tokens = np.empty(n, dtype=np.int32)
-    tokens[0] = specials.cls_id
-    tokens[1: a.size + 1] = a
-    tokens[a.size + 1] = specials.sep_id
-    tokens[a.size + 2: n - 1] = b
-    tokens[n - 1] = specials.sep_id
-    candidates = np.concatenate([np.arange(1, a.size + 1), np.arange(a.size + 2, n - 1)])
+    cls, sep = specials.cls_sep
+    tokens = np.concatenate((cls, a, sep, b, sep))
     wanted = min(cfg.predictions_per_sequence, max(1, round(n * cfg.masked_lm_prob)))
     if cfg.whole_word_mask:
-        positions = _whole_words(candidates, tokens, wanted, specials.continuation, rng)
-    else:
-        positions = np.sort(rng.choice(candidates, size=min(wanted, candidates.size), replace=False))
-    positions = positions.astype(np.int32)
-    originals = tokens[positions].copy()
-    roll = rng.random(positions.size)
-    keep = rng.random(positions.size) < 0.5
+        candidates = np.concatenate([np.arange(1, a.size + 1), np.arange(a.size + 2, n - 1)])
+        positions = _whole_words(candidates, tokens, wanted, specials.continuation, rng).astype(np.int32)
+    else:  # the k-th maskable token sits after [CLS], and after A's [SEP] once k reaches len(A)
+        chosen = np.sort(rng.choice(n - 3, size=min(wanted, n - 3), replace=False))
+        positions = (chosen + 1 + (chosen >= a.size)).astype(np.int32)
+    originals = tokens[positions]
+    roll = rng.random(positions.size)  # 80% [MASK], 10% unchanged, 10% a random token
     randoms = rng.integers(0, specials.vocab_size, size=positions.size, dtype=np.int32)
-    replacement = np.where(roll < 0.8, specials.mask_id, np.where(keep, originals, randoms))
-    tokens[positions] = replacement
+    tokens[positions] = np.where(roll < 0.8, specials.mask_id, np.where(roll < 0.9, originals, randoms))
     return Sequence(doc_id, tokens, int(a.size), positions, originals, is_random)
 
 
