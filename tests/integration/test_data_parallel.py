@@ -52,16 +52,24 @@ def _torchrun(manifest: Manifest, out: Path, port: int, *extra: str) -> subproce
     return subprocess.Popen(cmd, stdout=open(out / "torchrun.log", "a"), stderr=subprocess.STDOUT, env=env)
 
 
-def _job(manifest: Manifest, out: Path, log_dir: Path, *extra: str, kill_a_host_after: float | None = None) -> dict:
+def _batches_sent(daemon: Daemon) -> float:
+    try:
+        return scrape(daemon.metrics_port).get("stoker_worker_batches_total", 0)
+    except OSError:
+        return 0
+
+
+def _job(manifest: Manifest, out: Path, log_dir: Path, *extra: str, kill_a_host: bool = False) -> dict:
+    """The DDP job with two worker hosts; with kill_a_host, host0 is SIGKILLed (daemon and decode
+    process) as soon as it has sent its first batch, so it dies holding that unit's lease."""
     out.mkdir(exist_ok=True)
     port = free_port()
     run = _torchrun(manifest, out, port, *extra)
     daemons = [Daemon(f"tcp://127.0.0.1:{port}", f"host{i}", 1, log_dir, extra=("--leave-after", "5"))
                for i in range(2)]
     try:
-        if kill_a_host_after is not None:
-            assert wait_for(lambda: daemons[0].children(), timeout=60)
-            time.sleep(kill_a_host_after)
+        if kill_a_host:
+            assert wait_for(lambda: _batches_sent(daemons[0]) >= 1, timeout=120, interval=0.01)
             for pid in daemons[0].children():
                 os.kill(pid, signal.SIGKILL)
             daemons[0].proc.send_signal(signal.SIGKILL)
@@ -97,7 +105,7 @@ def test_torchrun_ddp_gets_every_sample_once_and_equal_steps(odd_manifest, tmp_p
 
 
 def test_a_worker_host_killed_mid_epoch_loses_nothing_and_repeats_nothing(odd_manifest, tmp_path, log_dir):
-    ranks = _job(odd_manifest, tmp_path / "run", log_dir, "--epochs", "6", kill_a_host_after=1.0)
+    ranks = _job(odd_manifest, tmp_path / "run", log_dir, "--epochs", "6", kill_a_host=True)
     assert ranks[0]["units_released"] > 0  # the dead host's leases went to the other host
     _check_exactly_once_and_even(odd_manifest, ranks, 6)
     times = [s["at"] for s in ranks[0]["steps"]]
