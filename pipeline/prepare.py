@@ -60,6 +60,7 @@ class PrepareConfig:
 class PrepareResult:
     manifest: Manifest
     skipped: list[dict[str, str]]
+    kept_as_is: list[dict[str, str]] = field(default_factory=list)  # path and full reason, per file
 
 
 @dataclass
@@ -121,16 +122,17 @@ def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = Prep
     label_of = {name: i for i, name in enumerate(classes)}
     random.Random(cfg.seed).shuffle(files)
     with staged(dst) as folder:
-        manifest, skipped = _write_shards(files, label_of, classes, folder, cfg, src)
+        manifest, skipped, kept = _write_shards(files, label_of, classes, folder, cfg, src)
     manifest.uri = join(dst, MANIFEST_NAME)
-    return PrepareResult(manifest, skipped)
+    return PrepareResult(manifest, skipped, kept)
 
 
 def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str], dst: Path, cfg: PrepareConfig,
-                  src: str | Path) -> tuple[Manifest, list[dict[str, str]]]:
+                  src: str | Path) -> tuple[Manifest, list[dict[str, str]], list[dict[str, str]]]:
     writer = ShardWriter(dst, target_bytes=cfg.shard_bytes)
     skipped: list[dict[str, str]] = []
     kept_as_is: Counter[str] = Counter()
+    kept: list[dict[str, str]] = []
     transcoded = from_progressive = 0
     with mp.get_context("spawn").Pool(cfg.processes or mp.cpu_count()) as pool:
         results = pool.imap(partial(_read_and_check, interval_px=cfg.restart_interval_px), [str(p) for p in files],
@@ -139,8 +141,9 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
             if checked.jpeg is None:
                 skipped.append({"path": checked.path, "reason": checked.skipped or "unknown"})
                 continue
-            if checked.kept_as_is:
-                kept_as_is[checked.kept_as_is] += 1
+            if checked.kept_as_is:  # counted by kind ("corrupt or truncated JPEG"), listed with libjpeg's words
+                kept_as_is[checked.kept_as_is.split(":")[0]] += 1
+                kept.append({"path": checked.path, "reason": checked.kept_as_is})
             transcoded += checked.restarts is not None
             from_progressive += checked.was_progressive
             p = Path(checked.path)
@@ -152,4 +155,4 @@ def _write_shards(files: list[Path], label_of: dict[str, int], classes: list[str
                         restart_index=RESTART_INDEX_VERSION if transcoded else 0, transcoded=transcoded,
                         from_progressive=from_progressive, kept_as_is=dict(sorted(kept_as_is.items())))
     manifest.save(dst / MANIFEST_NAME)
-    return manifest, skipped
+    return manifest, skipped, kept

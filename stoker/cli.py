@@ -249,6 +249,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
         else args.restart_interval_px))
     for item in result.skipped:
         print(f"skipped {item['path']}: {item['reason']}", file=sys.stderr)
+    for item in result.kept_as_is:
+        print(f"kept as it was (no restart markers) {item['path']}: {item['reason']}", file=sys.stderr)
     m = result.manifest
     kept = ", ".join(f"{n} {why}" for why, n in m.kept_as_is.items())
     print(f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, to {args.dst}; "
