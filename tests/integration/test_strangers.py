@@ -85,7 +85,11 @@ def test_a_stranger_without_keys_cannot_end_the_job_or_replace_its_data(manifest
         consumer.stop()
     assert_exactly_once(summary, manifest.num_samples, 2)
     assert audit.black == [] and audit.stepped == 2 * manifest.num_samples  # every image stepped was a real one
-    assert summary.hosts == 2  # mallory registered, but delivered nothing
+    # mallory registered and leased, but delivered nothing; the real hosts delivered every row
+    # (one of them may have made every unit before the other got one: decoding is quick here)
+    rows_by_host = {key: value for key, value in metrics.items() if key.startswith("stoker_consumer_host_rows_total")}
+    assert not any("host=mallory" in key for key in rows_by_host), rows_by_host
+    assert sum(rows_by_host.values()) >= 2 * manifest.num_samples and 1 <= summary.hosts <= 2
     assert metrics["stoker_dispatcher_messages_dropped_total{reason=not_consumer}"] == 3
     assert summary.frames_dropped["not_leaseholder"] >= 2 * (len(consumer.dispatcher.plan.units(0)) - 1)
 
