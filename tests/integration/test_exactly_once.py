@@ -216,7 +216,8 @@ def test_stoker_run_cli_writes_the_summary(manifest, tmp_path):
                 "stall_fraction", "hosts", "procs_per_host", "stage_seconds"):
         assert key in summary
     assert summary["samples"] == summary["unique_samples"] == 2 * manifest.num_samples
-    assert summary["duplicates_dropped"] == 0 and summary["hosts"] == 2
+    # two hosts run; both usually deliver, but one may make every unit before the other leases one
+    assert summary["duplicates_dropped"] == 0 and summary["hosts"] in (1, 2)
     assert np.isfinite(summary["delivered_samples_per_s"]) and summary["delivered_samples_per_s"] > 0
     # the default device computes: an A100 at a tenth (250 img/s), which two worker processes here outrun
     fed = summary["feeding"]
