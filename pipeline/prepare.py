@@ -16,7 +16,7 @@ import io
 import multiprocessing as mp
 import random
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -90,15 +90,15 @@ def check_jpeg(data: bytes) -> str | None:
     return None
 
 
-def with_restart_index(data: bytes, interval_px: int) -> Checked:
+def with_restart_index(path: str, data: bytes, interval_px: int) -> Checked:
     """The transcoded file and its restart index, or `data` itself and why it was kept as it was."""
     if _jpegrestart is None:
-        return Checked("", data, kept_as_is=TRANSCODER_MISSING)
+        return Checked(path, data, kept_as_is=TRANSCODER_MISSING)
     try:
         jpeg, restarts, was_progressive = _jpegrestart.transcode(data, interval_px)
     except (NotImplementedError, ValueError, RuntimeError) as exc:
-        return Checked("", data, kept_as_is=str(exc))
-    return Checked("", jpeg, restarts, was_progressive=was_progressive)
+        return Checked(path, data, kept_as_is=str(exc))
+    return Checked(path, jpeg, restarts, was_progressive=was_progressive)
 
 
 def _read_and_check(path: str, interval_px: int) -> Checked:
@@ -111,7 +111,7 @@ def _read_and_check(path: str, interval_px: int) -> Checked:
         return Checked(path, skipped=reason)
     if not interval_px:
         return Checked(path, data)
-    return replace(with_restart_index(data, interval_px), path=path)
+    return with_restart_index(path, data, interval_px)
 
 
 def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = PrepareConfig()) -> PrepareResult:
