@@ -29,13 +29,13 @@ import zmq.asyncio
 
 from accel import checkpoint
 from accel.accelerators import NullAccelerator, require
-from accel.aio import pump, pump_batches
+from accel.aio import pump
 from accel.batch import ReceivedBatch
 from accel.bottleneck import BottleneckMonitor, Totals
 from accel.consumer_config import ConsumerConfig
 from accel.control.dispatcher import Dispatcher
 from accel.control.remote import NotAConsumer, RankRefused, RemoteAcks, attach
-from accel.control.server import AccessPolicy, ControlServer, control_router, ticker
+from accel.control.server import AccessPolicy, ControlServer, control_router, serve_control
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
@@ -110,16 +110,19 @@ class Summary:
 class Consumer:
     def __init__(self, cfg: ConsumerConfig, job: JobConfig | None, make_step: StepFactory | None = None,
                  metrics: ConsumerMetrics | None = None, resume: dict | None = None, rank: int = 0,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, credential: bytes | None = None) -> None:
         """`job`: the job, for the rank whose process runs the dispatcher; None to take it from the
         dispatcher at `cfg.dispatcher`. `make_step`: the training step, made for the job once it is
         known (default: a null one; a loader's user steps on their own). `resume`: a `state_dict()`
-        saved earlier (the same job: its id is taken from it). `world_size` defaults to the job's."""
+        saved earlier (the same job: its id is taken from it). `world_size` defaults to the job's.
+        `credential`: the job secret, when the ranks shared it themselves (accel.ranks); otherwise
+        rank 0 takes $STOKER_JOB_SECRET or writes one, and the others read it (protos.job_secret)."""
         cfg.check_exposure()
         self.cfg = cfg
         self.rank = rank
         self.consumer_id = f"rank{rank}-{os.getpid()}-{secrets.token_hex(3)}"
         client_keys = ClientKeys.load(cfg.keys, cfg.key_name, CONSUMER) if cfg.keys and cfg.dispatcher else None
+        self._given_credential = credential
         job, lease_key, credential = self._the_job(job, client_keys, world_size)
         position = checkpoint.resume_position(job, resume) if resume is not None else None
         if resume is not None:
@@ -191,24 +194,37 @@ class Consumer:
                                 planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
         dispatcher.resume_position(start.epoch, start.ranks, start.step)
         if job.world_size > 1 and not cfg.keys:  # the other ranks attach with the job secret
-            self.consumer_secret = job_secret.for_rank_zero(cfg.job_secret, cfg.control_bind)
+            self.consumer_secret = self._given_credential or job_secret.for_rank_zero(cfg.job_secret,
+                                                                                      cfg.control_bind)
         return dispatcher
 
     def _attach(self, cfg: ConsumerConfig, keys: ClientKeys | None, world_size: int) -> tuple[pb.JobSpec, bytes, bytes]:
         """The job from the dispatcher. Without keys a rank proves itself with the job secret, which
         rank 0 may still be writing: a refusal is retried for a while with the secret read again."""
         deadline = time.monotonic() + min(30.0, cfg.attach_timeout_s)
+        given = self._given_credential
         while True:
-            credential = b"" if cfg.keys else job_secret.for_consumer(cfg.job_secret, cfg.dispatcher,
-                                                                     wait_s=max(0.0, deadline - time.monotonic()))
+            credential = b"" if cfg.keys else given or self._read_secret(deadline)
             try:
                 spec, lease_key = attach(cfg.dispatcher, self.consumer_id, keys, credential, rank=self.rank,
                                          world_size=world_size, timeout_s=cfg.attach_timeout_s)
                 return spec, lease_key, credential
             except NotAConsumer:
-                if cfg.keys or time.monotonic() > deadline:
+                if cfg.keys or given or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _read_secret(self, deadline: float) -> bytes:
+        """The job secret from $STOKER_JOB_SECRET or rank 0's file, waiting (until `deadline`) while the file
+        is not there yet or is being replaced."""
+        while True:
+            try:
+                return job_secret.for_consumer(self.cfg.job_secret, self.cfg.dispatcher,
+                                               wait_s=max(0.0, deadline - time.monotonic()))
+            except job_secret.JobSecretError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _totals(self) -> Totals:
         """A snapshot for the bottleneck monitor: the loop's counters plus what the workers reported."""
@@ -281,9 +297,7 @@ class Consumer:
                 self.dispatcher.on_finished = lambda: None
                 tasks.append(self.dispatcher.run(ctx, self._stop))
             else:
-                control = control_router(ctx, keys)
-                if keys:
-                    tasks.append(count_handshakes(monitor_handshakes(control), self.metrics.auth, self._stop))
+                control, monitor = control_router(ctx, keys)
                 self.control_endpoint = advertised(bind(control, self.cfg.control_bind, "control"),
                                                    self.cfg.advertise_host)
                 self.dispatcher.attach_rank(0, self.data_endpoint, self.consumer_id)
@@ -292,7 +306,7 @@ class Consumer:
                 server = self._control = ControlServer(control, self.dispatcher, self.job.to_proto(self.data_endpoint),
                                                        self.metrics, self.leases, access)
                 server.update_gauges()
-                tasks += [pump_batches(control, server.handle_all, self._stop), ticker(server, self._stop)]
+                tasks += serve_control(control, monitor, server, self._stop)
             tasks.append(self._feed_watchdog())
             self._ready.set()
             await asyncio.gather(*tasks)

@@ -49,4 +49,6 @@ class ConsumerConfig:
             if not is_loopback(endpoint):
                 raise ValueError(f"refusing to bind {endpoint} without CURVE keys: anyone who can reach it could "
                                  f"feed or steal batches or read the job's metrics; make keys with `stoker keys init "
-                                 f"DIR` and pass --keys DIR, or pass --insecure on a trusted network")
+                                 f"DIR` and give them (--keys DIR; a Loader: keys=DIR or $STOKER_KEYS=DIR), or allow "
+                                 f"it on a trusted network (--insecure; a Loader: insecure=True or "
+                                 f"$STOKER_INSECURE=1)")

@@ -23,8 +23,8 @@ every rank (accel.checkpoint); `load_state_dict()` before the first pass continu
 
 from __future__ import annotations
 
-import os
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,12 +35,24 @@ import numpy as np
 
 from accel.batch import ReceivedBatch
 from accel.consumer import Consumer
-from accel.consumer_config import ConsumerConfig, rank_metrics_port
+from accel.consumer_config import ConsumerConfig
 from accel.metrics import ConsumerMetrics
+from accel.ranks import (
+    HOST_ENV,
+    Meeting,
+    Rendezvous,
+    RendezvousTimeout,
+    default_config,
+    meeting_key,
+    place,
+    rank_zero_dispatcher,
+    rendezvous,
+)
 from accel.steps import EpochDone, Scheduled
 from protos.job import JobConfig
 
 FORMATS = ("torch", "numpy", "jax")
+REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
 
 
 @dataclass
@@ -67,50 +79,41 @@ class Batch(Mapping):
         return len(self.tensors)
 
 
-def ranks_from_env(rank: int | None, world_size: int | None, local_rank: int | None) -> tuple[int, int, int]:
-    """Arguments first, then torchrun's environment, then a single rank."""
-    def pick(given: int | None, name: str, default: int) -> int:
-        if given is not None:
-            return given
-        text = os.environ.get(name, "")
-        try:
-            return int(text) if text else default
-        except ValueError:
-            raise ValueError(f"${name}={text!r} is not a number") from None
-
-    world = pick(world_size, "WORLD_SIZE", 1)
-    rank_ = pick(rank, "RANK", 0)
-    local = pick(local_rank, "LOCAL_RANK", rank_)
-    if world < 1 or not 0 <= rank_ < world:
-        raise ValueError(f"rank {rank_} is not one of world size {world}'s ranks 0..{world - 1}")
-    return rank_, world, local
-
-
-def with_rank_zero_dispatcher(cfg: ConsumerConfig, rank: int) -> ConsumerConfig:
-    """A rank other than 0 with no dispatcher named attaches to rank 0's: its control port at $MASTER_ADDR."""
-    if not rank or cfg.dispatcher:
-        return cfg
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    return replace(cfg, dispatcher=f"tcp://{host}:{cfg.control_bind.rsplit(':', 1)[1]}")
-
-
 class Loader:
     def __init__(self, job: JobConfig | None = None, *, config: ConsumerConfig | None = None,
                  rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
                  device: str = "cpu", format: str = "torch", overlap: bool = True,
                  prepare: Callable[[ReceivedBatch], object] | None = None,
-                 metrics: ConsumerMetrics | None = None) -> None:
-        """`job`: rank 0's (it runs the dispatcher); other ranks leave it None and get the job from
-        the dispatcher. `config`: sockets, keys, credit (default: the data socket on a free port,
-        /metrics on 9560 for local rank 0 and 9570 + local rank for the others, the dispatcher on
-        rank 0's control port at $MASTER_ADDR).
+                 metrics: ConsumerMetrics | None = None, keys: str | None = None,
+                 insecure: bool | None = None) -> None:
+        """`job`: rank 0's (it runs the dispatcher); other ranks may pass it too and get the job from
+        the dispatcher. Rank, world size and local rank: the arguments, else torchrun's environment,
+        else an initialised torch.distributed or jax.distributed (accel.ranks).
+        `config`: sockets, keys, credit. Default: this node's address (loopback on one machine;
+        on several, the address that routes to $MASTER_ADDR, or $STOKER_HOST), the data socket on a
+        free port, the dispatcher on port 5561, /metrics on 9560 for local rank 0 and 9570 + local
+        rank for the others; `keys` (or $STOKER_KEYS) a CURVE key folder, `insecure` (or
+        $STOKER_INSECURE=1) to listen beyond loopback without keys. With an initialised process group
+        the other ranks learn rank 0's dispatcher and the job secret through its store.
         `prepare`: run on the prefetch thread on each received batch instead of the format
         conversion (the built-in training steps use it); its result is `batch.prepared`."""
         if format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-        self.rank, self.world_size, self.local_rank = ranks_from_env(rank, world_size, local_rank)
-        cfg = config or ConsumerConfig(data_bind="tcp://127.0.0.1:0", metrics_port=rank_metrics_port(self.local_rank))
-        cfg = with_rank_zero_dispatcher(cfg, self.rank)
+        where = place(rank, world_size, local_rank)
+        self.rank, self.world_size, self.local_rank = where.rank, where.world_size, where.local_rank
+        if config is not None and (keys is not None or insecure is not None):
+            raise ValueError("give keys and insecure in the ConsumerConfig when you give one")
+        cfg = config or default_config(where, keys, insecure)
+        try:
+            cfg.check_exposure()  # at construction: a rank that cannot listen where it must says so at once
+        except ValueError as exc:
+            if config is not None:
+                raise
+            raise ValueError(f"rank {self.rank}: this job's ranks are on several machines ($MASTER_ADDR="
+                             f"{where.master_addr} is not this machine's loopback), so this rank listens where the "
+                             f"others and the workers reach it; {exc}") from None
+        self._meeting_key = meeting_key() if self.world_size > 1 and not cfg.dispatcher else None
+        self._master_addr = where.master_addr
         if self.rank and job is not None and not config:
             job = None  # every rank may be handed the job; only rank 0's (or the dispatcher's) counts
         if job is not None and job.world_size != self.world_size:
@@ -139,11 +142,51 @@ class Loader:
         if self._consumer is None:
             if self._closed:
                 raise RuntimeError("the loader is closed")
-            job = self.job_config if not self.cfg.dispatcher else None
-            self._consumer = Consumer(self.cfg, job, metrics=self.metrics, resume=self._resume, rank=self.rank,
-                                      world_size=self.world_size if self.cfg.dispatcher else None)
-            self._consumer.start()
+            self._consumer = self._make_consumer()
         return self._consumer
+
+    def _make_consumer(self) -> Consumer:
+        """Rank 0 (with the job's dispatcher) binds, then tells the other ranks where it is and the job
+        secret through the launcher's store; the others wait for that and attach. Without a store
+        they find rank 0 at $MASTER_ADDR and the secret in $STOKER_JOB_SECRET or rank 0's file."""
+        store = rendezvous() if self._meeting_key else None
+        keyed = bool(self.cfg.keys)
+        if self.rank == 0 and not self.cfg.dispatcher:
+            secret = None if store is None or keyed else secrets.token_hex(32).encode()
+            consumer = Consumer(self.cfg, self.job_config, metrics=self.metrics, resume=self._resume, rank=0,
+                                credential=secret)
+            consumer.start()
+            if store is not None:
+                store.publish(self._meeting_key, Meeting(consumer.control_endpoint, (secret or b"").decode()).encode())
+            return consumer
+        cfg, credential = self.cfg, None
+        if store is not None:
+            meeting = self._meet(store)
+            cfg = replace(cfg, dispatcher=meeting.control, attach_timeout_s=min(cfg.attach_timeout_s, REACH_S))
+            credential = meeting.secret.encode() or None
+        else:
+            cfg = rank_zero_dispatcher(cfg, self.rank, self._master_addr)
+        try:
+            consumer = Consumer(cfg, None, metrics=self.metrics, resume=self._resume, rank=self.rank,
+                                world_size=self.world_size, credential=credential)
+        except ConnectionError as exc:
+            if store is None:
+                raise
+            raise ConnectionError(f"rank {self.rank}: rank 0's dispatcher is up at {cfg.dispatcher} (it said so "
+                                  f"through the job's store) but this node gets no answer from it in {REACH_S:.0f} "
+                                  f"s: that address must be one this node reaches (rank 0's node sets it with "
+                                  f"${HOST_ENV}), and the port must be open between the nodes ({exc})") from None
+        consumer.start()
+        return consumer
+
+    def _meet(self, store: Rendezvous) -> Meeting:
+        try:
+            return Meeting.decode(store.fetch(self._meeting_key, self.cfg.attach_timeout_s))
+        except RendezvousTimeout:
+            raise ConnectionError(f"rank {self.rank}: rank 0 did not say where its dispatcher is within "
+                                  f"{self.cfg.attach_timeout_s:.0f} s (through the job's store, key "
+                                  f"{self._meeting_key}): every rank must make the same loaders in the same order, "
+                                  f"and rank 0 must start its loader too") from None
 
     @property
     def metrics_port(self) -> int | None:

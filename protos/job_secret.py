@@ -27,15 +27,25 @@ def load_or_create(path: str | Path) -> bytes:
     path = Path(path)
     if path.exists():
         return read(path)
+    return write_new(path)
+
+
+def write_new(path: Path) -> bytes:
+    """A fresh secret, put in place whole: written to a new file of a random name (O_EXCL, mode 0600)
+    and renamed over `path`, so a reader sees the old secret or the new one, never a missing or
+    half-written file."""
     secret = secrets.token_hex(SECRET_BYTES)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")  # renamed into place whole: a reader never sees half
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
     return secret.encode()
 
 
@@ -64,8 +74,7 @@ def for_rank_zero(path: str | None, control_bind: str) -> bytes:
     target = Path(path) if path else default_path(control_bind)
     if path and target.exists():
         return read(target)
-    target.unlink(missing_ok=True)
-    return load_or_create(target)
+    return write_new(target)  # replaces an old job's in one rename: its ranks retry until they read this one
 
 
 def for_consumer(path: str | None, dispatcher: str = "", wait_s: float = 0.0) -> bytes:

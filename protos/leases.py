@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 KEY_BYTES = 32
 TOKEN_BYTES = 16
-STARVED = "starved"  # a Release's reason when a process gives a unit back because no credit came (nothing lost)
+# Why a worker process gives a unit back while it lives (nothing lost; the unit is simply made by whoever leases it):
+TRADED = "traded"  # an earlier unit of the same rank was pending: the dispatcher gave it in the held one's place
+UNREACHABLE = "consumer unreachable"  # the rank's data socket stopped answering (it restarted, or cannot be reached)
+HANDED_BACK = frozenset({TRADED, UNREACHABLE})
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -27,6 +28,8 @@ from protos.curve import ZAP_DOMAIN, ServerKeys
 from protos.droplog import DropLog
 
 log = logging.getLogger("stoker.consumer")
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _RESULTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted", zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed_handshake",
             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed_handshake"}
@@ -58,12 +61,13 @@ class KeyAuthenticator(AsyncioAuthenticator):
 
 def monitor_handshakes(sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
     """A monitor socket for `sock`'s handshake outcomes; call before `sock` binds."""
-    return sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                   | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    return sock.get_monitor_socket(HANDSHAKE_EVENTS)
 
 
-async def count_handshakes(monitor: zmq.asyncio.Socket, outcomes: Counter, stop: threading.Event) -> None:
-    """Count every admitted and refused connection in `outcomes{result=...}` until `stop`."""
+async def count_handshakes(monitor: zmq.asyncio.Socket, outcomes: Counter, stop: threading.Event,
+                           on_event: Callable[[dict], None] = lambda event: None) -> None:
+    """Count every admitted and refused connection in `outcomes{result=...}` until `stop`; hand
+    every other event to `on_event`."""
     failures = DropLog(log, "a CURVE connection", every=100)
     try:
         while not stop.is_set():
@@ -72,6 +76,7 @@ async def count_handshakes(monitor: zmq.asyncio.Socket, outcomes: Counter, stop:
             event = parse_monitor_message(await monitor.recv_multipart())
             result = _RESULTS.get(event["event"])
             if result is None:
+                on_event(event)
                 continue
             outcomes.labels(result=result).inc()
             if result == "failed_handshake":

@@ -296,11 +296,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from accel import checkpoint
     from accel.consumer import Consumer
-    from accel.loader import ranks_from_env, with_rank_zero_dispatcher
+    from accel.ranks import place, rank_zero_dispatcher
     from stoker.embedded import Progress, print_summary
 
-    rank, world_size, _ = ranks_from_env(args.rank, args.world_size, None)
-    cfg = with_rank_zero_dispatcher(options.consumer_config(args), rank)
+    where = place(args.rank, args.world_size, None)
+    rank, world_size = where.rank, where.world_size
+    cfg = rank_zero_dispatcher(options.consumer_config(args), rank, where.master_addr)
     job = None if cfg.dispatcher else options.job_config(args)
     resume = None
     if args.resume and args.resume == args.checkpoint and not Path(args.resume).exists():

@@ -207,9 +207,9 @@ def job_config(args: argparse.Namespace) -> JobConfig:
 
 
 def world_size(args: argparse.Namespace) -> int:
-    from accel.loader import ranks_from_env
+    from accel.ranks import place
 
-    return ranks_from_env(getattr(args, "rank", None), args.world_size, None)[1]
+    return place(getattr(args, "rank", None), args.world_size, None).world_size
 
 
 def dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:

@@ -1,12 +1,19 @@
 """A plain torchrun DDP training script fed by Stoker, as a user writes one (gloo on the CPU here).
 
-    torchrun --nproc-per-node 2 tests/ddp_script.py --data MANIFEST --out DIR [--epochs 2]
+    torchrun --nproc-per-node N tests/ddp_script.py --data MANIFEST --out DIR [--epochs 2]
 
-Each rank trains a narrow ResNet-18 on its own Stoker stream and writes, per step, the sample
-ids it trained on to DIR/rank-R.json, so the test can check that the ranks' streams cover the
-data set exactly once per epoch with no overlap, and that both took the same number of steps.
-With --stop-after K the job saves `loader.state_dict()` (rank 0) after K steps and exits;
-with --resume it continues from there.
+Each rank trains a small model (a narrow ResNet-18, or one linear layer) on its own Stoker
+stream; DDP all-reduces the gradients in every backward pass, so the ranks step in lock-step:
+no rank takes step k + 1 before every rank has had its batch k. Each rank appends a line per
+step to DIR/rank-R[-resumed].jsonl (the sample ids it trained on, the time), so a test can check
+that the ranks' streams cover the data set exactly once per epoch with no overlap, that every
+rank took the same number of steps, and how long the longest wait between two steps was.
+
+--save-at K: rank 0 saves `loader.state_dict()` to DIR/state.json after step K and goes on.
+--stop-after K: after K steps rank 0 saves it, and every rank leaves cleanly.
+--crash-after K: after K steps every rank dies at once (os._exit), as a crashed job does.
+--resume: continue from DIR/state.json. --control-port P: rank 0's control socket (0: the
+loader's default on loopback).
 """
 
 from __future__ import annotations
@@ -26,58 +33,73 @@ from accel.models.resnet import resnet18
 from stoker import ConsumerConfig, JobConfig, Loader
 
 
+def make_model(kind: str, image_size: int) -> nn.Module:
+    if kind == "linear":
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * image_size * image_size, 4))
+    return resnet18(4, 16)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=13)
+    parser.add_argument("--unit-batches", type=int, default=JobConfig.unit_batches)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--model", choices=("resnet18", "linear"), default="resnet18")
     parser.add_argument("--control-port", type=int, required=True)
-    parser.add_argument("--stop-after", type=int, default=0, help="save the data position after this many steps")
+    parser.add_argument("--host-timeout", type=float, default=3.0)
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--stop-after", type=int, default=0)
+    parser.add_argument("--crash-after", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(resnet18(4, 16))
+    model = DistributedDataParallel(make_model(args.model, args.image_size))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     mean = torch.tensor([123.7, 116.3, 103.5]).view(1, 3, 1, 1)
 
     config = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind=f"tcp://127.0.0.1:{args.control_port}",
-                            metrics_port=0, host_timeout_s=3.0)
-    job = JobConfig(manifest_uri=args.data, epochs=args.epochs, batch_size=args.batch_size, unit_batches=2,
-                    image_size=32)
+                            metrics_port=0, host_timeout_s=args.host_timeout)
+    job = JobConfig(manifest_uri=args.data, epochs=args.epochs, batch_size=args.batch_size,
+                    unit_batches=args.unit_batches,
+                    image_size=args.image_size)
     loader = Loader(job, config=config)  # rank and world size from torchrun's environment
     state_file = args.out / "state.json"
     if args.resume:
         loader.load_state_dict(json.loads(state_file.read_text()))
-    record = {"rank": rank, "steps": [], "len": []}
+    suffix = "-resumed" if args.resume else ""
+    record = open(args.out / f"rank-{rank}{suffix}.jsonl", "w", buffering=1)
     taken = 0
     with loader:
         while loader.epoch < loader.epochs:
-            record["len"].append(len(loader))
+            record.write(json.dumps({"len": len(loader), "epoch": loader.epoch}) + "\n")
             for batch in loader:
                 images = batch["image"].permute(0, 3, 1, 2).float().sub(mean).div(58.0)
                 loss = loss_fn(model(images), batch["label"].long())
                 optimizer.zero_grad()
                 loss.backward()  # DDP all-reduces here: a rank with a missing step would hang
                 optimizer.step()
-                record["steps"].append({"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
-                                        "ids": batch.sample_ids.tolist(), "at": time.time()})
+                record.write(json.dumps({"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
+                                         "ids": batch.sample_ids.tolist(), "at": time.time()}) + "\n")
                 taken += 1
-                if args.stop_after and taken == args.stop_after:
-                    if rank == 0:
-                        state_file.write_text(json.dumps(loader.state_dict()))
+                if rank == 0 and taken in (args.save_at, args.stop_after):
+                    state_file.write_text(json.dumps(loader.state_dict()))
+                if taken == args.crash_after:
+                    os._exit(17)
+                if taken == args.stop_after:
                     dist.barrier()
                     break
-            if args.stop_after and taken == args.stop_after:
+            if taken == args.stop_after:
                 break
     if rank == 0:  # the job's dispatcher lives in rank 0's process
-        record["units_released"] = loader.consumer.dispatcher.stats().releases
-    suffix = "-resumed" if args.resume else ""
-    (args.out / f"rank-{rank}{suffix}.json").write_text(json.dumps(record))
+        record.write(json.dumps({"units_released": loader.consumer.dispatcher.stats().releases}) + "\n")
+    record.close()
     dist.destroy_process_group()
     os._exit(0)
 

@@ -1,12 +1,22 @@
-"""One worker process: lease a unit, make its batches (images or text), send each under credit.
+"""One worker process: lease units, make their batches (images or text), send each under credit.
+
+A process holds at most one unit per data-parallel rank at a time and makes the batches of
+the units it holds in step order (epoch, position, batch, rank), each only when its rank has
+granted credit, so a built batch never waits. It never blocks on one rank: when none of its
+units can be sent (every rank it feeds is out of credit) it leases a unit of another rank.
+This is what keeps a lock-step job (every rank waits for every other at each step, as DDP's
+all-reduce does) going with fewer processes than ranks: a rank that has stepped batch k and
+waits for the others returns no credit until they have batch k, and the process that would
+wait for that credit makes the others' batches instead. The dispatcher hands out units position
+by position across the ranks and trades a held unit for an earlier pending one of its rank
+(accel.control.dispatcher), so the batch the slowest rank needs next is always being made.
 
 SIGINT is ignored (the daemon coordinates shutdown); SIGTERM means drain: finish the batch
-in hand, say goodbye to the consumer and exit 0. The daemon hands unfinished units back. A
+in hand, say goodbye to the consumers and exit 0. The daemon hands unfinished units back. A
 process whose daemon dies stops too (workers.lifeline). A unit whose lease the consumer
-refuses (it restarted, or forgot this sender) is handed back and the next one leased; so is
-a unit whose batch waits for credit longer than PATIENCE_S (its consumer rank may be waiting,
-in lock-step with the others, for an earlier unit of another rank that only this process
-can make now); leased again, it goes on where it was.
+refuses (it restarted, or forgot this sender) is handed back, and so is one whose rank's
+data socket says nothing for UNREACHABLE_S (a live consumer pings a waiting sender every
+few seconds): the rank is gone or cannot be reached, and the warning names its address.
 """
 
 from __future__ import annotations
@@ -14,8 +24,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
@@ -26,11 +37,11 @@ from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
 from protos.framing import encode_tensors
 from protos.job import JobConfig
-from protos.leases import STARVED
+from protos.leases import UNREACHABLE
 from protos.units import unit_from_proto
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
-from workers.sender import DataSender, Lease, LeaseRefused, Rejected, Starved
+from workers.sender import DataSender, Lease, LeaseRefused, Rejected
 from workers.sources import BatchSource, Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
@@ -39,7 +50,10 @@ EXIT_FINISHED = 0
 EXIT_DISPATCHER_LOST = 3
 EXIT_REJECTED = 4
 EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusable): do not restart
-PATIENCE_S = 2.0  # how long a batch waits for credit before its unit is handed back (and leased again)
+UNREACHABLE_S = 10.0  # a rank's data socket silent this long while we wait on it: hand its unit back
+HELLO_GRACE_S = 0.5  # a new unit's rank gets this long to grant credit before the process leases around it
+LEASE_AGAIN_S = 0.5  # while holding units that cannot be sent, ask for another at most this often
+CARRIED_UNITS = 4  # units traded away whose progress is kept, in case they come back to this process
 
 
 @dataclass(frozen=True)
@@ -89,8 +103,28 @@ def run_process(spec: ProcessSpec) -> int:
         process.close()
 
 
+@dataclass
+class _Work:
+    """A unit this process holds the lease of, and how far its batches have gone."""
+
+    unit: Unit
+    sender: DataSender
+    batches: Iterator[Outgoing]
+    started: float = field(default_factory=time.monotonic)
+    sent: int = 0  # batches sent so far
+
+    def order(self) -> tuple[int, int, int, int]:
+        """Step order: a lock-step job needs batch k of every rank before batch k + 1 of any."""
+        return self.unit.epoch, self.unit.position, self.sent, self.unit.rank
+
+    def blocked(self, now: float) -> bool:
+        """Out of credit, and its rank has had its chance to grant some."""
+        return self.sender.credit <= 0 and (self.sender.welcomed or now - self.started > HELLO_GRACE_S)
+
+
 class _LeaseLoop:
-    """Lease a unit, send its batches to its rank, repeat until the dispatcher says finished."""
+    """Hold units (one per rank at most), send their batches in step order, lease more when none
+    can be sent, until the dispatcher says the job is finished."""
 
     def __init__(self, spec: ProcessSpec, source: BatchSource, stop: _Stop) -> None:
         self.spec, self.source, self.stop = spec, source, stop
@@ -99,23 +133,71 @@ class _LeaseLoop:
         self.ctx = zmq.Context()
         self.control = ControlClient(self.ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
         self.senders: dict[str, DataSender] = {}  # one per rank's data socket, made when a unit first goes there
-        self.carried: tuple[int, Iterator[Outgoing], Outgoing] | None = None  # handed back while starved
+        self.works: dict[int, _Work] = {}  # rank -> the unit of it in hand
+        self.carried: OrderedDict[int, _Work] = OrderedDict()  # traded away part-way: on from there if it returns
+        self.lease_after = 0.0  # monotonic time before which no lease is asked for
+        self.waited = 0.0  # seconds waited for credit since the last batch sent
 
     def run(self) -> int:
-        spec = self.spec
         while not self.stop():
-            reply = self.control.request(pb.ControlRequest(
-                lease=pb.LeaseRequest(host_id=spec.host_id, worker_id=spec.worker_id)), should_stop=self.stop)
-            kind = reply.WhichOneof("kind")
-            if kind == "finished":
-                return EXIT_FINISHED
-            if kind == "wait":
-                _idle(self.senders.values(), reply.wait.retry_after_s)
+            self._hear()
+            now = time.monotonic()
+            ready = [w for w in self.works.values() if w.sender.credit > 0]
+            if ready:
+                self._send_next(min(ready, key=_Work.order))
                 continue
-            if kind != "unit":
-                raise RuntimeError(f"unexpected reply to a lease request: {reply}")
-            self._work_on(reply.unit)
+            if now >= self.lease_after and all(w.blocked(now) for w in self.works.values()):
+                if self._lease() == "finished":
+                    return EXIT_FINISHED
+                continue
+            self._wait(min(self.lease_after - now if now < self.lease_after else 0.05, 0.1))
         return EXIT_FINISHED
+
+    # ---- leasing ---------------------------------------------------------------------------
+    def _lease(self) -> str:
+        spec = self.spec
+        reply = self.control.request(pb.ControlRequest(lease=pb.LeaseRequest(
+            host_id=spec.host_id, worker_id=spec.worker_id, holding=[w.unit.unit_id for w in self.works.values()])),
+            should_stop=self.stop)
+        kind = reply.WhichOneof("kind")
+        if kind == "unit":
+            self._take(reply.unit)
+            self.lease_after = 0.0
+        elif kind == "wait":
+            pause = reply.wait.retry_after_s
+            self.lease_after = time.monotonic() + (max(pause, LEASE_AGAIN_S) if self.works else pause)
+        elif kind != "finished":
+            raise RuntimeError(f"unexpected reply to a lease request: {reply}")
+        return kind
+
+    def _take(self, leased: pb.WorkUnit) -> None:
+        """Start on a leased unit. One of a rank this process holds replaces the held one, which the
+        dispatcher has taken back in exchange (TRADED); its progress is kept in case it returns."""
+        unit = unit_from_proto(leased)
+        log.debug("%s: leased unit %d (rank %d)", self.spec.worker_id, unit.unit_id, unit.rank)
+        traded = self.works.pop(unit.rank, None)
+        if traded is not None:
+            traded.sender.end_unit()
+            self._carry(traded)
+        sender = self._sender_for(leased.data_endpoint)
+        sender.start_unit(Lease(unit.unit_id, leased.lease_token))
+        work = self.carried.pop(unit.unit_id, None)
+        if work is None or work.sender is not sender:
+            work = _Work(unit, sender, iter(self.source.batches(unit)))
+        work.started = time.monotonic()
+        self.works[unit.rank] = work
+
+    def _carry(self, work: _Work) -> None:
+        self.carried[work.unit.unit_id] = work
+        while len(self.carried) > CARRIED_UNITS:
+            self.carried.popitem(last=False)
+
+    def _hand_back(self, work: _Work, reason: str) -> None:
+        self.works.pop(work.unit.rank, None)
+        work.sender.end_unit()
+        self.control.request(pb.ControlRequest(release=pb.Release(
+            host_id=self.spec.host_id, worker_ids=[self.spec.worker_id], unit_ids=[work.unit.unit_id],
+            reason=reason)), should_stop=self.stop)
 
     def _sender_for(self, endpoint: str) -> DataSender:
         if endpoint not in self.senders:
@@ -123,42 +205,60 @@ class _LeaseLoop:
                                                 self.spec.job.job_id, curve=self.spec.curve)
         return self.senders[endpoint]
 
-    def _work_on(self, leased: pb.WorkUnit) -> None:
-        unit = unit_from_proto(leased)
-        log.debug("%s: leased unit %d", self.spec.worker_id, unit.unit_id)
-        sender = self._sender_for(leased.data_endpoint)
-        sender.start_unit(Lease(unit.unit_id, leased.lease_token))
-        if self.carried is not None and self.carried[0] == unit.unit_id:
-            _, batches, pending = self.carried  # the unit this process handed back: on from where it was
-        else:
-            batches = iter(self.source.batches(unit))
-            pending = next(batches, None)
-        self.carried = None
-        try:
-            while pending is not None:
-                try:
-                    _send_batch(self.spec.job, self.spec, unit, pending, sender, self.metrics, self.stop,
-                                give_up_after_s=PATIENCE_S)
-                except Starved:
-                    # Hand the unit back and lease again: the job may wait, in lock-step across its
-                    # ranks, for an earlier unit that only this process can make now. If the same
-                    # unit comes back, this process goes on with it where it was.
-                    self._release(unit, STARVED)
-                    self.carried = (unit.unit_id, batches, pending)
-                    break
-                if self.stop():
-                    break
-                pending = next(batches, None)
-            if pending is None:
-                self.metrics.units.inc()
-        except LeaseRefused as exc:
-            log.warning("%s: unit %d: %s; handing it back", self.spec.worker_id, unit.unit_id, exc)
-            self._release(unit, "lease refused")
+    # ---- sending ---------------------------------------------------------------------------
+    def _send_next(self, work: _Work) -> None:
+        """Make the unit's next batch and send it (its rank holds credit for it)."""
+        batch = next(work.batches, None)
+        if batch is not None:
+            try:
+                _send_batch(self.spec, work.unit, batch, work.sender, self.metrics, self.waited)
+            except LeaseRefused as exc:
+                self._refused(work, exc)
+                return
+            self.waited = 0.0
+            work.sent += 1
+        if batch is None or batch.header.last_in_unit:
+            self.works.pop(work.unit.rank, None)
+            work.sender.end_unit()
+            self.metrics.units.inc()
 
-    def _release(self, unit: Unit, reason: str) -> None:
-        self.control.request(pb.ControlRequest(release=pb.Release(
-            host_id=self.spec.host_id, worker_ids=[self.spec.worker_id], unit_ids=[unit.unit_id], reason=reason)),
-            should_stop=self.stop)
+    def _refused(self, work: _Work, exc: LeaseRefused) -> None:
+        log.warning("%s: unit %d: %s; handing it back", self.spec.worker_id, work.unit.unit_id, exc)
+        self._hand_back(work, "lease refused")
+
+    # ---- waiting ---------------------------------------------------------------------------
+    def _hear(self) -> None:
+        """Every sender takes its replies; a refused lease or a rank gone silent gives its unit back."""
+        by_sender = {id(w.sender): w for w in self.works.values()}
+        for sender in list(self.senders.values()):
+            try:
+                sender.hear()
+            except LeaseRefused as exc:
+                work = by_sender.get(id(sender))
+                if work is not None:
+                    self._refused(work, exc)
+        for work in list(self.works.values()):
+            if work.sender.credit <= 0 and work.sender.silent_s() > UNREACHABLE_S:
+                log.warning("%s: rank %d's data socket at %s has said nothing for %.0f s (the rank is gone, or "
+                            "this host cannot reach that address: see the rank's data address, --data-bind / "
+                            "--advertise-host); handing unit %d back", self.spec.worker_id, work.unit.rank,
+                            work.sender.endpoint, work.sender.silent_s(), work.unit.unit_id)
+                self._hand_back(work, UNREACHABLE)
+
+    def _wait(self, seconds: float) -> None:
+        """Wait on every sender's socket at once (credit, pings, refusals), up to `seconds`."""
+        started = time.perf_counter()
+        if self.senders:
+            poller = zmq.Poller()
+            for sender in self.senders.values():
+                poller.register(sender.socket, zmq.POLLIN)
+            poller.poll(seconds * 1000)
+        else:
+            time.sleep(seconds)
+        if self.works:
+            waited = time.perf_counter() - started
+            self.waited += waited
+            self.metrics.credit_wait.inc(waited)
 
     def close(self) -> None:
         self.metrics.processes.dec()
@@ -168,36 +268,19 @@ class _LeaseLoop:
         self.ctx.term()
 
 
-def _idle(senders, seconds: float) -> None:
-    """Wait for a lease; every consumer this process sends to hears that it is still alive."""
-    senders = list(senders)
-    if not senders:
-        time.sleep(seconds)
-        return
-    for sender in senders:
-        sender.idle(seconds / len(senders))
-
-
-def _send_batch(job: pb.JobSpec, spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender,
-                metrics: WorkerMetrics, stop: _Stop, give_up_after_s: float | None = None) -> None:
+def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender, metrics: WorkerMetrics,
+                waited: float) -> None:
+    """Frame one batch and send it under the credit its rank granted (`waited`: seconds the process
+    waited for credit before it, reported in the header)."""
     framing_from = time.perf_counter()
     header = batch.header
-    header.job_id, header.worker_id = job.job_id, spec.worker_id
+    header.job_id, header.worker_id = spec.job.job_id, spec.worker_id
     header.epoch, header.unit_id = unit.epoch, unit.unit_id
-    frames = encode_tensors(header, batch.tensors, checksum=job.checksum)
-    send_s = time.perf_counter() - framing_from
-    try:
-        waited = sender.wait_for_credit(stop, give_up_after_s=give_up_after_s)
-    except Starved as exc:
-        metrics.credit_wait.inc(exc.waited)
-        raise
-    if sender.credit <= 0:  # stopped while waiting
-        return
+    frames = encode_tensors(header, batch.tensors, checksum=spec.job.checksum)
     header.stages.wait_for_credit = waited
-    header.stages.send = send_s
+    header.stages.send = time.perf_counter() - framing_from
     header.created_unix = time.time()
     nbytes = sender.send(header, frames)
-    metrics.credit_wait.inc(waited)
     metrics.batches.inc()
     metrics.bytes_sent.inc(nbytes)
     batch.observe(metrics)

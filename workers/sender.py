@@ -1,16 +1,18 @@
-"""A worker process's data connection to the consumer: hello, credit, zero-copy sends.
+"""A worker process's data connection to one consumer rank: hello, credit, zero-copy sends.
 
 IMMEDIATE is set, so while the consumer is not up a send fails at once instead of queueing;
-the sender retries its hello with back-off and never piles batches up. The hello and every
+the sender repeats its hello with back-off and never piles batches up. The hello and every
 batch carry the token of the lease the process works under (`lease`); a consumer that does
-not accept it says so (`LeaseRefused`: drop the unit, lease another). Pings are answered
-whenever the sender reads its socket: between batches and all the time it waits for credit.
+not accept it says so (`LeaseRefused`: drop the unit, lease another). The process never
+blocks on one sender: it polls all of its senders' sockets together (workers.process) and
+calls `hear` on each, which takes credit, answers pings and repeats hellos that are due.
+`silent_s` says how long the consumer has said nothing at all: a live consumer pings a
+sender that waits for credit every few seconds, so a long silence means it is gone.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -19,17 +21,11 @@ from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
 from protos.sockets import dealer
 
+REHELLO_S = 5.0  # a welcomed sender without credit says hello again this often
+
 
 class Rejected(ConnectionError):
     """The consumer serves another job: this process cannot work for it."""
-
-
-class Starved(TimeoutError):
-    """No credit came in the time given."""
-
-    def __init__(self, waited: float) -> None:
-        super().__init__(f"no credit for {waited:.1f} s")
-        self.waited = waited
 
 
 class LeaseRefused(ConnectionError):
@@ -50,6 +46,7 @@ class DataSender:
         self.worker_id = worker_id
         self.job_id = job_id
         self.lease: Lease | None = None  # the unit being sent, set by the process for each unit
+        self.active = False  # the process is sending `lease`'s unit now
         self.credit = 0
         self.bytes_sent = 0
         sock = dealer(ctx, worker_id, 1 << 16, curve, linger_ms=2000)  # replies are credits and rejects: tiny
@@ -59,13 +56,23 @@ class DataSender:
             sock.close(0)  # an unclosed socket would hang the context's term()
             raise
         self.socket = sock
-        self._welcomed = False  # the consumer answered our hello
+        self.welcomed = False  # the consumer answered our hello
+        self._heard = time.monotonic()  # the consumer's last message (or the current unit's start)
+        self._next_hello = 0.0
+        self._backoff = 0.05
 
     def start_unit(self, lease: Lease) -> None:
         """The next unit goes to this consumer: say so at once, so that a consumer waiting for exactly
         this unit (it delivers in plan order) knows who makes it, and can grant credit for it."""
         self.lease = lease
+        self.active = True
+        self._heard = time.monotonic()  # its silence is counted from here
+        self._backoff = 0.05
         self._hello()
+
+    def end_unit(self) -> None:
+        """The unit's last batch is sent (or the unit handed back): no more hellos for it."""
+        self.active = False
 
     def _hello(self) -> None:
         lease = self.lease or Lease(0, b"")
@@ -89,10 +96,11 @@ class DataSender:
                 reply.ParseFromString(data)
             except Exception:  # protobuf DecodeError: not from a Stoker consumer; ignore it
                 continue
+            self._heard = time.monotonic()
             kind = reply.WhichOneof("kind")
             if kind == "credit":
                 self.credit += reply.credit.batches
-                self._welcomed = True
+                self.welcomed = True
             elif kind == "ping":
                 self._pong()
             elif kind == "reject":
@@ -107,46 +115,34 @@ class DataSender:
     def _rejected(self, reject: pb.Reject) -> None:
         if reject.code == "unknown_sender":  # the consumer freed our slot (or restarted): our credit is void
             self.credit = 0
-            self._welcomed = False
+            self.welcomed = False
+            if not self.active:
+                return  # nothing in hand; the next unit's hello makes us known again
             raise LeaseRefused(f"consumer at {self.endpoint} no longer knows this sender: {reject.reason}")
         if reject.code == "not_leaseholder":
-            if self.lease is not None and reject.unit_id != self.lease.unit_id:
+            if not self.active or self.lease is None or reject.unit_id != self.lease.unit_id:
                 return  # about a unit this process has already finished with
             raise LeaseRefused(f"consumer at {self.endpoint} refused the lease: {reject.reason}")
         raise Rejected(f"consumer at {self.endpoint} refused us: {reject.reason}")
 
-    def wait_for_credit(self, should_stop: Callable[[], bool], rehello_after_s: float = 5.0,
-                        give_up_after_s: float | None = None) -> float:
-        """Block until a credit is held; returns seconds waited (Starved after `give_up_after_s`).
+    def hear(self) -> None:
+        """Take every reply waiting (credit, pings, refusals) without blocking, and say hello again
+        when one is due: with back-off until the consumer first answers, then every REHELLO_S
+        while starved (a consumer that restarted from a checkpoint learns of us from a hello; one
+        that knows us answers it with no new credit)."""
+        self._read_replies(0)
+        now = time.monotonic()
+        if self.active and now >= self._next_hello and (self.credit <= 0 or not self.welcomed):
+            self._hello()
+            if self.welcomed:
+                self._next_hello = now + REHELLO_S
+            else:
+                self._next_hello = now + self._backoff
+                self._backoff = min(self._backoff * 2, 2.0)
 
-        Says hello until welcomed, and again every `rehello_after_s` while starved: a consumer
-        that restarted (from a checkpoint) does not know us, and a hello is how it learns to
-        grant credit. A consumer that does know us answers it with no new credit."""
-        started = time.perf_counter()
-        backoff = 0.05
-        next_hello = time.monotonic() + (rehello_after_s if self._welcomed else 0.0)
-        while self.credit <= 0 and not should_stop():
-            if time.monotonic() >= next_hello:
-                self._hello()
-                if self._welcomed:
-                    next_hello = time.monotonic() + rehello_after_s
-                else:
-                    next_hello = time.monotonic() + backoff
-                    backoff = min(backoff * 2, 2.0)
-            self._read_replies(100)
-            if give_up_after_s is not None and time.perf_counter() - started > give_up_after_s:
-                raise Starved(time.perf_counter() - started)
-        return time.perf_counter() - started
-
-    def idle(self, seconds: float) -> None:
-        """Wait between units (no lease to be had yet) while answering pings: this sender is alive.
-        A refusal heard now is about a unit already finished, or says the slot was freed."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                self._read_replies(int(left * 1000))
-            except LeaseRefused:
-                continue
+    def silent_s(self) -> float:
+        """Seconds since the consumer last said anything (since the current unit began, when never)."""
+        return time.monotonic() - self._heard
 
     def send(self, header: pb.BatchHeader, frames: list[object]) -> int:
         """Send one batch; the caller must hold credit. Frames go out without a copy.

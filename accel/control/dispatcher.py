@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from accel.control.journal import Journal
 from pipeline.plan import EpochPlan, Unit
-from protos.leases import STARVED
+from protos.leases import HANDED_BACK, TRADED
 
+SCAN_PAST = 64  # pending units a lease may pass over (ranks the asking process holds) before it says wait
 MAKE_AHEAD_UNITS = 16  # units of the next epoch made per lease: ~0.1 ms, the epoch ready well before it is due
 
 
@@ -49,7 +50,7 @@ class DispatcherStats:
     done: int
     hosts_alive: int
     releases: int  # units taken from a lost host or a stale lease and leased again
-    handed_back: int = 0  # units a worker process gave back while it waited for credit (nothing lost)
+    handed_back: int = 0  # units a worker process gave back, traded for an earlier one or unsendable (nothing lost)
 
 
 @dataclass
@@ -258,8 +259,18 @@ class Dispatcher:
         return out
 
     # ---- units -------------------------------------------------------------------------
-    def lease(self, host_id: str, worker_id: str, request_id: int = 0, key: str = "") -> Unit | None:
-        """The next unit for this worker, or None when every remaining unit is leased.
+    def lease(self, host_id: str, worker_id: str, request_id: int = 0, key: str = "",
+              holding: Iterable[int] = ()) -> Unit | None:
+        """The next unit for this worker process, or None when it should wait.
+
+        A process holds at most one lease per rank and sends their batches in step order, so a
+        rank that waits, in lock-step, for another rank's batch never keeps the process from
+        making that batch (workers.process). `holding`: the units the process still works on. It
+        is given the earliest pending unit of a rank it holds none of; or, when a rank's earliest
+        pending unit comes before the one the process holds of that rank (that unit was handed
+        back after the process took the later one), that unit in exchange for the held one,
+        which goes back to the queue (TRADED: nothing lost). So the unit the slowest rank needs
+        next is never stuck behind leases of later units.
 
         A worker repeats a request whose answer it did not get. When the dispatcher died between
         journaling a lease and answering, the repeat reaches a restarted dispatcher that has no
@@ -270,26 +281,44 @@ class Dispatcher:
             again = self._by_request.get((worker_id, request_id, key))
             if again is not None and again in self._leased:
                 return self._leased[again].unit
-        waiting: list[tuple[int, int, int, int, Unit]] = []  # units of ranks not attached yet keep their place
+        held = {}  # rank -> the unit of it this process holds
+        for unit_id in holding:
+            lease = self._leased.get(unit_id)
+            if lease is not None and lease.worker_id == worker_id and lease.host_id == host_id:
+                held[lease.unit.rank] = lease.unit
+        unit = self._take(lambda unit: unit.rank not in held or _lease_key(unit) < _lease_key(held[unit.rank]))
+        if unit is None:
+            return None
+        if unit.rank in held:
+            self.release(host_id, [worker_id], TRADED, [held[unit.rank].unit_id])
+        if self.journal:
+            self.journal.lease(unit.unit_id, host_id, worker_id, request_id, key)
+        self._hold(Lease(unit, host_id, worker_id, self.clock(), request_id, key))
+        self._make_ahead()
+        return unit
+
+    def _take(self, wanted: Callable[[Unit], bool]) -> Unit | None:
+        """Pop the earliest pending unit of an attached rank that `wanted` accepts; the units passed
+        over keep their places. The scan stops after a bounded number of them: each rank's first
+        pending unit lies within a few positions of the front (units are leased position by
+        position), so a longer scan would only find units of ranks far ahead of the others."""
+        passed: list[tuple[int, int, int, int, Unit]] = []
+        limit = SCAN_PAST + 2 * self.plan.world_size
         try:
-            while self._fill():
+            while self._fill() and len(passed) <= limit:
                 entry = heapq.heappop(self._pending)
                 unit = entry[-1]
                 if self._is_done(unit.unit_id):
                     self._pending_ids.discard(unit.unit_id)
                     continue
-                if unit.rank not in self._endpoints:
-                    waiting.append(entry)
+                if unit.rank not in self._endpoints or not wanted(unit):
+                    passed.append(entry)
                     continue
                 self._pending_ids.discard(unit.unit_id)
-                if self.journal:
-                    self.journal.lease(unit.unit_id, host_id, worker_id, request_id, key)
-                self._hold(Lease(unit, host_id, worker_id, self.clock(), request_id, key))
-                self._make_ahead()
                 return unit
             return None
         finally:
-            for entry in waiting:
+            for entry in passed:
                 heapq.heappush(self._pending, entry)
 
     def received(self, unit_id: int) -> None:
@@ -335,7 +364,7 @@ class Dispatcher:
         for lease in sorted(lost, key=lambda item: item.leased_at, reverse=True):
             self._let_go(lease.unit.unit_id)
             self._requeue(lease.unit)
-        if lost and reason == STARVED:
+        if lost and reason in HANDED_BACK:
             self._handed_back += len(lost)
         elif lost:
             self._releases += len(lost)
@@ -356,14 +385,11 @@ class Dispatcher:
         return lease
 
     def _requeue(self, unit: Unit) -> None:
-        heapq.heappush(self._pending, (unit.epoch, unit.position, unit.rank, unit.unit_id, unit))
+        heapq.heappush(self._pending, (*_lease_key(unit), unit.unit_id, unit))
         self._pending_ids.add(unit.unit_id)
 
     def done_units(self) -> list[int]:
         return [*range(self._done_below), *sorted(self._done)]
-
-    def leases_of(self, host_id: str) -> list[Lease]:
-        return [lease for lease in self._leased.values() if lease.host_id == host_id]
 
     @property
     def finished(self) -> bool:
@@ -374,3 +400,8 @@ class Dispatcher:
         in_flight = len(self._leased) + len(self._received)
         return DispatcherStats(self.total_units - done - in_flight, in_flight, done, len(self._hosts), self._releases,
                                self._handed_back)
+
+
+def _lease_key(unit: Unit) -> tuple[int, int, int]:
+    """The order units are leased in: position by position across the ranks (EpochPlan.lease_order)."""
+    return unit.epoch, unit.position, unit.rank

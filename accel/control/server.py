@@ -3,6 +3,12 @@
 Requests carry an id; a retried request (the worker timed out waiting for the reply) gets
 the cached reply instead of a second lease.
 
+A worker process that dies closes its connection, and the dispatcher hears it from the
+socket's monitor: the units it leased are re-leased CLOSE_GRACE_S later, unless it has spoken
+again by then on a new connection (a client that timed out reconnects at once). So a host
+that is killed costs the job about a second, not the host timeout, which stays for the losses
+nobody sees (a cut cable, a frozen machine).
+
 Who may ask what (`AccessPolicy`): a worker registers, leases, heartbeats and releases; only
 a consumer attaches and acks. With CURVE keys the role is the key's (its allow-list); without
 keys anyone who reaches the socket may act as a worker, and a consumer must present the job
@@ -18,11 +24,13 @@ import hmac
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
+from accel.aio import pump_batches
 from accel.control.dispatcher import Dispatcher, RankError
 from accel.control.metrics import ControlMetrics
 from protos import stoker_pb2 as pb
@@ -32,9 +40,12 @@ from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
 from protos.units import unit_to_proto
+from protos.zap import HANDSHAKE_EVENTS, count_handshakes
 
 log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted
+CLOSE_GRACE_S = 1.0  # a closed connection whose peer has not come back this long: its leases are re-leased
+CONNECTION_CLOSED = "connection_closed"  # the reason those units count under
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
 WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release"})
 CONSUMER_REQUESTS = frozenset({"attach", "ack", "epoch_steps", "position"})
@@ -81,6 +92,10 @@ class ControlServer:
         self._silent_reported: set[int] = set()
         self._outbox: list[tuple[bytes, bytes]] | None = None  # answers held until the journal is synced
         self._compactions_counted = 0
+        self._fd_of: dict[bytes, int] = {}  # peer -> the connection (file descriptor) it last spoke on
+        self._peer_on: dict[int, bytes] = {}  # ... and back
+        self._leaser: dict[bytes, tuple[str, str]] = {}  # peer -> (host, worker) it leases as
+        self._closed: dict[bytes, float] = {}  # peer -> when its connection closed (not back yet)
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -105,6 +120,7 @@ class ControlServer:
         if len(frames) != 2 or len(frames[1]) > MAX_HEADER_BYTES:
             self._drop("bad_frames", peer)
             return
+        self._spoke(peer, frames[1])
         request = pb.ControlRequest()
         try:
             request.ParseFromString(frame_bytes(frames[1]))
@@ -148,9 +164,10 @@ class ControlServer:
             return self._finished(request.heartbeat.host_id) if d.finished else pb.ControlReply(ok=pb.Ok())
         if kind == "lease":
             lease = request.lease
+            self._leaser[peer] = (lease.host_id, lease.worker_id)
             if d.finished:
                 return self._finished(lease.host_id)
-            unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name)
+            unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name, lease.holding)
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
             token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)
@@ -201,8 +218,44 @@ class ControlServer:
         """Live hosts that have not yet heard that the job is finished."""
         return set(self.dispatcher.live_hosts()) - self.told_finished
 
+    # ---- connections ---------------------------------------------------------------------
+    def _spoke(self, peer: bytes, frame: object) -> None:
+        """Which connection the peer spoke on (ZMQ_SRCFD of its message), so that its closing names it."""
+        fd = frame.get(zmq.SRCFD) if isinstance(frame, zmq.Frame) else None
+        self._closed.pop(peer, None)
+        if fd is None or self._fd_of.get(peer) == fd:
+            return
+        self._peer_on.pop(self._fd_of.get(peer, -1), None)
+        self._fd_of[peer] = fd
+        self._peer_on[fd] = peer
+
+    def connection_event(self, event: dict) -> None:
+        """From the socket's monitor: a connection closed (its peer is dead, or reconnecting)."""
+        if event["event"] != zmq.EVENT_DISCONNECTED:
+            return
+        peer = self._peer_on.pop(event["value"], None)
+        if peer is not None and self._fd_of.get(peer) == event["value"]:
+            del self._fd_of[peer]
+            self._closed[peer] = self.dispatcher.clock()
+
+    def _release_closed(self) -> None:
+        """Re-lease the units of worker processes whose connection closed and stayed closed."""
+        now = self.dispatcher.clock()
+        for peer, closed_at in list(self._closed.items()):
+            if now - closed_at < CLOSE_GRACE_S:
+                continue
+            del self._closed[peer]
+            leaser = self._leaser.pop(peer, None)
+            if leaser is not None:
+                count = self.dispatcher.release(leaser[0], [leaser[1]], CONNECTION_CLOSED)
+                if count:
+                    log.warning("worker %s of host %s closed its connection: its %d unit(s) are re-leased",
+                                leaser[1], leaser[0], count)
+
     def tick(self) -> None:
-        """Periodic: expire silent hosts; report ranks that went silent (their streams stall)."""
+        """Periodic: re-lease the units of closed connections, expire silent hosts, report ranks
+        that went silent (their streams stall)."""
+        self._release_closed()
         for host in self.dispatcher.expire_hosts():
             log.warning("host %s missed its heartbeats; its units are re-leased", host)
         silent = set(self.dispatcher.silent_ranks())
@@ -246,13 +299,24 @@ def _too_long(body: object) -> bool:
     return any(len(n) > MAX_NAME for n in names if isinstance(n, str))
 
 
-def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> zmq.asyncio.Socket:
-    """The dispatcher's ROUTER: unroutable replies raise, small messages only, CURVE when keyed."""
-    return router(ctx, CONTROL_MESSAGE_BYTES, keys)
+def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> tuple[zmq.asyncio.Socket,
+                                                                                 zmq.asyncio.Socket]:
+    """The dispatcher's ROUTER (unroutable replies raise, small messages only, CURVE when keyed),
+    and its monitor (closed connections, and handshakes when keyed), made before it binds."""
+    sock = router(ctx, CONTROL_MESSAGE_BYTES, keys)
+    return sock, sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | (HANDSHAKE_EVENTS if keys else 0))
+
+
+def serve_control(control: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket, server: ControlServer,
+                  stop: threading.Event) -> list[Coroutine]:
+    """What the control socket runs on an event loop until `stop`: requests, the periodic tick, and
+    the monitor (handshake outcomes counted, closed connections handed to the server)."""
+    return [pump_batches(control, server.handle_all, stop), ticker(server, stop),
+            count_handshakes(monitor, server.metrics.auth, stop, on_event=server.connection_event)]
 
 
 async def ticker(server: ControlServer, stop: threading.Event, period_s: float = 0.5) -> None:
-    """Expire silent hosts and refresh gauges until `stop`."""
+    """Release closed connections' units, expire silent hosts and refresh gauges until `stop`."""
     while not stop.is_set():
         server.tick()
         await asyncio.sleep(period_s)

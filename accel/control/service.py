@@ -25,19 +25,18 @@ from dataclasses import dataclass, replace
 import uvloop
 import zmq.asyncio
 
-from accel.aio import pump_batches
 from accel.checkpoint import job_fields
 from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
 from accel.control.metrics import ControlMetrics
-from accel.control.server import AccessPolicy, ControlServer, control_router, ticker
+from accel.control.server import AccessPolicy, ControlServer, control_router, serve_control
 from pipeline.shards import Manifest
 from protos import job_secret
 from protos.curve import ServerKeys, is_loopback
 from protos.endpoints import advertised, bind
 from protos.job import JobConfig
 from protos.leases import KEY_BYTES, LeaseSigner
-from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
+from protos.zap import KeyAuthenticator
 
 log = logging.getLogger("stoker.dispatcher")
 
@@ -113,8 +112,7 @@ class DispatchService:
         authenticator = KeyAuthenticator(ctx, self.keys) if self.keys else None
         if authenticator is not None:
             authenticator.start()  # before the bind
-        control = control_router(ctx, self.keys)
-        tasks = [count_handshakes(monitor_handshakes(control), self.metrics.auth, self.stop)] if self.keys else []
+        control, monitor = control_router(ctx, self.keys)
         try:
             self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
@@ -123,9 +121,7 @@ class DispatchService:
                                    self.leases, access)
             server.update_gauges()
             self.ready.set()
-            tasks += [pump_batches(control, server.handle_all, self.stop), ticker(server, self.stop),
-                      self._until_done()]
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*serve_control(control, monitor, server, self.stop), self._until_done())
         finally:
             control.close(0)
             if authenticator is not None:

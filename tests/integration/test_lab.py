@@ -51,13 +51,17 @@ def _metric(state: cluster.LabState, name: str) -> float:
 
 
 def test_killing_a_host_mid_epoch_loses_nothing(manifest, lab):
-    state = _up(manifest, "--epochs", "2", "--accel", "simulated", "--rate", "25")
+    state = _up(manifest, "--epochs", "2", "--accel", "simulated", "--rate", "25", "--host-timeout", "30")
     assert state.mode == "netns" and len(state.members) == 4
     total = 2 * manifest.num_samples
-    assert wait_for(lambda: _metric(state, "stoker_consumer_samples_total") > 0.25 * total, timeout=60)
+    # early, while every host holds a unit it waits for credit to send (later, h1 may hold none)
+    assert wait_for(lambda: _metric(state, "stoker_consumer_samples_total") > 0.1 * total, timeout=60)
     cluster.kill_host("h1")
-    assert wait_for(lambda: _metric(state, "stoker_dispatcher_releases_total{reason=host_timeout}") >= 1,
-                    timeout=30)  # the re-lease shows in the metrics while the job runs
+    killed = time.monotonic()
+    # its connections close with it: the re-lease comes then, not after the host timeout, and shows in the metrics
+    assert wait_for(lambda: _metric(state, "stoker_dispatcher_releases_total{reason=connection_closed}") >= 1,
+                    timeout=30)
+    assert time.monotonic() - killed < 5.0  # the host timeout is 30 s
     summary = cluster.wait(timeout_s=120)
     assert summary["samples"] == summary["unique_samples"] == total
     assert summary["per_epoch_unique"] == [manifest.num_samples] * 2

@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from protos import stoker_pb2 as pb
-from workers.sender import DataSender, Lease, LeaseRefused, Starved
+from tests.helpers import wait_for
+from workers.sender import DataSender, Lease, LeaseRefused
 
 
 @pytest.fixture
@@ -30,12 +31,15 @@ def _next_message(router) -> tuple[bytes, pb.DataMessage, list[bytes]]:
     return peer, message, rest
 
 
-def _say_hello(sender: DataSender) -> None:
-    """Let the sender say hello: its first one may go before the connection is up (IMMEDIATE)."""
-    try:
-        sender.wait_for_credit(lambda: False, give_up_after_s=0.3)
-    except Starved:
-        pass
+def _say_hello(sender: DataSender, router) -> None:
+    """Let the sender say hello until the consumer hears one: its first may go before the
+    connection is up (IMMEDIATE drops it), and `hear` repeats it with back-off."""
+    assert wait_for(lambda: sender.hear() or router.poll(0), timeout=5, interval=0.02)
+
+
+def _credit(sender: DataSender) -> bool:
+    sender.hear()
+    return sender.credit > 0
 
 
 def _reply(router, peer: bytes, reply: pb.DataReply) -> None:
@@ -47,7 +51,7 @@ def _greeted(consumer_socket, host: str, lease: Lease) -> tuple[DataSender, byte
     ctx, router, endpoint = consumer_socket
     sender = DataSender(ctx, endpoint, host, f"{host}/p0.1", "job-1")
     sender.start_unit(lease)
-    _say_hello(sender)
+    _say_hello(sender, router)
     peer, hello, _ = _next_message(router)
     return sender, peer, hello
 
@@ -59,7 +63,7 @@ def test_a_sender_says_hello_with_its_lease_and_sends_only_on_credit(consumer_so
     with pytest.raises(RuntimeError, match="without credit"):
         sender.send(pb.BatchHeader(), [b"x"])
     _reply(router, peer, pb.DataReply(credit=pb.Credit(batches=2)))
-    assert sender.wait_for_credit(lambda: False, give_up_after_s=5) < 5
+    assert wait_for(lambda: _credit(sender), timeout=5, interval=0.01) and sender.welcomed
     frame = np.arange(1000, dtype=np.uint8)
     assert sender.send(pb.BatchHeader(batch_index=0), [frame]) == 1000
     _, batch, frames = _next_message(router)
@@ -74,19 +78,39 @@ def test_a_consumer_that_forgot_the_sender_voids_its_credit(consumer_socket):
     router = consumer_socket[1]
     sender, peer, _ = _greeted(consumer_socket, "h", Lease(1, b"t"))
     _reply(router, peer, pb.DataReply(credit=pb.Credit(batches=3)))
-    sender.wait_for_credit(lambda: False, give_up_after_s=5)
+    assert wait_for(lambda: _credit(sender), timeout=5, interval=0.01)
     _reply(router, peer, pb.DataReply(reject=pb.Reject(code="unknown_sender", reason="restarted")))
-    time.sleep(0.3)  # the refusal is in the sender's queue: its next send reads it first
+    assert sender.socket.poll(5000)  # the refusal is in the sender's queue: its next send reads it first
     with pytest.raises(LeaseRefused, match="no longer knows this sender"):
         sender.send(pb.BatchHeader(), [b"x"])
     assert sender.credit == 0
     sender.close()
 
 
-def test_no_credit_in_time_is_starvation_not_a_hang(consumer_socket):
-    ctx, _, endpoint = consumer_socket
-    sender = DataSender(ctx, endpoint, "h", "h/p0.1", "job-1")
-    sender.start_unit(Lease(1, b"t"))
-    with pytest.raises(Starved):
-        sender.wait_for_credit(lambda: False, give_up_after_s=0.3)
+def test_a_refusal_about_a_finished_unit_is_not_news(consumer_socket):
+    router = consumer_socket[1]
+    sender, peer, _ = _greeted(consumer_socket, "h", Lease(4, b"t"))
+    sender.end_unit()
+    _reply(router, peer, pb.DataReply(reject=pb.Reject(code="not_leaseholder", reason="late", unit_id=4)))
+    _reply(router, peer, pb.DataReply(reject=pb.Reject(code="unknown_sender", reason="freed")))
+    assert sender.socket.poll(5000)
+    time.sleep(0.05)
+    sender.hear()  # neither refusal concerns a unit in hand: nothing is raised
+    assert sender.credit == 0 and not sender.welcomed
+
+
+def test_silence_is_counted_from_the_unit_start_and_ends_with_any_reply(consumer_socket):
+    """A consumer that never answers is silent for as long as the unit has waited; any reply (a
+    ping, as a live consumer sends to a waiting sender) ends the silence."""
+    router = consumer_socket[1]
+    sender, peer, _ = _greeted(consumer_socket, "h", Lease(1, b"t"))
+    time.sleep(0.3)
+    sender.hear()
+    assert sender.silent_s() >= 0.3 and sender.credit == 0
+    _reply(router, peer, pb.DataReply(ping=pb.Ping()))
+    assert wait_for(lambda: sender.hear() or sender.silent_s() < 0.2, timeout=5, interval=0.01)
+    _, pong, _ = _next_message(router)
+    while pong.WhichOneof("kind") == "hello":
+        _, pong, _ = _next_message(router)
+    assert pong.WhichOneof("kind") == "pong"
     sender.close()

@@ -170,3 +170,44 @@ def test_a_compacted_journal_restarts_with_the_same_units_done_and_leases_open(m
         acked.append(unit.unit_id)
     assert sorted(acked) == list(range(plan.units_per_epoch * plan.epochs)) and second.finished
     assert len(path.read_text().splitlines()) == 2  # the last epoch compacted too
+
+
+def _ranks(manifest, world_size: int, **kwargs) -> Dispatcher:
+    d = Dispatcher(EpochPlan(manifest, 16, 2, 0, world_size, 8), **kwargs)
+    for rank in range(world_size):
+        d.attach_rank(rank, f"tcp://127.0.0.1:{rank + 1}")
+    return d
+
+
+def test_a_process_holds_one_unit_per_rank_and_gets_the_earliest_of_the_others(manifest):
+    d = _ranks(manifest, 3)
+    held = []
+    for _ in range(3):
+        held.append(d.lease("h", "w", holding=[u.unit_id for u in held]))
+    assert [(u.position, u.rank) for u in held] == [(0, 0), (0, 1), (0, 2)]
+    assert d.lease("h", "w", holding=[u.unit_id for u in held]) is None  # it holds every rank: wait
+    assert d.lease("h2", "w2").position == 1  # another process gets the next position
+
+
+def test_an_earlier_pending_unit_of_a_held_rank_is_traded_for_the_held_one(manifest):
+    """Host a died holding position 0 of rank 0 after process b took position 1 of rank 0: b, which
+    can send nothing more of position 1 until position 0 arrives, is given position 0 instead."""
+    d = _ranks(manifest, 2)
+    first = d.lease("a", "a/p0")  # (0, rank 0)
+    others = [d.lease("b", "b/p0")]  # (0, rank 1)
+    others.append(d.lease("b", "b/p0", holding=[]))  # (1, rank 0): b finished (0, rank 1)
+    assert (others[1].position, others[1].rank) == (1, 0)
+    d.release("a", None, "host_timeout")
+    traded = d.lease("b", "b/p0", holding=[others[1].unit_id])
+    assert traded.unit_id == first.unit_id
+    stats = d.stats()
+    assert stats.handed_back == 1 and stats.releases == 1
+    assert d.lease("c", "c/p0").unit_id == others[1].unit_id  # the traded unit is next in line
+
+
+def test_a_process_holding_a_unit_the_dispatcher_took_back_is_not_held_to_it(manifest):
+    d = _ranks(manifest, 2)
+    unit = d.lease("h", "w")
+    d.release("h", None, "host_timeout")
+    again = d.lease("h", "w", holding=[unit.unit_id])  # its claim is stale: the unit is simply pending
+    assert again.unit_id == unit.unit_id

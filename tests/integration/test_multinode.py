@@ -1,0 +1,149 @@
+"""Several accelerator nodes and several CPU hosts, each in a network namespace of its own, running
+the README's example (examples/train_ddp.py) as written, with the README's commands.
+
+Two nodes of one rank each (`torchrun --nnodes 2 --node-rank R --master-addr NODE0`) and two CPU
+hosts (`stoker worker --dispatcher tcp://NODE0:5561`), on a bridge in 198.18.1.0/24. The ranks
+take their addresses from torchrun's environment and meet through its store; nothing else is
+configured but the keys ($STOKER_KEYS on the nodes, --keys on the hosts). Needs root and network
+namespaces; skipped with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.shards import Manifest
+from protos.curve import add_key, init_keys
+from stoker.lab.system import can_use_namespaces, run
+from tests.helpers import free_port
+
+WHY_NOT = can_use_namespaces()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"needs network namespaces: {WHY_NOT}")
+
+ROOT = Path(__file__).parents[2]
+EXAMPLE = ROOT / "examples" / "train_ddp.py"
+RECORDER = ROOT / "tests" / "record_loader.py"
+BRIDGE, PREFIX = "stkmn0", "stkmn-"
+NODES = {"node0": "198.18.1.1", "node1": "198.18.1.2", "cpu0": "198.18.1.10", "cpu1": "198.18.1.11"}
+
+
+@pytest.fixture
+def network():
+    """The four machines on one bridge; everything is removed afterwards, also after a failure."""
+    made: list[tuple[str, ...]] = []
+    try:
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        made.append(("ip", "link", "del", BRIDGE))
+        run("ip", "addr", "add", "198.18.1.254/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        for name, address in NODES.items():
+            ns, veth = PREFIX + name, f"stkmv-{name}"
+            run("ip", "netns", "add", ns)
+            made.append(("ip", "netns", "del", ns))
+            run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            made.append(("ip", "link", "del", veth))
+            run("ip", "link", "set", veth, "master", BRIDGE, "up")
+            run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+        yield
+    finally:
+        for command in reversed(made):
+            run(*command, check=False)
+
+
+class Machines:
+    """Processes started inside the namespaces, each in a session of its own (killed whole at the end)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, machine: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        full = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        full.update(env or {})
+        full["PYTHONPATH"] = str(ROOT)
+        log = open(self.folder / f"{name}.log", "w")
+        self.procs[name] = subprocess.Popen(["ip", "netns", "exec", PREFIX + machine, *cmd], stdout=log,
+                                            stderr=subprocess.STDOUT, env=full, start_new_session=True)
+
+    def wait(self, name: str, timeout: float) -> int | None:
+        try:
+            return self.procs[name].wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text()[-3000:]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def _node(machines: Machines, node: int, master_port: int, manifest: Manifest, env: dict[str, str]) -> None:
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    machines.start(f"node{node}", f"node{node}", [
+        torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+        "--master-addr", NODES["node0"], "--master-port", str(master_port),
+        str(RECORDER), str(machines.folder), str(EXAMPLE), manifest.uri,
+        "--epochs", "2", "--batch-size", "13", "--image-size", "32", "--checkpoint", str(machines.folder / "ck.pt")],
+        env={"GLOO_SOCKET_IFNAME": "eth0", **env})  # gloo's own interface choice (torch's, not Stoker's)
+
+
+def test_the_readme_example_on_two_nodes_fed_by_two_cpu_hosts(network, manifest, tmp_path):
+    keys = tmp_path / "keys"
+    init_keys(keys)
+    for name in ("cpu0", "cpu1"):
+        add_key(keys, name)
+    add_key(keys, "consumer", role="consumer")  # the other ranks attach to rank 0's dispatcher with it
+    machines = Machines(tmp_path)
+    try:
+        for host in ("cpu0", "cpu1"):
+            machines.start(host, host, [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher",
+                                        f"tcp://{NODES['node0']}:5561", "--keys", str(keys), "--key-name", host,
+                                        "--once"])
+        port = free_port()
+        for node in (0, 1):
+            _node(machines, node, port, manifest, {"STOKER_KEYS": str(keys)})
+        codes = [machines.wait(f"node{n}", 180) for n in (0, 1)]
+        assert codes == [0, 0], machines.log("node0") + machines.log("node1") + machines.log("cpu0")
+        assert [machines.wait(h, 30) for h in ("cpu0", "cpu1")] == [0, 0], machines.log("cpu0")
+    finally:
+        machines.stop()
+    steps = {r: [json.loads(x) for x in (tmp_path / f"rank-{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+    for epoch in (0, 1):
+        streams = [[s for s in steps[r] if s["epoch"] == epoch] for r in (0, 1)]
+        assert len(streams[0]) == len(streams[1]) > 0
+        ids = sorted(i for stream in streams for s in stream for i in s["ids"])
+        assert ids == list(range(manifest.num_samples))
+    # both hosts fed the job, each over the bridge to the nodes' own addresses
+    joined = [line for h in ("cpu0", "cpu1") for line in machines.log(h).splitlines() if "joined job" in line]
+    assert len(joined) == 2 and all(NODES["node0"] in line for line in joined)
+
+
+def test_without_keys_or_insecure_a_rank_of_a_multi_node_job_says_what_to_set(network, manifest, tmp_path):
+    machines = Machines(tmp_path)
+    started = time.monotonic()
+    try:
+        port = free_port()
+        for node in (0, 1):
+            _node(machines, node, port, manifest, {})
+        codes = [machines.wait(f"node{n}", 60) for n in (0, 1)]
+    finally:
+        machines.stop()
+    assert codes[0] not in (0, None) and time.monotonic() - started < 60
+    log = machines.log("node0")
+    assert "several machines" in log and "STOKER_KEYS" in log and "STOKER_INSECURE" in log, log
