@@ -5,24 +5,32 @@ position of the whole job after a step is (epoch, step), the same on every rank.
 without redoing the epoch, it also says, per rank, how many of the epoch's units its stream
 had wholly consumed and how many steps came after them: a resumed rank re-leases from there,
 and the batches of those steps arrive again, byte-identical, and are accounted for without
-being stepped. It names the job (a resumed rank keeps the job id its workers know); it has a
-world size, and resuming with another is refused (the streams would cut the epoch
-differently). Its size grows with the world size, not with samples or units.
+being stepped. It names the job (a resumed rank keeps the job id its workers know). Its size
+grows with the world size, not with samples or units.
+
+The position is the job's, not a rank's: an image job resumed at another world size continues
+the epoch from it, the rows no rank had stepped cut into the new world size's streams
+(pipeline.plan.Resumed), and plans later epochs for the new world size. The cuts an epoch has
+been through already travel in the state, so a job can change its world size again in the same
+epoch. Text jobs resume at their own world size only: how many rows a text unit gives depends
+on its documents' examples, so the part of a unit that a rank had not stepped yet cannot be
+named without making the unit again.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from accel.stepping import Stateful
 from pipeline.files import write_atomically
+from pipeline.plan import Cut, Resumed
 
-STATE_VERSION = 2
-_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "world_size",
-               "drop_last")
+STATE_VERSION = 3
+READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
+_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "drop_last")
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,15 @@ class Position:
     epoch: int
     step: int  # steps of `epoch` taken, on every rank
     ranks: list[tuple[int, int]]  # per rank: (units of the epoch wholly consumed, steps taken after them)
+
+    def check(self, plan) -> None:
+        """Every rank's position lies inside its stream of the epoch (the checkpoint fits the plan)."""
+        if self.epoch >= plan.epochs:
+            return
+        for rank, (units, _) in enumerate(self.ranks):
+            if units > len(plan.rank_units(self.epoch, rank)):
+                raise CheckpointError(f"the checkpoint puts rank {rank} past unit {units} of epoch {self.epoch}, "
+                                      f"whose stream has {len(plan.rank_units(self.epoch, rank))}")
 
     def done_units(self, plan) -> frozenset[int]:
         """Units every step of which was taken before this position."""
@@ -41,33 +58,116 @@ class Position:
 
 
 def job_fields(job) -> dict:
-    return {"job_id": job.job_id, **{name: getattr(job, name) for name in _MUST_MATCH}}
+    return {"job_id": job.job_id, "world_size": job.world_size,
+            **{name: getattr(job, name) for name in _MUST_MATCH}}
 
 
 def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int) -> dict:
+    """`job`'s position; the cuts its current epoch went through before this world size, when any."""
+    resumed = Resumed.from_json(job.resumed_from)
+    cuts = resumed.cuts if resumed is not None and resumed.epoch == epoch else ()
     return {"version": STATE_VERSION, "job": job_fields(job), "epoch": epoch, "step": step,
-            "ranks": [list(r) for r in ranks], "samples_stepped": samples}
+            "ranks": [list(r) for r in ranks], "samples_stepped": samples,
+            "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts]}
 
 
-def check_matches(job, state: dict) -> None:
+class CheckpointError(ValueError):
+    """A data position that cannot be resumed from, with the reason."""
+
+
+@dataclass(frozen=True)
+class _Saved:
+    job: dict
+    epoch: int
+    step: int
+    ranks: list[tuple[int, int]]
+    cuts: tuple[Cut, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+
+def _read(state: object, epochs: int) -> _Saved:
+    """The checkpoint's fields, each checked for what it must be; a clear error otherwise."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"a data position is a JSON object (loader.state_dict()), not {type(state).__name__}")
+    if state.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(f"checkpoint version {state.get('version')!r} is not one of {READABLE_VERSIONS} (a "
+                              f"checkpoint of another Stoker: start the job again)")
+    job = state.get("job")
+    if not isinstance(job, dict) or not isinstance(job.get("job_id"), str):
+        raise CheckpointError("the checkpoint names no job (its 'job' object with a 'job_id')")
+    epoch, step = _count(state, "epoch"), _count(state, "step")
+    if epoch > epochs:
+        raise CheckpointError(f"the checkpoint's epoch {epoch} is past the job's {epochs} epochs")
+    ranks = _positions(state.get("ranks"), "ranks")
+    saved_world = job.get("world_size", 1)
+    if saved_world != len(ranks):
+        raise CheckpointError(f"the checkpoint has {len(ranks)} rank positions for its world size {saved_world}")
+    cuts = []
+    for item in state.get("cuts") or []:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise CheckpointError(f"a cut is [world size, step, rank positions], not {item!r}")
+        cut_ranks = _positions(item[2], "a cut's ranks")
+        cuts.append(Cut(len(cut_ranks), _count({"step": item[1]}, "step"), tuple(cut_ranks)))
+    return _Saved(job, epoch, step, ranks, tuple(cuts))
+
+
+def _count(state: dict, name: str) -> int:
+    value = state.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(f"the checkpoint's {name!r} must be a whole number >= 0, not {value!r}")
+    return value
+
+
+def _positions(value: object, name: str) -> list[tuple[int, int]]:
+    if not isinstance(value, list) or not value:
+        raise CheckpointError(f"the checkpoint's {name} must be a list of [units, batches] per rank")
+    out = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 and v >= 0 for v in item)):
+            raise CheckpointError(f"a rank position is [units, batches] of whole numbers >= 0, not {item!r}")
+        out.append((item[0], item[1]))
+    return out
+
+
+def check_matches(job, saved: dict) -> None:
     """A resumed job must be the checkpointed one, or units would not mean the same samples."""
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"checkpoint version {state.get('version')} is not {STATE_VERSION} (a checkpoint of an "
-                         f"older Stoker: start the job again)")
-    saved = {"world_size": 1, "drop_last": False} | state["job"]
+    saved = {"drop_last": False} | saved
     differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in _MUST_MATCH
               if saved.get(name) != getattr(job, name)]
     if differ:
-        raise ValueError("the checkpoint belongs to another job (" + "; ".join(differ) + ")")
+        raise CheckpointError("the checkpoint belongs to another job (" + "; ".join(differ) + ")")
 
 
-def resume_position(job, state: dict) -> Position:
-    """Where a job resumed from `state` starts (checked to be the same job and world size)."""
-    check_matches(job, state)
-    ranks = [(int(u), int(b)) for u, b in state["ranks"]]
-    if len(ranks) != job.world_size:
-        raise ValueError(f"the checkpoint has {len(ranks)} rank positions for world size {job.world_size}")
-    return Position(int(state["epoch"]), int(state["step"]), ranks)
+def resume(job, state: object):
+    """The job to run and where it starts, from a `state_dict()` of it (checked to be the same job). At
+    another world size (images), the job continues the checkpoint's epoch from its position: its
+    plan gets the cut (pipeline.plan.Resumed) and every rank starts that epoch's new stream at the
+    checkpoint's step. A job that already carries the cut (a rank that took the job from the
+    dispatcher) is taken as it is."""
+    saved = _read(state, job.epochs)
+    check_matches(job, saved.job)
+    world = job.world_size
+    resumed = Resumed(saved.epoch, saved.cuts) if saved.cuts else None
+    ranks = saved.ranks
+    if saved.world_size != world and saved.epoch < job.epochs:
+        if not job.kind.one_row_per_sample:
+            raise CheckpointError(f"this text job was checkpointed at world size {saved.world_size} and resumes at "
+                                  f"{world}: a text unit's rows depend on its documents' examples, so what a rank "
+                                  f"had not stepped of its unit cannot be named without making it again; resume "
+                                  f"with {saved.world_size} ranks")
+        resumed = Resumed(saved.epoch, (*saved.cuts, Cut(saved.world_size, saved.step, tuple(saved.ranks))))
+        ranks = [(0, 0)] * world
+    elif saved.world_size != world:
+        ranks = [(0, 0)] * world  # a finished job: nothing left to cut
+    planned = resumed.to_json() if resumed is not None else ""
+    if job.resumed_from and job.resumed_from != planned:
+        raise CheckpointError("the dispatcher's job continues another cut of this epoch than the checkpoint's")
+    job = replace(job, job_id=saved.job["job_id"], resumed_from=planned)
+    return job, Position(saved.epoch, saved.step, ranks)
 
 
 def save(state: dict, path: str | Path) -> None:

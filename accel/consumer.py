@@ -124,9 +124,9 @@ class Consumer:
         client_keys = ClientKeys.load(cfg.keys, cfg.key_name, CONSUMER) if cfg.keys and cfg.dispatcher else None
         self._given_credential = credential
         job, lease_key, credential = self._the_job(job, client_keys, world_size)
-        position = checkpoint.resume_position(job, resume) if resume is not None else None
+        position = None
         if resume is not None:
-            job = replace(job, job_id=resume["job"]["job_id"])
+            job, position = checkpoint.resume(job, resume)
         self.job = job
         self.metrics = metrics or ConsumerMetrics()
         self.leases = LeaseSigner(lease_key, job.job_id) if lease_key else LeaseSigner.new(job.job_id)
@@ -137,6 +137,8 @@ class Consumer:
             require("nvidia.dali", "--decode-on accelerator")
         self.accelerator = (make_step or given(NullAccelerator()))(job, self.manifest)
         self.plan = plan = job.plan(self.manifest)
+        if position is not None:
+            position.check(plan)
         self.start_position = start = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
         done = start.done_units(plan)
         self.consumer_secret: bytes | None = None
@@ -356,8 +358,9 @@ class Consumer:
     def steps_of(self, epoch: int, batches: int) -> int:
         """The epoch's steps on every rank: the longest rank stream (images: from the plan alone)."""
         if self.job.kind.one_row_per_sample:
-            return max(sum(self.job.planned_batches(u) for u in self.plan.rank_units(epoch, r))
-                       for r in range(self.job.world_size))
+            return self.plan.step_offset(epoch) + max(sum(self.job.planned_batches(u) for u in
+                                                          self.plan.rank_units(epoch, r))
+                                                      for r in range(self.job.world_size))
         waited_from = time.monotonic()
         while True:
             steps = self._ask_epoch_steps(epoch, batches)

@@ -74,7 +74,7 @@ class Ledger:
         self.num_samples = plan.manifest.num_samples
         self.epochs = plan.epochs
         self.rank = rank
-        self._units_here = plan.units_per_rank[rank] if plan.units_per_rank else 0  # this rank's units per epoch
+        self._units_here: dict[int, int] = {}  # epoch -> this rank's units in it (a resumed epoch has its own)
         self._open: dict[int, _OpenEpoch] = {}
         self._closed: dict[int, int] = {}  # epoch whose units have all completed -> its unique samples
         self._units: dict[int, _UnitProgress] = {}
@@ -148,9 +148,14 @@ class Ledger:
         books.completed.add(unit_id)
         unit = self.plan.unit(unit_id)
         books.own += unit is not None and unit.rank == self.rank
-        if books.own >= self._units_here:
+        if books.own >= self._units_of(epoch):
             del self._open[epoch]
             self._closed[epoch] = 0 if books.delivered is None else int(np.count_nonzero(books.delivered))
+
+    def _units_of(self, epoch: int) -> int:
+        if epoch not in self._units_here:
+            self._units_here = {epoch: len(self.plan.rank_units(epoch, self.rank))}  # the open epoch's; made once
+        return self._units_here[epoch]
 
     def _settle(self, epoch: int, unit_id: int, progress: _UnitProgress) -> Step:
         if progress.expected is None or len(progress.stepped) < progress.expected:

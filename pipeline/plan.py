@@ -9,14 +9,21 @@ only a rank's last unit is short: with unit_size a multiple of the batch size, e
 but each rank's last of the epoch is full. With `drop_last`, every stream is cut down to the
 same whole number of batches and the epoch's last rows (a different few each epoch, as the
 blocks are reshuffled) are left out of the plan. A unit's rows are visited in a seeded order of
-their own. The plan is a pure function of (manifest, unit size, epochs, seed, world size),
-so every process that holds it (dispatcher, each rank, the workers) agrees on it.
+their own. The plan is a pure function of (manifest, unit size, epochs, seed, world size,
+resumed), so every process that holds it (dispatcher, each rank, the workers) agrees on it.
+
+A job resumed at another world size (`Resumed`) continues the epoch it was checkpointed in: the
+rows its ranks had not stepped yet (the units after each rank's position, and what was left of
+the unit it was part-way through, as the rows it had not visited) are cut into the new world
+size's streams the same way, and later epochs are planned for the new world size. A chain of
+such cuts (resumed at 8 ranks, then at 6, then at 7 in one epoch) is applied in order.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -84,6 +91,36 @@ def batch_bounds(rows: int, batch_size: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """Where a job of `world_size` ranks stood in an epoch when it was checkpointed: after `step` steps,
+    rank r had wholly consumed `ranks[r][0]` of its units and `ranks[r][1]` batches of the next."""
+
+    world_size: int
+    step: int
+    ranks: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The epoch a job resumed at another world size continues, and the cuts that led there (oldest first)."""
+
+    epoch: int
+    cuts: tuple[Cut, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"epoch": self.epoch, "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]]
+                                                         for c in self.cuts]})
+
+    @classmethod
+    def from_json(cls, text: str) -> Resumed | None:
+        if not text:
+            return None
+        data = json.loads(text)
+        return cls(int(data["epoch"]), tuple(Cut(int(w), int(s), tuple((int(u), int(b)) for u, b in r))
+                                             for w, s, r in data["cuts"]))
+
+
+@dataclass(frozen=True)
 class EpochPlan:
     manifest: Manifest
     unit_size: int
@@ -92,6 +129,7 @@ class EpochPlan:
     world_size: int = 1
     batch_size: int = 0  # 0: the unit size; a rank's last unit takes in a remainder under half a batch
     drop_last: bool = False  # every rank streams the same whole batches; the rows past them sit the epoch out
+    resumed: Resumed | None = None  # the epoch a job of another world size left part-way, and where
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -104,6 +142,8 @@ class EpochPlan:
         if self.drop_last and self.rank_sizes[0] == 0:
             raise ValueError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
                              f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
+        if self.resumed is not None:
+            self._check_resumed(self.resumed)
 
     @cached_property
     def _blocks(self) -> tuple[Segment, ...]:
@@ -117,12 +157,18 @@ class EpochPlan:
     @cached_property
     def rank_sizes(self) -> tuple[int, ...]:
         """Samples in each rank's stream, every epoch: they differ by at most one (none with drop_last)."""
-        total = self.manifest.num_samples
+        return self._sizes(self.manifest.num_samples, self.world_size)
+
+    def _sizes(self, total: int, world_size: int) -> tuple[int, ...]:
         if self.drop_last:
             batch = self.batch_size or self.unit_size
-            return (total // self.world_size // batch * batch,) * self.world_size
-        base, extra = divmod(total, self.world_size)
-        return tuple(base + (rank < extra) for rank in range(self.world_size))
+            return (total // world_size // batch * batch,) * world_size
+        base, extra = divmod(total, world_size)
+        return tuple(base + (rank < extra) for rank in range(world_size))
+
+    def step_offset(self, epoch: int) -> int:
+        """Steps of `epoch` taken before its first unit: those a resumed job's earlier world size took."""
+        return self.resumed.cuts[-1].step if self.resumed is not None and epoch == self.resumed.epoch else 0
 
     @cached_property
     def units_per_rank(self) -> tuple[int, ...]:
@@ -148,14 +194,24 @@ class EpochPlan:
     def units_per_epoch(self) -> int:
         return sum(self.units_per_rank)
 
+    def units_in(self, epoch: int) -> int:
+        """How many units `epoch` has: units_per_epoch, or fewer in the epoch a resumed job continues
+        (unit ids of epoch e start at e * units_per_epoch whatever their number)."""
+        if self.resumed is not None and epoch == self.resumed.epoch:
+            return len(self._units(epoch))
+        return self.units_per_epoch
+
+    @cached_property
+    def total_units(self) -> int:
+        return sum(self.units_in(epoch) for epoch in range(self.epochs))
+
     def units(self, epoch: int) -> list[Unit]:
         """This epoch's units, rank by rank, each rank's in stream order."""
         return list(self._units(epoch))
 
     def rank_units(self, epoch: int, rank: int) -> list[Unit]:
         """One rank's units of an epoch, in stream order."""
-        first = sum(self.units_per_rank[:rank])
-        return list(self._units(epoch)[first:first + self.units_per_rank[rank]])
+        return [unit for unit in self._units(epoch) if unit.rank == rank]
 
     def lease_order(self, epoch: int) -> list[Unit]:
         """The order the dispatcher hands units out: position by position across the ranks, so
@@ -167,7 +223,7 @@ class EpochPlan:
         if not self.units_per_epoch:
             return None
         epoch, index = divmod(unit_id, self.units_per_epoch)
-        if not 0 <= epoch < self.epochs:
+        if not 0 <= epoch < self.epochs or index >= self.units_in(epoch):
             return None
         return self._units(epoch)[index]
 
@@ -201,13 +257,21 @@ class EpochPlan:
         self._keep(epoch, tuple(made))
 
     def _make_units(self, epoch: int) -> Iterator[Unit]:
-        blocks = self._blocks
-        order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
-        stream = [blocks[int(i)] for i in order]
+        if self.resumed is not None and epoch == self.resumed.epoch:
+            stream, sizes = self._remainder(epoch)
+        else:
+            blocks = self._blocks
+            order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
+            stream, sizes = [blocks[int(i)] for i in order], self.rank_sizes
+        yield from self._cut(epoch, stream, sizes)
+
+    def _cut(self, epoch: int, stream: list[Segment], sizes: tuple[int, ...]) -> Iterator[Unit]:
+        """`stream` (runs of rows, in order) cut into consecutive rank streams of `sizes` rows, each cut
+        into units."""
         made = 0
         cursor = 0  # index into stream
         offset = 0  # rows of stream[cursor] already taken
-        for rank, size in enumerate(self.rank_sizes):
+        for rank, size in enumerate(sizes):
             for position, want in enumerate(self._unit_sizes(size)):
                 segments = []
                 while want > 0:
@@ -221,3 +285,65 @@ class EpochPlan:
                         cursor, offset = cursor + 1, 0
                 yield Unit(epoch * self.units_per_epoch + made, epoch, tuple(segments), rank, position)
                 made += 1
+
+    # ---- resumed at another world size -------------------------------------------------------
+    def _remainder(self, epoch: int) -> tuple[list[Segment], tuple[int, ...]]:
+        """The rows of `epoch` no rank had stepped at the last cut, in order, and this plan's rank sizes
+        for them. Each cut is applied to the streams the one before it made."""
+        first = self.resumed.cuts[0]
+        plan = replace(self, world_size=first.world_size, resumed=None, epochs=epoch + 1)
+        units = plan.units(epoch)
+        for number, cut in enumerate(self.resumed.cuts):
+            left = [segment for rank in range(cut.world_size)
+                    for segment in self._left_of([u for u in units if u.rank == rank], cut.ranks[rank])]
+            world = self.resumed.cuts[number + 1].world_size if number + 1 < len(self.resumed.cuts) else None
+            if world is None:
+                return left, self._sizes(sum(s.size for s in left), self.world_size)
+            units = list(self._cut(epoch, left, self._sizes(sum(s.size for s in left), world)))
+        raise AssertionError("unreachable: a Resumed has at least one cut")
+
+    def _left_of(self, stream: list[Unit], position: tuple[int, int]) -> list[Segment]:
+        """The rows of one rank's stream not stepped at `position` (units wholly consumed, batches of the
+        next): the part of the unit it was in that its seeded order had not reached, then the units
+        after it, as runs of rows."""
+        index, batches = position
+        while index < len(stream) and batches >= len(batch_bounds(stream[index].size, self.batch_size or
+                                                                  self.unit_size)):
+            batches -= len(batch_bounds(stream[index].size, self.batch_size or self.unit_size))
+            index += 1
+        if index >= len(stream):
+            return []
+        part = stream[index]
+        taken = batch_bounds(part.size, self.batch_size or self.unit_size)[batches][0] if batches else 0
+        rows = sorted((shard, row, sample_id - row) for shard, row, sample_id in part.rows(self.seed)[taken:])
+        return _runs(rows) + [s for unit in stream[index + 1:] for s in unit.segments]
+
+    def _check_resumed(self, resumed: Resumed) -> None:
+        """A resume that cannot work is refused with the reason, when the job is made."""
+        if not 0 <= resumed.epoch < self.epochs:
+            raise ValueError(f"the checkpoint's epoch {resumed.epoch} is not one of the job's epochs "
+                             f"0..{self.epochs - 1}")
+        for cut in resumed.cuts:
+            if cut.world_size < 1 or len(cut.ranks) != cut.world_size:
+                raise ValueError(f"a checkpoint of world size {cut.world_size} must hold {cut.world_size} rank "
+                                 f"positions, not {len(cut.ranks)}")
+            if any(units < 0 or batches < 0 for units, batches in cut.ranks):
+                raise ValueError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
+        left, sizes = self._remainder(resumed.epoch)
+        if 0 in sizes:
+            rows = sum(s.size for s in left)
+            raise ValueError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "
+                             f"{self.world_size} ranks (or a batch each, with drop_last): resume with fewer ranks, "
+                             f"or from an earlier checkpoint")
+
+
+def _runs(rows: list[tuple[int, int, int]]) -> list[Segment]:
+    """(shard, row, first sample id of the shard) rows, sorted, as runs of consecutive rows."""
+    runs: list[Segment] = []
+    for shard, row, first in rows:
+        last = runs[-1] if runs else None
+        if last is not None and last.shard_index == shard and last.stop == row:
+            runs[-1] = Segment(shard, last.start, row + 1, first)
+        else:
+            runs.append(Segment(shard, row, row + 1, first))
+    return runs

@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from pipeline.augment import DECODERS, REFERENCE_AREA
 from pipeline.kinds import KINDS, DatasetKind, kind_of
-from pipeline.plan import EpochPlan, Unit
+from pipeline.plan import EpochPlan, Resumed, Unit
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
 from pipeline.text.vocab import Vocab
@@ -41,6 +41,7 @@ class JobConfig:
     heartbeat_s: float = 1.0
     world_size: int = 1  # data-parallel ranks: one stream of batches each, the same number of steps each
     drop_last: bool = False  # images: leave out the rows past the last whole batch of every rank
+    resumed_from: str = ""  # the epoch a job of another world size left part-way (pipeline.plan.Resumed, JSON)
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -58,6 +59,10 @@ class JobConfig:
         if self.drop_last and not kind.one_row_per_sample:
             raise ValueError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
                              "and a short last text batch keeps its place (see the README, len() for text)")
+        try:
+            Resumed.from_json(self.resumed_from)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"resumed_from is not a resumed epoch: {exc}") from None
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
 
@@ -71,7 +76,7 @@ class JobConfig:
 
     def plan(self, manifest) -> EpochPlan:
         return EpochPlan(manifest, self.unit_size, self.epochs, self.seed, self.world_size, self.batch_size,
-                         self.drop_last)
+                         self.drop_last, Resumed.from_json(self.resumed_from))
 
     def planned_batches(self, unit: Unit) -> int | None:
         """Images: a unit gives ceil(size / batch size) batches whatever is skipped (a skipped image

@@ -3,13 +3,15 @@
     torchrun ... tests/record_loader.py RECORD_DIR SCRIPT [SCRIPT ARGS...]
 
 Every batch a `stoker.Loader` yields is appended to RECORD_DIR/rank-R.jsonl (epoch, step, rows,
-sample ids, time) before the script sees it, so a test can check exactly-once delivery and equal
-steps of a script it did not write (the README's example) without touching its code.
+sample ids, time, world size, torchrun's restart count) before the script sees it, so a test can
+check exactly-once delivery and equal steps of a script it did not write (the README's example)
+without touching its code.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 import time
@@ -29,7 +31,8 @@ def main() -> None:
             out = files[loader.rank] = open(Path(record_dir) / f"rank-{loader.rank}.jsonl", "a", buffering=1)
         for batch in iterate(loader):
             out.write(json.dumps({"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
-                                  "ids": batch.sample_ids.tolist(), "at": time.time()}) + "\n")
+                                  "ids": batch.sample_ids.tolist(), "at": time.time(), "world": loader.world_size,
+                                  "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}) + "\n")
             yield batch
 
     Loader.__iter__ = recorded

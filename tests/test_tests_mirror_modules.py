@@ -40,7 +40,6 @@ COVERED_BY = {
     "accel/aio": [E2E + "test_exactly_once.py"],
     "accel/batch": [E2E + "test_text_job.py"],
     "accel/bert_accel": [E2E + "test_torch_step.py"],
-    "accel/checkpoint": [E2E + "test_resume.py", E2E + "test_lifecycle.py"],
     "accel/consumer": [E2E + "test_exactly_once.py", E2E + "test_strangers.py"],
     "accel/consumer_config": [E2E + "test_curve.py", "tests/unit/stoker/test_options.py"],
     "accel/control/journal": ["tests/unit/accel/control/test_dispatcher.py", E2E + "test_dispatch.py"],

@@ -69,6 +69,7 @@ class Dispatcher:
     _loaded: int = field(init=False, default=0)  # epochs whose units have been put in the heap
     _making: Iterator[Unit] | None = field(init=False, default=None)  # epoch _loaded's units, part-way in
     _done_below: int = field(init=False, default=0)  # every unit id below this is done: whole epochs
+    _done_whole: int = field(init=False, default=0)  # units of those epochs (a resumed epoch has fewer)
     _done_in_epoch: dict[int, int] = field(init=False, default_factory=dict)  # open epoch -> its done units
     _leased: dict[int, Lease] = field(init=False, default_factory=dict)
     _by_request: dict[tuple[str, int, str], int] = field(init=False, default_factory=dict)  # (worker, request,
@@ -88,9 +89,10 @@ class Dispatcher:
 
     def __post_init__(self) -> None:
         per_epoch = self.plan.units_per_epoch
-        self.total_units = per_epoch * self.plan.epochs
+        self.total_units = self.plan.total_units
         replayed = self.journal.replayed if self.journal else None
         self._done_below = replayed.done_below if replayed else 0
+        self._done_whole = sum(self.plan.units_in(e) for e in range(self._done_below // per_epoch if per_epoch else 0))
         if replayed:
             self._batches.update(replayed.batches)
         for unit_id in set(self.done_before) | (replayed.done if replayed else set()):
@@ -109,7 +111,7 @@ class Dispatcher:
         return unit_id < self._done_below or unit_id in self._done
 
     def _mark_done(self, unit_id: int) -> None:
-        if 0 <= unit_id < self.total_units and not self._is_done(unit_id):
+        if self.plan.unit(unit_id) is not None and not self._is_done(unit_id):
             self._done.add(unit_id)
             epoch = unit_id // self.plan.units_per_epoch
             self._done_in_epoch[epoch] = self._done_in_epoch.get(epoch, 0) + 1
@@ -117,9 +119,11 @@ class Dispatcher:
     def _close_done_epochs(self) -> bool:
         """Fold every whole epoch done at the low end into `_done_below`; True when one was."""
         per_epoch, closed = self.plan.units_per_epoch, False
-        while per_epoch and self._done_in_epoch.get(self._done_below // per_epoch) == per_epoch:
+        while per_epoch and (self._done_in_epoch.get(self._done_below // per_epoch)
+                             == self.plan.units_in(self._done_below // per_epoch)):
             epoch = self._done_below // per_epoch
             self._done.difference_update(range(self._done_below, self._done_below + per_epoch))
+            self._done_whole += self.plan.units_in(epoch)
             del self._done_in_epoch[epoch]
             self._done_below += per_epoch
             for unit_id in [u for u in self._batches if u < self._done_below - per_epoch]:
@@ -329,7 +333,7 @@ class Dispatcher:
 
     def ack(self, unit_id: int, batches: int | None = None) -> bool:
         """The consumer has stepped every batch of the unit (`batches` of them); True the first time."""
-        if not 0 <= unit_id < self.total_units or self._is_done(unit_id):
+        if self.plan.unit(unit_id) is None or self._is_done(unit_id):
             return False
         if batches is not None:
             self._batches[unit_id] = batches
@@ -389,14 +393,15 @@ class Dispatcher:
         self._pending_ids.add(unit.unit_id)
 
     def done_units(self) -> list[int]:
-        return [*range(self._done_below), *sorted(self._done)]
+        return [u.unit_id for e in range(self._done_below // self.plan.units_per_epoch) for u in self.plan.units(e)] \
+            + sorted(self._done) if self.plan.units_per_epoch else []
 
     @property
     def finished(self) -> bool:
-        return self._done_below + len(self._done) == self.total_units
+        return self._done_whole + len(self._done) == self.total_units
 
     def stats(self) -> DispatcherStats:
-        done = self._done_below + len(self._done)
+        done = self._done_whole + len(self._done)
         in_flight = len(self._leased) + len(self._received)
         return DispatcherStats(self.total_units - done - in_flight, in_flight, done, len(self._hosts), self._releases,
                                self._handed_back)

@@ -128,8 +128,8 @@ def _job(manifest: Manifest, out: Path, log_dir: Path, *extra: str, ranks: int =
     return _records(out, ranks, "-resumed" if "--resume" in extra else "")
 
 
-def _check_exactly_once_and_even(manifest: Manifest, ranks: dict, epochs: int) -> None:
-    for epoch in range(epochs):
+def _check_exactly_once_and_even(manifest: Manifest, ranks: dict, epochs: int, epochs_from: int = 0) -> None:
+    for epoch in range(epochs_from, epochs):
         streams = [[s for s in ranks[r]["steps"] if s["epoch"] == epoch] for r in ranks]
         assert len({len(s) for s in streams}) == 1 and streams[0], f"epoch {epoch}: unequal steps"
         ids = [i for stream in streams for s in stream for i in s["ids"]]
@@ -227,6 +227,34 @@ def test_a_job_restarted_in_place_continues_exactly_once_while_the_daemons_run(o
         fleet.stop()
     whole = {r: {"steps": _before(first[r]["steps"], state) + rest[r]["steps"], "len": rest[r]["len"]} for r in rest}
     _check_exactly_once_and_even(odd_manifest, whole, 3)
+
+
+def test_a_checkpoint_of_three_ranks_is_continued_by_two_and_by_four(odd_manifest, tmp_path, log_dir):
+    """3 ranks save the data position at step 9 (epoch 1, step 2 of 7) and leave. The same script at 2
+    ranks, and again at 4, continues from it: the rows no rank had stepped are cut into the new world
+    size's streams. Epoch 1 is every sample once across the two runs, epoch 2 once at the new world
+    size, every rank of a run takes the same steps, and the resumed epoch's steps go on from step 2."""
+    common = ("--model", "linear", "--batch-size", "8", "--epochs", "3")
+    part = tmp_path / "part"
+    first = _job(odd_manifest, part, log_dir, *common, "--stop-after", "9", ranks=3, hosts=1, procs=2)
+    state = json.loads((part / "state.json").read_text())
+    assert (state["epoch"], state["step"], len(state["ranks"])) == (1, 2, 3)
+    before = {r: _before(first[r]["steps"], state) for r in first}
+    for world in (2, 4):
+        out = tmp_path / f"at-{world}"
+        out.mkdir()
+        (out / "state.json").write_text(json.dumps(state))
+        rest = _job(odd_manifest, out, log_dir, *common, "--resume", ranks=world, hosts=1, procs=2)
+        assert len({len(rest[r]["steps"]) for r in rest}) == 1, "unequal steps at the new world size"
+        assert all(rest[r]["steps"][0]["epoch"] == 1 and rest[r]["steps"][0]["step"] == 2 for r in rest)
+        resumed_steps = [s for s in rest[0]["steps"] if s["epoch"] == 1]
+        assert rest[0]["len"][1] == 2 + len(resumed_steps)  # len(loader) counts the steps taken before too
+        stepped = sorted(i for ranks in (before, {r: rest[r]["steps"] for r in rest}) for r in ranks
+                         for s in ranks[r] if s["epoch"] == 1 for i in s["ids"])
+        assert stepped == list(range(SIZE)), f"epoch 1 at {world} ranks: not every sample exactly once"
+        _check_exactly_once_and_even(odd_manifest, {r: {"steps": [s for s in rest[r]["steps"] if s["epoch"] == 2],
+                                                        "len": {2: rest[r]["len"][2]}} for r in rest}, 3,
+                                     epochs_from=2)
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -23,7 +23,7 @@ import pytest
 from pipeline.shards import Manifest
 from protos.curve import add_key, init_keys
 from stoker.lab.system import can_use_namespaces, run
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 
 WHY_NOT = can_use_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"needs network namespaces: {WHY_NOT}")
@@ -147,3 +147,46 @@ def test_without_keys_or_insecure_a_rank_of_a_multi_node_job_says_what_to_set(ne
     assert codes[0] not in (0, None) and time.monotonic() - started < 60
     log = machines.log("node0")
     assert "several machines" in log and "STOKER_KEYS" in log and "STOKER_INSECURE" in log, log
+
+
+def _elastic_node(machines: Machines, node: int, manifest: Manifest) -> None:
+    """torchrun's elastic mode: 1 to 2 nodes, restarted (with whoever is left) when one fails."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    machines.start(f"node{node}", f"node{node}", [
+        torchrun, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3", "--monitor-interval", "0.5",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{NODES['node0']}:29400", "--rdzv-id", "elastic",
+        "--rdzv-conf", f"last_call_timeout=3,is_host={str(node == 0).lower()}", "--local-addr", NODES[f"node{node}"],
+        str(RECORDER), str(machines.folder), str(EXAMPLE), manifest.uri, "--epochs", "3", "--batch-size", "8",
+        "--image-size", "32", "--save-every", "5", "--checkpoint", str(machines.folder / "ck.pt")],
+        env={"GLOO_SOCKET_IFNAME": "eth0", "STOKER_INSECURE": "1"})
+
+
+def test_an_elastic_job_that_loses_a_node_continues_at_the_smaller_world_size(network, manifest, tmp_path):
+    """`torchrun --nnodes 1:2` on two nodes; once rank 0 has saved a checkpoint, node1 is killed (every
+    process in it). torchrun restarts node0's rank alone, and the example resumes from its
+    checkpoint at world size 1: the epochs are every sample once across the two rounds."""
+    machines = Machines(tmp_path)
+    try:
+        for host in ("cpu0", "cpu1"):  # long-lived daemons, as systemd runs them
+            machines.start(host, host, [sys.executable, "-m", "stoker", "worker", "--dispatcher",
+                                        f"tcp://{NODES['node0']}:5561"])
+        for node in (0, 1):
+            _elastic_node(machines, node, manifest)
+        record = tmp_path / "rank-0.jsonl"
+        assert wait_for(lambda: (tmp_path / "ck.pt").exists() and record.exists()
+                        and len(record.read_text().splitlines()) >= 8, timeout=120), machines.log("node0")
+        pids = run("ip", "netns", "pids", PREFIX + "node1").stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+        assert machines.wait("node0", 180) == 0, machines.log("node0")
+    finally:
+        machines.stop()
+    records = [json.loads(line) for r in (0, 1) for line in (tmp_path / f"rank-{r}.jsonl").read_text().splitlines()]
+    last = max(x["restart"] for x in records)
+    final = [x for x in records if x["restart"] == last]
+    assert last >= 1 and {x["world"] for x in final} == {1}  # the last round ran at world size 1
+    start = (final[0]["epoch"], final[0]["step"])
+    kept = [x for x in records if x["restart"] < last and (x["epoch"], x["step"]) < start] + final
+    for epoch in range(3):
+        ids = sorted(i for x in kept if x["epoch"] == epoch for i in x["ids"])
+        assert ids == list(range(manifest.num_samples)), f"epoch {epoch}: not every sample once"
