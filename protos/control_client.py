@@ -16,9 +16,11 @@ import zmq
 
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
+from protos.endpoints import why_unreachable
 from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.worker")
+WARN_AFTER_S = 5.0  # a request unanswered this long is logged once, with what a TCP connection there meets
 
 
 class DispatcherUnreachable(ConnectionError):
@@ -54,6 +56,7 @@ class ControlClient:
         request.request_id = next(self._ids)
         payload = request.SerializeToString()
         deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
+        warn_at = time.monotonic() + WARN_AFTER_S
         backoff = 0.05
         while True:
             if should_stop():
@@ -73,7 +76,11 @@ class ControlClient:
                 self._reset()  # sent but unanswered: start afresh so nothing stale is queued
             if deadline is not None and time.monotonic() > deadline:
                 raise DispatcherUnreachable(f"no answer from the dispatcher at {self.endpoint} "
-                                            f"for {give_up_after_s:.0f} s")
+                                            f"for {give_up_after_s:.0f} s: {why_unreachable(self.endpoint)}")
+            if warn_at is not None and time.monotonic() > warn_at:
+                log.warning("%s: no answer from the dispatcher at %s for %.0f s (%s); still trying", self.identity,
+                            self.endpoint, WARN_AFTER_S, why_unreachable(self.endpoint))
+                warn_at = None
             time.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 

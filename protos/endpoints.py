@@ -1,6 +1,8 @@
-"""Binding ZeroMQ sockets with errors a person can act on."""
+"""Binding ZeroMQ sockets, and reaching them, with errors a person can act on."""
 
 from __future__ import annotations
+
+import socket
 
 import zmq
 
@@ -32,3 +34,24 @@ def advertised(bound: str, host: str | None) -> str:
     elif address in ("0.0.0.0", "*"):
         address = "127.0.0.1"
     return f"{scheme}://{address}:{port}"
+
+
+def why_unreachable(endpoint: str, timeout_s: float = 2.0) -> str:
+    """What a plain TCP connection to `endpoint` meets, in words: ZeroMQ retries silently, so a peer
+    that gets no answer asks here whether anything listens there at all."""
+    if not endpoint.startswith("tcp://"):
+        return "not a TCP endpoint"
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return "something listens there but does not answer as a Stoker dispatcher (another service, or busy)"
+    except socket.gaierror as exc:
+        return f"the name {host!r} does not resolve ({exc.strerror})"
+    except ConnectionRefusedError:
+        return ("nothing listens there yet: is the job's rank 0 (or stoker dispatch) up, and does it bind an address "
+                "this host reaches ($STOKER_HOST, --control-bind)?")
+    except TimeoutError:
+        return "no answer to a TCP connection in time: no route there, or a firewall drops it"
+    except OSError as exc:
+        return exc.strerror or str(exc)

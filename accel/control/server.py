@@ -37,7 +37,7 @@ from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.droplog import DropLog
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
-from protos.leases import LeaseSigner
+from protos.leases import UNREACHABLE, LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
 from protos.units import unit_to_proto
 from protos.zap import HANDSHAKE_EVENTS, count_handshakes
@@ -96,6 +96,7 @@ class ControlServer:
         self._peer_on: dict[int, bytes] = {}  # ... and back
         self._leaser: dict[bytes, tuple[str, str]] = {}  # peer -> (host, worker) it leases as
         self._closed: dict[bytes, float] = {}  # peer -> when its connection closed (not back yet)
+        self._unreachable: set[tuple[str, int]] = set()  # (host, rank) pairs reported as unable to reach the rank
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -174,6 +175,8 @@ class ControlServer:
             return pb.ControlReply(unit=unit_to_proto(unit, token, d.endpoint(unit.rank) or ""))
         if kind == "release":
             r = request.release
+            if r.reason == UNREACHABLE:
+                self._report_unreachable(r.host_id, list(r.unit_ids))
             count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None)
             log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
             return pb.ControlReply(ok=pb.Ok())
@@ -209,6 +212,20 @@ class ControlServer:
             ranks = d.position(request.position.epoch, request.position.step)
             return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
         return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
+
+    def _report_unreachable(self, host_id: str, unit_ids: list[int]) -> None:
+        """A host cannot reach a rank's data socket: say so here too (once per host and rank), where
+        whoever runs the job looks, with the address."""
+        for unit_id in unit_ids[:16]:
+            unit = self.dispatcher.plan.unit(unit_id)
+            if unit is None or (host_id, unit.rank) in self._unreachable:
+                continue
+            if len(self._unreachable) < REPLY_CACHE_PEERS:
+                self._unreachable.add((host_id, unit.rank))
+            log.error("host %s cannot reach rank %d's data socket at %s (its worker heard nothing from it for "
+                      "10 s): that rank must listen on an address the worker hosts reach ($STOKER_HOST, "
+                      "--data-bind / --advertise-host)", host_id[:MAX_NAME], unit.rank,
+                      self.dispatcher.endpoint(unit.rank))
 
     def _finished(self, host_id: str) -> pb.ControlReply:
         self.told_finished.add(host_id)

@@ -20,8 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from pipeline.shards import Manifest, ShardReader, ShardWriter
+from protos import stoker_pb2 as pb
+from protos.control_client import ControlClient
 from tests.helpers import Daemon, free_port, scrape, wait_for
 
 SIZE = 157
@@ -349,6 +352,31 @@ def test_a_rank_without_its_dispatcher_fails_with_a_clear_error(tmp_path):
     assert result.returncode == 2 and time.monotonic() - started < 20, result.stderr
     assert "no dispatcher at tcp://127.0.0.1:" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_rank_the_workers_cannot_reach_is_named_in_seconds(odd_manifest, log_dir, caplog, monkeypatch):
+    """Rank 1 says it receives at an address where nothing listens (a wrong --advertise-host, a
+    firewall): the worker that leases its unit hears nothing from it, hands the unit back after
+    10 s, and both the worker's log and rank 0's name that address and the setting to change."""
+    monkeypatch.setenv("STOKER_JOB_SECRET", "cd" * 32)
+    port = free_port()
+    zero = _rank_zero(odd_manifest, port)
+    nowhere = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    rank1 = ControlClient(ctx, f"tcp://127.0.0.1:{port}", "rank1-fake")
+    try:
+        reply = rank1.request(pb.ControlRequest(attach=pb.Attach(consumer_id="rank1-fake", rank=1, world_size=2,
+                                                                 data_endpoint=nowhere),
+                                                job_credential=("cd" * 32).encode()))
+        assert reply.WhichOneof("kind") == "attached"
+        daemon = Daemon(f"tcp://127.0.0.1:{port}", "host0", 1, log_dir, once=False)
+        assert wait_for(lambda: f"rank 1's data socket at {nowhere}" in caplog.text, timeout=30), daemon.output()
+        assert "--advertise-host" in caplog.text
+        assert wait_for(lambda: nowhere in daemon.output() and "has said nothing" in daemon.output(), timeout=10)
+    finally:
+        rank1.close()
+        ctx.term()
+        zero.stop()
 
 
 def test_import_stoker_stays_light():
