@@ -1,5 +1,5 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
-ingest, object_storage, control_plane, dct_scale, restart_index) or all of them.
+ingest, object_storage, control_plane, dct_scale, restart_index, data_parallel) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`)."""
 
@@ -8,6 +8,7 @@ import sys
 
 from benchmarks import (
     control_plane,
+    data_parallel,
     dct_scale,
     ingest,
     loader,
@@ -22,7 +23,8 @@ from benchmarks import (
 
 BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "overlap": overlap.main,
               "ratio": ratio.main, "loader": loader.main, "ingest": ingest.main, "object_storage": object_storage.main,
-              "control_plane": control_plane.main, "dct_scale": dct_scale.main, "restart_index": restart_index.main}
+              "control_plane": control_plane.main, "dct_scale": dct_scale.main, "restart_index": restart_index.main,
+              "data_parallel": data_parallel.main}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

@@ -1,13 +1,18 @@
-"""A JAX multi-process job fed by Stoker: the rank comes from jax.distributed, not torchrun's variables.
+"""JAX programs fed by Stoker (run in processes of their own: JAX's threads do not mix with a
+test process that forks).
 
     python tests/jax_script.py PROCESS_ID PROCESSES COORDINATOR_PORT CONTROL_PORT MANIFEST OUT
+    python tests/jax_script.py one CONTROL_PORT MANIFEST OUT
 
-Each process initialises jax.distributed (the coordinator on loopback), makes a Loader with
-format="jax" and no rank or world size, and appends each step's sample ids to OUT/rank-R.jsonl.
+The first is a multi-process job: each process initialises jax.distributed (the coordinator on
+loopback), makes a Loader with format="jax" and no rank or world size, and appends each step's
+sample ids to OUT/rank-R.jsonl. The second is one process: every step's sample ids and the
+sha256 of its image array, as a jax.Array turned back into bytes, to OUT/one.jsonl.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -18,7 +23,22 @@ import jax.numpy as jnp
 from stoker import ConsumerConfig, JobConfig, Loader
 
 
+def one(control: str, manifest: str, out: str) -> None:
+    config = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind=f"tcp://127.0.0.1:{control}", metrics_port=None)
+    job = JobConfig(manifest_uri=manifest, batch_size=16, image_size=32, seed=3)
+    with Loader(job, config=config, format="jax", rank=0, world_size=1) as loader, \
+            open(Path(out) / "one.jsonl", "w") as record:
+        for batch in loader:
+            image = batch["image"]
+            assert isinstance(image, jax.Array), type(image)
+            digest = hashlib.sha256(jax.device_get(image).tobytes()).hexdigest()
+            record.write(json.dumps({"ids": batch.sample_ids.tolist(), "sha256": digest}) + "\n")
+
+
 def main() -> None:
+    if sys.argv[1] == "one":
+        one(*sys.argv[2:])
+        return
     process_id, processes, coordinator, control, manifest, out = sys.argv[1:]
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{coordinator}", num_processes=int(processes),
                                process_id=int(process_id))

@@ -188,12 +188,13 @@ def test_a_worker_host_killed_mid_epoch_costs_seconds_not_the_host_timeout(odd_m
 
 
 def test_a_resumed_job_yields_exactly_the_batches_an_uninterrupted_one_does(odd_manifest, tmp_path, log_dir):
-    whole = _job(odd_manifest, tmp_path / "whole", log_dir)
+    model = ("--model", "linear")
+    whole = _job(odd_manifest, tmp_path / "whole", log_dir, *model)
     part = tmp_path / "part"
-    first = _job(odd_manifest, part, log_dir, "--stop-after", "10")  # epochs have 7 steps: mid epoch 1
+    first = _job(odd_manifest, part, log_dir, *model, "--stop-after", "10")  # epochs have 7 steps: mid epoch 1
     state = json.loads((part / "state.json").read_text())
     assert (state["epoch"], state["step"], len(state["ranks"])) == (1, 3, 2)
-    rest = _job(odd_manifest, part, log_dir, "--resume")
+    rest = _job(odd_manifest, part, log_dir, *model, "--resume")
     for r in range(2):
         steps = [(s["epoch"], s["step"], s["ids"]) for s in whole[r]["steps"]]
         resumed = [(s["epoch"], s["step"], s["ids"]) for s in first[r]["steps"] + rest[r]["steps"]]
