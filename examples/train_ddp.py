@@ -39,7 +39,7 @@ job = JobConfig(manifest_uri=args.manifest, epochs=args.epochs, batch_size=args.
                 image_size=args.image_size)
 loader = Loader(job, device=device)  # rank, world size, addresses from torchrun; keys from $STOKER_KEYS
 if os.path.exists(args.checkpoint):  # restarted in place, or at another world size
-    saved = torch.load(args.checkpoint)
+    saved = torch.load(args.checkpoint, map_location="cpu")  # a path every node reads
     model.module.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     loader.load_state_dict(saved["data"])  # the job's position: any world size continues it
