@@ -1,8 +1,10 @@
 """The loader a training script pulls from: `for batch in loader:`, one epoch per pass.
 
-Each rank of a data-parallel job makes one Loader (rank and world size from its arguments or
-from torchrun's RANK / WORLD_SIZE / LOCAL_RANK). Rank 0 runs the job's dispatcher in its
-process unless `config.dispatcher` names one elsewhere; the other ranks attach to it. Every
+Each rank of a data-parallel job makes one Loader (who it is and where it listens: accel.ranks,
+from its arguments, torchrun's environment, or an initialised torch.distributed or
+jax.distributed). Rank 0 runs the job's dispatcher in its process unless `config.dispatcher`
+names one elsewhere, and tells the other ranks where it is, with the job secret, through the
+process group's store; they attach to it. Every
 rank gets its own stream of batches, in plan order, and the same number of steps per epoch
 (accel.steps), so `len(loader)` is this rank's steps per epoch and a DDP step never waits
 for a rank that has run out. Each batch is a mapping of tensor name to array:

@@ -18,8 +18,9 @@ that unit and lease the next, which is the earliest one pending: accel.control.d
 senders together at most `budget` batches, and one more: the sender of the very unit the rank
 waits for gets a credit whenever order, not the step, holds it back and the step has nothing
 else to step (the budget may be all in early batches that wait for this unit). A worker
-process whose batch waits too long for credit hands its unit back and leases the earliest pending one
-(workers.process), so a unit nobody makes any more (its host died) cannot stall the rank.
+process holds at most one unit per rank and makes their batches in step order, only for a rank
+that has granted it credit (workers.process), so a rank waiting for its own next batch always
+gets it, whatever another rank, waiting in lock-step, holds back.
 """
 
 from __future__ import annotations

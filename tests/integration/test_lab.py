@@ -82,7 +82,7 @@ def test_a_cut_link_is_healed_and_the_host_rejoins(manifest, lab):
     assert summary["per_epoch_unique"] == [manifest.num_samples] * 2
     assert summary["units_released"] >= 1  # the cut host's leases went to the others
     # (whether any of its batches arrive late, to be dropped as duplicates, depends on where the cut
-    # caught it: a process starved of credit hands its unit back, and it may have had nothing in flight)
+    # caught it: it may have had nothing in flight)
 
 
 def test_two_consumer_ranks_in_the_lab_share_the_hosts(manifest, lab):
