@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -53,7 +52,7 @@ EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusa
 UNREACHABLE_S = 10.0  # a rank's data socket silent this long while we wait on it: hand its unit back
 HELLO_GRACE_S = 0.5  # a new unit's rank gets this long to grant credit before the process leases around it
 LEASE_AGAIN_S = 0.5  # while holding units that cannot be sent, ask for another at most this often
-CARRIED_UNITS = 4  # units traded away whose progress is kept, in case they come back to this process
+FORGET_SENDER_S = 60.0  # a data connection with no unit on it whose rank has been silent this long is closed
 
 
 @dataclass(frozen=True)
@@ -134,7 +133,6 @@ class _LeaseLoop:
         self.control = ControlClient(self.ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
         self.senders: dict[str, DataSender] = {}  # one per rank's data socket, made when a unit first goes there
         self.works: dict[int, _Work] = {}  # rank -> the unit of it in hand
-        self.carried: OrderedDict[int, _Work] = OrderedDict()  # traded away part-way: on from there if it returns
         self.lease_after = 0.0  # monotonic time before which no lease is asked for
         self.waited = 0.0  # seconds waited for credit since the last batch sent
 
@@ -172,25 +170,17 @@ class _LeaseLoop:
 
     def _take(self, leased: pb.WorkUnit) -> None:
         """Start on a leased unit. One of a rank this process holds replaces the held one, which the
-        dispatcher has taken back in exchange (TRADED); its progress is kept in case it returns."""
+        dispatcher has taken back in exchange (protos.leases.TRADED). A unit leased again starts
+        from its first batch: the rank drops what it already has, and one that restarted meanwhile
+        (on the same address) gets all of it."""
         unit = unit_from_proto(leased)
         log.debug("%s: leased unit %d (rank %d)", self.spec.worker_id, unit.unit_id, unit.rank)
         traded = self.works.pop(unit.rank, None)
         if traded is not None:
             traded.sender.end_unit()
-            self._carry(traded)
         sender = self._sender_for(leased.data_endpoint)
         sender.start_unit(Lease(unit.unit_id, leased.lease_token))
-        work = self.carried.pop(unit.unit_id, None)
-        if work is None or work.sender is not sender:
-            work = _Work(unit, sender, iter(self.source.batches(unit)))
-        work.started = time.monotonic()
-        self.works[unit.rank] = work
-
-    def _carry(self, work: _Work) -> None:
-        self.carried[work.unit.unit_id] = work
-        while len(self.carried) > CARRIED_UNITS:
-            self.carried.popitem(last=False)
+        self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit)))
 
     def _hand_back(self, work: _Work, reason: str) -> None:
         self.works.pop(work.unit.rank, None)
@@ -228,15 +218,19 @@ class _LeaseLoop:
 
     # ---- waiting ---------------------------------------------------------------------------
     def _hear(self) -> None:
-        """Every sender takes its replies; a refused lease or a rank gone silent gives its unit back."""
+        """Every sender takes its replies; a refused lease or a rank gone silent gives its unit back, and
+        the connection to a rank that is gone (a job restarted elsewhere) is closed."""
         by_sender = {id(w.sender): w for w in self.works.values()}
-        for sender in list(self.senders.values()):
+        for endpoint, sender in list(self.senders.items()):
             try:
                 sender.hear()
             except LeaseRefused as exc:
                 work = by_sender.get(id(sender))
                 if work is not None:
                     self._refused(work, exc)
+            if id(sender) not in by_sender and sender.silent_s() > FORGET_SENDER_S:
+                del self.senders[endpoint]
+                sender.close()
         for work in list(self.works.values()):
             if work.sender.credit <= 0 and work.sender.silent_s() > UNREACHABLE_S:
                 log.warning("%s: rank %d's data socket at %s has said nothing for %.0f s (the rank is gone, or "

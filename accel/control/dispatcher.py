@@ -285,8 +285,8 @@ class Dispatcher:
             again = self._by_request.get((worker_id, request_id, key))
             if again is not None and again in self._leased:
                 return self._leased[again].unit
-        held = {}  # rank -> the unit of it this process holds
-        for unit_id in holding:
+        held = {}  # rank -> the unit of it this process holds (one per rank: a longer list is not believed)
+        for unit_id in itertools.islice(holding, self.plan.world_size):
             lease = self._leased.get(unit_id)
             if lease is not None and lease.worker_id == worker_id and lease.host_id == host_id:
                 held[lease.unit.rank] = lease.unit
