@@ -153,7 +153,9 @@ def resume(job, state: object):
     world = job.world_size
     resumed = Resumed(saved.epoch, saved.cuts) if saved.cuts else None
     ranks = saved.ranks
-    if saved.world_size != world and saved.epoch < job.epochs:
+    if saved.world_size != world and saved.epoch < job.epochs and saved.step == 0:
+        ranks = [(0, 0)] * world  # at an epoch's start: the epoch is planned for the new world size whole
+    elif saved.world_size != world and saved.epoch < job.epochs:
         if not job.kind.one_row_per_sample:
             raise CheckpointError(f"this text job was checkpointed at world size {saved.world_size} and resumes at "
                                   f"{world}: a text unit's rows depend on its documents' examples, so what a rank "

@@ -139,6 +139,7 @@ class Consumer:
         self.plan = plan = job.plan(self.manifest)
         if position is not None:
             position.check(plan)
+            position = self._past_epoch_end(position)
         self.start_position = start = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
         done = start.done_units(plan)
         self.consumer_secret: bytes | None = None
@@ -162,6 +163,14 @@ class Consumer:
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self._totals, self.metrics.registry)
         self.systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
+
+    def _past_epoch_end(self, position: checkpoint.Position) -> checkpoint.Position:
+        """A position after an image epoch's last step (a checkpoint of an older Stoker, saved before the
+        epoch's end was seen) is the next epoch's start."""
+        epoch, job = position.epoch, self.job
+        if epoch < job.epochs and job.kind.one_row_per_sample and position.step >= self.steps_of(epoch, 0):
+            return checkpoint.Position(epoch + 1, 0, [(0, 0)] * job.world_size)
+        return position
 
     def _the_job(self, job: JobConfig | None, client_keys: ClientKeys | None,
                  world_size: int | None) -> tuple[JobConfig, bytes, bytes]:
@@ -385,8 +394,9 @@ class Consumer:
         self._loop.call_soon_threadsafe(self._receiver.step_done, batch, True)
 
     def taken(self, step: Scheduled) -> None:
-        """A step's batch went to the training loop: the data position is past it."""
-        self.position = (step.epoch, step.step + 1)
+        """A step's batch went to the training loop: the data position is past it (past the epoch's last
+        step: the next epoch's start, so a checkpoint taken there resumes with the next epoch)."""
+        self.position = (step.epoch + 1, 0) if step.last else (step.epoch, step.step + 1)
 
     def step_done(self, step: Scheduled) -> None:
         """A step is over: its batch's books close when it was the batch's last piece."""

@@ -159,11 +159,13 @@ class Loader:
                                 credential=secret)
             consumer.start()
             if store is not None:
-                store.publish(self._meeting_key, Meeting(consumer.control_endpoint, (secret or b"").decode()).encode())
+                store.publish(self._meeting_key, Meeting(consumer.control_endpoint, (secret or b"").decode(),
+                                                         keyed).encode())
             return consumer
         cfg, credential = self.cfg, None
         if store is not None:
             meeting = self._meet(store)
+            meeting.check(self.rank, keyed)
             cfg = replace(cfg, dispatcher=meeting.control, attach_timeout_s=min(cfg.attach_timeout_s, REACH_S))
             credential = meeting.secret.encode() or None
         else:

@@ -44,6 +44,12 @@ class Place:
     world_size: int
     local_rank: int
     master_addr: str  # rank 0's node ("127.0.0.1" when nobody says)
+    local_world_size: int | None = None  # ranks on this node, where the launcher says (torchrun)
+
+    @property
+    def nodes_apart(self) -> bool:
+        """The launcher says the job's ranks are on more than one node."""
+        return self.local_world_size is not None and self.local_world_size < self.world_size
 
 
 def _env_int(name: str) -> int | None:
@@ -80,7 +86,8 @@ def place(rank: int | None = None, world_size: int | None = None, local_rank: in
     local = local_rank if local_rank is not None else _env_int("LOCAL_RANK")
     if world < 1 or not 0 <= rank_ < world:
         raise ValueError(f"rank {rank_} is not one of world size {world}'s ranks 0..{world - 1}")
-    return Place(rank_, world, rank_ if local is None else local, os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    return Place(rank_, world, rank_ if local is None else local, os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                 _env_int("LOCAL_WORLD_SIZE"))
 
 
 def node_address(master_addr: str) -> str:
@@ -126,6 +133,12 @@ def default_config(where: Place, keys: str | None = None, insecure: bool | None 
     data on a free port, the dispatcher on the control port, /metrics per local rank; keys from the
     argument or $STOKER_KEYS, insecure from the argument or $STOKER_INSECURE."""
     host = node_address(where.master_addr)
+    if where.nodes_apart and is_loopback(f"tcp://{host}:0"):
+        raise ValueError(f"rank {where.rank}: this job's {where.world_size} ranks are on several nodes "
+                         f"($LOCAL_WORLD_SIZE={where.local_world_size}), but this rank would listen on loopback "
+                         f"({host}: $MASTER_ADDR={where.master_addr}, ${HOST_ENV}={os.environ.get(HOST_ENV, '')!r}): "
+                         f"give rank 0's node address in $MASTER_ADDR (torchrun --master-addr), or this node's own "
+                         f"in ${HOST_ENV}")
     defaults = ConsumerConfig()
     return ConsumerConfig(data_bind=f"tcp://{host}:0",
                           control_bind=f"tcp://{host}:{defaults.control_bind.rsplit(':', 1)[1]}",
@@ -205,14 +218,24 @@ class Meeting:
 
     control: str
     secret: str = ""
+    keyed: bool = False  # rank 0 uses CURVE keys: so must every rank
 
     def encode(self) -> str:
-        return json.dumps({"control": self.control, "secret": self.secret})
+        return json.dumps({"control": self.control, "secret": self.secret, "keyed": self.keyed})
 
     @classmethod
     def decode(cls, text: str) -> Meeting:
         data = json.loads(text)
-        return cls(str(data["control"]), str(data.get("secret", "")))
+        return cls(str(data["control"]), str(data.get("secret", "")), bool(data.get("keyed", False)))
+
+    def check(self, rank: int, keyed: bool) -> None:
+        """A rank that does not use keys where rank 0 does (or the other way round) cannot attach: say so."""
+        if self.keyed and not keyed:
+            raise ValueError(f"rank {rank}: rank 0 uses CURVE keys, this rank has none: give it the same key folder "
+                             f"(${KEYS_ENV} or Loader(keys=DIR)), with the consumer key the ranks attach with")
+        if keyed and not self.keyed:
+            raise ValueError(f"rank {rank}: this rank has CURVE keys (${KEYS_ENV}) but rank 0 uses none: give every "
+                             f"rank the same setting")
 
 
 _meetings = 0  # loaders that met through the store in this process: every rank makes its loaders in one order

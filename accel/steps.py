@@ -26,6 +26,7 @@ class Scheduled:
     epoch: int
     step: int  # within the epoch, from 0
     closes: ReceivedBatch | None  # after this step, the received batch whose books are done
+    last: bool = False  # the epoch's last step: once taken, the job's position is the next epoch's start
 
 
 @dataclass
@@ -92,5 +93,7 @@ class StepSchedule:
         self._held = None
         if last is not None:
             self._emit(last.split(steps - end.batches + 1) if steps > end.batches else [last], last)
+        if self._ready and isinstance(self._ready[-1], Scheduled):
+            self._ready[-1].last = True
         self._ready.append(EpochDone(end.epoch, steps))
         self.epoch, self.step = end.epoch + 1, 0

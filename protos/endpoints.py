@@ -45,7 +45,8 @@ def why_unreachable(endpoint: str, timeout_s: float = 2.0) -> str:
     host = host.strip("[]")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return "something listens there but does not answer as a Stoker dispatcher (another service, or busy)"
+            return ("something listens there but does not answer: a dispatcher that wants CURVE keys (give this "
+                    "host --keys DIR --key-name NAME), a busy one, or another service")
     except socket.gaierror as exc:
         return f"the name {host!r} does not resolve ({exc.strerror})"
     except ConnectionRefusedError:

@@ -80,7 +80,7 @@ async def count_handshakes(monitor: zmq.asyncio.Socket, outcomes: Counter, stop:
                 continue
             outcomes.labels(result=result).inc()
             if result == "failed_handshake":
-                failures("it failed the CURVE handshake (no key, or not our server key)",
-                         event["endpoint"].decode(errors="replace"))
+                failures("it failed the CURVE handshake (a peer with no key, or with another service's server "
+                         "key)", f"a peer of {event['endpoint'].decode(errors='replace')}")
     finally:
         monitor.close(0)

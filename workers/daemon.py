@@ -4,8 +4,11 @@ Registers with the dispatcher (retrying with back-off until it answers), runs N 
 processes, heartbeats, restarts a crashed process (its unacked units go back to the
 dispatcher first; one that keeps crashing is restarted with a growing back-off), and drains
 on SIGTERM/SIGINT. A daemon that leaves a job because the dispatcher went silent keeps
-registering and rejoins that job when it answers again, however long it was away; only a
-job it heard finish is one it will not join again. Serves the processes' combined metrics.
+registering and rejoins that job when it answers again, however long it was away. A daemon
+whose dispatcher now serves another job (the job was started again without a checkpoint, so
+under a new id) leaves its job at once and registers for the new one; a dispatcher whose job
+is finished is waited on until it serves one that is not (a job resumed in place from an
+earlier checkpoint runs again under its id). Serves the processes' combined metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from protos.job import JobConfig
 from protos.sd_notify import Notifier
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
-from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, ProcessSpec, process_main
+from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_OTHER_JOB, ProcessSpec, process_main
 
 log = logging.getLogger("stoker.worker")
 
@@ -86,8 +89,9 @@ class WorkerDaemon:
         self.mp = mp.get_context("spawn")
         self.metrics_port: int | None = None
         self.systemd = Notifier()
-        self._finished_job = ""
         self.failed = False  # a process could not serve the job at all
+        self._other_job = False  # the dispatcher serves another job than the one being run
+        self._job_id = ""  # the job being run
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping:
@@ -112,10 +116,8 @@ class WorkerDaemon:
                 job = self._register()
                 if job is None:
                     break
-                if self._run_job(job):
-                    self._finished_job = job.job_id
-                    if self.cfg.once:
-                        break
+                if self._run_job(job) and self.cfg.once:
+                    break
         finally:
             self.systemd.stopping()
             self.client.close()
@@ -139,11 +141,11 @@ class WorkerDaemon:
                     give_up_after_s=None, should_stop=self._should_stop)
             except DispatcherUnreachable:
                 return None
-            if reply.WhichOneof("kind") == "registered" and reply.registered.job.job_id != self._finished_job:
+            if reply.WhichOneof("kind") == "registered":
                 log.info("%s: joined job %s, data to %s", self.host_id, reply.registered.job.job_id,
                          reply.registered.job.data_endpoint)
                 return JobConfig.from_proto(reply.registered.job)
-            time.sleep(1.0)  # the dispatcher still serves the job we finished: wait for a new one
+            time.sleep(1.0)  # its job is finished: wait for one that is not
         return None
 
     def _spawn(self, child: _Child, job: JobConfig) -> None:
@@ -162,6 +164,7 @@ class WorkerDaemon:
     def _run_job(self, job: JobConfig) -> bool:
         """Serve one job; True when it is finished, False when we left it (or were stopped)."""
         children = [_Child(i) for i in range(self.cfg.procs)]
+        self._other_job, self._job_id = False, job.job_id
         for child in children:
             self._spawn(child, job)
         next_beat = 0.0
@@ -186,6 +189,13 @@ class WorkerDaemon:
                     last_answer = time.monotonic()
                 if answer == "finished" and finished_at is None:
                     finished_at = time.monotonic()
+                if answer == "other_job":
+                    self._other_job = True
+            if self._other_job:
+                log.warning("%s: the dispatcher at %s serves another job than %s now (the job was started again): "
+                            "leaving it to register for that one", self.host_id, self.cfg.connect, job.job_id)
+                left = True
+                break
             now = time.monotonic()
             if finished_at is not None and now - finished_at > FINISHED_GRACE_S:
                 log.info("%s: job finished; stopping processes that are still busy", self.host_id)
@@ -196,7 +206,7 @@ class WorkerDaemon:
                 left = True
                 break
         self._drain(children, release=self.stopping and not self._parent_gone())
-        return not left and not self.stopping
+        return not left and not self._other_job and not self.stopping
 
     def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
@@ -212,6 +222,10 @@ class WorkerDaemon:
         proc.join()
         multiprocess.mark_process_dead(proc.pid)
         if proc.exitcode == EXIT_FINISHED or self.stopping:
+            child.finished = True
+            return
+        if proc.exitcode == EXIT_OTHER_JOB:
+            self._other_job = True
             child.finished = True
             return
         if proc.exitcode == EXIT_BAD_JOB:  # restarting cannot help; the process logged why
@@ -241,7 +255,8 @@ class WorkerDaemon:
         ids = [self._worker_id(c) for c in children if not c.finished]
         try:
             reply = self.client.request(pb.ControlRequest(heartbeat=pb.Heartbeat(
-                host_id=self.host_id, worker_ids=ids)), give_up_after_s=5.0, should_stop=lambda: self.stopping)
+                host_id=self.host_id, worker_ids=ids, job_id=self._job_id)), give_up_after_s=5.0,
+                should_stop=lambda: self.stopping)
         except DispatcherUnreachable as exc:
             if not self.stopping:
                 log.warning("%s: heartbeat unanswered: %s", self.host_id, exc)

@@ -49,6 +49,7 @@ EXIT_FINISHED = 0
 EXIT_DISPATCHER_LOST = 3
 EXIT_REJECTED = 4
 EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusable): do not restart
+EXIT_OTHER_JOB = 6  # the dispatcher serves another job now: the daemon registers again
 UNREACHABLE_S = 10.0  # a rank's data socket silent this long while we wait on it: hand its unit back
 HELLO_GRACE_S = 0.5  # a new unit's rank gets this long to grant credit before the process leases around it
 LEASE_AGAIN_S = 0.5  # while holding units that cannot be sent, ask for another at most this often
@@ -145,8 +146,13 @@ class _LeaseLoop:
                 self._send_next(min(ready, key=_Work.order))
                 continue
             if now >= self.lease_after and all(w.blocked(now) for w in self.works.values()):
-                if self._lease() == "finished":
+                answer = self._lease()
+                if answer == "finished":
                     return EXIT_FINISHED
+                if answer == "other_job":
+                    log.warning("%s: the dispatcher serves another job than %s now; leaving it", self.spec.worker_id,
+                                self.spec.job.job_id)
+                    return EXIT_OTHER_JOB
                 continue
             self._wait(min(self.lease_after - now if now < self.lease_after else 0.05, 0.1))
         return EXIT_FINISHED
@@ -155,8 +161,8 @@ class _LeaseLoop:
     def _lease(self) -> str:
         spec = self.spec
         reply = self.control.request(pb.ControlRequest(lease=pb.LeaseRequest(
-            host_id=spec.host_id, worker_id=spec.worker_id, holding=[w.unit.unit_id for w in self.works.values()])),
-            should_stop=self.stop)
+            host_id=spec.host_id, worker_id=spec.worker_id, holding=[w.unit.unit_id for w in self.works.values()],
+            job_id=spec.job.job_id)), should_stop=self.stop)
         kind = reply.WhichOneof("kind")
         if kind == "unit":
             self._take(reply.unit)
@@ -164,7 +170,7 @@ class _LeaseLoop:
         elif kind == "wait":
             pause = reply.wait.retry_after_s
             self.lease_after = time.monotonic() + (max(pause, LEASE_AGAIN_S) if self.works else pause)
-        elif kind != "finished":
+        elif kind not in ("finished", "other_job"):
             raise RuntimeError(f"unexpected reply to a lease request: {reply}")
         return kind
 

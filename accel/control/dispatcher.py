@@ -288,13 +288,13 @@ class Dispatcher:
         held = {}  # rank -> the unit of it this process holds (one per rank: a longer list is not believed)
         for unit_id in itertools.islice(holding, self.plan.world_size):
             lease = self._leased.get(unit_id)
-            if lease is not None and lease.worker_id == worker_id and lease.host_id == host_id:
+            if lease is not None and (lease.host_id, lease.worker_id, lease.key) == (host_id, worker_id, key):
                 held[lease.unit.rank] = lease.unit
         unit = self._take(lambda unit: unit.rank not in held or _lease_key(unit) < _lease_key(held[unit.rank]))
         if unit is None:
             return None
         if unit.rank in held:
-            self.release(host_id, [worker_id], TRADED, [held[unit.rank].unit_id])
+            self.release(host_id, [worker_id], TRADED, [held[unit.rank].unit_id], key)
         if self.journal:
             self.journal.lease(unit.unit_id, host_id, worker_id, request_id, key)
         self._hold(Lease(unit, host_id, worker_id, self.clock(), request_id, key))
@@ -355,14 +355,15 @@ class Dispatcher:
                            for lease in self._leased.values()]}
 
     def release(self, host_id: str, worker_ids: Iterable[str] | None, reason: str,
-                unit_ids: Iterable[int] | None = None) -> int:
+                unit_ids: Iterable[int] | None = None, key: str | None = None) -> int:
         """Put a host's (or some of its workers') unacked units back in the queue, at their place in the
-        lease order: the earliest unit is always the next one handed out."""
+        lease order: the earliest unit is always the next one handed out. `key`: only the leases made
+        to that CURVE key (a worker's release; with keys nobody gives back another key's units)."""
         wanted = set(worker_ids) if worker_ids else None
         units = set(unit_ids) if unit_ids else None
         lost = [lease for lease in self._leased.values()
                 if lease.host_id == host_id and (wanted is None or lease.worker_id in wanted)
-                and (units is None or lease.unit.unit_id in units)]
+                and (units is None or lease.unit.unit_id in units) and (key is None or lease.key == key)]
         if lost and self.journal:
             self.journal.release([lease.unit.unit_id for lease in lost])
         for lease in sorted(lost, key=lambda item: item.leased_at, reverse=True):

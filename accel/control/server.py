@@ -158,14 +158,20 @@ class ControlServer:
         kind = request.WhichOneof("kind")
         if kind == "register":
             d.heartbeat(request.register.host_id)
+            if d.finished:  # a daemon joins a job only while it runs (a job restarted later joins anew)
+                return self._finished(request.register.host_id)
             log.info("host %s registered with %d processes", request.register.host_id, request.register.procs)
             return pb.ControlReply(registered=pb.Registered(job=self.job))
         if kind == "heartbeat":
             d.heartbeat(request.heartbeat.host_id)
+            if request.heartbeat.job_id and request.heartbeat.job_id != self.job.job_id:
+                return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
             return self._finished(request.heartbeat.host_id) if d.finished else pb.ControlReply(ok=pb.Ok())
         if kind == "lease":
             lease = request.lease
             self._leaser[peer] = (lease.host_id, lease.worker_id)
+            if lease.job_id and lease.job_id != self.job.job_id:
+                return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
             if d.finished:
                 return self._finished(lease.host_id)
             unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name, lease.holding)
@@ -177,7 +183,8 @@ class ControlServer:
             r = request.release
             if r.reason == UNREACHABLE:
                 self._report_unreachable(r.host_id, list(r.unit_ids))
-            count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None)
+            count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None,
+                              caller.name if self.access.keyed else None)
             log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
             return pb.ControlReply(ok=pb.Ok())
         if kind == "attach":

@@ -261,6 +261,59 @@ def test_a_checkpoint_of_three_ranks_is_continued_by_two_and_by_four(odd_manifes
                                      epochs_from=2)
 
 
+def test_a_job_started_again_without_a_checkpoint_is_joined_by_the_running_daemons(odd_manifest, tmp_path, log_dir):
+    """The job crashes before its first checkpoint and the same command runs it again: a new job (a new
+    id) on the same control port. The long-lived daemons see the dispatcher serve another job and
+    join it at once, instead of restarting processes of the old one against ranks that refuse them."""
+    port = free_port()
+    fleet = Fleet(port, log_dir, hosts=2, procs=1, once=False, leave_after=60)
+    common = ("--model", "linear", "--batch-size", "8")
+    try:
+        _run(odd_manifest, tmp_path / "first", port, 2, fleet, *common, "--crash-after", "3", expect_code=1)
+        started = time.monotonic()
+        _run(odd_manifest, tmp_path / "again", port, 2, fleet, *common, timeout=120)
+        assert time.monotonic() - started < 60  # not the daemons' --leave-after
+        assert all("serves another job" in d.output() for d in fleet.daemons), fleet.logs()
+    finally:
+        fleet.stop()
+    _check_exactly_once_and_even(odd_manifest, _records(tmp_path / "again", 2), 2)
+
+
+def test_a_finished_job_resumed_from_an_earlier_checkpoint_gets_the_daemons_back(odd_manifest, tmp_path, log_dir):
+    """The job finishes (the daemons hear it) but its last checkpoint is from step 5; run again from it
+    (say, the checkpoint of the model that was kept), the same job id runs again and the daemons
+    that heard it finish join it: the rest of the job is every sample once."""
+    port = free_port()
+    fleet = Fleet(port, log_dir, hosts=2, procs=1, once=False)
+    out = tmp_path / "run"
+    common = ("--model", "linear", "--batch-size", "8")
+    try:
+        _run(odd_manifest, out, port, 2, fleet, *common, "--save-at", "5")
+        assert wait_for(lambda: all("joined job" in d.output() for d in fleet.daemons), timeout=10)
+        state = json.loads((out / "state.json").read_text())
+        first = _records(out, 2)
+        _run(odd_manifest, out, port, 2, fleet, *common, "--resume", timeout=120)
+        rest = _records(out, 2, "-resumed")
+    finally:
+        fleet.stop()
+    _check_exactly_once_and_even(odd_manifest, {r: {"steps": _before(first[r]["steps"], state) + rest[r]["steps"],
+                                                    "len": {}} for r in rest}, 2)
+
+
+@pytest.mark.parametrize("world", [3, 2])
+def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_epoch(odd_manifest, tmp_path, log_dir, world):
+    """3 ranks save the position right after epoch 0's last step (step 7 of 7) and stop; the job goes on
+    from epoch 1, step 0, at 3 ranks or at 2."""
+    common = ("--model", "linear", "--batch-size", "8", "--epochs", "2")
+    out = tmp_path / "run"
+    first = _job(odd_manifest, out, log_dir, *common, "--stop-after", "7", ranks=3, hosts=1, procs=2)
+    state = json.loads((out / "state.json").read_text())
+    assert (state["epoch"], state["step"]) == (1, 0) and len(first[0]["steps"]) == 7
+    rest = _job(odd_manifest, out, log_dir, *common, "--resume", ranks=world, hosts=1, procs=2)
+    _check_exactly_once_and_even(odd_manifest, first, 1)
+    _check_exactly_once_and_even(odd_manifest, rest, 2, epochs_from=1)
+
+
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, tmp_path, drop_last):
     """157 images over 2 ranks at batch 13: 79 + 78 rows, or with --drop-last 78 + 78 (6 whole batches each)."""

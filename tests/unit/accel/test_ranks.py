@@ -18,7 +18,8 @@ from accel.ranks import (
     route_to,
 )
 
-TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "STOKER_HOST", "STOKER_KEYS", "STOKER_INSECURE")
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "STOKER_HOST", "STOKER_KEYS",
+            "STOKER_INSECURE")
 
 
 @pytest.fixture(autouse=True)
@@ -96,3 +97,21 @@ def test_rank_zero_publishes_and_the_others_wait_in_the_store():
         store.fetch(key, 0.2)
     store.publish(key, Meeting("tcp://10.0.0.1:5561", "ab" * 32).encode())
     assert Meeting.decode(store.fetch(key, 1.0)) == Meeting("tcp://10.0.0.1:5561", "ab" * 32)
+
+
+def test_a_rank_of_a_job_on_several_nodes_is_not_let_listen_on_loopback(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("STOKER_HOST", "127.0.0.1")
+    where = place(rank=0)
+    assert where.nodes_apart
+    with pytest.raises(ValueError, match=r"on several nodes .* would listen on loopback .*\$STOKER_HOST"):
+        default_config(where)
+
+
+def test_ranks_that_disagree_on_keys_are_told_which_setting_to_match():
+    with pytest.raises(ValueError, match=r"rank 0 uses CURVE keys, this rank has none.*\$STOKER_KEYS"):
+        Meeting("tcp://10.0.0.1:5561", "", keyed=True).check(1, keyed=False)
+    with pytest.raises(ValueError, match="rank 0 uses none"):
+        Meeting("tcp://10.0.0.1:5561", "ab" * 32).check(1, keyed=True)
+    Meeting("tcp://10.0.0.1:5561", "", keyed=True).check(1, keyed=True)
