@@ -95,7 +95,7 @@ class ControlServer:
         self._fd_of: dict[bytes, int] = {}  # peer -> the connection (file descriptor) it last spoke on
         self._peer_on: dict[int, bytes] = {}  # ... and back
         self._leaser: dict[bytes, tuple[str, str]] = {}  # peer -> (host, worker) it leases as
-        self._closed: dict[bytes, float] = {}  # peer -> when its connection closed (not back yet)
+        self._closed: dict[bytes, tuple[float, int]] = {}  # peer -> when its connection closed, and which
         self._unreachable: set[tuple[str, int]] = set()  # (host, rank) pairs reported as unable to reach the rank
 
     def handle(self, frames: list) -> None:
@@ -244,8 +244,13 @@ class ControlServer:
 
     # ---- connections ---------------------------------------------------------------------
     def _spoke(self, peer: bytes, frame: object) -> None:
-        """Which connection the peer spoke on (ZMQ_SRCFD of its message), so that its closing names it."""
+        """Which connection the peer spoke on (ZMQ_SRCFD of its message), so that its closing names it. A
+        message read after its connection closed (it was queued) changes nothing; one on a new
+        connection means the peer is back."""
         fd = frame.get(zmq.SRCFD) if isinstance(frame, zmq.Frame) else None
+        closed = self._closed.get(peer)
+        if closed is not None and (fd is None or fd == closed[1]):
+            return
         self._closed.pop(peer, None)
         if fd is None or self._fd_of.get(peer) == fd:
             return
@@ -260,12 +265,12 @@ class ControlServer:
         peer = self._peer_on.pop(event["value"], None)
         if peer is not None and self._fd_of.get(peer) == event["value"]:
             del self._fd_of[peer]
-            self._closed[peer] = self.dispatcher.clock()
+            self._closed[peer] = (self.dispatcher.clock(), event["value"])
 
     def _release_closed(self) -> None:
         """Re-lease the units of worker processes whose connection closed and stayed closed."""
         now = self.dispatcher.clock()
-        for peer, closed_at in list(self._closed.items()):
+        for peer, (closed_at, _) in list(self._closed.items()):
             if now - closed_at < CLOSE_GRACE_S:
                 continue
             del self._closed[peer]

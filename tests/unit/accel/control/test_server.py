@@ -130,3 +130,105 @@ def test_a_batch_of_requests_is_journaled_with_one_fsync_before_any_answer_leave
     server.update_gauges()
     assert metric("stoker_dispatcher_journal_compactions_total") == 1
     assert metric("stoker_dispatcher_journal_bytes") == (tmp_path / "j").stat().st_size
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _connected_server():
+    """A ControlServer on a real ROUTER, with the monitor the service gives it, and a fake clock."""
+    import zmq
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    monitor = router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    clock = _Clock()
+    dispatcher = Dispatcher(EpochPlan(MANIFEST, 16, 2, 0), host_timeout_s=60.0, clock=clock)
+    dispatcher.attach_rank(0, "tcp://127.0.0.1:1")
+    server = ControlServer(router, dispatcher, pb.JobSpec(job_id=JOB), ConsumerMetrics(), SIGNER, IN_PROCESS)
+    return ctx, router, monitor, f"tcp://127.0.0.1:{port}", server, clock
+
+
+def _lease_from(ctx, endpoint: str, router, server, worker: str):
+    import zmq
+
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt_string(zmq.IDENTITY, worker)
+    dealer.connect(endpoint)
+    dealer.send(pb.ControlRequest(request_id=1, lease=pb.LeaseRequest(host_id="h", worker_id=worker))
+                .SerializeToString())
+    assert router.poll(5000)
+    server.handle(router.recv_multipart(copy=False))
+    assert dealer.poll(5000)
+    reply = pb.ControlReply.FromString(dealer.recv())
+    assert reply.WhichOneof("kind") == "unit"
+    return dealer, reply.unit.unit_id
+
+
+def _closed_events(monitor, server) -> None:
+    from zmq.utils.monitor import recv_monitor_message
+
+    assert monitor.poll(5000)
+    while monitor.poll(200):
+        server.connection_event(recv_monitor_message(monitor))
+
+
+def test_a_worker_whose_connection_closes_loses_its_units_after_the_grace_and_one_that_comes_back_does_not():
+    import zmq
+
+    from accel.control.server import CLOSE_GRACE_S
+
+    ctx, router, monitor, endpoint, server, clock = _connected_server()
+    try:
+        gone, unit = _lease_from(ctx, endpoint, router, server, "h/p0.1")
+        back, other = _lease_from(ctx, endpoint, router, server, "h/p1.1")
+        gone.close(0)
+        back.close(0)
+        _closed_events(monitor, server)
+        again = ctx.socket(zmq.DEALER)  # p1 reconnects (a client that timed out does) and speaks at once
+        again.setsockopt_string(zmq.IDENTITY, "h/p1.1")
+        again.connect(endpoint)
+        again.send(pb.ControlRequest(request_id=2, heartbeat=pb.Heartbeat(host_id="h")).SerializeToString())
+        assert router.poll(5000)
+        server.handle(router.recv_multipart(copy=False))
+        clock.now += CLOSE_GRACE_S / 2
+        server.tick()
+        assert server.dispatcher.stats().releases == 0  # within the grace: nobody loses anything yet
+        clock.now += CLOSE_GRACE_S
+        server.tick()
+        assert server.dispatcher.stats().releases == 1  # p0's unit only: p1 is back
+        assert server.dispatcher.lease("h2", "w").unit_id == unit
+        assert server.dispatcher.lease("h2", "w2").unit_id != other
+        again.close(0)
+    finally:
+        monitor.close(0)
+        router.close(0)
+        ctx.term()
+
+
+def test_a_message_read_after_its_connection_closed_does_not_save_the_units():
+    """The dying worker's last request was still queued when its connection closed: it is read after
+    the close event, and must not count as the worker coming back."""
+    ctx, router, monitor, endpoint, server, clock = _connected_server()
+    try:
+        dealer, unit = _lease_from(ctx, endpoint, router, server, "h/p0.1")
+        dealer.send(pb.ControlRequest(request_id=3, heartbeat=pb.Heartbeat(host_id="h")).SerializeToString())
+        assert router.poll(5000)
+        queued = router.recv_multipart(copy=False)
+        dealer.close(0)
+        _closed_events(monitor, server)
+        server.handle(queued)
+        clock.now += 2.0
+        server.tick()
+        assert server.dispatcher.stats().releases == 1
+        assert server.dispatcher.lease("h2", "w").unit_id == unit
+    finally:
+        monitor.close(0)
+        router.close(0)
+        ctx.term()
