@@ -222,7 +222,8 @@ def test_a_job_restarted_in_place_continues_exactly_once_while_the_daemons_run(o
         state = json.loads((out / "state.json").read_text())
         first = _records(out, 3)
         if back_after_s:
-            assert wait_for(lambda: all("leaving job" in d.output() for d in fleet.daemons), timeout=30)
+            assert wait_for(lambda: all("leaving job" in d.output() for d in fleet.daemons), timeout=30), \
+                "not every daemon left the crashed job:\n" + fleet.logs()
             time.sleep(max(0.0, back_after_s - 5.0))
         _run(odd_manifest, out, port, 3, fleet, *common, "--resume", timeout=120)
         rest = _records(out, 3, "-resumed")
