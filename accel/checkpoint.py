@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from accel.stepping import Stateful
@@ -31,6 +31,10 @@ from pipeline.plan import Cut, Resumed
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
 _MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "drop_last")
+# What else decides a sample's bytes, by kind; a checkpoint or journal written before these were
+# saved (version 2 or 3) cannot be checked on them and is taken as it is.
+_IMAGE_MUST_MATCH = ("image_size", "transform", "min_area", "max_area")
+_TEXT_MUST_MATCH = "text"
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,13 @@ class Position:
 
 
 def job_fields(job) -> dict:
-    return {"job_id": job.job_id, "world_size": job.world_size,
-            **{name: getattr(job, name) for name in _MUST_MATCH}}
+    """The job's identity: what a resumed job and a restarted dispatcher must agree on."""
+    fields = {"job_id": job.job_id, "world_size": job.world_size, **{name: getattr(job, name) for name in _MUST_MATCH}}
+    if job.kind.text:
+        fields[_TEXT_MUST_MATCH] = asdict(job.text)
+    else:
+        fields |= {name: getattr(job, name) for name in _IMAGE_MUST_MATCH}
+    return fields
 
 
 def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int) -> dict:
@@ -134,10 +143,20 @@ def _positions(value: object, name: str) -> list[tuple[int, int]]:
 
 
 def check_matches(job, saved: dict) -> None:
-    """A resumed job must be the checkpointed one, or units would not mean the same samples."""
+    """A resumed job must be the checkpointed one, or units would not mean the same samples (or the
+    same bytes: another crop size, another sequence length)."""
     saved = {"drop_last": False} | saved
     differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in _MUST_MATCH
               if saved.get(name) != getattr(job, name)]
+    ours = job_fields(job)
+    for name in (*_IMAGE_MUST_MATCH, _TEXT_MUST_MATCH):
+        if name not in saved or name not in ours:
+            continue  # a checkpoint from before the field was saved, or a field of the other kind
+        if name == _TEXT_MUST_MATCH and isinstance(saved[name], dict):
+            differ += [f"text.{key}: checkpoint {saved[name].get(key)!r}, now {value!r}"
+                       for key, value in ours[name].items() if saved[name].get(key) != value]
+        elif saved[name] != ours[name]:
+            differ.append(f"{name}: checkpoint {saved[name]!r}, now {ours[name]!r}")
     if differ:
         raise CheckpointError("the checkpoint belongs to another job (" + "; ".join(differ) + ")")
 

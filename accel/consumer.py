@@ -300,6 +300,7 @@ class Consumer:
                                       self.metrics, self._unit_done, schema_of(self.job), self.leases, self.order,
                                       keyed=keys is not None, sender_timeout_s=self.cfg.sender_timeout_s,
                                       on_unit_received=self.dispatcher.received,
+                                      on_unit_short=self.dispatcher.redo,
                                       budget=self._credit_budget())
             tasks += [pump(data, self._receiver.handle, self._stop), self._sweep_senders()]
             if isinstance(self.dispatcher, RemoteAcks):

@@ -3,9 +3,10 @@
 A redone unit yields byte-identical batches, so a batch is a duplicate exactly when its
 (unit, batch index) was admitted before, or its unit was already completed. A batch's
 sample ids must belong to its unit as the plan gives it, and a unit is complete only when
-its batches have accounted for every one of its samples (delivered or skipped): an empty
-"last" batch cannot close a unit. Batches are stepped in plan order, so a unit whose batches
-ended short (only a misbehaving leaseholder does that) is closed with its missing samples
+its batches have accounted for every one of its samples (delivered or skipped): a "last"
+batch that leaves samples out (only a misbehaving leaseholder sends one, an empty one for
+instance) is not admitted (ShortUnit), and the consumer has the unit leased again, elsewhere
+first. Should a unit's stepped batches still end short, it is closed with its missing samples
 reported as skipped, never silently counted as delivered.
 
 The books keep what the open epochs need: a bitmap of delivered samples and the set of completed
@@ -51,6 +52,7 @@ class _UnitProgress:
     expected: int | None = None  # known once the unit's last batch arrives
     admitted_last: int | None = None  # batches the unit has, known when its last batch is admitted
     covered: set[int] = field(default_factory=set)  # sample ids stepped or skipped
+    seen: set[int] = field(default_factory=set)  # sample ids the admitted batches hold, delivered or skipped
 
 
 @dataclass
@@ -66,6 +68,13 @@ class InvalidBatch(ValueError):
     """A batch whose accounting fields make no sense (ids outside its unit, bad epoch)."""
 
     reason = "bad_accounting"
+
+
+class ShortUnit(InvalidBatch):
+    """A unit's last batch that leaves samples of the unit out (only a misbehaving leaseholder sends
+    one): it is not admitted, and the unit is leased again, so nothing is lost."""
+
+    reason = "short_unit"
 
 
 class Ledger:
@@ -106,6 +115,13 @@ class Ledger:
             return False
         if progress is None:
             progress = self._units[unit_id] = _UnitProgress(self.plan.unit(unit_id).size)
+        here = set(sample_ids.tolist()) | set(skipped_ids.tolist())
+        if last and len(progress.seen | here) < progress.size:
+            if not progress.admitted:
+                del self._units[unit_id]
+            raise ShortUnit(f"unit {unit_id}'s last batch (index {batch_index}) leaves "
+                            f"{progress.size - len(progress.seen | here)} of its {progress.size} samples out")
+        progress.seen |= here
         progress.admitted.add(batch_index)
         if last:
             progress.admitted_last = batch_index + 1

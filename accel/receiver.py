@@ -35,7 +35,7 @@ import numpy as np
 import zmq
 
 from accel.batch import ReceivedBatch
-from accel.ledger import InvalidBatch, Ledger, Skipped, Step
+from accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
 from accel.metrics import ConsumerMetrics
 from accel.schema import BatchSchema
 from accel.stream import StreamOrder
@@ -133,6 +133,7 @@ class Receiver:
                  out: queue.Queue, metrics: ConsumerMetrics, on_unit_done: Callable[[int], None],
                  schema: BatchSchema, leases: LeaseSigner, order: StreamOrder, keyed: bool = False,
                  on_unit_received: Callable[[int], None] = lambda unit_id: None,
+                 on_unit_short: Callable[[int], object] = lambda unit_id: None,
                  sender_timeout_s: float = 30.0, budget: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.socket = socket
@@ -144,6 +145,7 @@ class Receiver:
         self.metrics = metrics
         self.on_unit_done = on_unit_done
         self.on_unit_received = on_unit_received  # all its batches are here: nobody need make it again
+        self.on_unit_short = on_unit_short  # its last batch left samples out: have it made again
         self.leases = leases
         self.order = order
         self.budget = budget or MAX_SENDERS * window  # batches all senders together may have in hand
@@ -282,6 +284,8 @@ class Receiver:
         except (FrameError, InvalidBatch) as exc:
             self._drop(exc.reason, peer_id, str(exc))
             self._grant(peer_id, 1)
+            if isinstance(exc, ShortUnit):
+                self.on_unit_short(header.unit_id)
             return
         if not fresh:
             self.metrics.duplicates.inc(len(sample_ids))

@@ -22,6 +22,8 @@ TOKEN_BYTES = 16
 TRADED = "traded"  # an earlier unit of the same rank was pending: the dispatcher gave it in the held one's place
 UNREACHABLE = "consumer unreachable"  # the rank's data socket stopped answering (it restarted, or cannot be reached)
 HANDED_BACK = frozenset({TRADED, UNREACHABLE})
+# Why the consumer has a unit made again: its leaseholder's last batch left samples of it out.
+SHORT_UNIT = "short_unit"
 
 
 @dataclass(frozen=True)

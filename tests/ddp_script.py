@@ -97,8 +97,8 @@ def main() -> None:
                     break
             if taken == args.stop_after:
                 break
-    if rank == 0:  # the job's dispatcher lives in rank 0's process
-        record.write(json.dumps({"units_released": loader.consumer.dispatcher.stats().releases}) + "\n")
+    # rank 0 holds the job's dispatcher; the others have its figures from its answers
+    record.write(json.dumps({"units_released": loader.consumer.dispatcher.stats().releases}) + "\n")
     record.close()
     dist.destroy_process_group()
     os._exit(0)

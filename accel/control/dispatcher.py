@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 from accel.control.journal import Journal
 from pipeline.plan import EpochPlan, Unit
-from protos.leases import HANDED_BACK, TRADED
+from protos.leases import HANDED_BACK, SHORT_UNIT, TRADED
 
 SCAN_PAST = 64  # pending units a lease may pass over (ranks the asking process holds) before it says wait
+AVOID_S = 5.0  # a unit redone because its leaseholder ended it short goes to another host first, this long
 MAKE_AHEAD_UNITS = 16  # units of the next epoch made per lease: ~0.1 ms, the epoch ready well before it is due
 
 
@@ -78,6 +79,8 @@ class Dispatcher:
     _hosts: dict[str, float] = field(init=False, default_factory=dict)
     _releases: int = field(init=False, default=0)
     _handed_back: int = field(init=False, default=0)
+    _avoid: dict[int, tuple[str, float]] = field(init=False, default_factory=dict)  # unit -> (host that ended it
+    # short, until when another host gets it first)
     _endpoints: dict[int, str] = field(init=False, default_factory=dict)  # rank -> its data socket
     _ranks: dict[int, tuple[str, float]] = field(init=False, default_factory=dict)  # rank -> (consumer, last heard)
     _prefix: dict[tuple[int, int], tuple[int, int]] = field(init=False, default_factory=dict)  # (epoch, rank) ->
@@ -290,7 +293,8 @@ class Dispatcher:
             lease = self._leased.get(unit_id)
             if lease is not None and (lease.host_id, lease.worker_id, lease.key) == (host_id, worker_id, key):
                 held[lease.unit.rank] = lease.unit
-        unit = self._take(lambda unit: unit.rank not in held or _lease_key(unit) < _lease_key(held[unit.rank]))
+        unit = self._take(lambda unit: (unit.rank not in held or _lease_key(unit) < _lease_key(held[unit.rank]))
+                          and not self._avoided(unit.unit_id, host_id))
         if unit is None:
             return None
         if unit.rank in held:
@@ -300,6 +304,24 @@ class Dispatcher:
         self._hold(Lease(unit, host_id, worker_id, self.clock(), request_id, key))
         self._make_ahead()
         return unit
+
+    def redo(self, unit_id: int) -> bool:
+        """The unit's rank got a last batch from its leaseholder that left samples of it out: lease it
+        again, to another host when one asks within AVOID_S (SHORT_UNIT). True if it was leased."""
+        lease = self._leased.get(unit_id)
+        if lease is None or self._is_done(unit_id):
+            return False
+        self._avoid[unit_id] = (lease.host_id, self.clock() + AVOID_S)
+        return self.release(lease.host_id, [lease.worker_id], SHORT_UNIT, [unit_id]) > 0
+
+    def _avoided(self, unit_id: int, host_id: str) -> bool:
+        entry = self._avoid.get(unit_id)
+        if entry is None or entry[0] != host_id:
+            return False
+        if self.clock() >= entry[1] or len(self._hosts) < 2:
+            del self._avoid[unit_id]  # no other host took it in time (or there is none): anyone may
+            return False
+        return True
 
     def _take(self, wanted: Callable[[Unit], bool]) -> Unit | None:
         """Pop the earliest pending unit of an attached rank that `wanted` accepts; the units passed
@@ -380,6 +402,7 @@ class Dispatcher:
 
     def _hold(self, lease: Lease) -> None:
         self._leased[lease.unit.unit_id] = lease
+        self._avoid.pop(lease.unit.unit_id, None)
         if lease.request_id:
             self._by_request[(lease.worker_id, lease.request_id, lease.key)] = lease.unit.unit_id
 

@@ -13,14 +13,29 @@ whole epochs plus the ids of the open ones; the open leases), so neither the fil
 time to replay it grows with the epoch number. Replaying gives the units
 already done and the leases still open (their hosts get one host timeout to show up again
 before the units go back to the queue).
+
+A crash can stop a write anywhere. Every answer waits for its lines' fsync, so a torn last line
+(and anything after the last newline) records nothing anyone was told: opening the journal cuts
+it off before appending, and a journal whose header never became a whole line is made anew.
+A new journal and a compacted one come into place by rename, whole. One dispatcher at a time:
+the journal is locked (flock on `PATH.lock`, released by the kernel when its holder dies),
+because two would lease the same units twice.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger("stoker.journal")
+
+
+class JournalInUse(RuntimeError):
+    """Another live process has the journal open."""
 
 
 @dataclass
@@ -37,25 +52,31 @@ class Journal:
     def __init__(self, path: str | Path, job: dict, lease_key: bytes) -> None:
         """`lease_key`: used for a new journal; a replayed one keeps its own."""
         self.path = Path(path)
-        self.replayed: Replayed | None = replay(self.path) if self.path.exists() else None
-        if self.replayed is not None:
-            theirs = {k: v for k, v in self.replayed.job.items() if k != "job_id"}
-            ours = {k: v for k, v in job.items() if k != "job_id"}
-            if theirs != ours:
-                raise ValueError(f"{self.path} is the journal of another job ({theirs}), not {ours}")
-            lease_key = self.replayed.lease_key or lease_key
-        self.lease_key = lease_key
-        self._header = {"job": self.replayed.job if self.replayed else job, "lease_key": lease_key.hex()}
-        self._dirty = False
-        self.compactions = 0  # since this process opened it
+        self._lock = _lock(self.path)
         try:
+            self.replayed: Replayed | None = _recover(self.path)
+            if self.replayed is not None:
+                theirs = {k: v for k, v in self.replayed.job.items() if k != "job_id"}
+                ours = {k: v for k, v in job.items() if k != "job_id"}
+                if theirs != ours:
+                    differ = "; ".join(f"{k}: journal {theirs.get(k)!r}, now {ours.get(k)!r}"
+                                       for k in sorted(theirs.keys() | ours.keys()) if theirs.get(k) != ours.get(k))
+                    raise ValueError(f"{self.path} is the journal of another job ({differ}); give another --journal "
+                                     f"or remove it to start this job from its beginning")
+                lease_key = self.replayed.lease_key or lease_key
+            self.lease_key = lease_key
+            self._header = {"job": self.replayed.job if self.replayed else job, "lease_key": lease_key.hex()}
+            if self.replayed is None:
+                self._put_in_place([self._header])
             self._file = open(self.path, "a")
         except OSError as exc:
+            os.close(self._lock)
             raise OSError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from exc
-        if self.replayed is None:
-            self.path.chmod(0o600)  # it holds the lease key
-            self._write(self._header)
-            self.sync()
+        except BaseException:
+            os.close(self._lock)
+            raise
+        self._dirty = False
+        self.compactions = 0  # since this process opened it
 
     def _write(self, event: dict) -> None:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -86,29 +107,85 @@ class Journal:
         self._write({"release": unit_ids})
 
     def compact(self, snapshot: dict) -> None:
-        """Replace the history by `snapshot` (Dispatcher.snapshot): written beside, fsync'd, then
-        renamed over the journal, so a crash at any point leaves the old journal or the new one."""
-        staged = self.path.with_name(self.path.name + ".compacting")
-        with open(staged, "w") as out:
-            out.write(json.dumps(self._header, separators=(",", ":")) + "\n")
-            out.write(json.dumps({"snapshot": snapshot}, separators=(",", ":")) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        staged.chmod(0o600)
+        """Replace the history by `snapshot` (Dispatcher.snapshot): a crash at any point of it
+        leaves the old journal or the new one."""
         self._file.close()
-        os.replace(staged, self.path)
-        folder = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself is durable
-        finally:
-            os.close(folder)
+        self._put_in_place([self._header, {"snapshot": snapshot}])
         self._file = open(self.path, "a")
         self._dirty = False
         self.compactions += 1
 
+    def _put_in_place(self, events: list[dict]) -> None:
+        """Write `events` as the whole journal: beside it, fsync'd, owner-only (it holds the lease
+        key), then renamed over it and the rename made durable."""
+        staged = self.path.with_name(self.path.name + ".staged")
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            for event in events:
+                out.write(json.dumps(event, separators=(",", ":")) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staged, self.path)
+        _fsync_folder(self.path.parent)
+
     def close(self) -> None:
-        self.sync()
-        self._file.close()
+        if self._file.closed:
+            return
+        try:
+            self.sync()
+            self._file.close()
+        finally:
+            os.close(self._lock)
+
+
+def _lock(path: Path) -> int:
+    """Hold `PATH.lock` for as long as the journal is open; refuse when another process holds it."""
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise OSError(f"cannot lock the journal {path} ({lock_path}: {exc.strerror or exc})") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise JournalInUse(f"the journal {path} is in use by another dispatcher (pid {holder}); two dispatchers on "
+                           f"one journal would lease the same units twice") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _recover(path: Path) -> Replayed | None:
+    """Replay the journal at `path`, first cutting off what a crash tore (nothing anyone was told);
+    None when there is no journal yet, or none that ever became whole."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    whole = data.rfind(b"\n") + 1
+    if whole == 0:
+        if data:
+            log.warning("%s: a journal whose first line never became whole (a crash while it was made): "
+                        "starting it anew", path)
+        return None
+    if whole < len(data):
+        log.warning("%s: cutting off a torn last line of %d bytes (a crash mid-write; its answer was never sent)",
+                    path, len(data) - whole)
+        with open(path, "r+b") as file:
+            file.truncate(whole)
+            file.flush()
+            os.fsync(file.fileno())
+    return replay(path)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself is durable
+    finally:
+        os.close(fd)
 
 
 def replay(path: Path) -> Replayed:

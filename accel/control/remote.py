@@ -84,12 +84,14 @@ class RemoteAcks:
         self._acked: set[int] = set(done_before)
         self._unsent: dict[int, int] = {}  # unit -> its batches
         self._received: set[int] = set()  # units whose batches are all here, to tell
+        self._redo: set[int] = set()  # units whose leaseholder ended them short, to have made again
         self.finished = False  # every unit of the job is done (the dispatcher said so)
         self.on_finished: Callable[[], None] = lambda: None
         self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._sock: zmq.asyncio.Socket | None = None
         self._in_flight = 0
         self._lock: asyncio.Lock | None = None
+        self._job_stats = DispatcherStats(pending=0, leased=0, done=0, hosts_alive=0, releases=0)
 
     def ack(self, unit_id: int, batches: int | None = None) -> bool:
         self._unsent[unit_id] = batches or 0
@@ -97,6 +99,10 @@ class RemoteAcks:
 
     def received(self, unit_id: int) -> None:
         self._received.add(unit_id)
+
+    def redo(self, unit_id: int) -> bool:
+        self._redo.add(unit_id)
+        return True
 
     @property
     def unsent(self) -> int:
@@ -107,7 +113,8 @@ class RemoteAcks:
         return sorted(self._acked | set(self._unsent))
 
     def stats(self) -> DispatcherStats:
-        return DispatcherStats(pending=0, leased=0, done=len(self._acked), hosts_alive=0, releases=0)
+        """The whole job's figures as the dispatcher gave them with its last answer to an ack."""
+        return self._job_stats
 
     async def run(self, ctx: zmq.asyncio.Context, stop: threading.Event) -> None:
         """Attach with the data endpoint, then ack and say we are alive until the job is finished."""
@@ -117,20 +124,26 @@ class RemoteAcks:
         try:
             while not stop.is_set():
                 now = asyncio.get_running_loop().time()
-                if self._unsent or self._received or now >= next_beat:
-                    batch, received = dict(self._unsent), set(self._received)
+                if self._unsent or self._received or self._redo or now >= next_beat:
+                    batch, received, redo = dict(self._unsent), set(self._received), set(self._redo)
                     self._unsent.clear()
                     self._received.clear()
+                    self._redo.clear()
                     self._in_flight = len(batch)
                     reply = await self.call(pb.ControlRequest(ack=pb.Ack(unit_ids=list(batch),
                                                                          batches=list(batch.values()),
-                                                                         received=sorted(received))), stop)
+                                                                         received=sorted(received),
+                                                                         redo=sorted(redo))), stop)
                     self._in_flight = 0
                     if reply is None:
                         self._unsent.update(batch)
                         self._received |= received
+                        self._redo |= redo
                         continue
                     self._acked |= set(batch)
+                    if reply.HasField("stats"):
+                        self._job_stats = DispatcherStats(**{name: getattr(reply.stats, name)
+                                                             for name in DispatcherStats.__dataclass_fields__})
                     next_beat = now + HEARTBEAT_S
                     if reply.WhichOneof("kind") == "finished" and not self.finished:
                         self.finished = True

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import zmq
 import zmq.asyncio
@@ -206,10 +206,15 @@ class ControlServer:
         if kind == "ack":
             for unit_id in request.ack.received:
                 d.received(unit_id)
+            for unit_id in request.ack.redo:
+                if d.redo(unit_id):
+                    log.warning("rank %d: unit %d ended short of its samples; leasing it again", rank[0], unit_id)
             counts = list(request.ack.batches)
             for i, unit_id in enumerate(request.ack.unit_ids):
                 d.ack(unit_id, counts[i] if i < len(counts) else None)
-            return pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+            reply = pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+            reply.stats.CopyFrom(pb.JobStats(**asdict(d.stats())))
+            return reply
         if kind == "epoch_steps":
             e = request.epoch_steps
             steps = d.epoch_steps(e.epoch, e.rank, e.batches)

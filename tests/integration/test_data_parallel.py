@@ -180,6 +180,7 @@ def test_a_worker_host_killed_mid_epoch_costs_seconds_not_the_host_timeout(odd_m
     ranks = _job(odd_manifest, tmp_path / "run", log_dir, "--epochs", "6", "--host-timeout", "30",
                  during=kill_host0)
     assert ranks[0]["units_released"] > 0  # the dead host's leases went to the other host
+    assert ranks[1]["units_released"] > 0  # and rank 1 says so too: the dispatcher's figure, not its own
     _check_exactly_once_and_even(odd_manifest, ranks, 6)
     gap = max(_longest_gap(ranks[r]["steps"]) for r in ranks)
     print(f"longest wait between two steps with a host killed: {gap:.1f} s (host timeout 30 s), "

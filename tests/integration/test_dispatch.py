@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import zmq
@@ -19,17 +20,62 @@ from accel.stepping import given
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys, add_key, init_keys
 from tests.helpers import Daemon, assert_exactly_once, free_port, wait_for
+from tests.journal_crash import KINDS
 from tests.strangers import call, dealer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dispatcher(manifest_uri: str, control: str, data: str, journal, log_path,
-                extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "dispatch", "--data", manifest_uri,
+                extra: tuple[str, ...] = (), crash: tuple[int, str] | None = None) -> subprocess.Popen:
+    """`stoker dispatch`; with `crash` = (n, kind) it SIGKILLs itself at its n-th journal write point
+    of that kind (tests/journal_crash.py)."""
+    launcher = ["tests.journal_crash", str(crash[0]), crash[1], "--"] if crash else ["stoker"]
+    cmd = [sys.executable, "-m", *launcher, "--log-level", "INFO", "dispatch", "--data", manifest_uri,
            "--journal", str(journal), "--control-bind", control, "--metrics-port", "-1",
            "--host-timeout", "3", "--epochs", "2", "--batch-size", "16", "--unit-batches", "2",
            "--job-secret", f"{journal}.key", *extra]
-    return subprocess.Popen(cmd, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
+    return subprocess.Popen(cmd, stdout=open(log_path, "a"), stderr=subprocess.STDOUT, cwd=ROOT,
                             env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"})
+
+
+def test_a_dispatcher_killed_inside_a_journal_write_and_again_inside_a_compaction_delivers_every_sample_once(
+        manifest, log_dir):
+    """The dispatcher dies (SIGKILL) halfway through writing its 4th journal line, is restarted,
+    dies again just before the rename of a compaction, and is restarted again: the job finishes
+    with every sample once per epoch, the torn line cut off, a second dispatcher on the journal refused."""
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    journal, log = log_dir / "dispatch.journal", log_dir / "dispatch.log"
+    secret = log_dir / "dispatch.journal.key"
+    runs = [_dispatcher(manifest.uri, control, data, journal, log, crash=(3, KINDS[0]))]
+    assert wait_for(secret.exists, timeout=30)
+    consumer = Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None, job_secret=str(secret)),
+                        None, given(SimulatedAccelerator(rate=500)))
+    consumer.start()
+    daemons = [Daemon(control, f"host{i}", 1, log_dir) for i in range(2)]
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(summary=consumer.run()), daemon=True)
+    runner.start()
+    try:
+        assert runs[0].wait(60) == -signal.SIGKILL, log.read_text()[-3000:]
+        runs.append(_dispatcher(manifest.uri, control, data, journal, log, crash=(0, KINDS[3])))
+        assert runs[1].wait(90) == -signal.SIGKILL, log.read_text()[-3000:]
+        runs.append(_dispatcher(manifest.uri, control, data, journal, log))
+        assert wait_for(lambda: log.read_text().count("continuing from") == 2, timeout=30)  # run 3 holds the journal
+        refused = _dispatcher(manifest.uri, control, data, journal, log_dir / "refused.log")
+        assert refused.wait(30) != 0
+        assert "in use by another dispatcher" in (log_dir / "refused.log").read_text()
+        runner.join(120)
+        assert not runner.is_alive(), log.read_text()[-3000:]
+        assert [d.wait(timeout=60) for d in daemons] == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+        assert runs[2].wait(30) == 0
+    finally:
+        consumer.stop()
+        for proc in runs:
+            if proc.poll() is None:
+                proc.kill()
+    assert_exactly_once(result["summary"], manifest.num_samples, 2)
+    assert "cutting off a torn last line" in log.read_text()
 
 
 def test_a_dispatcher_restarted_from_its_compacted_journal_finishes_the_job_exactly_once(manifest, log_dir):

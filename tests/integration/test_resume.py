@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -67,6 +70,22 @@ def test_a_checkpoint_of_another_job_is_refused(manifest, tmp_path):
     with pytest.raises(ValueError, match="text unit's rows depend on its documents"):  # images may change it
         Consumer(cfg, replace(text, world_size=2), given(SimulatedAccelerator(rate=1)), resume=checkpoint.state(
             text, 0, 3, [(0, 3)], 48))
+
+
+def test_a_text_checkpoint_resumed_with_another_sequence_length_is_refused_naming_it(wiki_manifest, tmp_path):
+    """The text configuration is part of the job's identity: packed 128-token rows are not 256-token ones."""
+    job = JobConfig(manifest_uri=wiki_manifest.uri, epochs=1, dataset="wikipedia", batch_size=8)
+    ckpt = tmp_path / "text.json"
+    checkpoint.save(checkpoint.state(job, 0, 2, [(0, 2)], 16), ckpt)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "stoker", "train", "--dataset", "wikipedia", "--data",
+                             wiki_manifest.uri, "--batch-size", "8", "--seq-len", "256", "--accel", "null",
+                             "--resume", str(ckpt), "--no-progress", "--data-bind", "tcp://127.0.0.1:0",
+                             "--control-bind", "tcp://127.0.0.1:0", "--metrics-port", "-1"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and time.monotonic() - started < 30
+    assert "text.seq_len: checkpoint 128, now 256" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
 
 
 def test_train_cli_checkpoints_model_and_data_and_resumes(manifest, tmp_path, log_dir):

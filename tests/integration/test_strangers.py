@@ -175,3 +175,36 @@ def test_waiting_for_credit_keeps_a_slot_and_silence_loses_it(manifest, log_dir)
     assert time.monotonic() - started > 4  # the worker spent seconds waiting for credit ...
     assert metrics["stoker_consumer_senders_freed_total{reason=silent}"] == 1  # ... and only the mute one was freed
     assert summary.stage_seconds["wait_for_credit"] > 1.0
+
+
+def test_a_leaseholders_empty_last_batch_has_its_unit_made_again_and_every_sample_trained(manifest, log_dir):
+    """A stranger registers as a worker (no keys: that is allowed), leases a unit, sends an empty
+    batch marked last for it and stays: the batch is dropped and counted (`short_unit`), the unit is
+    leased again to a real host, and every sample of every epoch is trained; nothing is skipped."""
+    audit = PixelAudit()
+    consumer = _consumer(manifest, audit, host_timeout_s=120)  # the redo, not the stranger's silence
+    consumer.start()
+    ctx = zmq.Context()
+    try:
+        control = dealer(ctx, consumer.control_endpoint)
+        job = call(control, pb.ControlRequest(register=pb.Register(host_id="mallory", procs=1)), 1).registered.job
+        mine = call(control, pb.ControlRequest(lease=pb.LeaseRequest(host_id="mallory", worker_id="mallory/p0")),
+                    2).unit
+        data = dealer(ctx, consumer.data_endpoint)
+        data.send(pb.DataMessage(hello=pb.Hello(worker_id="mallory/p0", job_id=job.job_id, host_id="mallory",
+                                                unit_id=mine.unit_id, lease_token=mine.lease_token))
+                  .SerializeToString())
+        assert data_replies(data, 2.0)[0].WhichOneof("kind") == "credit"
+        data.send_multipart(zero_batch(job.job_id, "mallory/p0", mine, [], IMAGE, True, mine.lease_token))
+        assert wait_for(lambda: consumer.dispatcher.stats().releases == 1, timeout=10)
+        daemons = [Daemon(consumer.control_endpoint, f"host{i}", 1, log_dir) for i in range(2)]
+        started = time.monotonic()
+        summary = consumer.run()
+        assert [d.wait(timeout=30) for d in daemons] == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    finally:
+        ctx.destroy(linger=0)
+        consumer.stop()
+    assert time.monotonic() - started < 60  # not the stranger's host timeout (120 s)
+    assert_exactly_once(summary, manifest.num_samples, 2)
+    assert summary.skipped_samples == 0 and audit.stepped == 2 * manifest.num_samples
+    assert summary.frames_dropped.get("short_unit") == 1 and summary.units_released == 1

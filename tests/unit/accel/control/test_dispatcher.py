@@ -5,7 +5,7 @@ import pytest
 
 from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
-from accel.ledger import InvalidBatch, Ledger, Step
+from accel.ledger import InvalidBatch, Ledger, ShortUnit, Step
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardInfo
 
@@ -83,16 +83,39 @@ def test_ledger_drops_duplicates_and_completes_units():
     assert ledger.unique_samples == ledger.samples == len(ids) and ledger.collisions == 0
 
 
-def test_an_empty_last_batch_cannot_close_a_unit_silently():
+def test_a_last_batch_that_leaves_samples_out_is_refused_and_the_unit_stays_open_for_its_redo():
     ledger = Ledger(EpochPlan(SMALL, unit_size=4, epochs=1, seed=0))
     ids = _unit_ids(ledger, 0)
     assert ledger.admit(0, 0, 0, ids[:2])
     assert ledger.stepped(0, 0, 0, False, ids[:2], _ids()) is Step.OPEN
-    assert ledger.admit(0, 0, 1, _ids())  # "last", but the other rows never came
-    assert ledger.stepped(0, 0, 1, True, _ids(), _ids()) is Step.INCOMPLETE
-    assert ledger.incomplete_units == 1
-    assert sorted(s.sample_id for s in ledger.skipped.values()) == sorted(ids[2:].tolist())  # reported, not delivered
+    with pytest.raises(ShortUnit, match="leaves 2 of its 4 samples out"):
+        ledger.admit(0, 0, 1, _ids(), last=True)  # an empty "last" batch: the other rows never came
+    assert not ledger.received(0)
+    assert not ledger.admit(0, 0, 0, ids[:2])  # the redo: its first batch was stepped already
+    assert ledger.admit(0, 0, 1, ids[2:], last=True) and ledger.received(0)
+    assert ledger.stepped(0, 0, 1, True, ids[2:], _ids()) is Step.DONE
+    assert ledger.samples == 4 and not ledger.skipped and ledger.incomplete_units == 0
+
+
+def test_a_unit_whose_stepped_batches_still_end_short_reports_the_missing_samples_as_skipped():
+    """The backstop behind the admission check: never counted as delivered."""
+    ledger = Ledger(EpochPlan(SMALL, unit_size=4, epochs=1, seed=0))
+    ids = _unit_ids(ledger, 0)
+    assert ledger.admit(0, 0, 0, ids[:2])
+    assert ledger.stepped(0, 0, 0, True, ids[:2], _ids()) is Step.INCOMPLETE
+    assert sorted(s.sample_id for s in ledger.skipped.values()) == sorted(ids[2:].tolist())
     assert ledger.samples == 2
+
+
+def test_a_unit_ended_short_is_leased_again_to_another_host_first(manifest):
+    clock = [0.0]
+    d = attached(EpochPlan(manifest, unit_size=16, epochs=1, seed=0), clock=lambda: clock[0])
+    d.lease("h1", "h1/p0.1")  # h1 is a host too
+    unit = d.lease("h0", "h0/p0.1")
+    assert d.redo(unit.unit_id) and d.stats().releases == 1
+    assert d.lease("h0", "h0/p0.1", holding=[]).unit_id != unit.unit_id  # not back to the host that ended it short
+    assert d.lease("h1", "h1/p0.2").unit_id == unit.unit_id
+    assert not d.redo(99999)
 
 
 def test_a_batch_must_hold_samples_of_its_own_unit():
@@ -160,6 +183,7 @@ def test_a_compacted_journal_restarts_with_the_same_units_done_and_leases_open(m
         acked.append(unit.unit_id)
     held = [first.lease("h0", "h0/p0.1", request_id=i).unit_id for i in (1, 2)]
     first.journal.sync()  # what the control server does before it answers; then the process dies
+    first.journal.close()  # (its lock goes with it)
     assert len(path.read_text().splitlines()) == 2 + 3 * 2 + 2  # header, snapshot, 3 leases + 3 acks, 2 leases
     second = attached(plan, host_timeout_s=10, journal=Journal(path, job, b"n" * 32))
     assert second.done_units() == sorted(acked)
