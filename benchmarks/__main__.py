@@ -1,5 +1,5 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
-ingest, object_storage, control_plane, dct_scale, restart_index, data_parallel) or all of them.
+ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`)."""
 
@@ -11,6 +11,7 @@ from benchmarks import (
     data_parallel,
     dct_scale,
     ingest,
+    journal_store,
     loader,
     object_storage,
     overlap,
@@ -23,7 +24,8 @@ from benchmarks import (
 
 BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "overlap": overlap.main,
               "ratio": ratio.main, "loader": loader.main, "ingest": ingest.main, "object_storage": object_storage.main,
-              "control_plane": control_plane.main, "dct_scale": dct_scale.main, "restart_index": restart_index.main,
+              "control_plane": control_plane.main, "journal_store": journal_store.main,
+              "dct_scale": dct_scale.main, "restart_index": restart_index.main,
               "data_parallel": data_parallel.main}
 
 if __name__ == "__main__":
