@@ -162,6 +162,14 @@ def check_matches(job, saved: dict) -> None:
 
 
 def resume(job, state: object):
+    """`_resume`, its refusals saying what they refuse (a rank's own words would not name the file)."""
+    try:
+        return _resume(job, state)
+    except CheckpointError as exc:
+        raise CheckpointError(f"cannot resume from this checkpoint: {exc}") from None
+
+
+def _resume(job, state: object):
     """The job to run and where it starts, from a `state_dict()` of it (checked to be the same job). At
     another world size (images), the job continues the checkpoint's epoch from its position: its
     plan gets the cut (pipeline.plan.Resumed) and every rank starts that epoch's new stream at the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -85,6 +86,28 @@ def test_a_text_checkpoint_resumed_with_another_sequence_length_is_refused_namin
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and time.monotonic() - started < 30
     assert "text.seq_len: checkpoint 128, now 256" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("edit", [
+    lambda state: [state],  # a JSON list
+    lambda state: {k: v for k, v in state.items() if k != "job"},
+    lambda state: state | {"ranks": [[-1, 0]]},
+    lambda state: state | {"ranks": [[999, 0]]},
+    lambda state: state | {"epoch": 99},
+], ids=["a-list", "no-job", "negative-rank-position", "rank-past-its-stream", "epoch-99"])
+def test_an_edited_checkpoint_is_refused_with_one_line_within_seconds(manifest, tmp_path, edit):
+    job = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=16, unit_batches=2)
+    ckpt = tmp_path / "data.json"
+    ckpt.write_text(json.dumps(edit(checkpoint.state(job, 0, 3, [(1, 1)], 48))))
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "stoker", "train", "--data", manifest.uri, "--epochs", "2",
+                             "--batch-size", "16", "--unit-batches", "2", "--accel", "null", "--resume", str(ckpt),
+                             "--no-progress", "--data-bind", "tcp://127.0.0.1:0", "--control-bind",
+                             "tcp://127.0.0.1:0", "--metrics-port", "-1"], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and time.monotonic() - started < 30, result.stdout[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("stoker: error:")]
+    assert len(errors) == 1 and "checkpoint" in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
 
 
