@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
@@ -27,6 +28,7 @@ import pyarrow.fs as pafs
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 S3_ATTEMPTS = 3
+CHUNK_BYTES = 8 << 20
 
 
 class StorageError(OSError):
@@ -107,6 +109,37 @@ def local_copy(uri: str, sha256: str = "") -> str:
         if os.path.exists(partial):
             os.unlink(partial)
     return str(target)
+
+
+def file_size(uri: str) -> int:
+    """Bytes of the file at `uri` (a HEAD request on an object store)."""
+    fs, path = filesystem(uri)
+    try:
+        info = fs.get_file_info(path)
+    except OSError as exc:
+        raise StorageError(f"cannot read {uri}: {exc}") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{uri}: no such file")
+    return int(info.size or 0)
+
+
+def copy_hashed(uri: str, out: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, int]:
+    """Stream the file at `uri` into `out`, hashing each chunk as it is written, so checking a fetched
+    shard costs no second read of it; returns (sha256 hex digest, bytes copied)."""
+    fs, path = filesystem(uri)
+    digest = hashlib.sha256()
+    copied = 0
+    try:
+        with fs.open_input_stream(path) as stream:
+            while chunk := stream.read(chunk_bytes):
+                digest.update(chunk)
+                out.write(chunk)
+                copied += len(chunk)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StorageError(f"cannot read {uri}: {exc}") from exc
+    return digest.hexdigest(), copied
 
 
 def writable_folder(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -19,7 +19,6 @@ COVERED_BY = {
     "pipeline/seeds": ["tests/unit/pipeline/test_augment.py"],
     "pipeline/shards": ["tests/unit/pipeline/test_prepare.py", E2E + "test_object_storage.py"],
     "pipeline/stats": ["tests/unit/pipeline/test_prepare.py"],
-    "pipeline/storage": [E2E + "test_object_storage.py"],
     "pipeline/synth": ["tests/unit/pipeline/test_prepare.py"],
     "pipeline/tensors": ["tests/unit/pipeline/test_kinds.py"],
     "pipeline/text/corpus": ["tests/unit/pipeline/text/test_prepare.py"],
