@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from pipeline.synth import SynthConfig, generate
 from tests.helpers import Daemon, Job
 
 TEST_IMAGES = 160
+
+
+@pytest.fixture(autouse=True, scope="session")
+def own_shard_cache(tmp_path_factory):
+    """The tests' shard cache and check markers (and their processes') in a folder of their own, not ~/.cache."""
+    if "STOKER_SHARD_CACHE" not in os.environ:
+        os.environ["STOKER_SHARD_CACHE"] = str(tmp_path_factory.mktemp("shard-cache"))
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ COVERED_BY = {
     "pipeline/image_layout": ["tests/unit/pipeline/test_kinds.py"],
     "pipeline/photos": ["tests/unit/pipeline/test_prepare.py"],
     "pipeline/seeds": ["tests/unit/pipeline/test_augment.py"],
-    "pipeline/shards": ["tests/unit/pipeline/test_prepare.py", E2E + "test_object_storage.py"],
     "pipeline/stats": ["tests/unit/pipeline/test_prepare.py"],
     "pipeline/synth": ["tests/unit/pipeline/test_prepare.py"],
     "pipeline/tensors": ["tests/unit/pipeline/test_kinds.py"],
