@@ -11,7 +11,9 @@ import pytest
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import Manifest, ShardReader, ShardWriter
 from pipeline.synth import SynthConfig, generate
+from protos.job import JobConfig
 from tests.helpers import Daemon, Job
+from tests.shard_edits import JOB, ROWS, expected_images, reshard
 
 TEST_IMAGES = 160
 
@@ -62,6 +64,18 @@ def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
     corrupt = Manifest(kind="imagenet", classes=manifest.classes, shards=writer.close())
     corrupt.save(dst / "manifest.json")
     return Manifest.load(dst / "manifest.json"), victim
+
+
+@pytest.fixture(scope="session")
+def sixteen(manifest, tmp_path_factory) -> Manifest:
+    """The same samples in shards of exactly 16 rows: with tests.shard_edits.JOB each unit reads one shard."""
+    return reshard(manifest, tmp_path_factory.mktemp("sixteen"), ROWS)
+
+
+@pytest.fixture(scope="session")
+def expected(sixteen) -> dict:
+    """What each sample of `sixteen` trains as in epoch 0 of tests.shard_edits.JOB: id -> (image, label)."""
+    return expected_images(sixteen, JobConfig(manifest_uri=sixteen.uri, **JOB))
 
 
 @pytest.fixture
