@@ -202,9 +202,6 @@ class ShardCache:
         """Remove copies, least recently used first, until `incoming` more bytes fit under the limit;
         never one a process has open, nor `keep` (the shard being fetched). Also removes partial files
         of fetches that died (their lock is free)."""
-        limit = self.cfg.limit_bytes
-        if limit is None:
-            return
         partial_bytes = 0
         for path, size in self._partials():
             stale = path.name != keep and acquire(self.locks / path.name, wait=False)
@@ -213,6 +210,9 @@ class ShardCache:
                 stale.release(remove=True)
             else:
                 partial_bytes += size
+        limit = self.cfg.limit_bytes
+        if limit is None:
+            return
         copies = sorted(self._copies())
         total = partial_bytes + sum(size for _, size, _ in copies)
         for _, size, path in copies:

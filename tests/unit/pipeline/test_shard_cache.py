@@ -109,8 +109,9 @@ def test_least_recently_used_goes_first_and_an_open_copy_never(store, tmp_path):
     assert not a.path.exists() and cache.usage() <= 2 * SHARD
 
 
-def test_a_partial_file_of_a_fetch_that_died_is_removed(store, tmp_path):
-    cache = _cache(tmp_path, shards=2)
+@pytest.mark.parametrize("limit", [2, None])
+def test_a_partial_file_of_a_fetch_that_died_is_removed(store, tmp_path, limit):
+    cache = _cache(tmp_path, shards=limit)
     (tmp_path / "cache" / ".partial").mkdir(parents=True)
     (tmp_path / "cache" / ".partial" / "dead-train-00009.arrow").write_bytes(b"x" * SHARD)
     uri = next(iter(store))
