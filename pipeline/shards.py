@@ -5,13 +5,15 @@ never a copy made by Stoker. `restarts` is the restart-interval index of a JPEG 
 `stoker prepare` transcoded (pipeline/restart_index.h), null for one it kept as it was;
 shards written before the index (three columns, manifest version 1) are read as all null.
 Any `pyarrow.fs` URI can hold shards; a remote shard is fetched once per host into a local
-cache and mapped from there (pipeline.storage).
+cache and mapped from there (pipeline.shard_cache). A shard opened with its manifest entry is
+checked before any row is read: its bytes against the sha256 (once per host:
+pipeline.integrity), its row count and its columns; one that differs raises ShardRefused, which
+names the shard and what differs, and its samples are skipped by the caller.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -21,7 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.files import write_atomically
-from pipeline.storage import is_remote, local_copy, read_bytes
+from pipeline.integrity import ShardRefused, check_file
+from pipeline.integrity import sha256_of as file_sha256
+from pipeline.shard_cache import CachedShard, ShardCache
+from pipeline.storage import is_remote, read_bytes
 
 PLAIN_IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
 IMAGE_SCHEMA = PLAIN_IMAGE_SCHEMA.append(pa.field("restarts", pa.binary()))
@@ -75,8 +80,9 @@ class Manifest:
     def shard_uri(self, index: int) -> str:
         return self.relative_uri(self.shards[index].path)
 
-    def open_shard(self, index: int) -> ShardReader:
-        return ShardReader(self.shard_uri(index), self.shards[index].sha256)
+    def open_shard(self, index: int, cache: ShardCache | None = None) -> ShardReader:
+        """The shard, checked against its entry here (ShardRefused when it differs)."""
+        return ShardReader(self.shard_uri(index), self.shards[index], cache)
 
     def relative_uri(self, name: str) -> str:
         """URI of a file named relative to the manifest's folder."""
@@ -108,14 +114,6 @@ class Manifest:
         data.pop("num_samples", None)
         shards = [ShardInfo(**s) for s in data.pop("shards")]
         return cls(shards=shards, uri=uri, **data)
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class ShardWriter:
@@ -177,14 +175,33 @@ class ShardWriter:
 class ShardReader:
     """Random access to one shard's rows without copying the JPEG bytes."""
 
-    def __init__(self, uri: str, sha256: str = "") -> None:
-        """`sha256`: the manifest's, which names a remote shard's cached copy (a replaced shard is fetched anew)."""
-        path = local_copy(uri, sha256) if is_remote(uri) else os.path.abspath(uri)
-        source = pa.memory_map(path, "r")
+    def __init__(self, uri: str, info: ShardInfo | None = None, cache: ShardCache | None = None) -> None:
+        """`info`: the manifest's entry, against which the shard is checked (bytes, rows, columns);
+        without it only the columns are. `cache`: where a remote shard's copy is kept (default: the
+        environment's, pipeline.shard_cache)."""
         self.uri = uri
-        reader = pa.ipc.open_file(source)
+        self._held: CachedShard | None = None
+        sha256 = info.sha256 if info is not None else ""
+        cache = cache or ShardCache.from_env()
+        if is_remote(uri):
+            self._held = cache.open(uri, sha256, info.num_bytes if info is not None else 0)
+            path = str(self._held.path)
+        else:
+            path = os.path.abspath(uri)
+            check_file(path, sha256, cache.markers)
+        try:
+            self._open(path, info)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, path: str, info: ShardInfo | None) -> None:
+        self._source = pa.memory_map(path, "r")
+        reader = pa.ipc.open_file(self._source)
+        name = self.uri.rsplit("/", 1)[-1]
         if not (reader.schema.equals(IMAGE_SCHEMA) or reader.schema.equals(PLAIN_IMAGE_SCHEMA)):
-            raise ValueError(f"{uri}: schema {reader.schema} is neither {IMAGE_SCHEMA} nor {PLAIN_IMAGE_SCHEMA}")
+            raise ShardRefused("schema", f"shard {name}: columns {_columns(reader.schema)}, not "
+                                         f"{_columns(IMAGE_SCHEMA)} (restarts optional)")
         indexed = reader.schema.equals(IMAGE_SCHEMA)
         self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         self._labels = np.concatenate([b.column(1).to_numpy() for b in self._batches]) if self._batches else \
@@ -199,6 +216,18 @@ class ShardReader:
             self._views.append(_binary_view(batch.column(2)))
             self._restart_views.append(_binary_view(batch.column(3)) if indexed else None)
         self._rows = row
+        if info is not None and row != info.num_samples:
+            raise ShardRefused("rows", f"shard {name}: {row} rows, the manifest says {info.num_samples}")
+
+    def close(self) -> None:
+        """Unmap the shard (once no view of it is left) and let the cache evict its copy."""
+        self._batches, self._views, self._restart_views = [], [], []
+        source = getattr(self, "_source", None)
+        if source is not None:
+            source.close()
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
     def __len__(self) -> int:
         return self._rows
@@ -232,6 +261,10 @@ class ShardReader:
         if not 0 <= row < self._rows:
             raise IndexError(f"row {row} outside shard of {self._rows}")
         return int(self._labels[row])
+
+
+def _columns(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 def _binary_view(column: pa.BinaryArray) -> tuple[np.ndarray, memoryview]:

@@ -1,14 +1,11 @@
 """Where shards live: a local folder, or any `pyarrow.fs` URI (s3://, gs://, hdfs://, ...).
 
 An object store has no memory map, so a host reads a remote shard once into a local cache
-(`$STOKER_SHARD_CACHE`, default ~/.cache/stoker/shards) and maps that copy: every worker
-process of the host shares it, and the zero-copy decode path stays what it is for local
-shards. A cached copy is named by the URI and the sha256 the manifest gives the shard, so a
-replaced shard is fetched again. S3 takes the standard AWS environment (AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-protocol server of your
-own, or `?endpoint_override=host:port&scheme=http` on the URI), with bounded timeouts and
-retries so that a missing bucket, refused credentials or an unreachable endpoint fail with
-the URI named, not hang.
+(pipeline.shard_cache) and maps that copy. S3 takes the standard AWS environment
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-protocol
+server of your own, or `?endpoint_override=host:port&scheme=http` on the URI), with bounded
+timeouts and retries so that a missing bucket, refused credentials or an unreachable endpoint
+fail with the URI named, not hang.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
@@ -27,6 +25,7 @@ import pyarrow.fs as pafs
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 S3_ATTEMPTS = 3
+CHUNK_BYTES = 8 << 20
 
 
 class StorageError(OSError):
@@ -81,32 +80,35 @@ def read_bytes(uri: str | Path) -> bytes:
         raise StorageError(f"cannot read {uri}: {exc}") from exc
 
 
-def cache_folder() -> Path:
-    return Path(os.environ.get("STOKER_SHARD_CACHE") or Path.home() / ".cache" / "stoker" / "shards")
-
-
-def local_copy(uri: str, sha256: str = "") -> str:
-    """A local path holding the remote file `uri` (fetched once per host and kept)."""
-    name = hashlib.sha256(f"{uri}\n{sha256}".encode()).hexdigest()[:24] + "-" + uri.rsplit("/", 1)[-1]
-    target = cache_folder() / name
-    if target.exists():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+def file_size(uri: str) -> int:
+    """Bytes of the file at `uri` (a HEAD request on an object store)."""
     fs, path = filesystem(uri)
-    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=".fetch-")
     try:
-        with os.fdopen(fd, "wb") as out, fs.open_input_stream(path) as stream:
-            while chunk := stream.read(8 << 20):
+        info = fs.get_file_info(path)
+    except OSError as exc:
+        raise StorageError(f"cannot read {uri}: {exc}") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{uri}: no such file")
+    return int(info.size or 0)
+
+
+def copy_hashed(uri: str, out: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, int]:
+    """Stream the file at `uri` into `out`, hashing each chunk as it is written, so checking a fetched
+    shard costs no second read of it; returns (sha256 hex digest, bytes copied)."""
+    fs, path = filesystem(uri)
+    digest = hashlib.sha256()
+    copied = 0
+    try:
+        with fs.open_input_stream(path) as stream:
+            while chunk := stream.read(chunk_bytes):
+                digest.update(chunk)
                 out.write(chunk)
-        os.replace(partial, target)  # processes fetching the same shard at once: the last one wins, same bytes
+                copied += len(chunk)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise StorageError(f"cannot read {uri}: {exc}") from exc
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return str(target)
+    return digest.hexdigest(), copied
 
 
 def writable_folder(uri: str) -> tuple[pafs.FileSystem, str]:

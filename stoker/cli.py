@@ -12,7 +12,17 @@ from pathlib import Path
 from pipeline.kinds import kind_of
 from stoker import __version__, cli_experiments, options
 from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, int_at_least, restart_interval
-from stoker.options import ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, JOB, OUTPUT, Deprecated, metrics, security
+from stoker.options import (
+    ACCELERATOR,
+    CONSUMER_SOCKETS,
+    CONTROL_SOCKET,
+    JOB,
+    OUTPUT,
+    SHARD_CACHE,
+    Deprecated,
+    metrics,
+    security,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,7 +88,7 @@ def _add_worker(sub) -> None:
     """`stoker worker`: the per-host daemon."""
     worker = sub.add_parser("worker", help="the per-host decode/augment daemon", parents=[
         security("CURVE key folder holding server.key and workers/NAME.key_secret"),
-        metrics(9561, "/metrics port (default %(default)s; -1: none)")])
+        metrics(9561, "/metrics port (default %(default)s; -1: none)"), SHARD_CACHE])
     worker.add_argument("--dispatcher", metavar="ENDPOINT", help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
     worker.add_argument("--connect", dest="dispatcher", action=Deprecated, instead="--dispatcher",
                         help=argparse.SUPPRESS)
@@ -159,7 +169,7 @@ def _add_run(sub) -> None:
     """`stoker run`: the whole job on this machine."""
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
-        metrics(None, "the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), OUTPUT])
+        metrics(None, "the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), SHARD_CACHE, OUTPUT])
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
                                     "prepared Wikipedia text with --dataset wikipedia)")
     run.add_argument("--images", type=int_at_least(10), default=2000, help="size of the generated default image set")
@@ -286,7 +296,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         cfg = WorkerConfig(connect=args.dispatcher, procs=args.procs, host_id=args.host_id,
                            metrics_port=None if args.metrics_port < 0 else args.metrics_port,
                            metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name,
-                           leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid)
+                           leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid,
+                           shard_cache_gb=args.shard_cache_gb)
         return WorkerDaemon(cfg).run()
     finally:
         if ours:
@@ -346,7 +357,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(data=args.data, dataset=options.dataset(args, args.data), images=args.images, hosts=args.hosts,
                     procs=args.procs, accel=spec, consumer=options.consumer_config(args),
                     worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
-                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)))
+                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)),
+                    shard_cache_gb=args.shard_cache_gb)
     summaries = run_embedded(options.job_fields(args), cfg)
     print_summary(summaries, args.json, cfg.accel)
     return 0
@@ -460,6 +472,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if getattr(args, "drop_last", False) and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
+    if command in ("run", "worker"):
+        args.shard_cache_gb = options.shard_cache_gb(parser, args)
     if command == "worker" and not args.dispatcher:
         parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:

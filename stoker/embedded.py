@@ -50,12 +50,15 @@ class RunConfig:
     progress: bool = True
     log_level: str = "WARNING"
     rank_args: tuple[str, ...] = ()  # `stoker train` options for ranks 1.. (the accelerator's)
+    shard_cache_gb: float | None = None  # each worker daemon's --shard-cache-gb (they share this machine's cache)
 
 
-def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str) -> list[str]:
+def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str,
+                   shard_cache_gb: float | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--dispatcher", connect,
            "--procs", str(procs), "--host-id", host_id, "--once", "--parent-pid", str(os.getpid())]
     cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--metrics-port", "-1"]
+    cmd += ["--shard-cache-gb", repr(shard_cache_gb)] if shard_cache_gb is not None else []
     return cmd
 
 
@@ -135,7 +138,8 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
             daemons.append(DaemonProcess(f"rank {rank}", _rank_command(consumer, rank, cfg, folder)))
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
-            cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level)
+            cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level,
+                                 cfg.shard_cache_gb)
             daemons.append(DaemonProcess(f"host{i}", cmd))
         threading.Thread(target=_watch, args=(daemons, consumer, done), name="stoker-daemon-watch", daemon=True).start()
         summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)

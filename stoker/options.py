@@ -9,6 +9,7 @@ that honour it, and the functions that turn parsed options into the packages' co
 | `CONTROL_SOCKET` | the dispatcher's socket and its hosts | run, train, dispatch |
 | `security(...)` | CURVE keys, or running open on a trusted network | train, dispatch, worker |
 | `metrics(...)` | the /metrics endpoint | run, train, dispatch, worker |
+| `SHARD_CACHE` | the size limit of a host's cache of remote shards | run, worker |
 | `OUTPUT` | the closing summary as JSON, the progress bar | run, train |
 
 Defaults are the configs' own (`JobConfig`, `TextConfig`, `ConsumerConfig`), so a default is
@@ -28,6 +29,7 @@ from pathlib import Path
 from accel.consumer_config import ConsumerConfig
 from pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
 from pipeline.kinds import IMAGENET
+from pipeline.shard_cache import LIMIT_ENV, parse_gb
 from pipeline.text.examples import TextConfig
 from protos.job import DATASETS, DECODE_PLACEMENTS, JOB_DEFAULTS, JobConfig
 from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, float_in, int_at_least
@@ -153,6 +155,25 @@ def metrics(default_port: int | None, port_help: str) -> argparse.ArgumentParser
     return parent
 
 
+def _shard_cache() -> argparse.ArgumentParser:
+    parent = _group("shard cache")
+    p = parent.add_argument_group("shard cache: this host's copies of shards on object storage")
+    p.add_argument("--shard-cache-gb", type=SECONDS, metavar="GB",
+                   help="keep the cache under GB, least recently used shards removed first, never one a process has "
+                        f"open (default: ${LIMIT_ENV}, else no limit)")
+    return parent
+
+
+def shard_cache_gb(parser: argparse.ArgumentParser, args: argparse.Namespace) -> float | None:
+    """--shard-cache-gb, else $STOKER_SHARD_CACHE_GB checked as the flag is (an error names it), else None."""
+    if args.shard_cache_gb is not None or not os.environ.get(LIMIT_ENV):
+        return args.shard_cache_gb
+    try:
+        return parse_gb(os.environ[LIMIT_ENV], f"${LIMIT_ENV}")
+    except ValueError as exc:
+        parser.error(f"{args.command}: {exc}")
+
+
 def _output() -> argparse.ArgumentParser:
     parent = _group("output")
     p = parent.add_argument_group("output")
@@ -167,8 +188,8 @@ def json_option(p, what: str) -> None:
                    help=f"write {what} as JSON to PATH (alone: to standard output)")
 
 
-JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, OUTPUT = (
-    _job(), _accelerator(), _consumer_sockets(), _control_socket(), _output())
+JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, SHARD_CACHE, OUTPUT = (
+    _job(), _accelerator(), _consumer_sockets(), _control_socket(), _shard_cache(), _output())
 
 
 class Deprecated(argparse.Action):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,9 +11,19 @@ import pytest
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import Manifest, ShardReader, ShardWriter
 from pipeline.synth import SynthConfig, generate
+from protos.job import JobConfig
 from tests.helpers import Daemon, Job
+from tests.shard_edits import JOB, ROWS, expected_images, reshard
 
 TEST_IMAGES = 160
+
+
+@pytest.fixture(autouse=True, scope="session")
+def own_shard_cache(tmp_path_factory):
+    """The tests' shard cache and check markers (and their processes') in a folder of their own, not ~/.cache."""
+    if "STOKER_SHARD_CACHE" not in os.environ:
+        os.environ["STOKER_SHARD_CACHE"] = str(tmp_path_factory.mktemp("shard-cache"))
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -53,6 +64,18 @@ def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
     corrupt = Manifest(kind="imagenet", classes=manifest.classes, shards=writer.close())
     corrupt.save(dst / "manifest.json")
     return Manifest.load(dst / "manifest.json"), victim
+
+
+@pytest.fixture(scope="session")
+def sixteen(manifest, tmp_path_factory) -> Manifest:
+    """The same samples in shards of exactly 16 rows: with tests.shard_edits.JOB each unit reads one shard."""
+    return reshard(manifest, tmp_path_factory.mktemp("sixteen"), ROWS)
+
+
+@pytest.fixture(scope="session")
+def expected(sixteen) -> dict:
+    """What each sample of `sixteen` trains as in epoch 0 of tests.shard_edits.JOB: id -> (image, label)."""
+    return expected_images(sixteen, JobConfig(manifest_uri=sixteen.uri, **JOB))
 
 
 @pytest.fixture

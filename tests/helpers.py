@@ -174,3 +174,44 @@ class RecordingAccelerator(SimulatedAccelerator):
 
     def samples(self) -> np.ndarray:
         return np.concatenate(self.stepped) if self.stepped else np.empty(0, dtype=np.int64)
+
+
+class PixelRecorder(SimulatedAccelerator):
+    """A simulated device that keeps what each step trained on: (epoch, sample id) -> (image, label)."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__(rate)
+        self.trained: dict[tuple[int, int], tuple[np.ndarray, int]] = {}
+
+    def step(self, batch) -> None:
+        images, labels = batch.images, batch.labels
+        for row, sample_id in enumerate(np.asarray(batch.sample_ids).tolist()):
+            self.trained[(int(batch.header.epoch), sample_id)] = (images[row].copy(), int(labels[row]))
+        super().step(batch)
+
+    def wrong(self, expected: dict[int, tuple[np.ndarray, int]]) -> list[tuple[int, int]]:
+        """(epoch, sample id) of every trained sample whose pixels or label are not `expected`'s (sample id ->
+        (image, label), made from valid shards), or that has no expected image at all."""
+        bad = []
+        for (epoch, sample_id), (image, label) in self.trained.items():
+            want = expected.get(sample_id)
+            if want is None or want[1] != label or not np.array_equal(want[0], image):
+                bad.append((epoch, sample_id))
+        return bad
+
+
+def run_recorded(manifest_uri: str, log_dir: Path, env: dict[str, str] | None = None, procs: int = 1,
+                 timeout: float = 60, **job) -> tuple[Job, PixelRecorder, dict[str, float]]:
+    """One epoch of tests.shard_edits.JOB (and `job`) with one worker daemon (`env`: its environment); returns
+    the finished job, what trained, and the daemon's metrics at the end."""
+    from tests.shard_edits import JOB
+
+    recorder = PixelRecorder(rate=5000)
+    consumer = consumer_for(manifest_uri, epochs=1, accel=recorder, **(JOB | job))
+    runner = Job(consumer, log_dir, hosts=0, procs=procs)
+    runner.hosts = 1
+    runner.daemons.append(Daemon(consumer.control_endpoint, "host0", procs, log_dir, env=env))
+    assert wait_for(lambda: not runner.thread.is_alive(), timeout=timeout), "the job did not finish:\n" + runner.logs()
+    metrics = scrape(runner.daemons[0].metrics_port)  # the daemon waits for a drain before exiting
+    runner.finish()
+    return runner, recorder, metrics

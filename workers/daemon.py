@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import zmq
 from prometheus_client import multiprocess
 
+from pipeline.shard_cache import CacheConfig
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys, is_loopback
@@ -51,6 +52,7 @@ class WorkerConfig:
     key_name: str = ""
     insecure: bool = False  # allow serving metrics beyond loopback without keys
     parent_pid: int | None = None  # exit when this parent process is gone (`stoker run`'s daemons)
+    shard_cache_gb: float | None = None  # size limit of this host's remote-shard cache (None: $STOKER_SHARD_CACHE_GB)
 
     def resolved_host_id(self) -> str:
         return self.host_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -80,6 +82,7 @@ class WorkerDaemon:
             raise ValueError(f"refusing to serve metrics on {cfg.metrics_addr} without CURVE keys (--keys DIR, "
                              f"or --insecure on a trusted network)")
         self.cfg = cfg
+        self.cache = CacheConfig.from_env(cfg.shard_cache_gb)  # a bad $STOKER_SHARD_CACHE_GB fails here, at start
         self.host_id = cfg.resolved_host_id()
         self.metrics = WorkerMetrics()
         self.stopping = False
@@ -153,8 +156,7 @@ class WorkerDaemon:
         child.restart_at = None
         child.started = time.monotonic()
         worker_id = self._worker_id(child)
-        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(),
-                           self.curve)
+        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections import Counter as Tally
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
@@ -39,8 +40,33 @@ class WorkerMetrics:
         self.units = Counter("stoker_worker_units", "Work units completed", registry=r)
         self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash",
                                 registry=r)
+        self.shard_fetches = Counter("stoker_worker_shard_fetches", "Shards fetched from object storage into this "
+                                     "host's cache, by whether their bytes matched the manifest's sha256 (ok, "
+                                     "mismatch)", ["result"], registry=r)
+        self.shard_cache_damaged = Counter("stoker_worker_shard_cache_damaged", "Cached shard copies found not to "
+                                           "match the manifest's sha256 when opened (fetched again)", registry=r)
+        self.shard_cache_evictions = Counter("stoker_worker_shard_cache_evictions",
+                                             "Cached shards removed to keep the cache under its limit", registry=r)
+        self.shards_refused = Counter("stoker_worker_shards_refused", "Shards a worker process refused, their "
+                                      "samples skipped, by what differs from the manifest (sha256, rows, schema) "
+                                      "or unreadable", ["reason"], registry=r)
         self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum",
                                registry=r)
+
+
+    def count_shard_events(self, events: Tally[str]) -> None:
+        """pipeline.open_shards' events (the shard cache's, and shards refused) as these metrics."""
+        for event, count in events.items():
+            if event == "fetched":
+                self.shard_fetches.labels(result="ok").inc(count)
+            elif event == "fetch_mismatch":
+                self.shard_fetches.labels(result="mismatch").inc(count)
+            elif event == "damaged":
+                self.shard_cache_damaged.inc(count)
+            elif event == "evicted":
+                self.shard_cache_evictions.inc(count)
+            elif event.startswith("refused:"):
+                self.shards_refused.labels(reason=event.split(":", 1)[1]).inc(count)
 
 
 class _SizedFilesCollector(multiprocess.MultiProcessCollector):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from pipeline.plan import Unit
+from pipeline.shard_cache import CacheConfig
 from pipeline.shards import Manifest
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
@@ -64,6 +65,7 @@ class ProcessSpec:
     job: JobConfig
     parent_pid: int  # the daemon: this process stops when it is gone
     curve: ClientKeys | None = None  # this host's CURVE keys, when the service uses them
+    cache: CacheConfig | None = None  # this host's shard cache (None: the environment's)
 
 
 class _Stop:
@@ -81,7 +83,7 @@ def run_process(spec: ProcessSpec) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     job = spec.job
     try:
-        source = make_source(Manifest.load(job.manifest_uri), job)
+        source = make_source(Manifest.load(job.manifest_uri), job, spec.cache)
     except (OSError, ValueError) as exc:
         log.error("%s: cannot serve job %s: %s", spec.worker_id, job.job_id, exc)
         return EXIT_BAD_JOB

@@ -2,9 +2,10 @@
 
 A source turns a unit (rows of one or more shards) into outgoing batches: the tensors, the
 header fields that describe them, and how they count in the worker's metrics. A shard that
-cannot be opened or fails its checks does not crash the process: its rows in the unit are
-reported as skipped, with the reason, so nothing is lost silently and the dispatcher does
-not hand the same broken unit out forever.
+cannot be opened or fails its checks (its sha256, row count or columns are not the manifest's)
+does not crash the process: its rows in the unit are reported as skipped, with the reason, as
+an undecodable JPEG is, so nothing is lost silently and the dispatcher does not hand the same
+broken unit out forever.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import numpy as np
 from pipeline.augment import CROP_DECODER_AVAILABLE, EvalTransform, TrainTransform, Transform
 from pipeline.batching import sample_work, unit_batches
 from pipeline.kinds import IMAGENET, WIKIPEDIA
+from pipeline.open_shards import OpenShards
 from pipeline.plan import Unit
-from pipeline.shards import Manifest, ShardReader
+from pipeline.shard_cache import CacheConfig, ShardCache
+from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import ShardError, read_doc_shard
 from pipeline.text.examples import Specials
@@ -59,7 +62,8 @@ def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: in
 
 
 class ImageSource:
-    def __init__(self, manifest: Manifest, job: JobConfig) -> None:
+    def __init__(self, manifest: Manifest, job: JobConfig, cache: CacheConfig | None = None) -> None:
+        """`cache`: this host's shard cache (default: the environment's)."""
         self.manifest = manifest
         self.job = job
         self.transform = transform_of(job)
@@ -68,39 +72,35 @@ class ImageSource:
             log.warning("the crop-window decoder was not built on this host (no libjpeg-turbo headers at "
                         "install time); decoding with pillow-simd")
         self.work = sample_work(self.transform, self.decoder, job.decode_on)
-        self.readers: dict[int, ShardReader | str] = {}  # shard -> reader, or why it cannot be read
-
-    def _reader(self, shard: int) -> ShardReader | str:
-        if shard not in self.readers:
-            try:
-                self.readers[shard] = self.manifest.open_shard(shard)
-            except (OSError, ValueError) as exc:
-                log.error("shard %s is unusable: %s", self.manifest.shard_uri(shard), exc)
-                self.readers[shard] = f"unreadable shard: {exc}"
-        return self.readers[shard]
+        self.shards = OpenShards(manifest, ShardCache(cache or CacheConfig.from_env()))
 
     def batches(self, unit: Unit) -> Iterator[Outgoing]:
-        for batch in unit_batches(self._reader, unit, self.work, self.job.batch_size, self.job.seed):
-            header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last, batch.batch_index)
-            header.stages.decode = batch.decode_s
-            header.stages.augment = batch.augment_s
-            tensors = {**batch.tensors, "label": batch.labels} if batch.sample_ids else {}
+        with self.shards.holding(s.shard_index for s in unit.segments):
+            for batch in unit_batches(self.shards.reader, unit, self.work, self.job.batch_size, self.job.seed):
+                header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last,
+                                 batch.batch_index)
+                header.stages.decode = batch.decode_s
+                header.stages.augment = batch.augment_s
+                tensors = {**batch.tensors, "label": batch.labels} if batch.sample_ids else {}
+                events = self.shards.take_events()  # shards fetched, evicted or refused for this batch
 
-            def observe(metrics: WorkerMetrics, batch=batch) -> None:
-                metrics.samples.inc(len(batch.sample_ids))
-                metrics.decode_errors.inc(len(batch.skipped))
-                for seconds in batch.decode_times:
-                    metrics.decode_seconds.observe(seconds)
-                for seconds in batch.augment_times:
-                    metrics.augment_seconds.observe(seconds)
-                for path, count in Counter(batch.decode_paths).items():
-                    metrics.decodes.labels(path=path).inc(count)
+                def observe(metrics: WorkerMetrics, batch=batch, events=events) -> None:
+                    metrics.samples.inc(len(batch.sample_ids))
+                    metrics.decode_errors.inc(len(batch.skipped))
+                    for seconds in batch.decode_times:
+                        metrics.decode_seconds.observe(seconds)
+                    for seconds in batch.augment_times:
+                        metrics.augment_seconds.observe(seconds)
+                    for path, count in Counter(batch.decode_paths).items():
+                        metrics.decodes.labels(path=path).inc(count)
+                    metrics.count_shard_events(events)
 
-            yield Outgoing(header, tensors, observe)
+                yield Outgoing(header, tensors, observe)
 
 
 class TextSource:
-    def __init__(self, manifest: Manifest, job: JobConfig) -> None:
+    def __init__(self, manifest: Manifest, job: JobConfig, cache: CacheConfig | None = None) -> None:
+        """`cache` is not used: a text shard is read whole into memory and checked there (pipeline.text.docs)."""
         self.manifest = manifest
         self.job = job
         self.cfg = job.text
@@ -148,10 +148,10 @@ class TextSource:
             yield Outgoing(header, tensors, observe)
 
 
-SOURCES: dict[str, Callable[[Manifest, JobConfig], BatchSource]] = {
+SOURCES: dict[str, Callable[[Manifest, JobConfig, CacheConfig | None], BatchSource]] = {
     IMAGENET.name: ImageSource, WIKIPEDIA.name: TextSource}  # one per pipeline.kinds entry
 
 
-def make_source(manifest: Manifest, job: JobConfig) -> BatchSource:
+def make_source(manifest: Manifest, job: JobConfig, cache: CacheConfig | None = None) -> BatchSource:
     job.check_fits(manifest)
-    return SOURCES[job.dataset](manifest, job)
+    return SOURCES[job.dataset](manifest, job, cache)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -31,6 +32,8 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["train", "--data", "x", "--data-bind", "tcp://0.0.0.0:5560"], "--data-bind"),
     (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--procs", "0"], "--procs"),
     (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
+    (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--shard-cache-gb", "0"], "--shard-cache-gb"),
+    (["run", "--shard-cache-gb", "-2"], "--shard-cache-gb"),
     (["dispatch", "--data", "x", "--metrics-port", "-7"], "--metrics-port"),
     (["run", "--world-size", "0"], "--world-size"),
     (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
@@ -42,6 +45,14 @@ def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert flag in lines[0] and "Traceback" not in result.stderr
     assert took < 10
+
+
+def test_a_shard_cache_limit_from_the_environment_is_checked_as_the_flag_is():
+    env = {**os.environ, "STOKER_SHARD_CACHE_GB": "lots"}
+    result = subprocess.run([sys.executable, "-m", "stoker", "worker", "--dispatcher", "tcp://127.0.0.1:1"],
+                            capture_output=True, text=True, timeout=10, env=env)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "stoker: error: worker: $STOKER_SHARD_CACHE_GB: must be a number > 0 (GB), not 'lots' (see stoker --help)"]
 
 
 def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):

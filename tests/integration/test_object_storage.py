@@ -114,7 +114,7 @@ def test_a_job_prepared_on_s3_and_run_from_it_delivers_every_sample_once(s3, raw
     assert len(manifest["shards"]) > 1
     assert summary["samples"] == summary["unique_samples"] == 2 * manifest["num_samples"]
     assert summary["skipped_samples"] == 0
-    cached = list((tmp_path / "cache").iterdir())
+    cached = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]  # not locks, checks
     assert len(cached) == len(manifest["shards"])  # each shard fetched once for the whole host, then mapped
 
 
@@ -136,3 +136,113 @@ def test_storage_that_cannot_serve_fails_naming_the_uri_in_bounded_time(s3, stri
         assert uri in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
         assert took < 60, f"{args[0]} took {took:.0f} s to give up"
     shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
+# ---- what enters the host is checked; the cache keeps to its limit --------------------------------------------
+
+
+def _bucket(endpoint: str):
+    import pyarrow.fs as pafs
+
+    return pafs.S3FileSystem(endpoint_override=endpoint.split("//")[1], scheme="http", access_key="stoker-test",
+                             secret_key="stoker-test-secret", region="us-east-1")
+
+
+def _upload(endpoint: str, manifest, prefix: str) -> str:
+    """The shards and manifest of `manifest` at s3://shards/PREFIX; returns the manifest's URI."""
+    fs = _bucket(endpoint)
+    for file in sorted(Path(manifest.uri).parent.iterdir()):
+        with fs.open_output_stream(f"shards/{prefix}/{file.name}") as out:
+            out.write(file.read_bytes())
+    return f"s3://shards/{prefix}/manifest.json"
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_cached_copy_is_fetched_again_and_no_wrong_pixel_trains(s3, sixteen, expected, tmp_path, log_dir,
+                                                                          monkeypatch, damage):
+    from pipeline.shards import Manifest
+    from tests.helpers import run_recorded
+    from tests.shard_edits import rows_of
+
+    uri = _upload(s3, sixteen, f"cached-{damage}")
+    env = _env(s3, tmp_path)
+    for name, value in env.items():  # this process fills the cache, and its consumer reads the manifest
+        monkeypatch.setenv(name, value)
+    Manifest.load(uri).open_shard(3)  # shard 3 in the host's cache, as an earlier job leaves it; now damaged
+    (cached,) = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    data = bytearray(cached.read_bytes())
+    if damage == "flipped":
+        jpeg = rows_of(sixteen)[sixteen.shards[3].first_sample_id + 5][2]
+        at = data.index(jpeg) + len(jpeg) // 2
+        data[at: at + 16] = bytes(b ^ 0xFF for b in data[at: at + 16])
+    else:
+        data = data[: len(data) // 2]
+    cached.write_bytes(bytes(data))
+    job, recorder, metrics = run_recorded(uri, log_dir, env=env)
+    assert job.summary.skipped == [] and job.summary.unique_samples == sixteen.num_samples
+    assert recorder.wrong(expected) == [] and len(recorder.trained) == sixteen.num_samples
+    assert metrics["stoker_worker_shard_cache_damaged_total"] == 1
+    assert metrics["stoker_worker_shard_fetches_total{result=ok}"] == len(sixteen.shards)  # 9 new, 1 again
+
+
+def test_a_shard_replaced_in_the_bucket_is_refused_and_none_of_it_trains(s3, sixteen, expected, tmp_path, log_dir,
+                                                                         monkeypatch):
+    from tests.helpers import assert_exactly_once, run_recorded
+    from tests.shard_edits import ROWS, rows_of
+
+    uri = _upload(s3, sixteen, "replaced")
+    env = _env(s3, tmp_path)
+    for name, value in env.items():  # the consumer, in this process, reads the manifest from the bucket too
+        monkeypatch.setenv(name, value)
+    victim = sixteen.shards[3]
+    data = bytearray((Path(sixteen.uri).parent / victim.path).read_bytes())
+    jpeg = rows_of(sixteen)[victim.first_sample_id + 5][2]
+    at = data.index(jpeg) + len(jpeg) // 2
+    data[at: at + 16] = bytes(b ^ 0xFF for b in data[at: at + 16])
+    with _bucket(s3).open_output_stream(f"shards/replaced/{victim.path}") as out:
+        out.write(bytes(data))  # the manifest still names the bytes it was made with
+    job, recorder, metrics = run_recorded(uri, log_dir, env=env)
+    assert_exactly_once(job.summary, sixteen.num_samples, 1, skipped_per_epoch=ROWS)
+    ids = set(range(victim.first_sample_id, victim.first_sample_id + ROWS))
+    assert {s["sample_id"] for s in job.summary.skipped} == ids
+    assert all(s["reason"].startswith(f"shard {victim.path}: fetched bytes have sha256 ") for s in job.summary.skipped)
+    assert recorder.wrong(expected) == [] and not ids & {i for _, i in recorder.trained}
+    assert metrics["stoker_worker_shard_fetches_total{result=mismatch}"] == 2  # fetched once more, then refused
+    assert metrics["stoker_worker_shards_refused_total{reason=sha256}"] == 1
+    assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".") and victim.path in p.name]
+
+
+def test_the_cache_limit_holds_with_two_processes_fetching_at_once(s3, sixteen, tmp_path):
+    """Each process keeps open the shard of its unit and the last IDLE_KEEP: two processes need at most
+    2 x (1 + IDLE_KEEP) shards at once, which is the limit here, less than the ten shards of the set."""
+    import threading
+
+    from pipeline.open_shards import IDLE_KEEP
+    from pipeline.shard_cache import CacheConfig, ShardCache
+
+    uri = _upload(s3, sixteen, "limited")
+    gb = 2 * (1 + IDLE_KEEP) * max(s.num_bytes for s in sixteen.shards) / (1 << 30)
+    cache = ShardCache(CacheConfig(tmp_path / "cache", int(gb * (1 << 30))))
+    most, done = [0], threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.005):
+            most[0] = max(most[0], cache.usage())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    out = tmp_path / "summary.json"
+    try:
+        run, _ = _stoker(_env(s3, tmp_path), "run", "--data", uri, "--epochs", "2", "--hosts", "1", "--procs", "2",
+                         "--shard-cache-gb", repr(gb), "--batch-size", "8", "--unit-batches", "2", "--image-size", "32",
+                         "--accel", "null", "--no-progress", "--json", str(out), "--data-bind", "tcp://127.0.0.1:0",
+                         "--control-bind", "tcp://127.0.0.1:0", "--metrics-port", "-1", "--worker-metrics-port", "-1")
+    finally:
+        done.set()
+        watcher.join()
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["samples"] == summary["unique_samples"] == 2 * sixteen.num_samples and summary["skipped"] == []
+    assert 0 < most[0] <= cache.cfg.limit_bytes and cache.usage() <= cache.cfg.limit_bytes
+    assert "over its limit" not in run.stderr
+    assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) < len(sixteen.shards)

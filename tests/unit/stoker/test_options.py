@@ -63,3 +63,21 @@ def test_the_command_line_loads_no_prometheus_client_before_a_worker_sets_its_fo
     code = "import sys, stoker.cli; print(sorted(m for m in ('prometheus_client', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_the_shard_cache_limit_is_for_the_commands_that_fetch_shards(capsys, monkeypatch):
+    from stoker.cli import _check_args
+
+    parser = build_parser()
+    for argv in (["worker", "--dispatcher", "tcp://127.0.0.1:1"], ["run"]):
+        args = parser.parse_args([*argv, "--shard-cache-gb", "0.5"])
+        _check_args(parser, args)
+        assert args.shard_cache_gb == 0.5
+        monkeypatch.setenv("STOKER_SHARD_CACHE_GB", "2")
+        args = parser.parse_args(argv)
+        _check_args(parser, args)
+        assert args.shard_cache_gb == 2.0  # the flag's default: the environment's
+        monkeypatch.delenv("STOKER_SHARD_CACHE_GB")
+    with pytest.raises(SystemExit):
+        parse("train", "--data", "m", "--shard-cache-gb", "1")
+    assert "--shard-cache-gb" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -9,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from accel.schema import schema_of
 from pipeline.augment import DECODE_PATHS
 from pipeline.plan import Segment, Unit
+from pipeline.shard_cache import CacheConfig
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
 from protos.job import JobConfig
@@ -78,3 +81,26 @@ def test_a_shard_that_cannot_be_read_is_reported_skipped_not_fatal(manifest, tmp
 def test_a_worker_refuses_shards_of_another_kind(wiki_manifest):
     with pytest.raises(ValueError, match="holds 'wikipedia' shards, not imagenet"):
         make_source(wiki_manifest, JobConfig(manifest_uri=wiki_manifest.uri))
+
+
+def test_a_shard_unlike_its_manifest_is_skipped_unit_after_unit_and_counted_once(sixteen, tmp_path, metrics):
+    import shutil
+
+    from tests.shard_edits import JOB
+
+    folder = tmp_path / "shards"
+    shutil.copytree(Path(sixteen.uri).parent, folder)
+    manifest = Manifest.load(folder / "manifest.json")
+    manifest.shards[2].num_samples -= 1  # a manifest that says the shard is one row short of what it holds
+    job = JobConfig(manifest_uri=manifest.uri, **JOB)
+    source = ImageSource(manifest, job, CacheConfig(tmp_path / "cache"))
+    info = manifest.shards[2]
+    halves = [Unit(i, 0, (Segment(2, start, start + 5, info.first_sample_id),)) for i, start in enumerate((0, 5))]
+    for unit in halves:
+        batches = list(source.batches(unit))
+        reasons = {s.reason for b in batches for s in b.header.skipped}
+        assert reasons == {f"shard {info.path}: 16 rows, the manifest says 15"} and not any(b.tensors for b in batches)
+        for batch in batches:
+            batch.observe(metrics)
+    assert metrics.decode_errors._value.get() == 10
+    assert metrics.shards_refused.labels(reason="rows")._value.get() == 1
