@@ -39,7 +39,6 @@ COVERED_BY = {
     "accel/bert_accel": [E2E + "test_torch_step.py"],
     "accel/consumer": [E2E + "test_exactly_once.py", E2E + "test_strangers.py"],
     "accel/consumer_config": [E2E + "test_curve.py", "tests/unit/stoker/test_options.py"],
-    "accel/control/journal": ["tests/unit/accel/control/test_dispatcher.py", E2E + "test_dispatch.py"],
     "accel/control/metrics": [E2E + "test_deploy.py", E2E + "test_dispatch.py"],
     "accel/control/remote": [E2E + "test_dispatch.py", E2E + "test_data_parallel.py"],
     "accel/control/service": [E2E + "test_dispatch.py"],
