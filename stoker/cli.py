@@ -152,7 +152,9 @@ def _add_dispatch(sub) -> None:
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
     dispatch.add_argument("--job-secret", metavar="FILE",
                           help="without --keys: where the consumer's job secret is kept (made on first start, mode "
-                               "0600; default JOURNAL.secret, else stoker-job.secret; $STOKER_JOB_SECRET overrides)")
+                               "0600; default JOURNAL.secret, else stoker-job-PORT.secret in $XDG_RUNTIME_DIR or "
+                               "TMPDIR/stoker-UID; a file that is not yours with mode 0600 is refused; "
+                               "$STOKER_JOB_SECRET overrides)")
 
 
 def _add_run(sub) -> None:
