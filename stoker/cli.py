@@ -462,6 +462,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if getattr(args, "drop_last", False) and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
+    too_big = options.image_fit_error(args)
+    if too_big:
+        parser.error(f"{command}: {too_big}")
     if command == "worker" and not args.dispatcher:
         parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:

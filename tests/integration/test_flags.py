@@ -21,6 +21,8 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["run", "--hosts", "0"], "--hosts"),
     (["run", "--credit-window", "0"], "--credit-window"),
     (["run", "--image-size", "0"], "--image-size"),
+    (["run", "--image-size", "4000"], "--image-size"),
+    (["dispatch", "--data", "x", "--image-size", "2000", "--batch-size", "256"], "--batch-size 256"),
     (["run", "--metrics-port", "70000"], "--metrics-port"),
     (["run", "--worker-metrics-port", "65535", "--hosts", "2"], "--worker-metrics-port"),
     (["run", "--epochs", "-1"], "--epochs"),
@@ -42,6 +44,16 @@ def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert flag in lines[0] and "Traceback" not in result.stderr
     assert took < 10
+
+
+def test_an_image_size_whose_batches_cannot_travel_is_refused_with_the_largest_that_fits():
+    """At 4,000 px one image is over the 32 MB frame limit: the consumer's socket would drop every
+    batch unseen and the units would go round for ever. Refused before anything starts instead."""
+    result, took = _stoker("run", "--image-size", "4000")
+    line = result.stderr.strip()
+    assert result.returncode == 2 and len(line.splitlines()) == 1, result.stderr
+    assert "--image-size 4000 with --batch-size 64 does not fit a data message" in line, line
+    assert "the largest --image-size that fits --batch-size 64 is 2362" in line and took < 10
 
 
 def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):
