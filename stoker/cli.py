@@ -91,6 +91,7 @@ def _add_worker(sub) -> None:
                         help="leave a job whose dispatcher has been silent this many seconds (default 30); the "
                              "daemon keeps registering and rejoins it when it answers")
     worker.add_argument("--key-name", default="", help="this host's key NAME (default: the host id)")
+    worker.add_argument("--metrics-port-flag", default="--metrics-port", help=argparse.SUPPRESS)  # stoker run's name
     worker.add_argument("--parent-pid", type=POSITIVE, help="exit when the process with this pid is gone (stoker run "
                                                             "starts its daemons so)")
 
@@ -287,7 +288,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
         cfg = WorkerConfig(connect=args.dispatcher, procs=args.procs, host_id=args.host_id,
                            metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                           metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name,
+                           metrics_addr=args.metrics_addr, metrics_flag=args.metrics_port_flag, once=args.once,
+                           keys=args.keys, key_name=args.key_name,
                            leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid)
         return WorkerDaemon(cfg).run()
     finally:

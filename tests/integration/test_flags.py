@@ -57,6 +57,7 @@ def test_an_image_size_whose_batches_cannot_travel_is_refused_with_the_largest_t
 
 
 def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):
+    """Its metrics port taken: said once, naming the flag `stoker run` was given (--worker-metrics-port)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -67,7 +68,20 @@ def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("stoker: error: worker daemon host0 exited with code 2") and str(port) in last, last
+    assert last.endswith("(pick another with --worker-metrics-port)"), last
+    assert result.stderr.count(str(port)) == 1, result.stderr
     assert "Traceback" not in result.stderr and took < 10
+
+
+def test_a_worker_whose_metrics_port_is_taken_names_its_own_flag():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result, took = _stoker("worker", "--dispatcher", "tcp://127.0.0.1:1", "--metrics-port", str(port))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert str(port) in lines[0] and lines[0].endswith("(pick another with --metrics-port)") and took < 10
 
 
 def test_a_manifest_that_is_not_json_is_named(tmp_path):
