@@ -232,6 +232,8 @@ class Consumer:
             try:
                 return job_secret.for_consumer(self.cfg.job_secret, self.cfg.dispatcher,
                                                wait_s=max(0.0, deadline - time.monotonic()))
+            except job_secret.UntrustedSecret:
+                raise  # planted or open to others: waiting would not make it ours
             except job_secret.JobSecretError:
                 if time.monotonic() > deadline:
                     raise

@@ -3,7 +3,9 @@
 Tensors travel as raw buffers (sent with copy=False, read back as numpy views of the
 received frames, never pickled). A tensor larger than MAX_FRAME_BYTES is split along its
 first axis: glibc serves allocations above its 32 MiB mmap-threshold ceiling with fresh
-mmaps, which halves throughput.
+mmaps, which halves throughput. So one row must fit a frame, and a batch at most MAX_FRAMES
+frames (protos.message_fit refuses a job whose batches would not); a frame that arrives over
+the limit anyway is refused as `frame_too_large`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def parse_data_message(frame: object) -> pb.DataMessage:
     return message
 
 
+def rows_per_frame(row_bytes: int, max_frame_bytes: int = MAX_FRAME_BYTES) -> int:
+    """How many rows of a tensor `encode_tensors` puts in one frame (one at least, even one too big)."""
+    return max(1, max_frame_bytes // max(row_bytes, 1))
+
+
 def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], checksum: bool,
                    max_frame_bytes: int = MAX_FRAME_BYTES) -> list[object]:
     """Fill header.frames (and the CRC-32C) and return the tensor frames to send after it."""
@@ -68,8 +75,7 @@ def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], check
         if dtype not in ALLOWED_DTYPES:
             raise ValueError(f"tensor {name}: dtype {dtype} cannot travel")
         rows = array.shape[0] if array.ndim else 1
-        row_bytes = array.nbytes // rows if rows else array.nbytes
-        per_frame = max(1, max_frame_bytes // max(row_bytes, 1))
+        per_frame = rows_per_frame(array.nbytes // rows if rows else array.nbytes, max_frame_bytes)
         pieces = [array] if rows <= per_frame else [array[i:i + per_frame] for i in range(0, rows, per_frame)]
         for piece in pieces:
             header.frames.add(tensor=name, dtype=dtype, shape=list(piece.shape), nbytes=piece.nbytes)
@@ -118,6 +124,10 @@ def decode_tensors(header: pb.BatchHeader, frames: Sequence[object]) -> Received
         raise FrameError("frame_count", f"header declares {len(header.frames)} frames, got {len(frames)}")
     if len(frames) > MAX_FRAMES:
         raise FrameError("frame_count", f"{len(frames)} frames exceed {MAX_FRAMES}")
+    for spec, frame in zip(header.frames, frames, strict=True):
+        if len(_buffer(frame)) > MAX_FRAME_BYTES:
+            raise FrameError("frame_too_large", f"{spec.tensor}: a frame of {len(_buffer(frame))} bytes exceeds "
+                             f"{MAX_FRAME_BYTES}")
     parts: dict[str, list[np.ndarray]] = {}
     crc = 0
     total = 0

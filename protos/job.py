@@ -16,6 +16,7 @@ from pipeline.plan import EpochPlan, Resumed, Unit
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
 from pipeline.text.vocab import Vocab
+from protos import message_fit
 from protos import stoker_pb2 as pb
 
 DATASETS = tuple(KINDS)
@@ -65,6 +66,17 @@ class JobConfig:
             raise ValueError(f"resumed_from is not a resumed epoch: {exc}") from None
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
+        self._check_batches_travel()
+
+    def _check_batches_travel(self) -> None:
+        """A batch that cannot fit one data message would be lost on the wire unit after unit: refused."""
+        if self.decode_on == "host" and self.kind.encoded_images:
+            message_fit.check_images(self.batch_size, self.image_size)
+            return
+        layout = self.kind.layout(self)
+        why = message_fit.problem(self.batch_size, layout.tensors, layout.ragged)
+        if why is not None:
+            raise ValueError(f"--batch-size {self.batch_size} does not fit a data message ({why})")
 
     @property
     def kind(self) -> DatasetKind:

@@ -101,6 +101,7 @@ def _add_worker(sub) -> None:
                         help="leave a job whose dispatcher has been silent this many seconds (default 30); the "
                              "daemon keeps registering and rejoins it when it answers")
     worker.add_argument("--key-name", default="", help="this host's key NAME (default: the host id)")
+    worker.add_argument("--metrics-port-flag", default="--metrics-port", help=argparse.SUPPRESS)  # stoker run's name
     worker.add_argument("--parent-pid", type=POSITIVE, help="exit when the process with this pid is gone (stoker run "
                                                             "starts its daemons so)")
 
@@ -162,7 +163,9 @@ def _add_dispatch(sub) -> None:
     dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
     dispatch.add_argument("--job-secret", metavar="FILE",
                           help="without --keys: where the consumer's job secret is kept (made on first start, mode "
-                               "0600; default JOURNAL.secret, else stoker-job.secret; $STOKER_JOB_SECRET overrides)")
+                               "0600; default JOURNAL.secret, else stoker-job-PORT.secret in $XDG_RUNTIME_DIR or "
+                               "TMPDIR/stoker-UID; a file that is not yours with mode 0600 is refused; "
+                               "$STOKER_JOB_SECRET overrides)")
 
 
 def _add_run(sub) -> None:
@@ -295,7 +298,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
         cfg = WorkerConfig(connect=args.dispatcher, procs=args.procs, host_id=args.host_id,
                            metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                           metrics_addr=args.metrics_addr, once=args.once, keys=args.keys, key_name=args.key_name,
+                           metrics_addr=args.metrics_addr, metrics_flag=args.metrics_port_flag, once=args.once,
+                           keys=args.keys, key_name=args.key_name,
                            leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid,
                            shard_cache_gb=args.shard_cache_gb)
         return WorkerDaemon(cfg).run()
@@ -474,6 +478,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      f"by the packing)")
     if command in ("run", "worker"):
         args.shard_cache_gb = options.shard_cache_gb(parser, args)
+    too_big = options.image_fit_error(args)
+    if too_big:
+        parser.error(f"{command}: {too_big}")
     if command == "worker" and not args.dispatcher:
         parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:

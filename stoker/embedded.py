@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -35,6 +36,9 @@ from protos import job_secret
 from protos.job import JobConfig
 from stoker.datasets import default_manifest
 from stoker.options import emit_json
+
+ERROR_PREFIX = "stoker: error: "  # how a stoker process says why it exits (stoker.cli.main)
+CHILD_ERROR = re.compile(r"stoker(?: [a-z]+)?: error: ")  # ... and its parser (stoker.flags.Parser)
 
 
 @dataclass(frozen=True)
@@ -59,22 +63,29 @@ def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | N
            "--procs", str(procs), "--host-id", host_id, "--once", "--parent-pid", str(os.getpid())]
     cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--metrics-port", "-1"]
     cmd += ["--shard-cache-gb", repr(shard_cache_gb)] if shard_cache_gb is not None else []
-    return cmd
+    return cmd + ["--metrics-port-flag=--worker-metrics-port"]  # the user's name for it, if it is taken
 
 
 class DaemonProcess:
-    """A `stoker worker` child whose stderr is passed through and its last lines kept, for the error."""
+    """A `stoker worker` child whose stderr is passed through and its last lines kept, for the error.
+    Its own fatal error line (`stoker: error: ...`) is held back: `failure` reports it, once."""
 
     def __init__(self, host_id: str, cmd: list[str]) -> None:
         self.host_id = host_id
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
         self.tail: collections.deque[str] = collections.deque(maxlen=5)
+        self.error = ""  # its fatal error line, without the prefix
+        self.reported = False
         self._reader = threading.Thread(target=self._relay, name=f"stoker-{host_id}-stderr", daemon=True)
         self._reader.start()
 
     def _relay(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
+            said = CHILD_ERROR.match(line)
+            if said:
+                self.error = line[said.end():].strip()
+                continue
             sys.stderr.write(line)
             if line.strip():
                 self.tail.append(line.strip())
@@ -85,8 +96,13 @@ class DaemonProcess:
         if code is None or code == 0:
             return None
         self._reader.join(timeout=2)
-        last = self.tail[-1] if self.tail else "(no output)"
+        self.reported = True
+        last = self.error or (self.tail[-1] if self.tail else "(no output)")
         return f"worker daemon {self.host_id} exited with code {code}: {last}"
+
+    def unreported_error(self) -> str | None:
+        """Its fatal error, when the run ended before `failure` reported it."""
+        return None if self.reported or not self.error else f"worker daemon {self.host_id}: {self.error}"
 
 
 def _watch(daemons: list[DaemonProcess], consumer: Consumer, done: threading.Event) -> None:
@@ -153,6 +169,10 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
         _stop_daemons([d.proc for d in daemons], timeout_s=0.0)
         consumer.stop()
         shutil.rmtree(folder, ignore_errors=True)
+        for daemon in daemons:
+            error = daemon.unreported_error()
+            if error:
+                print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
     return summaries
 
 

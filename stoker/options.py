@@ -28,9 +28,10 @@ from pathlib import Path
 
 from accel.consumer_config import ConsumerConfig
 from pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
-from pipeline.kinds import IMAGENET
+from pipeline.kinds import IMAGENET, kind_of
 from pipeline.shard_cache import LIMIT_ENV, parse_gb
 from pipeline.text.examples import TextConfig
+from protos import message_fit
 from protos.job import DATASETS, DECODE_PLACEMENTS, JOB_DEFAULTS, JobConfig
 from stoker.flags import FRACTION, METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, float_in, int_at_least
 
@@ -221,6 +222,23 @@ def job_fields(args: argparse.Namespace) -> dict:
     given = {f.name: getattr(args, f.name) for f in fields(JobConfig) if f.name in JOB_DEFAULTS
              and f.name not in ("dataset", "text", "world_size") and hasattr(args, f.name)}
     return given | dict(min_area=lo, max_area=hi, text=text, world_size=world_size(args))
+
+
+def image_fit_error(args: argparse.Namespace) -> str | None:
+    """Why --image-size and --batch-size together make batches too big for a data message (None: they
+    fit), at parse time. Checked for a job of decoded images: --dataset imagenet, or no --dataset and
+    --image-size given (a text manifest ignores it); `JobConfig` checks every job again when it is made."""
+    if not hasattr(args, "image_size") or args.decode_on != "host":
+        return None
+    if args.dataset is None and args.image_size == JOB_DEFAULTS["image_size"]:
+        return None
+    if args.dataset is not None and not kind_of(args.dataset).encoded_images:
+        return None
+    try:
+        message_fit.check_images(args.batch_size, args.image_size)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def job_config(args: argparse.Namespace) -> JobConfig:

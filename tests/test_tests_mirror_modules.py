@@ -26,6 +26,7 @@ COVERED_BY = {
     "protos/control_client": [E2E + "test_exactly_once.py", E2E + "test_dispatch.py"],
     "protos/curve": [E2E + "test_curve.py", E2E + "test_strangers.py"],
     "protos/endpoints": [E2E + "test_exactly_once.py"],
+    "protos/private_files": ["tests/unit/protos/test_job_secret.py", E2E + "test_dispatch.py"],
     "protos/sd_notify": [E2E + "test_deploy.py"],
     "protos/zap": [E2E + "test_curve.py", E2E + "test_strangers.py"],
     "workers/daemon": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py", E2E + "test_deploy.py"],

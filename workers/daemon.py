@@ -45,6 +45,7 @@ class WorkerConfig:
     host_id: str = ""
     metrics_port: int | None = 9561
     metrics_addr: str = "127.0.0.1"
+    metrics_flag: str = "--metrics-port"  # the option that set metrics_port, named when the port is taken
     once: bool = False  # exit after one job instead of waiting for the next
     drain_timeout_s: float = 10.0
     leave_after_s: float = 30.0  # leave a job whose dispatcher stays silent this long (and keep registering)
@@ -110,7 +111,7 @@ class WorkerDaemon:
         if self.cfg.parent_pid is not None:
             exit_with_parent(self.cfg.parent_pid)
         if self.cfg.metrics_port is not None:
-            self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr)
+            self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr, self.cfg.metrics_flag)
             log.info("%s: metrics on http://%s:%d/metrics", self.host_id, self.cfg.metrics_addr,
                      self.metrics_port)
         self.systemd.ready(f"registering with {self.cfg.connect}")

@@ -85,13 +85,14 @@ class _SizedFilesCollector(multiprocess.MultiProcessCollector):
         return self.merge(sized, accumulate=True)
 
 
-def serve_multiprocess(port: int, addr: str) -> int:
-    """Serve the aggregate of every process's metrics files; returns the bound port."""
+def serve_multiprocess(port: int, addr: str, flag: str = "--metrics-port") -> int:
+    """Serve the aggregate of every process's metrics files; returns the bound port. `flag`: the option
+    the user set the port with, named when it is taken (`stoker run` calls it --worker-metrics-port)."""
     registry = CollectorRegistry()
     _SizedFilesCollector(registry)
     try:
         server, _ = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         raise OSError(f"cannot serve worker metrics on {addr}:{port}: {exc.strerror or exc} "
-                      f"(pick another with --metrics-port)") from exc
+                      f"(pick another with {flag})") from exc
     return int(server.server_port)

@@ -400,6 +400,7 @@ def test_a_rank_that_dies_is_reported_not_waited_on_silently(odd_manifest, caplo
 
 def test_a_rank_without_its_dispatcher_fails_with_a_clear_error(tmp_path):
     (tmp_path / "secret").write_text("ab" * 32)
+    (tmp_path / "secret").chmod(0o600)  # a secret file open to others is refused (protos.private_files)
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "stoker", "train", "--rank", "1", "--world-size", "2",
                              "--dispatcher", f"tcp://127.0.0.1:{free_port()}", "--attach-timeout", "2",

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,36 @@ def test_with_keys_only_a_consumer_key_attaches_to_a_separate_dispatcher(manifes
             service.kill()
     assert_exactly_once(summary, manifest.num_samples, 2)
     assert not (log_dir / "j.key").exists()  # with keys there is no job secret to keep
+
+
+STRANGER = 65534  # nobody: another local user
+
+
+def test_a_job_secret_another_user_planted_stops_dispatch_at_start_with_the_reason(manifest):
+    """Another local user, as its own process, writes a secret of its choosing (readable by all) where
+    `stoker dispatch` keeps one, and takes the name of the private directory first: the dispatcher
+    adopts neither, it exits at start with one line that says whose the file is."""
+    if os.geteuid() != 0:
+        pytest.skip("acting as another local user needs root")
+    shared = Path(tempfile.mkdtemp(prefix="stoker-shared-"))  # a world-writable temp dir, as /tmp is
+    os.chmod(shared, 0o1777)
+    try:
+        planted, taken = shared / "job.secret", shared / f"stoker-{os.geteuid()}"
+        subprocess.run(["sh", "-c", f"umask 022; printf %s {'ab' * 32} > {planted}; mkdir -m 777 {taken}"],
+                       user=STRANGER, group=STRANGER, check=True, cwd="/")
+        env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS_MULTIPROC_DIR", "STOKER_JOB_SECRET",
+                                                                 "XDG_RUNTIME_DIR")}
+        for extra, refused in ((["--job-secret", str(planted)], f"{planted} belongs to uid {STRANGER}"),
+                               ([], f"{taken} belongs to uid {STRANGER}")):
+            started = time.monotonic()
+            result = subprocess.run(
+                [sys.executable, "-m", "stoker", "dispatch", "--data", manifest.uri, "--metrics-port", "-1",
+                 "--control-bind", f"tcp://127.0.0.1:{free_port()}", *extra],
+                capture_output=True, text=True, timeout=60, env=env | {"TMPDIR": str(shared)})
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 2 and len(lines) == 1, result.stderr
+            assert lines[0].startswith("stoker: error: job secret refused") and refused in lines[0], lines[0]
+            assert time.monotonic() - started < 30
+        assert planted.read_text() == "ab" * 32 and os.listdir(taken) == []  # nothing adopted, nothing written
+    finally:
+        shutil.rmtree(shared)

@@ -22,6 +22,8 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["run", "--hosts", "0"], "--hosts"),
     (["run", "--credit-window", "0"], "--credit-window"),
     (["run", "--image-size", "0"], "--image-size"),
+    (["run", "--image-size", "4000"], "--image-size"),
+    (["dispatch", "--data", "x", "--image-size", "2000", "--batch-size", "256"], "--batch-size 256"),
     (["run", "--metrics-port", "70000"], "--metrics-port"),
     (["run", "--worker-metrics-port", "65535", "--hosts", "2"], "--worker-metrics-port"),
     (["run", "--epochs", "-1"], "--epochs"),
@@ -55,7 +57,18 @@ def test_a_shard_cache_limit_from_the_environment_is_checked_as_the_flag_is():
         "stoker: error: worker: $STOKER_SHARD_CACHE_GB: must be a number > 0 (GB), not 'lots' (see stoker --help)"]
 
 
+def test_an_image_size_whose_batches_cannot_travel_is_refused_with_the_largest_that_fits():
+    """At 4,000 px one image is over the 32 MB frame limit: the consumer's socket would drop every
+    batch unseen and the units would go round for ever. Refused before anything starts instead."""
+    result, took = _stoker("run", "--image-size", "4000")
+    line = result.stderr.strip()
+    assert result.returncode == 2 and len(line.splitlines()) == 1, result.stderr
+    assert "--image-size 4000 with --batch-size 64 does not fit a data message" in line, line
+    assert "the largest --image-size that fits --batch-size 64 is 2362" in line and took < 10
+
+
 def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):
+    """Its metrics port taken: said once, naming the flag `stoker run` was given (--worker-metrics-port)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -66,7 +79,20 @@ def test_a_worker_daemon_that_cannot_start_fails_stoker_run(manifest):
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("stoker: error: worker daemon host0 exited with code 2") and str(port) in last, last
+    assert last.endswith("(pick another with --worker-metrics-port)"), last
+    assert result.stderr.count(str(port)) == 1, result.stderr
     assert "Traceback" not in result.stderr and took < 10
+
+
+def test_a_worker_whose_metrics_port_is_taken_names_its_own_flag():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result, took = _stoker("worker", "--dispatcher", "tcp://127.0.0.1:1", "--metrics-port", str(port))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert str(port) in lines[0] and lines[0].endswith("(pick another with --metrics-port)") and took < 10
 
 
 def test_a_manifest_that_is_not_json_is_named(tmp_path):

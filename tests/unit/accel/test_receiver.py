@@ -1,5 +1,6 @@
 """Hostile input to the consumer's receiver: never an exception, never a bad batch queued."""
 
+import math
 import queue
 
 import numpy as np
@@ -15,6 +16,7 @@ from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardInfo
 from pipeline.text.examples import TextConfig
 from protos import stoker_pb2 as pb
+from protos.framing import MAX_FRAME_BYTES
 from protos.job import JobConfig
 from protos.leases import LeaseSigner
 
@@ -165,6 +167,25 @@ def test_a_batch_for_a_unit_the_sender_does_not_lease_is_dropped():
     assert receiver.dropped == {"not_leaseholder": 2, "unknown_peer": 1}
     assert [r.reject.code for r in replies(receiver, b"stranger")] == ["unknown_sender"]
     assert [r.reject.unit_id for r in replies(receiver, PEER) if r.HasField("reject")] == [2, 2]
+
+
+def test_a_frame_over_the_size_limit_is_dropped_and_counted_with_its_reason():
+    """A batch whose image frame is bigger than a frame may be (as a 3,400 px image would be) is
+    dropped, counted as `frame_too_large` in the summary and on /metrics, and its credit given back."""
+    receiver, out = make_receiver()
+    head = receiver.order.next_unit().unit_id
+    ids = unit_ids(receiver, head)[:1]
+    side = math.isqrt(MAX_FRAME_BYTES // 3) + 1  # one (side, side, 3) image is over the limit
+    images = np.zeros((1, side, side, 3), np.uint8)
+    header = pb.BatchHeader(job_id=JOB, epoch=0, unit_id=head, rows=1, sample_ids=ids, worker_id=WORKER,
+                            lease_token=SIGNER.token(head, HOST, WORKER))
+    header.frames.add(tensor="image", dtype="|u1", shape=list(images.shape), nbytes=images.nbytes)
+    header.frames.add(tensor="label", dtype="<i4", shape=[1], nbytes=4)
+    credits = sum(r.credit.batches for r in replies(receiver, PEER))
+    receiver.handle([PEER, pb.DataMessage(batch=header).SerializeToString(), images.data, b"\0" * 4])
+    assert out.empty() and receiver.dropped == {"frame_too_large": 1}
+    assert receiver.metrics.frames_dropped.labels(reason="frame_too_large")._value.get() == 1
+    assert sum(r.credit.batches for r in replies(receiver, PEER)) == credits + 1
 
 
 def test_one_slot_per_worker_process_and_silent_slots_are_freed():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from protos import stoker_pb2 as pb
-from protos.framing import FrameError, decode_tensors, encode_tensors, parse_data_message
+from protos.framing import MAX_FRAME_BYTES, FrameError, decode_tensors, encode_tensors, parse_data_message
 
 PROTOS = Path(__file__).resolve().parents[3] / "protos"
 
@@ -75,6 +75,18 @@ def test_huge_declared_shape_is_rejected_without_allocating():
     header.frames.add(tensor="image", dtype="|u1", shape=[1 << 40, 1 << 20], nbytes=16)
     with pytest.raises(FrameError):
         decode_tensors(header, [b"x" * 16])
+
+
+def test_a_frame_over_the_limit_is_refused_as_too_large_whatever_its_header_says():
+    big = np.zeros(MAX_FRAME_BYTES + 1, np.uint8)
+    header = pb.BatchHeader()
+    header.frames.add(tensor="image", dtype="|u1", shape=[big.size], nbytes=big.nbytes)
+    with pytest.raises(FrameError) as err:
+        decode_tensors(header, [big.data])
+    assert err.value.reason == "frame_too_large" and str(MAX_FRAME_BYTES) in str(err.value)
+    header.frames[0].shape[:] = [MAX_FRAME_BYTES]
+    header.frames[0].nbytes = MAX_FRAME_BYTES
+    assert decode_tensors(header, [big[:-1].data]).nbytes == MAX_FRAME_BYTES  # at the limit: accepted
 
 
 def test_garbage_header_is_a_frame_error():

@@ -11,7 +11,7 @@ from accel.consumer_config import ConsumerConfig
 from pipeline.text.examples import TextConfig
 from protos.job import JOB_DEFAULTS
 from stoker import options
-from stoker.cli import build_parser
+from stoker.cli import build_parser, main
 
 
 def parse(*argv: str):
@@ -81,3 +81,16 @@ def test_the_shard_cache_limit_is_for_the_commands_that_fetch_shards(capsys, mon
     with pytest.raises(SystemExit):
         parse("train", "--data", "m", "--shard-cache-gb", "1")
     assert "--shard-cache-gb" in capsys.readouterr().err
+
+
+def test_an_image_size_too_big_for_the_batch_size_is_refused_at_parse_time_naming_both(capsys):
+    for argv, fix in ((["run", "--image-size", "4000"], "the largest --image-size that fits --batch-size 64 is 2362"),
+                      (["train", "--data", "m", "--dataset", "imagenet", "--batch-size", "256", "--image-size", "1500"],
+                       "the largest --image-size that fits --batch-size 256 is 1494")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and len(err.splitlines()) == 1 and fix in err, err
+    assert options.image_fit_error(parse("run", "--image-size", "2362")) is None
+    assert options.image_fit_error(parse("run", "--image-size", "4000", "--decode-on", "accelerator")) is None
+    assert options.image_fit_error(parse("run", "--image-size", "4000", "--dataset", "wikipedia")) is None
