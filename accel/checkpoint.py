@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -35,6 +37,7 @@ _MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_
 # saved (version 2 or 3) cannot be checked on them and is taken as it is.
 _IMAGE_MUST_MATCH = ("image_size", "transform", "min_area", "max_area")
 _TEXT_MUST_MATCH = "text"
+JOB_ID = re.compile(r"[\w.-]{1,64}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,31 @@ class Position:
     step: int  # steps of `epoch` taken, on every rank
     ranks: list[tuple[int, int]]  # per rank: (units of the epoch wholly consumed, steps taken after them)
 
-    def check(self, plan) -> None:
-        """Every rank's position lies inside its stream of the epoch (the checkpoint fits the plan)."""
+    def check(self, plan, planned_batches=None) -> None:
+        """Every rank's position lies inside its stream of the epoch (the checkpoint fits the plan).
+        `planned_batches` (images: a unit's batches follow from its size): also the step, and the
+        batches after each rank's units, lie inside the streams, and agree with each other."""
         if self.epoch >= plan.epochs:
             return
+        streams = [plan.rank_units(self.epoch, rank) for rank in range(len(self.ranks))]
         for rank, (units, _) in enumerate(self.ranks):
-            if units > len(plan.rank_units(self.epoch, rank)):
+            if units > len(streams[rank]):
                 raise CheckpointError(f"the checkpoint puts rank {rank} past unit {units} of epoch {self.epoch}, "
-                                      f"whose stream has {len(plan.rank_units(self.epoch, rank))}")
+                                      f"whose stream has {len(streams[rank])}")
+        if planned_batches is None or len(self.ranks) != plan.world_size:
+            return  # text: a unit's batches are known only once it is made
+        steps = self.step - plan.step_offset(self.epoch)
+        longest = max(sum(planned_batches(u) for u in stream) for stream in streams)
+        if not 0 <= steps <= longest:
+            raise CheckpointError(f"the checkpoint's step {self.step} lies outside epoch {self.epoch}, whose streams "
+                                  f"have {longest} steps")
+        for rank, (units, batches) in enumerate(self.ranks):
+            stream = streams[rank]
+            room = planned_batches(stream[units]) - 1 if units < len(stream) else 0
+            consumed = sum(planned_batches(u) for u in stream[:units]) + batches
+            if batches > room or consumed > steps:
+                raise CheckpointError(f"the checkpoint's position of rank {rank} ({units} units, then {batches} "
+                                      f"batches) does not lie at step {self.step} of its stream")
 
     def done_units(self, plan) -> frozenset[int]:
         """Units every step of which was taken before this position."""
@@ -107,6 +127,9 @@ def _read(state: object, epochs: int) -> _Saved:
     job = state.get("job")
     if not isinstance(job, dict) or not isinstance(job.get("job_id"), str):
         raise CheckpointError("the checkpoint names no job (its 'job' object with a 'job_id')")
+    if not JOB_ID.fullmatch(job["job_id"]):
+        raise CheckpointError(f"the checkpoint's job id {job['job_id'][:80]!r} is not one (1 to 64 letters, digits, "
+                              f"'-', '_' or '.')")
     epoch, step = _count(state, "epoch"), _count(state, "step")
     if epoch > epochs:
         raise CheckpointError(f"the checkpoint's epoch {epoch} is past the job's {epochs} epochs")
@@ -206,6 +229,8 @@ def save(state: dict, path: str | Path) -> None:
 
 def load(path: str | Path) -> dict:
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block the read for ever
+            raise OSError(f"{path} is not a regular file")
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable checkpoint ({exc})") from exc

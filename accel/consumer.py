@@ -138,7 +138,7 @@ class Consumer:
         self.accelerator = (make_step or given(NullAccelerator()))(job, self.manifest)
         self.plan = plan = job.plan(self.manifest)
         if position is not None:
-            position.check(plan)
+            position.check(plan, job.planned_batches if job.kind.one_row_per_sample else None)
             position = self._past_epoch_end(position)
         self.start_position = start = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
         done = start.done_units(plan)

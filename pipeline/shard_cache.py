@@ -44,14 +44,17 @@ FETCH_ATTEMPTS = 2  # a mismatch is fetched once more, then the shard is refused
 OPEN_ATTEMPTS = 5  # a copy evicted between its fetch and its open (a tiny limit, busy host) is fetched again
 
 
+MAX_GB = 1e6  # a petabyte: past any disk, and far from where GB -> bytes overflows
+
+
 def parse_gb(text: str, what: str = LIMIT_ENV) -> float:
     """A cache limit in GB: a number > 0."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{what}: must be a number > 0 (GB), not {text!r}")
+    if not 0 < value <= MAX_GB:
+        raise ValueError(f"{what}: must be a number > 0 (GB) and at most {MAX_GB:g}, not {text!r}")
     return value
 
 

@@ -70,8 +70,9 @@ class JobConfig:
 
     def _check_batches_travel(self) -> None:
         """A batch that cannot fit one data message would be lost on the wire unit after unit: refused."""
-        if self.decode_on == "host" and self.kind.encoded_images:
+        if self.kind.encoded_images:  # decoded on the accelerator, the consumer makes tensors of the same size
             message_fit.check_images(self.batch_size, self.image_size)
+        if self.decode_on == "host" and self.kind.encoded_images:
             return
         layout = self.kind.layout(self)
         why = message_fit.problem(self.batch_size, layout.tensors, layout.ragged)

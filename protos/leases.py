@@ -24,6 +24,8 @@ UNREACHABLE = "consumer unreachable"  # the rank's data socket stopped answering
 HANDED_BACK = frozenset({TRADED, UNREACHABLE})
 # Why the consumer has a unit made again: its leaseholder's last batch left samples of it out.
 SHORT_UNIT = "short_unit"
+# A host registered again (its daemon started, or came back to the job): its processes hold nothing.
+REREGISTERED = "host registered again"
 
 
 @dataclass(frozen=True)

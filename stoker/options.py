@@ -227,8 +227,9 @@ def job_fields(args: argparse.Namespace) -> dict:
 def image_fit_error(args: argparse.Namespace) -> str | None:
     """Why --image-size and --batch-size together make batches too big for a data message (None: they
     fit), at parse time. Checked for a job of decoded images: --dataset imagenet, or no --dataset and
-    --image-size given (a text manifest ignores it); `JobConfig` checks every job again when it is made."""
-    if not hasattr(args, "image_size") or args.decode_on != "host":
+    --image-size given (a text manifest ignores it); `JobConfig` checks every job again when it is made.
+    Also with --decode-on accelerator: the consumer then makes batches of the same size itself."""
+    if not hasattr(args, "image_size"):
         return None
     if args.dataset is None and args.image_size == JOB_DEFAULTS["image_size"]:
         return None

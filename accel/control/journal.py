@@ -28,6 +28,8 @@ import fcntl
 import json
 import logging
 import os
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,14 +120,17 @@ class Journal:
     def _put_in_place(self, events: list[dict]) -> None:
         """Write `events` as the whole journal: beside it, fsync'd, owner-only (it holds the lease
         key), then renamed over it and the rename made durable."""
-        staged = self.path.with_name(self.path.name + ".staged")
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            for event in events:
-                out.write(json.dumps(event, separators=(",", ":")) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(staged, self.path)
+        fd, staged = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")  # O_EXCL, 0600
+        try:
+            with os.fdopen(fd, "w") as out:
+                for event in events:
+                    out.write(json.dumps(event, separators=(",", ":")) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(staged, self.path)
+        except BaseException:
+            Path(staged).unlink(missing_ok=True)
+            raise
         _fsync_folder(self.path.parent)
 
     def close(self) -> None:
@@ -145,6 +150,11 @@ def _lock(path: Path) -> int:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise OSError(f"cannot lock the journal {path} ({lock_path}: {exc.strerror or exc})") from exc
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise JournalInUse(f"the journal's lock {lock_path} belongs to uid {owner}, not to you: another user could "
+                           f"hold it or plant a journal beside it; keep the journal in a folder of your own")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -161,15 +171,19 @@ def _recover(path: Path) -> Replayed | None:
     """Replay the journal at `path`, first cutting off what a crash tore (nothing anyone was told);
     None when there is no journal yet, or none that ever became whole."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        reason = "is a symbolic link (give the journal's own path)" if path.is_symlink() else (exc.strerror or exc)
+        raise ValueError(f"the journal {path} {reason}") from exc
+    with os.fdopen(fd, "rb") as file:
+        _check_ours(path, os.fstat(file.fileno()))
+        data = file.read()
     whole = data.rfind(b"\n") + 1
-    if whole == 0:
-        if data:
-            log.warning("%s: a journal whose first line never became whole (a crash while it was made): "
-                        "starting it anew", path)
-        return None
+    if whole == 0:  # a new journal comes into place whole, by rename: this one was damaged, not torn
+        raise ValueError(f"{path}: a journal without one whole line (damaged, or not a journal); remove it to "
+                         f"start the job from its beginning")
     if whole < len(data):
         log.warning("%s: cutting off a torn last line of %d bytes (a crash mid-write; its answer was never sent)",
                     path, len(data) - whole)
@@ -178,6 +192,22 @@ def _recover(path: Path) -> Replayed | None:
             file.flush()
             os.fsync(file.fileno())
     return replay(path)
+
+
+def _check_ours(path: Path, st: os.stat_result) -> None:
+    """The journal holds the lease key and decides which units are done: only a file of ours, mode
+    0600, with no other name (a second name would let a second dispatcher lock another lock file)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"the journal {path} is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"the journal {path} belongs to uid {st.st_uid}, not to you: another user could have "
+                      f"written it; not trusted (remove it)")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise ValueError(f"the journal {path} has mode {stat.S_IMODE(st.st_mode):04o}: others could have written or "
+                      f"read it (it holds the lease key); not trusted (chmod 600 it, if it is yours)")
+    if st.st_nlink > 1:
+        raise ValueError(f"the journal {path} has {st.st_nlink} names (hard links): a dispatcher opening it by another "
+                      f"name would not see this one's lock; remove the other names")
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -189,35 +219,48 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def replay(path: Path) -> Replayed:
-    lines = path.read_text().splitlines()
+    """The state the journal's whole lines give; what follows the last newline (a write under way,
+    or torn by a crash) is not read. A whole line that is not an event is damage: refused."""
+    data = path.read_bytes()
+    lines = data[: data.rfind(b"\n") + 1].decode(errors="replace").splitlines()
     if not lines:
         raise ValueError(f"{path}: an empty journal")
     events = []
     for number, line in enumerate(lines, 1):
         try:
-            events.append(json.loads(line))
+            event = json.loads(line)
         except ValueError:
-            if number == len(lines):  # a torn last line: the crash hit mid-write, before any answer
-                break
-            raise ValueError(f"{path}:{number}: not a journal line") from None
+            event = None
+        if not isinstance(event, dict):
+            raise ValueError(f"{path}:{number}: not a journal line (the journal is damaged; remove it to start the "
+                             f"job from its beginning)")
+        events.append(event)
     if "job" not in events[0]:
         raise ValueError(f"{path}: does not start with its job")
     state = Replayed(job=events[0]["job"], lease_key=bytes.fromhex(events[0].get("lease_key", "")))
-    for event in events[1:]:
-        if "snapshot" in event:
-            snap = event["snapshot"]
-            state.done_below, state.done = snap["done_below"], set(snap["done"])
-            state.batches = {int(unit): batches for unit, batches in snap["batches"].items()}
-            state.leases = {unit: (host, worker, request, key) for unit, host, worker, request, key in snap["leases"]}
-        elif "lease" in event:
-            state.leases[event["lease"]] = (event["host"], event["worker"], event.get("request", 0),
-                                            event.get("key", ""))
-        elif "ack" in event:
-            state.done.add(event["ack"])
-            if "batches" in event:
-                state.batches[event["ack"]] = event["batches"]
-            state.leases.pop(event["ack"], None)
-        elif "release" in event:
-            for unit in event["release"]:
-                state.leases.pop(unit, None)
+    for number, event in enumerate(events[1:], 2):
+        try:
+            _apply(state, event)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ValueError(f"{path}:{number}: not a journal line (the journal is damaged; remove it to start the "
+                             f"job from its beginning)") from None
     return state
+
+
+def _apply(state: Replayed, event: dict) -> None:
+    if "snapshot" in event:
+        snap = event["snapshot"]
+        state.done_below, state.done = snap["done_below"], set(snap["done"])
+        state.batches = {int(unit): batches for unit, batches in snap["batches"].items()}
+        state.leases = {unit: (host, worker, request, key) for unit, host, worker, request, key in snap["leases"]}
+    elif "lease" in event:
+        state.leases[event["lease"]] = (event["host"], event["worker"], event.get("request", 0),
+                                        event.get("key", ""))
+    elif "ack" in event:
+        state.done.add(event["ack"])
+        if "batches" in event:
+            state.batches[event["ack"]] = event["batches"]
+        state.leases.pop(event["ack"], None)
+    elif "release" in event:
+        for unit in event["release"]:
+            state.leases.pop(unit, None)

@@ -37,7 +37,7 @@ from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.droplog import DropLog
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
-from protos.leases import UNREACHABLE, LeaseSigner
+from protos.leases import REREGISTERED, UNREACHABLE, LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
 from protos.units import unit_to_proto
 from protos.zap import HANDSHAKE_EVENTS, count_handshakes
@@ -161,6 +161,13 @@ class ControlServer:
             if d.finished:  # a daemon joins a job only while it runs (a job restarted later joins anew)
                 return self._finished(request.register.host_id)
             log.info("host %s registered with %d processes", request.register.host_id, request.register.procs)
+            # A daemon registers when it starts or after it left the job, its processes stopped: whatever
+            # its worker ids still hold here (a restarted dispatcher's journal) is held by nobody.
+            stale = d.release(request.register.host_id, None, REREGISTERED,
+                              key=caller.name if self.access.keyed else None)
+            if stale:
+                log.warning("host %s registered again: its %d earlier leases go back to the queue",
+                            request.register.host_id, stale)
             return pb.ControlReply(registered=pb.Registered(job=self.job))
         if kind == "heartbeat":
             d.heartbeat(request.heartbeat.host_id)

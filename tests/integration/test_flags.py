@@ -54,7 +54,8 @@ def test_a_shard_cache_limit_from_the_environment_is_checked_as_the_flag_is():
     result = subprocess.run([sys.executable, "-m", "stoker", "worker", "--dispatcher", "tcp://127.0.0.1:1"],
                             capture_output=True, text=True, timeout=10, env=env)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "stoker: error: worker: $STOKER_SHARD_CACHE_GB: must be a number > 0 (GB), not 'lots' (see stoker --help)"]
+        "stoker: error: worker: $STOKER_SHARD_CACHE_GB: must be a number > 0 (GB) and at most 1e+06, not 'lots' "
+        "(see stoker --help)"]
 
 
 def test_an_image_size_whose_batches_cannot_travel_is_refused_with_the_largest_that_fits():

@@ -95,7 +95,13 @@ def test_a_text_checkpoint_resumed_with_another_sequence_length_is_refused_namin
     lambda state: state | {"ranks": [[-1, 0]]},
     lambda state: state | {"ranks": [[999, 0]]},
     lambda state: state | {"epoch": 99},
-], ids=["a-list", "no-job", "negative-rank-position", "rank-past-its-stream", "epoch-99"])
+    lambda state: state | {"step": 10 ** 9},
+    lambda state: state | {"ranks": [[1, 1000]]},
+    lambda state: state | {"epoch": 1, "step": 10 ** 6},
+    lambda state: state | {"ranks": [[5, 0]], "step": 0},
+    lambda state: state | {"job": state["job"] | {"job_id": ""}},
+], ids=["a-list", "no-job", "negative-rank-position", "rank-past-its-stream", "epoch-99", "step-past-the-epoch",
+        "batches-past-the-unit", "step-past-epoch-1", "units-past-the-step", "empty-job-id"])
 def test_an_edited_checkpoint_is_refused_with_one_line_within_seconds(manifest, tmp_path, edit):
     job = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=16, unit_batches=2)
     ckpt = tmp_path / "data.json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from accel import checkpoint
@@ -80,3 +82,10 @@ def test_a_position_past_a_ranks_stream_is_refused_once_the_plan_is_known(manife
     with pytest.raises(CheckpointError, match="puts rank 1 past unit 999"):
         Position(0, 3, [(0, 3), (999, 0)]).check(plan)
     Position(0, 3, [(0, 3), (0, 3)]).check(plan)
+
+
+def test_a_checkpoint_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        checkpoint.load(fifo)

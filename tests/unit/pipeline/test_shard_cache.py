@@ -121,7 +121,7 @@ def test_a_partial_file_of_a_fetch_that_died_is_removed(store, tmp_path, limit):
 
 def test_limits_are_positive_numbers(tmp_path, monkeypatch):
     assert parse_gb("1.5") == 1.5
-    for bad in ("0", "-1", "x", "inf", "nan"):
+    for bad in ("0", "-1", "x", "inf", "nan", "1e300"):
         with pytest.raises(ValueError, match="must be a number > 0"):
             parse_gb(bad)
     monkeypatch.setenv("STOKER_SHARD_CACHE", str(tmp_path))

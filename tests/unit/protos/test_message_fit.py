@@ -41,5 +41,6 @@ def test_a_job_that_cannot_travel_is_refused_naming_both_flags_and_the_fix():
         JobConfig("m", image_size=3400)
     with pytest.raises(ValueError, match="--batch-size 1000000 does not fit"):
         JobConfig("m", dataset="wikipedia", batch_size=1_000_000, text=TextConfig())
-    JobConfig("m", image_size=4000, decode_on="accelerator")  # JPEG bytes travel; the image is made on the device
+    with pytest.raises(ValueError, match="the largest --image-size that fits --batch-size 64 is 2362"):
+        JobConfig("m", image_size=4000, decode_on="accelerator")  # the consumer would make the same batch itself
     JobConfig("m", image_size=2362)

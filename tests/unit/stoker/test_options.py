@@ -92,5 +92,5 @@ def test_an_image_size_too_big_for_the_batch_size_is_refused_at_parse_time_namin
         err = capsys.readouterr().err.strip()
         assert exit_.value.code == 2 and len(err.splitlines()) == 1 and fix in err, err
     assert options.image_fit_error(parse("run", "--image-size", "2362")) is None
-    assert options.image_fit_error(parse("run", "--image-size", "4000", "--decode-on", "accelerator")) is None
+    assert "2362" in options.image_fit_error(parse("run", "--image-size", "4000", "--decode-on", "accelerator"))
     assert options.image_fit_error(parse("run", "--image-size", "4000", "--dataset", "wikipedia")) is None

@@ -177,6 +177,7 @@ def test_a_last_line_torn_at_every_byte_is_cut_and_the_next_events_survive_two_r
     for cut in range(1, record):  # a torn line: from one byte to all but its newline
         path = tmp_path / f"cut{cut}"
         path.write_bytes(whole[: len(whole) - record + cut])
+        path.chmod(0o600)
         journal = Journal(path, JOB, KEY)
         assert _replayed(journal) == _state(before), f"cut at byte {cut} of the last record"
         journal.lease(7, "h2", "h2/p0.1")
@@ -188,13 +189,57 @@ def test_a_last_line_torn_at_every_byte_is_cut_and_the_next_events_survive_two_r
         assert path.read_text().endswith('"key":""}\n')
 
 
-def test_a_journal_whose_header_never_became_whole_is_started_anew(tmp_path):
+def test_a_journal_without_a_whole_line_is_refused_not_started_anew(tmp_path):
+    """A new journal comes into place whole (rename), so a torn header is damage: starting anew would
+    give the job another id and strand every worker and rank that knows the old one."""
     path = tmp_path / "j"
     path.write_bytes(b'{"job":{"job_id":"j1","man')
-    journal = Journal(path, JOB, KEY)
-    assert journal.replayed is None and journal.lease_key == KEY
-    journal.close()
-    assert Journal(path, JOB, b"n" * 32).lease_key == KEY  # the header became whole this time
+    path.chmod(0o600)
+    with pytest.raises(ValueError, match="without one whole line"):
+        Journal(path, JOB, KEY)
+
+
+@pytest.mark.parametrize("damage", [b"garbage\n", b"42\n", b'{"lease":"x"}\n', b'{"release":7}\n'],
+                         ids=["garbage", "a-number", "a-bad-lease", "a-bad-release"])
+def test_a_whole_line_that_is_no_event_is_refused_with_its_number(tmp_path, damage):
+    path = _journal_with(tmp_path, [("lease", 3, "h0"), ("sync",)])
+    with open(path, "ab") as out:
+        out.write(damage)
+    with pytest.raises(ValueError, match=r":3: not a journal line"):
+        Journal(path, JOB, KEY)
+
+
+def test_a_journal_another_user_could_have_written_or_named_is_refused(tmp_path):
+    path = _journal_with(tmp_path, [("lease", 3, "h0"), ("sync",)])
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="mode 0644"):
+        Journal(path, JOB, KEY)
+    path.chmod(0o600)
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(ValueError, match="symbolic link"):
+        Journal(tmp_path / "link", JOB, KEY)
+    os.link(path, tmp_path / "second-name")
+    with pytest.raises(ValueError, match="2 names"):
+        Journal(path, JOB, KEY)
+    os.unlink(tmp_path / "second-name")
+    if os.geteuid() == 0:  # another uid: root can hand the files to nobody
+        os.chown(path, 65534, 65534)
+        with pytest.raises(ValueError, match="belongs to uid 65534"):
+            Journal(path, JOB, KEY)
+        os.chown(path, 0, 0)
+        os.chown(tmp_path / "j.lock", 65534, 65534)
+        with pytest.raises(JournalInUse, match="lock .* belongs to uid 65534"):
+            Journal(path, JOB, KEY)
+
+
+def test_a_planted_staging_name_is_never_written_through(tmp_path):
+    """The staged copy of a new or compacted journal has a random name (mkstemp: O_EXCL): a file or
+    link planted under the old fixed name stays as it was."""
+    planted = tmp_path / "j.staged"
+    planted.write_text("theirs")
+    path = _journal_with(tmp_path, [("lease", 3, "h0"), ("sync",), ("compact",)])
+    assert planted.read_text() == "theirs"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_journal_of_another_job_names_what_differs(tmp_path):

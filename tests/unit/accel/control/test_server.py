@@ -232,3 +232,17 @@ def test_a_message_read_after_its_connection_closed_does_not_save_the_units():
         monitor.close(0)
         router.close(0)
         ctx.term()
+
+
+def test_a_host_that_registers_again_gets_its_earlier_leases_put_back():
+    """A daemon that left the job (or restarted) and registers again runs new processes under the
+    same worker ids; what a restarted dispatcher's journal says those ids hold, nobody holds."""
+    server, sock = make_server()
+    d = server.dispatcher
+    held = d.lease("h0", "h0/p0.1").unit_id
+    other = d.lease("h1", "h1/p0.1").unit_id
+    server.handle_all([[b"h0", pb.ControlRequest(request_id=1, register=pb.Register(host_id="h0", procs=1))
+                        .SerializeToString()]])
+    assert d.stats().releases == 1
+    assert d.lease("h0", "h0/p0.1").unit_id == held  # back at its place: the next one handed out
+    assert d.lease("h2", "h2/p0.1").unit_id != other  # h1's lease is still h1's
