@@ -1,6 +1,7 @@
 """Crash points for the dispatcher's journal, for the tests: the process SIGKILLs itself at the
-n-th point where the journal writes (inside a line's write, after it, before an fsync, before or
-after a rename), so a test can stop a real writer at every one of them.
+n-th point where the journal writes (inside a line's write, after it, before one of its fsyncs,
+before or after one of its renames; the process's other files do not count), so a test can stop
+a real writer at every one of them.
 
 Also a launcher: `python -m tests.journal_crash N [KIND] -- <stoker arguments>` runs stoker with
 the crash armed at point N (counted from the dispatcher's start, over the points of KIND only
@@ -36,6 +37,20 @@ def arm(crash_at: int | None, only: str | None = None) -> list[str]:
 
     original_write = journal_module.Journal._write
     real_fsync, real_replace = os.fsync, os.replace
+    inside = [0]  # > 0 while the journal works: only its own fsyncs and renames are points
+
+    def journal_work(function):
+        def wrapped(*args, **kwargs):
+            inside[0] += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return wrapped
+
+    journal_module.Journal.sync = journal_work(journal_module.Journal.sync)
+    journal_module.Journal._put_in_place = journal_work(journal_module.Journal._put_in_place)
+    journal_module._recover = journal_work(journal_module._recover)
 
     def write(self, event: dict) -> None:
         if point(KINDS[0]):
@@ -49,15 +64,15 @@ def arm(crash_at: int | None, only: str | None = None) -> list[str]:
             die()
 
     def fsync(fd: int) -> None:
-        if point(KINDS[2]):
+        if inside[0] and point(KINDS[2]):
             die()
         real_fsync(fd)
 
     def replace(src, dst) -> None:
-        if point(KINDS[3]):
+        if inside[0] and point(KINDS[3]):
             die()
         real_replace(src, dst)
-        if point(KINDS[4]):
+        if inside[0] and point(KINDS[4]):
             die()
 
     journal_module.Journal._write = write
