@@ -477,8 +477,9 @@ class Consumer:
         ranks to finish, and gives live hosts a moment to hear that the job is finished."""
         server = self._control
         alive = self._thread is not None and self._thread.is_alive()
-        if server is not None and alive and self.order.done and self.job.world_size > 1:
-            deadline = time.monotonic() + self.cfg.rank_wait_s
+        if server is not None and alive and self.order.done:  # the last acks may still be on the loop
+            wait_s = self.cfg.rank_wait_s if self.job.world_size > 1 else self.cfg.finish_linger_s
+            deadline = time.monotonic() + wait_s
             while not self._on_loop(lambda: self.dispatcher.finished) and time.monotonic() < deadline:
                 time.sleep(0.05)
         if server is not None and alive and self.dispatcher.finished:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,11 +21,23 @@ from accel.consumer import Consumer, ConsumerConfig, Summary
 from accel.stepping import given
 from protos.job import JobConfig
 
+TEST_PORTS = range(20000, 32000)  # below Linux's ephemeral range (32768-60999 by default)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port outside the ephemeral range. A port from that range (what binding port 0
+    gives) can meanwhile become the source port of some process's outgoing connection, or a client
+    that connects to it before its server binds can connect to itself (TCP self-connect): the
+    client then talks to itself and never hears the server."""
+    for _ in range(200):
+        port = random.choice(TEST_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free loopback port in {TEST_PORTS}")
 
 
 def scrape(port: int) -> dict[str, float]:

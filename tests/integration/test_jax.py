@@ -33,7 +33,7 @@ def test_format_jax_gives_jax_arrays_with_the_pixels_numpy_gets(manifest, tmp_pa
     done = subprocess.run([sys.executable, str(SCRIPT), "one", str(port), manifest.uri, str(tmp_path)], env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert daemon.wait(timeout=30) == 0
+    assert daemon.wait(timeout=30) == 0, daemon.output()[-3000:]
     as_jax = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
     port = free_port()
     config = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind=f"tcp://127.0.0.1:{port}", metrics_port=None)
@@ -42,7 +42,7 @@ def test_format_jax_gives_jax_arrays_with_the_pixels_numpy_gets(manifest, tmp_pa
     with Loader(job, config=config, format="numpy", rank=0, world_size=1) as loader:
         as_numpy = [{"ids": b.sample_ids.tolist(), "sha256": hashlib.sha256(b["image"].tobytes()).hexdigest()}
                     for b in loader]
-    assert daemon.wait(timeout=30) == 0
+    assert daemon.wait(timeout=30) == 0, daemon.output()[-3000:]
     assert as_jax == as_numpy and len(as_jax) == 10
 
 
