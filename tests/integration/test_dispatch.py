@@ -42,6 +42,20 @@ def _dispatcher(manifest_uri: str, control: str, data: str, journal, log_path,
                             env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"})
 
 
+def _attached_job(control: str, data: str, secret, log_dir, rate: float):
+    """A consumer attached to the dispatcher at `control` and running in a thread, with 2 worker
+    daemons: (consumer, daemons, runner thread, the dict its summary lands in)."""
+    assert wait_for(secret.exists, timeout=30)
+    consumer = Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None, job_secret=str(secret)),
+                        None, given(SimulatedAccelerator(rate=rate)))
+    consumer.start()
+    daemons = [Daemon(control, f"host{i}", 1, log_dir) for i in range(2)]
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(summary=consumer.run()), daemon=True)
+    runner.start()
+    return consumer, daemons, runner, result
+
+
 def test_a_dispatcher_killed_inside_a_journal_write_and_again_inside_a_compaction_delivers_every_sample_once(
         manifest, log_dir):
     """The dispatcher dies (SIGKILL) halfway through writing its 4th journal line, is restarted,
@@ -51,14 +65,7 @@ def test_a_dispatcher_killed_inside_a_journal_write_and_again_inside_a_compactio
     journal, log = log_dir / "dispatch.journal", log_dir / "dispatch.log"
     secret = log_dir / "dispatch.journal.key"
     runs = [_dispatcher(manifest.uri, control, data, journal, log, crash=(3, KINDS[0]))]
-    assert wait_for(secret.exists, timeout=30)
-    consumer = Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None, job_secret=str(secret)),
-                        None, given(SimulatedAccelerator(rate=500)))
-    consumer.start()
-    daemons = [Daemon(control, f"host{i}", 1, log_dir) for i in range(2)]
-    result: dict = {}
-    runner = threading.Thread(target=lambda: result.update(summary=consumer.run()), daemon=True)
-    runner.start()
+    consumer, daemons, runner, result = _attached_job(control, data, secret, log_dir, rate=500)
     try:
         assert runs[0].wait(60) == -signal.SIGKILL, log.read_text()[-3000:]
         runs.append(_dispatcher(manifest.uri, control, data, journal, log, crash=(0, KINDS[3])))
@@ -87,14 +94,7 @@ def test_a_dispatcher_restarted_from_its_compacted_journal_finishes_the_job_exac
     journal = log_dir / "dispatch.journal"
     first = _dispatcher(manifest.uri, control, data, journal, log_dir / "dispatch.log")
     secret = log_dir / "dispatch.journal.key"
-    assert wait_for(secret.exists, timeout=30)
-    consumer = Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None, job_secret=str(secret)),
-                        None, given(SimulatedAccelerator(rate=250)))
-    consumer.start()
-    daemons = [Daemon(control, f"host{i}", 1, log_dir) for i in range(2)]
-    result: dict = {}
-    runner = threading.Thread(target=lambda: result.update(summary=consumer.run()), daemon=True)
-    runner.start()
+    consumer, daemons, runner, result = _attached_job(control, data, secret, log_dir, rate=250)
     second = None
     try:
         ctx = zmq.Context()
