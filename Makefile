@@ -7,7 +7,7 @@ APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev prometheus systemd
 # pillow-simd compiles from source: build it for AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup run test lint bench protos lock clean
+.PHONY: setup run test lint bench protos lock clean docs
 
 setup: $(VENV)/.installed
 
@@ -36,7 +36,13 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; built=$$?; rm -rf $$site; exit $$built
 	$(BIN)/pytest -q
+
+# the reference pages under docs/ as a static site in site/ (mkdocs.yml)
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir site
 
 lint: setup
 	$(BIN)/ruff check .
@@ -45,7 +51,7 @@ bench: setup
 	$(BIN)/python -m benchmarks all
 
 protos: setup
-	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. stoker.proto
+	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. stoker.proto
 
 lock: setup
 	$(BIN)/pip-compile -q --generate-hashes --extra accel --extra dev --allow-unsafe --strip-extras --no-emit-index-url \
@@ -53,4 +59,4 @@ lock: setup
 	  -o requirements.lock pyproject.toml
 
 clean:
-	rm -rf $(VENV) *.egg-info run-summary.json
+	rm -rf $(VENV) *.egg-info run-summary.json site

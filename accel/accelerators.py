@@ -4,13 +4,13 @@ factory that makes one from an `AccelSpec` once the job is known."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from accel.batch import ReceivedBatch
 from accel.stepping import PreparedStep, Step, StepFactory
-from pipeline.kinds import kind_of
+from pipeline.kinds import ModelFamily, kind_of
 
 
 @dataclass
@@ -45,7 +45,7 @@ class SimulatedAccelerator(Step):
 
 
 @dataclass
-class ConvertingSimulatedAccelerator(SimulatedAccelerator, PreparedStep):
+class ConvertingSimulatedAccelerator(SimulatedAccelerator, PreparedStep[int]):
     """A simulated device fed the way a real one is: each batch is first converted on the host
     (uint8 NHWC images to normalised float32 NCHW, token ids to int64), which the consumer's
     prefetch thread overlaps with the previous step unless --no-overlap."""
@@ -70,6 +70,9 @@ class ConvertingSimulatedAccelerator(SimulatedAccelerator, PreparedStep):
         self.step_prepared(self.prepare(batch))
 
 
+MODELS = ("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large")  # resnet*: imagenet; bert-*: wikipedia
+
+
 @dataclass(frozen=True)
 class AccelSpec:
     """Which backend the consumer steps with, and its settings (one place for CLI and API)."""
@@ -78,14 +81,22 @@ class AccelSpec:
     rate: float | None = None  # simulated: samples (rows) per second
     profile: str | None = None  # simulated: a named system from accel.profiles instead of a rate
     scale: float = 1.0  # simulated profiles: shrink the rate for a small machine
-    convert: bool = False  # simulated: also do the host-side conversion a real device feed needs
-    model: str = "resnet18"  # torch: resnet18 | resnet50 (imagenet), bert-tiny | bert-base | bert-large (wikipedia)
-    device: str = "cpu"
-    width: int = 64
-    lr: float = 0.1
-    label_smoothing: float = 0.0
+    convert: bool = field(default=False, metadata={
+        "help": "--accel simulated: also convert each batch on the host as a real device feed would"})
+    model: str = field(default="resnet18", metadata={
+        "help": "--accel torch model (bert-*: with --dataset wikipedia; default %(default)s)", "choices": MODELS,
+        "metavar": "{" + ",".join(MODELS) + "}"})
+    device: str = field(default="cpu", metadata={"help": "--accel torch device: cpu, cuda, cuda:1 ..."})
+    width: int = field(default=64, metadata={
+        "help": "--accel torch: channels of the first stage (%(default)s: standard)", "check": "positive"})
+    lr: float = 0.1  # the CLI picks 0.1 for ResNet SGD and 1e-4 for BERT AdamW when --lr is not given
+    label_smoothing: float = field(default=0.0, metadata={
+        "help": "--accel torch: label smoothing of the classification loss (default %(default)s)",
+        "check": "fraction"})
     optimizer: str = ""  # torch: sgd | lars (ResNet), adamw | lamb (BERT); empty: sgd / adamw
-    precision: str = "fp32"  # torch ResNet: fp32 | bf16 (autocast)
+    precision: str = field(default="fp32", metadata={
+        "help": "--accel torch ResNet: bf16 autocasts the forward pass (as A100/H100 are benchmarked)",
+        "choices": ("fp32", "bf16"), "metavar": "{fp32,bf16}"})
 
     def factory(self) -> StepFactory:
         """The backend, made for the job once it is known (a rank learns it from the dispatcher)."""
@@ -117,7 +128,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         return kind(spec.rate)
     if spec.kind == "torch":
         require("torch", "--accel torch")
-    if spec.kind == "torch" and kind_of(dataset).model_family == "bert":
+    if spec.kind == "torch" and kind_of(dataset).model_family == ModelFamily.BERT:
         require("transformers", "--accel torch with --dataset wikipedia")
         from accel.bert_accel import BertAccelerator
 

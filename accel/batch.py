@@ -13,6 +13,9 @@ from protos.framing import ReceivedTensors
 
 @dataclass
 class ReceivedBatch:
+    """One batch as a rank received and checked it: the header, numpy views of its frames, and
+    what the consumer's books need (sender, sample ids, rows it could not decode)."""
+
     peer: bytes  # ZeroMQ routing id of the sending worker process
     header: pb.BatchHeader
     tensors: ReceivedTensors
@@ -28,17 +31,21 @@ class ReceivedBatch:
 
     @property
     def sequences(self) -> int:
+        """Text: the sequences in its rows (more than rows when packed)."""
         return int(self.header.text.sequences)
 
     @property
     def real_tokens(self) -> int:
+        """Text: the tokens that are not padding."""
         return int(self.header.text.real_tokens)
 
     def tensor(self, name: str) -> np.ndarray:
+        """The named tensor whole (a copy only when it arrived in several frames)."""
         return self.tensors.array(name)
 
     @property
     def has_images(self) -> bool:
+        """An image job's batch (a text job's has token tensors instead)."""
         return "image" in self.tensors.parts
 
     @property
@@ -48,6 +55,7 @@ class ReceivedBatch:
 
     @property
     def labels(self) -> np.ndarray:
+        """One label per row, as the worker read it from the record."""
         return self.tensors.array("label")
 
     def split(self, parts: int) -> list[ReceivedBatch]:

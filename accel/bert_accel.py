@@ -47,7 +47,15 @@ class BertAccelerator(TrainingStep):
         config = BertConfig(vocab_size=self.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                             num_attention_heads=heads, intermediate_size=intermediate,
                             max_position_embeddings=max(512, self.seq_len))
-        self.model = BertForPreTraining(config).to(self.device)
+        # transformers wraps to() in a decorator whose typing hides the signature; it takes a device
+        self.model = BertForPreTraining(config).to(self.device)  # type: ignore[arg-type]
+        # The parts a step calls, typed: transformers' heads have unannotated __init__s, so attribute
+        # access (model.cls.predictions) types as nn.Module.__getattr__'s Tensor | Module.
+        self._encoder = self.model.get_submodule("bert")
+        self._pooler_dense = self.model.get_submodule("bert.pooler.dense")
+        self._pooler_activation = self.model.get_submodule("bert.pooler.activation")
+        self._mlm_head = self.model.get_submodule("cls.predictions")
+        self._nsp_head = self.model.get_submodule("cls.seq_relationship")
         if self.optimizer_name == "lamb":
             self.optimizer = LAMB(self.model.parameters(), lr=self.lr)
         elif self.optimizer_name == "adamw":
@@ -68,26 +76,26 @@ class BertAccelerator(TrainingStep):
 
     def step_prepared(self, t: dict[str, torch.Tensor]) -> None:
         packed = "attention_4d" in t
-        out = self.model.bert(input_ids=t["input_ids"].long(), token_type_ids=t["token_type_ids"].long(),
+        out = self._encoder(input_ids=t["input_ids"].long(), token_type_ids=t["token_type_ids"].long(),
                               attention_mask=t["attention_4d"] if packed else t["attention_mask"].long(),
                               position_ids=t["position_ids"].long() if packed else None)
         hidden = out.last_hidden_state
         width = hidden.shape[-1]
         positions = t["masked_lm_positions"].long()
         at_masks = hidden.gather(1, positions[..., None].expand(-1, -1, width))
-        logits = self.model.cls.predictions(at_masks)
+        logits = self._mlm_head(at_masks)
         weights = t["masked_lm_weights"].float()
         mlm = (self.ce(logits.flatten(0, 1), t["masked_lm_ids"].long().flatten()) * weights.flatten()).sum()
         mlm = mlm / weights.sum().clamp(min=1)
         if packed:
             heads = hidden.gather(1, t["next_sentence_positions"].long()[..., None].expand(-1, -1, width))
-            pooled = self.model.bert.pooler.activation(self.model.bert.pooler.dense(heads))
-            nsp_logits = self.model.cls.seq_relationship(pooled)
+            pooled = self._pooler_activation(self._pooler_dense(heads))
+            nsp_logits = self._nsp_head(pooled)
             nsp_weights = t["next_sentence_weights"].float().flatten()
             nsp = (self.ce(nsp_logits.flatten(0, 1), t["next_sentence_labels"].long().flatten()) * nsp_weights).sum()
             nsp = nsp / nsp_weights.sum().clamp(min=1)
         else:
-            nsp = self.ce(self.model.cls.seq_relationship(out.pooler_output), t["next_sentence_labels"].long()).mean()
+            nsp = self.ce(self._nsp_head(out.pooler_output), t["next_sentence_labels"].long()).mean()
         loss = mlm + nsp
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -93,7 +93,7 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
         stage, detail = "device_copy", (f"the device waits {100 * stall:.0f}% of the time while batches "
                                         f"queue on the consumer: conversion/copy is the limit")
     elif busy_share >= WORKERS_BUSY:
-        stage = max((k for k in ("decode", "augment", "examples", "pack") if k in work), key=work.get)
+        stage = max((k for k in ("decode", "augment", "examples", "pack") if k in work), key=work.__getitem__)
         detail = (f"the device waits {100 * stall:.0f}% of the time; workers are busy {100 * busy_share:.0f}% "
                   f"of theirs, most in {stage}")
     elif transit > 0.5 * cycle:
@@ -172,6 +172,9 @@ def read_status(metrics_url: str) -> dict:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             values.setdefault(sample.name, {})[json.dumps(sample.labels, sort_keys=True)] = sample.value
+    failure = next((json.loads(k)["reason"] for k, v in values.get("stoker_job_failed", {}).items() if v == 1), "")
+    if "stoker_bottleneck_info" not in values and failure:  # a `stoker dispatch` whose job failed
+        return {"stage": "failed", "failure": failure, "text": f"the job failed: {failure}"}
     if "stoker_bottleneck_info" not in values:
         raise ValueError(f"{metrics_url} is not a Stoker consumer's metrics (no stoker_bottleneck_info)")
     stage = next((json.loads(k)["stage"] for k, v in values["stoker_bottleneck_info"].items() if v == 1), "unknown")
@@ -189,11 +192,14 @@ def read_status(metrics_url: str) -> dict:
                   + (f" (+{more:.2f})" if stage in ("decode", "augment", "examples", "pack") else ""),
                   f"rows stepped so far: {rows:,.0f}",
                   "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
+    if failure:
+        text_lines.insert(0, f"the job failed: {failure}")
     hosts = {json.loads(k)["host"]: {"rows": v} for k, v in values.get("stoker_consumer_host_rows_total", {}).items()}
     for k, v in values.get("stoker_consumer_host_credit_wait_seconds_total", {}).items():
         hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})["credit_wait_s"] = v
     return {"stage": stage, "stall_fraction": stall, "cores_in_use": in_use, "cores_needed": needed,
-            "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "text": "\n".join(text_lines)}
+            "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "failure": failure,
+            "text": "\n".join(text_lines)}
 
 
 def watch_frame(old: dict | None, new: dict, seconds: float) -> str:

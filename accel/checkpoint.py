@@ -35,7 +35,7 @@ READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has n
 _MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "drop_last")
 # What else decides a sample's bytes, by kind; a checkpoint or journal written before these were
 # saved (version 2 or 3) cannot be checked on them and is taken as it is.
-_IMAGE_MUST_MATCH = ("image_size", "transform", "min_area", "max_area")
+_IMAGE_MUST_MATCH = ("image_size", "transform", "transform_params", "min_area", "max_area")
 _TEXT_MUST_MATCH = "text"
 JOB_ID = re.compile(r"[\w.-]{1,64}", re.ASCII)
 

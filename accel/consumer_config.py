@@ -5,9 +5,10 @@ importing prometheus_client (a worker daemon must set its multi-process folder f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from protos.curve import is_loopback
+from accel.control.dispatch_config import control_bind, host_timeout, lease_timeout
+from protos.exposure import check_exposure
 
 METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
 RANK_METRICS_BASE = 9570  # local rank r > 0 of a data-parallel job: 9570 + r, clear of the daemons' 9561 + i
@@ -21,34 +22,55 @@ def rank_metrics_port(local_rank: int) -> int:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    data_bind: str = "tcp://127.0.0.1:5560"
-    control_bind: str = "tcp://127.0.0.1:5561"
-    advertise_host: str | None = None  # host name workers use to reach this machine
+    """How one rank's consumer runs: the sockets it binds, its metrics endpoint, the credit and
+    timeouts it gives workers, and the dispatcher and keys it uses. The defaults suit one machine."""
+
+    data_bind: str = field(default="tcp://127.0.0.1:5560", metadata={"help": "data socket (default %(default)s)",
+                                                                       "check": "endpoint"})
+    control_bind: str = control_bind()
+    advertise_host: str | None = field(default=None, metadata={  # host name workers use to reach this machine
+        "help": "host name workers use to reach this machine"})
     metrics_port: int | None = METRICS_PORT  # None: no HTTP endpoint; 0: a free port (Consumer.metrics_port)
-    metrics_addr: str = "127.0.0.1"
-    credit_window: int = 3  # batches in flight per worker process
-    overlap: bool = True  # convert/copy batch N+1 on a side thread while step N runs
-    host_timeout_s: float = 10.0
-    dispatcher: str | None = None  # a `stoker dispatch` endpoint; None: the dispatcher runs in this process
-    key_name: str = "consumer"  # with keys and a separate dispatcher: this consumer's key (keys add --role consumer)
-    job_secret: str | None = None  # without keys and with a separate dispatcher: the job credential's file
-    keys: str | None = None  # CURVE key folder (stoker keys init): encrypt, admit allow-listed workers only
-    insecure: bool = False  # allow binding non-loopback addresses without keys
-    decode_threads: int = 1  # --decode-on accelerator: DALI's CPU threads on the consumer
-    sender_timeout_s: float = 30.0  # free the credit window of a sender that answers no ping this long
+    metrics_addr: str = field(default="127.0.0.1", metadata={
+        "help": "/metrics address (default %(default)s; beyond loopback: with --keys or --insecure)"})
+    credit_window: int = field(default=3, metadata={  # batches in flight per worker process
+        "help": "batches in flight per worker process (default %(default)s)", "check": "positive"})
+    overlap: bool = field(default=True, metadata={  # convert/copy batch N+1 on a side thread while step N runs
+        "help": "convert and copy each batch between steps instead of during the previous one",
+        "flag": "--no-overlap"})
+    host_timeout_s: float = host_timeout()
+    lease_timeout_s: float = lease_timeout()
+    dispatcher: str | None = field(default=None, metadata={  # None: the dispatcher runs in this process
+        "help": "attach to a `stoker dispatch` at this endpoint instead of running one here", "metavar": "ENDPOINT",
+        "check": "endpoint"})
+    key_name: str = field(default="consumer", metadata={  # with keys and a separate dispatcher: this consumer's key
+        "help": "with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role consumer; "
+                "default: %(default)s)"})
+    job_secret: str | None = field(default=None, metadata={  # without keys and with a separate dispatcher
+        "help": "with --dispatcher and no --keys: the job secret `stoker dispatch` wrote (or set $STOKER_JOB_SECRET); "
+                "it proves this process is the job's consumer", "metavar": "FILE"})
+    keys: str | None = field(default=None, metadata={  # CURVE key folder: encrypt, admit allow-listed workers only
+        "help": "CURVE keys (stoker keys init): encrypt every link and admit only allow-listed workers",
+        "metavar": "DIR"})
+    insecure: bool = field(default=False, metadata={  # allow binding non-loopback addresses without keys
+        "help": "allow binding beyond loopback without keys (trusted networks only)"})
+    decode_threads: int = field(default=1, metadata={  # --decode-on accelerator: DALI's CPU threads on the consumer
+        "help": "--decode-on accelerator: DALI CPU threads on the consumer (default %(default)s)", "check": "positive"})
+    sender_timeout_s: float = field(default=30.0, metadata={  # free the credit window of a sender silent this long
+        "help": "seconds a worker process may stay silent (answering no ping) before its credit window is freed "
+                "(default %(default)s)", "flag": "--sender-timeout", "check": "seconds"})
     finish_linger_s: float = 3.0  # after the last ack, keep answering until every live host heard "finished"
     rank_wait_s: float = 60.0  # rank 0, at the end: how long its dispatcher waits for the other ranks' acks
-    attach_timeout_s: float = 60.0  # how long a rank waits for the dispatcher it attaches to
-    credit_budget_mb: float = 1024.0  # batches this rank may have in flight or waiting, in all, in MB
+    attach_timeout_s: float = field(default=60.0, metadata={  # how long a rank waits for the dispatcher it attaches to
+        "help": "with --dispatcher (or as a rank other than 0): give up on a dispatcher that does not answer for this "
+                "long (default %(default)s)", "flag": "--attach-timeout", "check": "seconds"})
+    credit_budget_mb: float = field(default=1024.0, metadata={  # in flight or waiting, in all, in MB
+        "help": "what this rank may have in flight or waiting, in all (default %(default)s MB)", "check": "seconds"})
 
     def check_exposure(self) -> None:
         """Without keys, refuse to listen beyond loopback unless told to."""
-        if self.keys or self.insecure:
-            return
-        for endpoint in (self.data_bind, self.control_bind, f"tcp://{self.metrics_addr}:0"):
-            if not is_loopback(endpoint):
-                raise ValueError(f"refusing to bind {endpoint} without CURVE keys: anyone who can reach it could "
-                                 f"feed or steal batches or read the job's metrics; make keys with `stoker keys init "
-                                 f"DIR` and give them (--keys DIR; a Loader: keys=DIR or $STOKER_KEYS=DIR), or allow "
-                                 f"it on a trusted network (--insecure; a Loader: insecure=True or "
-                                 f"$STOKER_INSECURE=1)")
+        check_exposure((self.data_bind, self.control_bind, self.metrics_addr), bool(self.keys),
+                       self.insecure, risk="feed or steal batches or read the job's metrics",
+                       fix="make keys with `stoker keys init DIR` and give them (--keys DIR; a Loader: keys=DIR or "
+                           "$STOKER_KEYS=DIR), or allow it on a trusted network (--insecure; a Loader: "
+                           "insecure=True or $STOKER_INSECURE=1)")

@@ -23,13 +23,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from accel.batch import ReceivedBatch
 from accel.ledger import Skipped
 from accel.stepping import PreparedStep, Step, StepRunner
-from pipeline.augment import Crop, DecodeError, GivenCrop, decode_augment
+from pipeline.augment import DecodeError, GivenCrop, decode_augment
+from pipeline.transforms import Crop
+
+if TYPE_CHECKING:
+    from nvidia.dali.pipeline import Pipeline
 
 log = logging.getLogger("stoker.consumer")
 
@@ -61,16 +66,17 @@ class DaliJpegDecoder:
         self.device = device
         self.threads = threads
         self.device_id = None if device == "cpu" else int(device.partition(":")[2] or 0)
-        self.pipe = None
+        self.pipe: Pipeline | None = None
         self.fallbacks = 0  # images DALI refused that the host decoder made
 
-    def _build(self):
+    def _build(self) -> Pipeline:
         from nvidia.dali import fn, pipeline_def, types
 
         decoder_device = "cpu" if self.device_id is None else "mixed"
 
-        @pipeline_def(batch_size=self.max_batch, num_threads=self.threads, device_id=self.device_id,
-                      prefetch_queue_depth=1, exec_dynamic=True)
+        # DALI's stubs lag pipeline_def: it takes exec_dynamic, and device_id None (no GPU)
+        @pipeline_def(batch_size=self.max_batch, num_threads=self.threads,  # type: ignore[call-overload]
+                      device_id=self.device_id, prefetch_queue_depth=1, exec_dynamic=True)
         def slice_resize_flip():
             jpegs = fn.external_source(name="jpeg", dtype=types.UINT8, ndim=1)
             anchor = fn.external_source(name="anchor", dtype=types.FLOAT, ndim=1)
@@ -123,7 +129,7 @@ class DaliJpegDecoder:
 
     def _on_host(self, jpeg: np.ndarray, crop: np.ndarray, flip: bool) -> np.ndarray:
         box = Crop(float(crop[0]), float(crop[1]), float(crop[2]), float(crop[3]), flip)
-        return decode_augment(memoryview(jpeg), GivenCrop(box, self.size), None, "full").pixels[None]
+        return decode_augment(jpeg.data, GivenCrop(box, self.size), None, "full").pixels[None]
 
 
 def _reason(exc: BaseException) -> str:
@@ -167,7 +173,7 @@ def _to_torch(outputs: list, device: str):
 
 
 @dataclass
-class DecodingAccelerator(PreparedStep):
+class DecodingAccelerator(PreparedStep[tuple[DecodedBatch, object]]):
     """Any step, fed decoded pixels: `prepare` decodes (and then runs the inner prepare, if it
     has one), so the consumer's prefetch thread overlaps decoding with the previous step."""
 
@@ -176,10 +182,6 @@ class DecodingAccelerator(PreparedStep):
     decode_s: float = 0.0
     on_decode: Callable[[float, int, int], None] | None = None  # seconds, failed rows, host fallbacks (metrics)
     key_of: Callable[[int], str] = lambda sample_id: f"sample {sample_id}"  # noqa: E731 - names the broken file
-
-    @property
-    def name(self) -> str:
-        return f"{self.inner.name}+decode"
 
     def decode(self, batch: ReceivedBatch) -> DecodedBatch:
         """The batch's pixels; rows that could not be decoded go to `batch.undecodable` (the
@@ -208,15 +210,22 @@ class DecodingAccelerator(PreparedStep):
             self.on_decode(seconds, len(failed), self.decoder.fallbacks - fallbacks)
         return DecodedBatch(images, labels[keep], np.asarray(batch.sample_ids)[keep])
 
+    # read-only, unlike Step.name: it follows the wrapped step's (read only when there is one)
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"{self.inner.name}+decode"
+
     def __post_init__(self) -> None:
         self.runner = StepRunner(self.inner)
 
+    # The inner step is handed the DecodedBatch where its contract says ReceivedBatch: an image step
+    # reads only labels, images, size and has_images, which a DecodedBatch has (hence the casts).
     def prepare(self, batch: ReceivedBatch) -> tuple[DecodedBatch, object]:
         decoded = self.decode(batch)
         prepare = self.runner.prepare
-        return decoded, prepare(decoded) if prepare is not None and decoded.size else None
+        return decoded, prepare(cast(ReceivedBatch, decoded)) if prepare is not None and decoded.size else None
 
     def step_prepared(self, prepared: tuple[DecodedBatch, object]) -> None:
         decoded, inner_prepared = prepared
         if decoded.size:
-            self.runner.run(decoded, inner_prepared)
+            self.runner.run(cast(ReceivedBatch, decoded), inner_prepared)

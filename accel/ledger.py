@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.plan import EpochPlan
+from pipeline.plan import EpochPlan, Unit
 
 log = logging.getLogger("stoker.consumer")
 
 
 @dataclass
 class Skipped:
+    """A sample the job will not deliver this epoch, and why (the report names it by `key`)."""
+
     epoch: int
     sample_id: int
     key: str
@@ -78,6 +80,9 @@ class ShortUnit(InvalidBatch):
 
 
 class Ledger:
+    """One rank's books: which batches of which units arrived and were stepped, so a batch made
+    twice (a lost host's unit leased again) is stepped once and every sample is accounted for."""
+
     def __init__(self, plan: EpochPlan, rank: int = 0) -> None:
         self.plan = plan
         self.num_samples = plan.manifest.num_samples
@@ -94,7 +99,8 @@ class Ledger:
         self.incomplete_units = 0
         self.collisions = 0  # a sample delivered twice in one epoch by distinct batches: a bug
 
-    def _check(self, epoch: int, unit_id: int, ids: np.ndarray) -> None:
+    def _check(self, epoch: int, unit_id: int, ids: np.ndarray) -> Unit:
+        """The planned unit a batch of these sample ids says it is from; InvalidBatch when it is not."""
         unit = self.plan.unit(unit_id)
         if unit is None:
             raise InvalidBatch(f"unit {unit_id} is not in the job's plan")
@@ -102,19 +108,20 @@ class Ledger:
             raise InvalidBatch(f"unit {unit_id} belongs to epoch {unit.epoch}, not {epoch}")
         if ids.size and not np.isin(ids, unit.sample_ids()).all():
             raise InvalidBatch(f"sample ids outside unit {unit_id}")
+        return unit
 
     def admit(self, epoch: int, unit_id: int, batch_index: int, sample_ids: np.ndarray,
               skipped_ids: np.ndarray | None = None, last: bool = False) -> bool:
         """True if the batch is new; False (and counted) if it is a duplicate."""
         skipped_ids = np.empty(0, dtype=np.int64) if skipped_ids is None else skipped_ids
-        self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
+        unit = self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
         progress = self._units.get(unit_id)
         if self._completed(epoch, unit_id) or (progress and batch_index in progress.admitted):
             self.duplicate_batches += 1
             self.duplicate_samples += int(sample_ids.size)
             return False
         if progress is None:
-            progress = self._units[unit_id] = _UnitProgress(self.plan.unit(unit_id).size)
+            progress = self._units[unit_id] = _UnitProgress(unit.size)
         here = set(sample_ids.tolist()) | set(skipped_ids.tolist())
         if last and len(progress.seen | here) < progress.size:
             if not progress.admitted:
@@ -133,6 +140,7 @@ class Ledger:
         return progress is not None and progress.admitted_last == len(progress.admitted)
 
     def record_skips(self, epoch: int, skipped: list[Skipped]) -> None:
+        """Remember the samples a stepped batch left out, for the report."""
         for item in skipped:
             self.skipped[(epoch, item.sample_id)] = item
 
@@ -183,6 +191,7 @@ class Ledger:
         # Only a misbehaving leaseholder gets here: what it left out is reported, not delivered.
         self.incomplete_units += 1
         unit = self.plan.unit(unit_id)
+        assert unit is not None, "a unit with progress was admitted, so it is in the plan"
         missing = sorted(set(unit.sample_ids().tolist()) - progress.covered)
         log.error("unit %d closed with %d of its %d samples missing; they are reported as skipped",
                   unit_id, len(missing), progress.size)
@@ -210,9 +219,11 @@ class Ledger:
 
     @property
     def unique_samples(self) -> int:
+        """Distinct samples delivered, summed over the epochs."""
         return sum(self.unique_in_epoch(epoch) for epoch in {*self._closed, *self._open})
 
     def unique_in_epoch(self, epoch: int) -> int:
+        """Distinct samples of `epoch` delivered so far."""
         if epoch in self._closed:
             return self._closed[epoch]
         books = self._open.get(epoch)

@@ -25,19 +25,15 @@ every rank (accel.checkpoint); `load_state_dict()` before the first pass continu
 
 from __future__ import annotations
 
-import queue
 import secrets
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
-
-import numpy as np
 
 from accel.batch import ReceivedBatch
 from accel.consumer import Consumer
 from accel.consumer_config import ConsumerConfig
+from accel.feed import FORMATS, Batch, Feed
 from accel.metrics import ConsumerMetrics
 from accel.ranks import (
     HOST_ENV,
@@ -50,38 +46,16 @@ from accel.ranks import (
     rank_zero_dispatcher,
     rendezvous,
 )
-from accel.steps import EpochDone, Scheduled
-from protos.job import JobConfig
+from pipeline.job import JobConfig
 
-FORMATS = ("torch", "numpy", "jax")
+__all__ = ["Batch", "Loader"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
 
 
-@dataclass
-class Batch(Mapping):
-    """One step: tensor name -> array, with what the step needs to know about it."""
-
-    tensors: dict[str, Any]
-    rows: int  # rows it holds (images, or rows of tokens); the batch size but at an epoch's end
-    epoch: int
-    step: int  # within the epoch, from 0
-    sample_ids: np.ndarray  # images: one per row; text: the documents first seen in this batch
-    received: ReceivedBatch = field(repr=False)
-    prepared: object = field(default=None, repr=False)  # the `prepare` hook's result, when there is one
-    copy_s: float = 0.0  # conversion and host-to-device copy
-    ready: object = field(default=None, repr=False)  # CUDA: the event the copy stream recorded
-
-    def __getitem__(self, name: str) -> Any:
-        return self.tensors[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tensors)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-
 class Loader:
+    """One rank's batches of a Stoker job, as a training script iterates them: the same number on
+    every rank each epoch, in the plan's order, on the device and in the format asked for."""
+
     def __init__(self, job: JobConfig | None = None, *, config: ConsumerConfig | None = None,
                  rank: int | None = None, world_size: int | None = None, local_rank: int | None = None,
                  device: str = "cpu", format: str = "torch", overlap: bool = True,
@@ -129,12 +103,7 @@ class Loader:
         self.metrics = metrics
         self._resume: dict | None = None
         self._consumer: Consumer | None = None
-        self._schedule = None
-        self._ahead: queue.Queue | None = None
-        self._prefetch: threading.Thread | None = None
-        self._pending: Scheduled | None = None  # yielded and not yet handed back
-        self._epoch_steps: dict[int, int] = {}
-        self._converter: _Converter | None = None
+        self._feed: Feed | None = None  # made on the first pass
         self._closed = False
 
     # ---- the consumer behind it ------------------------------------------------------------
@@ -151,7 +120,8 @@ class Loader:
         """Rank 0 (with the job's dispatcher) binds, then tells the other ranks where it is and the job
         secret through the launcher's store; the others wait for that and attach. Without a store
         they find rank 0 at $MASTER_ADDR and the secret in $STOKER_JOB_SECRET or rank 0's file."""
-        store = rendezvous() if self._meeting_key else None
+        key = self._meeting_key or ""  # "": the ranks do not meet through a store (then there is none)
+        store = rendezvous() if key else None
         keyed = bool(self.cfg.keys)
         if self.rank == 0 and not self.cfg.dispatcher:
             secret = None if store is None or keyed else secrets.token_hex(32).encode()
@@ -159,12 +129,12 @@ class Loader:
                                 credential=secret)
             consumer.start()
             if store is not None:
-                store.publish(self._meeting_key, Meeting(consumer.control_endpoint, (secret or b"").decode(),
+                store.publish(key, Meeting(consumer.control_endpoint, (secret or b"").decode(),
                                                          keyed).encode())
             return consumer
         cfg, credential = self.cfg, None
         if store is not None:
-            meeting = self._meet(store)
+            meeting = self._meet(store, key)
             meeting.check(self.rank, keyed)
             cfg = replace(cfg, dispatcher=meeting.control, attach_timeout_s=min(cfg.attach_timeout_s, REACH_S))
             credential = meeting.secret.encode() or None
@@ -183,13 +153,14 @@ class Loader:
         consumer.start()
         return consumer
 
-    def _meet(self, store: Rendezvous) -> Meeting:
+    def _meet(self, store: Rendezvous, key: str) -> Meeting:
+        """What rank 0 published under `key`; ConnectionError, with what to check, when it never does."""
         try:
-            return Meeting.decode(store.fetch(self._meeting_key, self.cfg.attach_timeout_s))
+            return Meeting.decode(store.fetch(key, self.cfg.attach_timeout_s))
         except RendezvousTimeout:
             raise ConnectionError(f"rank {self.rank}: rank 0 did not say where its dispatcher is within "
                                   f"{self.cfg.attach_timeout_s:.0f} s (through the job's store, key "
-                                  f"{self._meeting_key}): every rank must make the same loaders in the same order, "
+                                  f"{key}): every rank must make the same loaders in the same order, "
                                   f"and rank 0 must start its loader too") from None
 
     @property
@@ -199,6 +170,7 @@ class Loader:
 
     @property
     def job(self) -> JobConfig:
+        """The job this rank runs (from the dispatcher, for a rank that did not give one)."""
         return self.consumer.job
 
     @property
@@ -208,6 +180,7 @@ class Loader:
 
     @property
     def epochs(self) -> int:
+        """The job's epochs: how many times to iterate the loader."""
         return self.consumer.job.epochs
 
     def __len__(self) -> int:
@@ -218,76 +191,24 @@ class Loader:
         epoch = min(consumer.position[0], consumer.job.epochs - 1)
         if consumer.job.kind.one_row_per_sample:
             return consumer.steps_of(epoch, 0)
-        if epoch in self._epoch_steps:
-            return self._epoch_steps[epoch]
-        if epoch - 1 in self._epoch_steps:
-            return self._epoch_steps[epoch - 1]
+        known = self._feed.epoch_steps if self._feed is not None else {}
+        if epoch in known:
+            return known[epoch]
+        if epoch - 1 in known:
+            return known[epoch - 1]
         return -(-consumer.plan.rank_sizes[self.rank] // consumer.job.batch_size)
 
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         """The next epoch's batches; nothing once every epoch is done."""
         consumer = self.consumer
-        if self._schedule is None:
-            self._schedule = consumer.schedule()
-            self._converter = _Converter(consumer, self.device, self.format, self.prepare)
-            if self.overlap:
-                self._ahead = queue.Queue(maxsize=1)
-                self._prefetch = threading.Thread(target=self._fill, name="stoker-prefetch", daemon=True)
-                self._prefetch.start()
-        if consumer.position[0] >= consumer.job.epochs:
-            return
-        while True:
-            self._hand_back()  # asking for the next batch means the step of the last one is over
-            item = self._take()
-            if item is None:
-                return
-            if isinstance(item, EpochDone):
-                self._epoch_steps[item.epoch] = item.steps
-                consumer.epoch_done(item)
-                return
-            scheduled, batch = item
-            self._pending = scheduled
-            consumer.taken(scheduled)
-            if batch.ready is not None:
-                _wait_for_copy(batch)
-            yield batch
-
-    def _take(self) -> tuple[Scheduled, Batch] | EpochDone | None:
-        if self._ahead is None:
-            return self._produce()
-        item, error = self._ahead.get()
-        if error is not None:
-            raise error
-        return item
-
-    def _produce(self) -> tuple[Scheduled, Batch] | EpochDone | None:
-        item = self._schedule.next()
-        if isinstance(item, Scheduled):
-            return item, self._converter.convert(item)
-        return item if isinstance(item, EpochDone) else None
-
-    def _fill(self) -> None:
-        """The prefetch thread: batch N+1 is converted (and copied to the device) during step N."""
-        while True:
-            try:
-                item = self._produce()
-            except BaseException as exc:  # surfaced by the training thread's next()
-                self._ahead.put((None, exc))
-                return
-            self._ahead.put((item, None))
-            if item is None:
-                return
-
-    def _hand_back(self) -> None:
-        """The step of the batch yielded last is over: its credit and books go back."""
-        if self._pending is not None:
-            self.consumer.step_done(self._pending)
-            self._pending = None
+        if self._feed is None:
+            self._feed = Feed(consumer, self.device, self.format, self.overlap, self.prepare)
+        yield from self._feed
 
     @classmethod
     def over(cls, consumer: Consumer, **options: Any) -> Loader:
-        """A loader over a consumer made already (the built-in training loop's way in)."""
+        """A loader over a consumer made already (started or not)."""
         loader = cls(config=consumer.cfg, rank=consumer.rank, world_size=consumer.job.world_size, **options)
         loader._consumer = consumer
         return loader
@@ -306,8 +227,9 @@ class Loader:
     # ---- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         """Close sockets and threads (rank 0 first waits a while for the other ranks to finish)."""
+        if self._feed is not None:
+            self._feed.hand_back()
         if self._consumer is not None:
-            self._hand_back()
             self._consumer.stop()
         self._closed = True
 
@@ -317,73 +239,3 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Converter:
-    """From a received batch to what the step wants: the `prepare` hook's result, or arrays in the
-    requested format on the device (JPEGs decoded first when they travel encoded)."""
-
-    def __init__(self, consumer: Consumer, device: str, format: str, prepare) -> None:
-        self.consumer = consumer
-        self.device = device
-        self.format = format
-        self.prepare = prepare
-        self.decoder = None
-        if consumer.job.decode_on == "accelerator" and prepare is None:
-            from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
-
-            self.decoder = DecodingAccelerator(None, DaliJpegDecoder(consumer.job.image_size, consumer.job.batch_size,
-                                                                     device, consumer.cfg.decode_threads),
-                                               key_of=consumer.manifest.key_of)
-        self._stream = None
-
-    def convert(self, step: Scheduled) -> Batch:
-        started = time.perf_counter()
-        received = step.batch
-        if self.prepare is not None:
-            prepared = self.prepare(received) if received.size else None
-            return Batch({}, received.size, step.epoch, step.step, received.sample_ids, received, prepared,
-                         time.perf_counter() - started)
-        if self.decoder is not None and received.size:
-            decoded = self.decoder.decode(received)
-            arrays = {"image": decoded.images, "label": decoded.labels}
-            ids, rows = decoded.sample_ids, decoded.size
-        else:
-            arrays = {name: received.tensor(name) for name in received.tensors.parts}
-            ids, rows = received.sample_ids, received.size
-        tensors, ready = self._to_format(arrays)
-        return Batch(tensors, rows, step.epoch, step.step, ids, received, None, time.perf_counter() - started, ready)
-
-    def _to_format(self, arrays: dict[str, Any]) -> tuple[dict[str, Any], object]:
-        if self.format == "numpy":
-            return {k: v if isinstance(v, np.ndarray) else v.cpu().numpy() for k, v in arrays.items()}, None
-        if self.format == "jax":
-            import jax
-
-            return {k: jax.device_put(np.asarray(v)) for k, v in arrays.items()}, None
-        import torch
-
-        device = torch.device(self.device)
-        if device.type != "cuda":
-            return {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v) for k, v in arrays.items()}, None
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
-        out = {}
-        with torch.cuda.stream(self._stream):
-            for k, v in arrays.items():
-                tensor = v if isinstance(v, torch.Tensor) else torch.from_numpy(v).pin_memory()
-                out[k] = tensor.to(device, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(self._stream)
-        return out, ready
-
-
-def _wait_for_copy(batch: Batch) -> None:
-    """On the training thread: its stream waits for the side stream's copy (the host does not), and
-    the tensors are marked as used there so the allocator does not hand their memory out early."""
-    import torch
-
-    stream = torch.cuda.current_stream()
-    stream.wait_event(batch.ready)
-    for tensor in batch.tensors.values():
-        tensor.record_stream(stream)

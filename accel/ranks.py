@@ -40,6 +40,8 @@ INSECURE_ENV = "STOKER_INSECURE"  # "1": listen beyond loopback without keys, on
 
 @dataclass(frozen=True)
 class Place:
+    """Where this process stands in its job, as the launcher's environment says."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -148,31 +150,66 @@ def default_config(where: Place, keys: str | None = None, insecure: bool | None 
 
 
 def env_flag(name: str) -> bool:
+    """An environment variable read as a yes/no switch (1, true, yes, on)."""
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class Rendezvous(Protocol):
     """A key-value store every rank of this run of the job reaches: rank 0 publishes, the others wait."""
 
-    def publish(self, key: str, value: str) -> None: ...
+    def publish(self, key: str, value: str) -> None:
+        """Rank 0: make `value` readable under `key` by every rank."""
+        ...
 
-    def fetch(self, key: str, timeout_s: float) -> str: ...
+    def fetch(self, key: str, timeout_s: float) -> str:
+        """The value under `key`, waiting up to `timeout_s` for rank 0 (RendezvousTimeout after)."""
+        ...
 
 
 class RendezvousTimeout(TimeoutError):
     """Rank 0 published nothing under the key in the time given."""
 
 
+class KeyStore(Protocol):
+    """What TorchStore uses of a torch.distributed.Store."""
+
+    def set(self, key: str, value: str) -> None:
+        """Store `value` under `key`."""
+        ...
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        """Block until every key is set (RuntimeError past `timeout`)."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The value under `key`, as bytes."""
+        ...
+
+
+class KeyValueClient(Protocol):
+    """What JaxStore uses of jax.distributed's coordination-service client."""
+
+    def key_value_set(self, key: str, value: str) -> None:
+        """Store `value` under `key` in the coordination service."""
+        ...
+
+    def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+        """The value under `key`, waiting up to `timeout_in_ms` for it."""
+        ...
+
+
 @dataclass(frozen=True)
 class TorchStore:
     """torch.distributed's rendezvous store (torchrun makes a new one for every run and restart)."""
 
-    store: object
+    store: KeyStore
 
     def publish(self, key: str, value: str) -> None:
+        """Rendezvous.publish on torch's store."""
         self.store.set(key, value)
 
     def fetch(self, key: str, timeout_s: float) -> str:
+        """Rendezvous.fetch on torch's store."""
         try:
             self.store.wait([key], timedelta(seconds=timeout_s))
         except RuntimeError as exc:  # torch's DistStoreError on a timeout
@@ -184,12 +221,14 @@ class TorchStore:
 class JaxStore:
     """JAX's coordination service (jax.distributed.initialize), new for every run of the job."""
 
-    client: object
+    client: KeyValueClient
 
     def publish(self, key: str, value: str) -> None:
+        """Rendezvous.publish on JAX's coordination service."""
         self.client.key_value_set(key, value)
 
     def fetch(self, key: str, timeout_s: float) -> str:
+        """Rendezvous.fetch on JAX's coordination service."""
         try:
             return self.client.blocking_key_value_get(key, int(timeout_s * 1000))
         except Exception as exc:  # jaxlib raises its own error type on a timeout
@@ -207,7 +246,9 @@ def rendezvous() -> Rendezvous | None:
     if jax is not None and jax.distributed.is_initialized():
         from jax._src import distributed
 
-        return JaxStore(distributed.global_state.client)
+        client = distributed.global_state.client  # not None: that is what is_initialized() checks
+        if client is not None:
+            return JaxStore(client)
     return None
 
 
@@ -221,10 +262,12 @@ class Meeting:
     keyed: bool = False  # rank 0 uses CURVE keys: so must every rank
 
     def encode(self) -> str:
+        """The meeting as the text rank 0 publishes."""
         return json.dumps({"control": self.control, "secret": self.secret, "keyed": self.keyed})
 
     @classmethod
     def decode(cls, text: str) -> Meeting:
+        """A meeting from the text `encode` made."""
         data = json.loads(text)
         return cls(str(data["control"]), str(data.get("secret", "")), bool(data.get("keyed", False)))
 

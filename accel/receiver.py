@@ -130,7 +130,7 @@ class TextTotals:
 
 class Receiver:
     def __init__(self, socket: zmq.Socket, job_id: str, window: int, ledger: Ledger,
-                 out: queue.Queue, metrics: ConsumerMetrics, on_unit_done: Callable[[int], None],
+                 out: queue.Queue, metrics: ConsumerMetrics, on_unit_done: Callable[[int, int], None],
                  schema: BatchSchema, leases: LeaseSigner, order: StreamOrder, keyed: bool = False,
                  on_unit_received: Callable[[int], None] = lambda unit_id: None,
                  on_unit_short: Callable[[int], object] = lambda unit_id: None,
@@ -304,6 +304,7 @@ class Receiver:
         peer.held_current += 1
         self._in_hand += 1
         batch = ReceivedBatch(peer_id, header, tensors, sample_ids, received_s)
+        assert unit is not None, "the ledger admitted the batch, so its unit is in the plan"
         self._offer_in_order(unit, batch)
         self.metrics.queue_depth.set(self.out.qsize())
         self._top_up(peer_id, peer)  # a batch that waits for its turn frees its place in the window
@@ -330,7 +331,7 @@ class Receiver:
             self.metrics.padding.labels(packing="before").set(self.text.padding_fraction_before_packing)
             self.metrics.padding.labels(packing="after").set(self.text.padding_fraction)
 
-    def _offer_in_order(self, unit: Unit | None, batch: ReceivedBatch) -> None:
+    def _offer_in_order(self, unit: Unit, batch: ReceivedBatch) -> None:
         """Queue the batch in its place in the rank's stream: it and any batches it unblocks go out."""
         header = batch.header
         for released in self.order.offer(unit, header.batch_index, header.last_in_unit, batch):
@@ -392,7 +393,9 @@ class Receiver:
         if unit is None:
             return
         peer_id = self._holder.get(unit.unit_id)
-        peer = self.peers.get(peer_id) if peer_id is not None else None
+        if peer_id is None:
+            return
+        peer = self.peers.get(peer_id)
         if peer is None or peer.unit != unit.unit_id or not self._blocked_by_order(peer):  # nobody makes it now
             return
         if self._in_hand < self.budget or self._queued == 0:  # over budget only when the step has nothing else

@@ -17,37 +17,49 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
+    import torch
+
     from accel.batch import ReceivedBatch
+    from pipeline.job import JobConfig
     from pipeline.shards import Manifest
-    from protos.job import JobConfig
 
 
 class Step(ABC):
+    """A backend that steps whole received batches."""
+
     name: str = "step"
-    device: str = "cpu"  # where its tensors live: decoding on the accelerator decodes there
+    device: str | torch.device = "cpu"  # where its tensors live: decoding on the accelerator decodes there
 
     @abstractmethod
     def step(self, batch: ReceivedBatch) -> None:
         """Run one training step on `batch`, blocking until it is done."""
 
 
-class PreparedStep(Step):
+P = TypeVar("P")  # what a PreparedStep's prepare makes and its step_prepared takes
+
+
+class PreparedStep(Step, Generic[P]):
+    """A backend whose step splits in two, so the host half of batch N+1 overlaps the device half of N."""
+
     @abstractmethod
-    def prepare(self, batch: ReceivedBatch) -> object:
+    def prepare(self, batch: ReceivedBatch) -> P:
         """Everything before the device computes; runs on the prefetch thread."""
 
     @abstractmethod
-    def step_prepared(self, prepared: object) -> None:
+    def step_prepared(self, prepared: P) -> None:
         """Compute on what `prepare` made."""
 
     def step(self, batch: ReceivedBatch) -> None:
+        """Both halves in turn, when nothing runs ahead."""
         self.step_prepared(self.prepare(batch))
 
 
 class Stateful(ABC):
+    """A backend with training state that a checkpoint keeps beside the data position."""
+
     @abstractmethod
     def state_dict(self) -> dict:
         """What a checkpoint saves (torch.save-able)."""
@@ -75,6 +87,7 @@ class StepRunner:
             step.prepare if isinstance(step, PreparedStep) else None)
 
     def run(self, received: ReceivedBatch, prepared: object) -> None:
+        """One step: on `prepared` when the backend prepares, else on the received batch."""
         if isinstance(self.inner, PreparedStep):
             self.inner.step_prepared(prepared)
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from accel.batch import ReceivedBatch
 from accel.stream import EpochEnd
@@ -31,11 +32,16 @@ class Scheduled:
 
 @dataclass
 class EpochDone:
+    """The end of an epoch's steps, and how many every rank took."""
+
     epoch: int
     steps: int
 
 
 class StepSchedule:
+    """Turns a rank's ordered stream into steps: the same number on every rank each epoch (a short
+    rank splits its last batch), and a resume's steps already taken accounted for, not stepped."""
+
     def __init__(self, source: Callable[[], object], end: object, steps_of: Callable[[int, int], int],
                  replayed: Callable[[ReceivedBatch], None], epoch: int = 0, step: int = 0,
                  replay_steps: int = 0) -> None:
@@ -55,15 +61,16 @@ class StepSchedule:
         self._ready: list[Scheduled | EpochDone] = []
 
     def next(self) -> Scheduled | EpochDone | object:
+        """The next step, the end of an epoch, or the source's `end`."""
         while True:
             while self._ready:
-                item = self._ready.pop(0)
-                if isinstance(item, Scheduled) and self._replaying():
+                ready = self._ready.pop(0)
+                if isinstance(ready, Scheduled) and self._replaying():
                     self.replay_steps -= 1
-                    if item.closes is not None:
-                        self.replayed(item.closes)
+                    if ready.closes is not None:
+                        self.replayed(ready.closes)
                     continue
-                return item
+                return ready
             item = self.source()
             if item is self.end:
                 if self._held is not None:  # stopped early (time box): the held batch still steps
@@ -74,10 +81,11 @@ class StepSchedule:
             if isinstance(item, EpochEnd):
                 self._close_epoch(item)
                 continue
-            if item.ends_epoch:
-                self._held = item
+            batch = cast(ReceivedBatch, item)  # source's contract: neither `end` nor an EpochEnd is a batch
+            if batch.ends_epoch:
+                self._held = batch
             else:
-                self._emit([item], item)
+                self._emit([batch], batch)
 
     def _replaying(self) -> bool:
         return self.replay_steps > 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from accel.batch import ReceivedBatch
 from pipeline.plan import EpochPlan, Unit
 
 
@@ -24,19 +25,22 @@ class EpochEnd:
 
 @dataclass
 class StreamOrder:
+    """Puts a rank's batches back in its plan order, holding those that come early (the module says why)."""
+
     plan: EpochPlan
     rank: int
     epoch: int = 0
     position: int = 0  # unit of the rank's stream that comes next
     index: int = 0  # its batch that comes next
     released: int = 0  # batches of the current epoch released so far (a resume starts past some)
-    _held: dict[tuple[int, int], object] = field(default_factory=dict)
+    _held: dict[tuple[int, int], tuple[ReceivedBatch, bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._units = self.plan.rank_units(self.epoch, self.rank) if self.epoch < self.plan.epochs else []
 
     @property
     def done(self) -> bool:
+        """Every epoch of the plan has been released."""
         return self.epoch >= self.plan.epochs
 
     def next_unit(self) -> Unit | None:
@@ -44,13 +48,14 @@ class StreamOrder:
         return None if self.done else self._units[self.position]
 
     def owns(self, unit: Unit) -> bool:
+        """The unit is this rank's (a batch of another's is dropped)."""
         return unit.rank == self.rank
 
     def behind(self, unit: Unit, index: int) -> bool:
         """True for a batch that lies before the stream's current place (already released)."""
         return (unit.epoch, unit.position, index) < (self.epoch, self.position, self.index)
 
-    def offer(self, unit: Unit, index: int, last: bool, item: object) -> Iterator[object]:
+    def offer(self, unit: Unit, index: int, last: bool, item: ReceivedBatch) -> Iterator[ReceivedBatch | EpochEnd]:
         """Hold a batch of `unit`; yield what is now next in order (and epoch ends)."""
         self._held[(unit.unit_id, index)] = (item, last)
         while not self.done:
@@ -72,6 +77,7 @@ class StreamOrder:
 
     @property
     def held(self) -> int:
+        """Batches waiting for their turn."""
         return len(self._held)
 
     def _next_epoch(self) -> None:

@@ -66,9 +66,10 @@ class TorchAccelerator(TrainingStep):
         if self.cfg.width < 16 or self.cfg.width % 16:
             # narrower first stages crashed (heap corruption in backward) with this CPU build of torch
             raise ValueError(f"--width {self.cfg.width}: use a multiple of 16 (64 is the published model)")
-        self.device = torch.device(self.cfg.device)
+        self.device: torch.device = torch.device(self.cfg.device)
         self.model = MODELS[self.cfg.model](self.classes, self.cfg.width).to(self.device)
-        self.model = self.model.to(memory_format=torch.channels_last)
+        # torch's stubs leave out Module.to's memory_format keyword, which it takes (as Tensor.to does)
+        self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         if self.cfg.optimizer == "lars":
             self.optimizer = LARS(self.model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
                                   weight_decay=self.cfg.weight_decay)

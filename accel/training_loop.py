@@ -1,10 +1,14 @@
 """The built-in training loop (`stoker train`, `stoker run`, `Consumer.run`): a loader user like any other.
 
-It pulls steps from a Loader over the consumer, with the accelerator's `prepare` (conversion
-and host-to-device copy, and with decoding on the accelerator the DALI decode) as the
-loader's per-batch hook, so that batch N+1 is prepared on the prefetch thread while step N
-runs (`--no-overlap`: between steps). It times what the device waits for (stall), what it
-computes (step) and what the preparation took (copy), and returns the closing summary.
+It pulls steps from a Feed over the rank (accel.feed, what a Loader iterates), with the
+accelerator's `prepare` (conversion and host-to-device copy, and with decoding on the
+accelerator the DALI decode) as the feed's per-batch hook, so that batch N+1 is prepared on
+the prefetch thread while step N runs (`--no-overlap`: between steps). It times what the
+device waits for (stall), what it computes (step) and what the preparation took (copy), and
+returns the closing summary.
+
+It sees the rank (accel.consumer.Consumer) as a `TrainingRank`: the feed's step source, the
+step to run, the counters it keeps, and the rank's books at the end.
 """
 
 from __future__ import annotations
@@ -12,46 +16,76 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any, Protocol, TypeVar
 
-from accel.bottleneck import Totals, diagnose
-from accel.loader import Loader
-from accel.stepping import StepRunner
+from accel.bottleneck import Diagnosis, Totals, diagnose
+from accel.feed import Batch, Feed, StepSource
+from accel.metrics import ConsumerMetrics
+from accel.receiver import TextTotals
+from accel.stepping import Step, StepRunner
+from accel.summary import Books, Summary
+from pipeline.image_layout import DecodeOn
 
 
-def train(consumer, on_step: Callable | None = None, procs_per_host: int = 0,
-          max_seconds: float | None = None):
-    """Step the consumer's accelerator through the job (or for `max_seconds` past the first
+class TrainingRank(StepSource, Protocol):
+    """What the built-in loop needs of a rank."""
+
+    rank: int
+    accelerator: Step
+    metrics: ConsumerMetrics
+    progress: Totals  # the loop's running counters: the rank's bottleneck monitor reads them
+
+    def start(self) -> None:
+        """Bind and attach, if not done yet."""
+        ...
+
+    def totals(self) -> Totals:
+        """The loop's counters with what the workers reported, now."""
+        ...
+
+    def books(self) -> Books:
+        """The rank's books, once the steps handed back are settled."""
+        ...
+
+
+R = TypeVar("R", bound=TrainingRank)
+
+
+def train(rank: R, on_step: Callable[[R], None] | None = None, procs_per_host: int = 0,
+          max_seconds: float | None = None) -> Summary:
+    """Step the rank's accelerator through the job (or for `max_seconds` past the first
     batch); returns the closing `Summary`."""
-    if consumer._loop is None:
-        consumer.start()
-    loop = _Loop(consumer, on_step, max_seconds)
+    rank.start()
+    loop = _Loop(rank, on_step, max_seconds)
     loop.run()
     return loop.summary(procs_per_host)
 
 
 class _Loop:
-    """One pass of the built-in loop: the step adapter, the loader over the consumer, and the clocks."""
+    """One pass of the built-in loop: the step adapter, the feed over the rank, and the clocks."""
 
-    def __init__(self, consumer, on_step: Callable | None, max_seconds: float | None) -> None:
-        self.consumer, self.on_step, self.max_seconds = consumer, on_step, max_seconds
-        stepper = consumer.accelerator
-        self.decoding = None
-        if consumer.job.decode_on == "accelerator":
-            self.decoding = stepper = _decoding(consumer, stepper)
+    def __init__(self, rank: R, on_step: Callable[[R], None] | None, max_seconds: float | None) -> None:
+        self.consumer: TrainingRank = rank
+        self.on_step: Callable[[Any], None] | None = on_step
+        self.max_seconds = max_seconds
+        stepper = rank.accelerator
+        self.decoding: Any = None
+        if rank.job.decode_on == DecodeOn.ACCELERATOR:
+            self.decoding = stepper = _decoding(rank, stepper)
         self.runner = StepRunner(stepper)
-        self.loader = Loader.over(consumer, prepare=self.runner.prepare, overlap=consumer.cfg.overlap,
-                                  format="numpy")
-        self.p = consumer.progress = Totals()  # stall, step, copy, rows, batches: the bottleneck monitor reads it
+        self.p = rank.progress = Totals()  # stall, step, copy, rows, batches: the bottleneck monitor reads it
         self.started = time.perf_counter()
         self.startup = 0.0
-        self.steady_from = None  # the counters after the first batch: the whole-run diagnosis starts there
+        self.steady_from: Totals | None = None  # the counters after the first batch: the whole-run diagnosis
         self.sequences = self.tokens = 0
         self.time_boxed = False
 
     def run(self) -> None:
-        job = self.consumer.job
-        while self.consumer.position[0] < job.epochs and not self.time_boxed:
-            batches = iter(self.loader)
+        rank = self.consumer
+        job = rank.job
+        feed = Feed(rank, format="numpy", overlap=rank.cfg.overlap, prepare=self.runner.prepare)
+        while rank.position[0] < job.epochs and not self.time_boxed:
+            batches = iter(feed)
             while not self.time_boxed:
                 waited_from = time.perf_counter()
                 batch = next(batches, None)
@@ -59,7 +93,7 @@ class _Loop:
                     break
                 self._take(batch, time.perf_counter() - waited_from)
 
-    def _take(self, batch, waited: float) -> None:
+    def _take(self, batch: Batch, waited: float) -> None:
         """Account the wait for `batch`, step it, and count what it held."""
         consumer, metrics, p = self.consumer, self.consumer.metrics, self.p
         p.copy_s += batch.copy_s
@@ -68,7 +102,7 @@ class _Loop:
             waited = max(0.0, waited - batch.copy_s)
         if self.steady_from is None:
             self.startup = waited
-            self.steady_from = consumer._totals()
+            self.steady_from = consumer.totals()
         else:
             p.stall_s += waited
             metrics.input_wait.observe(waited)
@@ -95,38 +129,32 @@ class _Loop:
         if self.max_seconds is not None and time.perf_counter() - self.started - self.startup >= self.max_seconds:
             self.time_boxed = True
 
-    def summary(self, procs_per_host: int):
-        from accel.consumer import Summary
-
+    def summary(self, procs_per_host: int) -> Summary:
         consumer, job, p = self.consumer, self.consumer.job, self.p
         elapsed = time.perf_counter() - self.started
         steady = max(elapsed - self.startup, 1e-9)
-        verdict = diagnose(self.steady_from, consumer._totals()) if self.steady_from is not None else None
-        consumer.settle()
-        receiver, ledger = consumer._receiver, consumer.ledger
-        stages = receiver.stages
-        skipped = sorted(ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id))
+        verdict = diagnose(self.steady_from, consumer.totals()) if self.steady_from is not None else None
+        books = consumer.books()
+        stages = books.stages
         work = {name: getattr(stages, name) for name in job.kind.stages}
         if self.decoding is not None:  # part of "copy": the consumer's prepare decodes before it converts
             work["decode_on_accelerator"] = self.decoding.decode_s
-        dispatched = consumer.dispatcher.stats()
         return Summary(
-            samples=ledger.samples, unique_samples=ledger.unique_samples, duplicates_dropped=ledger.duplicate_samples,
+            samples=books.samples, unique_samples=books.unique_samples, duplicates_dropped=books.duplicates,
             epochs=job.epochs, elapsed_s=elapsed, startup_s=self.startup,
-            delivered_samples_per_s=ledger.samples / steady, stall_fraction=p.stall_s / steady, batches=p.batches,
-            hosts=len(receiver.hosts_delivered), procs_per_host=procs_per_host, skipped_samples=len(skipped),
-            skipped=[asdict(s) for s in skipped], frames_dropped=dict(receiver.dropped),
-            units_released=dispatched.releases, units_handed_back=dispatched.handed_back,
+            delivered_samples_per_s=books.samples / steady, stall_fraction=p.stall_s / steady, batches=p.batches,
+            hosts=books.hosts, procs_per_host=procs_per_host, skipped_samples=len(books.skipped),
+            skipped=[asdict(s) for s in books.skipped], frames_dropped=books.frames_dropped,
+            units_released=books.dispatch.releases, units_handed_back=books.dispatch.handed_back,
             stage_seconds={**work, "send": stages.send, "wait_for_credit": stages.wait_for_credit,
                            "receive": stages.receive, "copy": p.copy_s, "step": p.step_s, "stall": p.stall_s},
-            per_epoch_unique=[ledger.unique_in_epoch(e) for e in range(job.epochs)], dataset=job.dataset,
+            per_epoch_unique=books.per_epoch_unique, dataset=job.dataset,
             rank=consumer.rank, world_size=job.world_size, steps=p.batches,
-            rows=p.rows, rows_per_s=p.rows / steady, bytes_received=receiver.bytes_received,
-            time_boxed=self.time_boxed, decode_on=job.decode_on, **self._text_fields(receiver.text, steady),
-            **({} if verdict is None else dict(bottleneck=verdict.stage, bottleneck_detail=verdict.detail,
-                                               cores_needed=verdict.cores_needed, cores_in_use=verdict.cores_in_use)))
+            rows=p.rows, rows_per_s=p.rows / steady, bytes_received=books.bytes_received,
+            time_boxed=self.time_boxed, decode_on=job.decode_on, **self._text_fields(books.text, steady),
+            **_verdict_fields(verdict))
 
-    def _text_fields(self, text, steady: float) -> dict:
+    def _text_fields(self, text: TextTotals, steady: float) -> dict[str, Any]:
         if not self.consumer.job.kind.text:
             return {}
         return dict(sequences=self.sequences, sequences_per_s=self.sequences / steady, tokens=self.tokens,
@@ -136,7 +164,14 @@ class _Loop:
                     random_next_fraction=text.random_next / text.sequences if text.sequences else 0.0)
 
 
-def _decoding(consumer, accelerator):
+def _verdict_fields(verdict: Diagnosis | None) -> dict[str, Any]:
+    if verdict is None:
+        return {}
+    return dict(bottleneck=verdict.stage, bottleneck_detail=verdict.detail, cores_needed=verdict.cores_needed,
+                cores_in_use=verdict.cores_in_use)
+
+
+def _decoding(consumer: TrainingRank, accelerator: Any) -> Any:
     """Wrap the accelerator so each batch's JPEGs are decoded where it runs (DALI)."""
     from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
 

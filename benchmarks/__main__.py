@@ -1,5 +1,6 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
-ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel) or all of them.
+ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel,
+transform_contract, transform_example) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`)."""
 
@@ -20,13 +21,16 @@ from benchmarks import (
     spine,
     suite,
     text,
+    transform_contract,
+    transform_example,
 )
 
 BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "overlap": overlap.main,
               "ratio": ratio.main, "loader": loader.main, "ingest": ingest.main, "object_storage": object_storage.main,
               "control_plane": control_plane.main, "journal_store": journal_store.main,
               "dct_scale": dct_scale.main, "restart_index": restart_index.main,
-              "data_parallel": data_parallel.main}
+              "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
+              "transform_example": transform_example.main}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

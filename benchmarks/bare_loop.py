@@ -10,7 +10,7 @@ import json
 import time
 
 from pipeline.augment import TrainTransform
-from pipeline.batching import DecodeOnHost, unit_batches
+from pipeline.batching import HostTransform, unit_batches
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardReader
 
@@ -33,7 +33,7 @@ def main() -> None:
 
     images, started = 0, None
     for unit in plan.units(0):
-        for batch in unit_batches(reader_of, unit, DecodeOnHost(TrainTransform()), args.batch_size, args.seed):
+        for batch in unit_batches(reader_of, unit, HostTransform(TrainTransform()), args.batch_size, args.seed):
             if started is None:
                 started = time.perf_counter()  # after the first batch: warm-up
                 continue

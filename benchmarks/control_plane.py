@@ -43,10 +43,10 @@ from accel.control.journal import Journal
 from accel.ledger import Ledger
 from benchmarks.common import free_port
 from benchmarks.report import header, write_results
+from pipeline.job import JobConfig
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardInfo
 from protos import stoker_pb2 as pb
-from protos.job import JobConfig
 
 IMAGENET_1K = 1_281_167
 SHARD_ROWS = 1024

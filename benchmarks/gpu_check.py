@@ -28,6 +28,7 @@ import torch
 from accel.accelerators import AccelSpec, make_accelerator
 from accel.consumer import ConsumerConfig
 from benchmarks.report import header, write_results
+from pipeline.image_layout import DecodeOn
 from stoker.embedded import RunConfig, run_embedded
 
 
@@ -81,14 +82,14 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def fed(cfg: CheckConfig, overlap: bool, decode_on: str) -> dict:
+def fed(cfg: CheckConfig, overlap: bool, decode_on: DecodeOn) -> dict:
     run = RunConfig(data=cfg.data, images=cfg.images, hosts=1, procs=cfg.procs, accel=_spec(cfg), progress=False,
                     worker_metrics_port=None,
                     consumer=ConsumerConfig(metrics_port=None, overlap=overlap, decode_threads=cfg.decode_threads))
     summary = run_embedded(dict(epochs=cfg.epochs, batch_size=cfg.batch_size, image_size=cfg.image_size,
                                 decode_on=decode_on), run)[0]  # one rank
-    return {"images_per_s": summary["delivered_samples_per_s"], "stall_fraction": summary["stall_fraction"],
-            "images": summary["rows"], "skipped": summary["skipped_samples"], "stage_seconds": summary["stage_seconds"]}
+    return {"images_per_s": summary.delivered_samples_per_s, "stall_fraction": summary.stall_fraction,
+            "images": summary.rows, "skipped": summary.skipped_samples, "stage_seconds": summary.stage_seconds}
 
 
 def _stall(run: dict) -> str:
@@ -110,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{cfg.procs} worker processes", flush=True)
     runs = {"ceiling": {"images_per_s": ceiling(cfg)}}
     print(f"  ceiling (step alone): {runs['ceiling']['images_per_s']:.0f} img/s", flush=True)
-    for name, overlap, decode_on in (("overlap", True, "host"), ("serial", False, "host"),
-                                     ("decode-on-accelerator", True, "accelerator")):
+    for name, overlap, decode_on in (("overlap", True, DecodeOn.HOST), ("serial", False, DecodeOn.HOST),
+                                     ("decode-on-accelerator", True, DecodeOn.ACCELERATOR)):
         runs[name] = fed(cfg, overlap, decode_on)
         print(f"  {name}: {runs[name]['images_per_s']:.0f} img/s, stall {100 * runs[name]['stall_fraction']:.1f}%",
               flush=True)

@@ -21,7 +21,7 @@ import torch
 from accel.consumer import ConsumerConfig
 from accel.loader import Loader
 from benchmarks.report import header, write_results
-from protos.job import JobConfig
+from pipeline.job import JobConfig
 from stoker.datasets import default_imagenet
 
 STEP_S = 0.080

@@ -21,8 +21,8 @@ from pathlib import Path
 from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import free_port, run_with_worker
 from benchmarks.report import header, write_results
+from pipeline.job import JobConfig
 from pipeline.storage import upload_folder
-from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 WORKER_CORE, SERVER_CORE = "0", "1"

@@ -32,9 +32,9 @@ from accel.torch_accel import TorchAccelerator
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
 from pipeline.augment import TrainTransform, decode_augment
+from pipeline.job import JobConfig
 from pipeline.seeds import sample_random
 from pipeline.shards import Manifest, ShardReader
-from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 SIZE, BATCH, EPOCHS = 112, 32, 1

@@ -5,7 +5,7 @@
 Runs `stoker sweep` for ImageNet and Wikipedia against the scaled ipu-pod16 profile (each
 resumable, results in benchmarks/results/sweeps/DATASET), then `stoker plan --compare
 ipu-pod16,dgx-a100` with the per-core rates read from the sweeps' host-bound points, and
-rewrites the README block between `<!-- ratio:begin -->` and `<!-- ratio:end -->`.
+rewrites the block of docs/ratio.md between `<!-- ratio:begin -->` and `<!-- ratio:end -->`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def main() -> None:
              "IPU-POD16.", ""]
     for dataset in ("imagenet", "wikipedia"):
         lines += [(SWEEPS / dataset / "sweep.md").read_text().strip(), "",
-                  f"![{dataset} sweep](benchmarks/results/sweeps/{dataset}/sweep.png)", ""]
+                  f"Its plot: `benchmarks/results/sweeps/{dataset}/sweep.png` (written by the sweep, not committed).",
+                  ""]
     if all(knees.values()):
         ratio = knees["imagenet"].cores_per_system / knees["wikipedia"].cores_per_system
         lines += [f"Per unit of accelerator, ResNet-50's knee needs {ratio:,.0f}x the host CPU of BERT's "
@@ -56,10 +57,10 @@ def main() -> None:
                   f"{rates['wikipedia']:,.0f} seq/s.", ""]
     lines += ["`stoker plan --sweep benchmarks/results/sweeps/imagenet benchmarks/results/sweeps/wikipedia "
               "--compare ipu-pod16,dgx-a100`:", "", "```", plan.strip(), "```"]
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    page = ROOT / "docs" / "ratio.md"
+    text = page.read_text()
     block = "<!-- ratio:begin -->\n" + "\n".join(lines) + "\n<!-- ratio:end -->"
-    readme.write_text(re.sub(r"<!-- ratio:begin -->.*?<!-- ratio:end -->", lambda _: block, text, flags=re.S))
+    page.write_text(re.sub(r"<!-- ratio:begin -->.*?<!-- ratio:end -->", lambda _: block, text, flags=re.S))
     print("\n".join(lines))
 
 

@@ -1,5 +1,5 @@
 """Where every benchmark leaves its figures: benchmarks/results/NAME.json (all of them, with the
-machine and versions they ran with) and NAME.md (the table the README quotes).
+machine and versions they ran with) and NAME.md (the table the pages under docs/ quote).
 
 A figure measured on a shared cloud vCPU is only as good as the core it ran on: `CoreWatch`
 records how much of a pinned core went to other processes or to the hypervisor (steal) while

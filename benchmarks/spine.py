@@ -19,8 +19,8 @@ from pathlib import Path
 from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
+from pipeline.job import JobConfig
 from pipeline.shards import Manifest
-from protos.job import JobConfig
 from stoker.datasets import default_imagenet
 
 WORKER_CORE, CONSUMER_CORE = "0", 1

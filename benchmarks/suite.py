@@ -14,8 +14,8 @@ Peers run in their own environment, benchmarks/work/peer-venv (made on first use
 2.14.1 + torchvision 0.29.1, nvidia-dali-cuda130, transformers), never Stoker's or CI's.
 Every contender is pinned with taskset to the same core set; the page cache is warmed; the
 contenders run interleaved (A B C ... A B C ...) `repeats` times; medians and ratios go to
-benchmarks/results/suite.{json,md}, and the table between the suite markers in README.md
-is rewritten.
+benchmarks/results/suite.{json,md}, and the table between the suite markers in
+docs/measurements.md is rewritten.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
 from pipeline import augment
 from pipeline.augment import TrainTransform, crop_window
+from pipeline.job import JobConfig
 from pipeline.plan import EpochPlan
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.seeds import sample_random
@@ -44,12 +45,11 @@ from pipeline.text.batching import TextUnitSource, unit_sequences
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
-from protos.job import JobConfig
 from stoker.datasets import default_imagenet, default_wikipedia
 
 ROOT = Path(__file__).parent
 WORK = ROOT / "work"
-README = ROOT.parent / "README.md"
+PAGE = ROOT.parent / "docs" / "measurements.md"  # the page that shows the table
 PEER_VENV = WORK / "peer-venv"
 PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "nvidia-dali-cuda130", "transformers"]
 ONE, TWO = "0", "0,1"
@@ -272,7 +272,7 @@ def main(repeats: int = 3) -> dict:
     }
     table = markdown(result, field)
     write_results("suite", result, table)
-    rewrite_readme(table)
+    rewrite_page(table)
     print(table)
     return result
 
@@ -289,9 +289,9 @@ def markdown(result: dict, field: list[Contender]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rewrite_readme(table: str) -> None:
-    text = README.read_text()
+def rewrite_page(table: str) -> None:
+    text = PAGE.read_text()
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
-        README.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
+        PAGE.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")

@@ -28,13 +28,13 @@ from dataclasses import asdict
 from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import CoreWatch, header, write_results
+from pipeline.job import JobConfig
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest
 from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
-from protos.job import JobConfig
 from stoker.datasets import default_wikipedia
 
 WORKER_CORE, CONSUMER_CORE = 0, 1

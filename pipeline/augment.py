@@ -22,15 +22,22 @@ import io
 import math
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import numpy as np
 from PIL import Image
 
+from pipeline.transforms import Crop, Output
+
+if TYPE_CHECKING:
+    from pipeline.transforms import Sample
+
 try:
     from pipeline import _jpegcrop
 except ImportError:  # built without libjpeg-turbo's headers: the pillow path does everything
-    _jpegcrop = None
+    _jpegcrop = None  # type: ignore[assignment]  # mypy's idiom for an optional module: None = not built
 
 DECODERS = ("auto", "crop", "pillow", "full")
 # How a sample was decoded: the crop decoder on a file without an index, on the restart intervals
@@ -49,19 +56,27 @@ class DecodeError(ValueError):
     """The bytes are not a decodable JPEG."""
 
 
+class _CropOnly:
+    """The built-in transforms are crop-first transforms of the contract (pipeline.transforms) whose
+    output is the resized, mirrored crop itself."""
+
+    takes: ClassVar[str] = "crop"
+    size: int
+
+    @property
+    def crop_size(self) -> int:
+        return self.size
+
+    @property
+    def outputs(self) -> dict[str, Output]:
+        return {"image": Output("uint8", (self.size, self.size, 3))}
+
+    def __call__(self, sample: Sample, rng: random.Random, pixels: np.ndarray | None) -> Mapping[str, np.ndarray]:
+        return {"image": cast(np.ndarray, pixels)}  # a crop-first transform is always given the resized crop
+
+
 @dataclass(frozen=True)
-class Crop:
-    """A crop box in stored-image pixels, and whether to mirror the result."""
-
-    left: float
-    top: float
-    width: float
-    height: float
-    flip: bool = False
-
-
-@dataclass(frozen=True)
-class TrainTransform:
+class TrainTransform(_CropOnly):
     """Random resized crop + random horizontal flip (MLPerf ResNet-50 v1.5 training)."""
 
     size: int = 224
@@ -97,7 +112,7 @@ class TrainTransform:
 
 
 @dataclass(frozen=True)
-class EvalTransform:
+class EvalTransform(_CropOnly):
     """Resize the shorter side to `resize`, then centre-crop `size` (MLPerf evaluation)."""
 
     size: int = 224
@@ -110,7 +125,7 @@ class EvalTransform:
 
 
 @dataclass(frozen=True)
-class GivenCrop:
+class GivenCrop(_CropOnly):
     """A transform whose crop was drawn elsewhere: by the worker, when decoding moved to the
     accelerator and the consumer decodes one image on its CPU after DALI refused it."""
 
@@ -121,7 +136,7 @@ class GivenCrop:
         return self.box
 
 
-Transform = TrainTransform | EvalTransform | GivenCrop
+Transform = TrainTransform | EvalTransform | GivenCrop  # or any crop-first transform (pipeline.transforms)
 
 
 @dataclass
@@ -211,10 +226,16 @@ def crop_window(width: int, height: int, crop: Crop, size: int) -> Window:
                   box)
 
 
+def _choose(transform: Transform, width: int, height: int, rng: random.Random | None) -> Crop:
+    """The transform's crop box. `rng` is None only from callers whose transform draws nothing
+    (EvalTransform, GivenCrop: their `crop` takes None), which the types cannot tell apart."""
+    return transform.crop(width, height, rng)  # type: ignore[arg-type]
+
+
 def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.Random | None, width: int,
                    height: int, started: float, restarts: bytes | memoryview | None) -> DecodedSample:
-    crop = transform.crop(width, height, rng)
-    w = crop_window(width, height, crop, transform.size)
+    crop = _choose(transform, width, height, rng)
+    w = crop_window(width, height, crop, transform.crop_size)
     box = w.box
     try:
         pixels, region_w, region_h, x, y, path = _jpegcrop.decode(jpeg, w.denom, w.left, w.top, w.right, w.bottom, 1,
@@ -223,11 +244,12 @@ def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.R
         raise DecodeError(str(exc)) from exc
     decoded = time.perf_counter()
     region = Image.frombuffer("RGBX", (region_w, region_h), pixels, "raw", "RGBX", 0, 1)  # no copy
-    out = region.resize((transform.size, transform.size), Image.Resampling.BILINEAR,
+    out = region.resize((transform.crop_size, transform.crop_size), Image.Resampling.BILINEAR,
                         box=(box[0] - x, box[1] - y, box[2] - x, box[3] - y))
     if crop.flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    array = np.frombuffer(out.tobytes("raw", "RGB"), dtype=np.uint8).reshape(transform.size, transform.size, 3)
+    side = transform.crop_size
+    array = np.frombuffer(out.tobytes("raw", "RGB"), dtype=np.uint8).reshape(side, side, 3)
     return DecodedSample(array, decoded - started, time.perf_counter() - decoded, path)
 
 
@@ -244,9 +266,9 @@ def _decode_pillow(
         if image.format != "JPEG":
             raise DecodeError(f"not a JPEG but {image.format}")
         width, height = image.size
-        crop = transform.crop(width, height, rng)
+        crop = _choose(transform, width, height, rng)
         if draft:
-            image.draft("RGB", _draft_request(width, height, crop, transform.size))
+            image.draft("RGB", _draft_request(width, height, crop, transform.crop_size))
         image.load()
     except DecodeError:
         raise
@@ -255,9 +277,24 @@ def _decode_pillow(
     decoded = time.perf_counter()
     sx, sy = image.size[0] / width, image.size[1] / height
     box = (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
-    out = image.resize((transform.size, transform.size), Image.Resampling.BILINEAR, box=box)
+    out = image.resize((transform.crop_size, transform.crop_size), Image.Resampling.BILINEAR, box=box)
     if out.mode != "RGB":
         out = out.convert("RGB")
     if crop.flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)  # Pillow flips 4-byte pixels far faster than numpy
     return DecodedSample(np.asarray(out), decoded - started, time.perf_counter() - decoded)
+
+
+def decode_whole(data: bytes | memoryview) -> tuple[np.ndarray, float]:
+    """The whole image as RGB pixels (H, W, 3) uint8, and the seconds it took: what a transform
+    that takes "pixels" gets. Any format pillow-simd reads; DecodeError when it reads none."""
+    started = time.perf_counter()
+    try:
+        image: Image.Image = Image.open(io.BytesIO(data))
+        image.load()
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        pixels = np.asarray(image)
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
+    return pixels, time.perf_counter() - started

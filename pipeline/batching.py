@@ -1,7 +1,7 @@
 """Whole batches from one work unit: prepare each sample, skip the ones that cannot be used.
 
-What "prepare" means is the job's decode placement (`SampleWork`): on the host it decodes
-and augments to pixels (`DecodeOnHost`); with decoding on the accelerator it only reads the
+What "prepare" means is the job's decode placement (`SampleWork`): on the host it runs the
+job's transform (`HostTransform`, pipeline.transforms); with decoding on the accelerator it only reads the
 JPEG header, draws the same random crop and flip, and ships the encoded bytes
 (`ShipEncoded`). A unit's rows are cut into batches by position, so a unit always gives the
 same number of batches: a skipped sample leaves its batch a row short rather than pulling in
@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from pipeline.augment import Crop, DecodeError, Transform, decode_augment, jpeg_size
+from pipeline.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
+from pipeline.deadline import CallLimit, TransformTimeout
+from pipeline.image_layout import DecodeOn
 from pipeline.plan import Unit, batch_bounds
 from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
+from pipeline.transforms import Crop, ImageTransform, Sample, check_outputs
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Prepared:
 
 
 class SampleWork(Protocol):
-    def prepare(self, jpeg: bytes | memoryview, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+    def prepare(self, sample: Sample, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
         """Raises DecodeError for a sample that cannot be used. `restarts`: the JPEG's restart
         index, for a decoder that can use it."""
 
@@ -44,20 +48,90 @@ class SampleWork(Protocol):
 
 
 @dataclass(frozen=True)
-class DecodeOnHost:
-    transform: Transform
-    decoder: str = "auto"
+class HostTransform:
+    """The job's transform, run here (pipeline.transforms): decode as it asks (a crop window, the
+    whole image, or nothing), call it, check what it returns against what it declared."""
 
-    def prepare(self, jpeg: bytes | memoryview, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
-        decoded = decode_augment(jpeg, self.transform, rng, self.decoder, restarts)
-        return Prepared(decoded.pixels, decoded.decode_s, decoded.augment_s, decoded.path)
+    transform: ImageTransform
+    decoder: str = "auto"
+    name: str = "train"  # as the job names it, for errors
+    timeout_s: float = 0.0  # > 0: a call running longer is interrupted and its sample skipped (main thread only)
+    # the time limit of its calls; unit_batches sets its timer once per batch (`with work.limit:`)
+    limit: CallLimit = field(init=False, repr=False, compare=False)
+    declared: dict = field(init=False, repr=False, compare=False)  # its outputs, read once (a built-in's
+    # `outputs` is a property that builds them on every read)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limit", CallLimit(self.timeout_s))
+        object.__setattr__(self, "declared", dict(self.transform.outputs))
+
+    def prepare(self, sample: Sample, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+        transform, takes = self.transform, self.transform.takes
+        path, resize_s = "", 0.0
+        if takes == "crop":  # the window's resize and mirror count as augmenting, as the transform's own work
+            decoded = decode_augment(sample.data, transform, rng, self.decoder, restarts)  # type: ignore[arg-type]
+            pixels, decode_s, resize_s, path = decoded.pixels, decoded.decode_s, decoded.augment_s, decoded.path
+        elif takes == "pixels":
+            pixels, decode_s = decode_whole(sample.data)
+        else:
+            pixels, decode_s = None, 0.0
+        started = time.perf_counter()
+        armed = self.limit.begin()
+        try:
+            out = transform(sample, rng, pixels)
+        except TransformTimeout:
+            raise TransformFailed(f"transform ran past --transform-timeout {self.timeout_s:g} s") from None
+        except BaseException as exc:  # the user's code, sys.exit() and all: the sample is skipped and counted
+            raise TransformFailed(f"transform raised {type(exc).__name__}: {_text(exc)}") from None
+        finally:
+            self.limit.end(armed)
+        check_outputs(self.name, self.declared, out)
+        return Prepared(out, decode_s, resize_s + time.perf_counter() - started, path)
 
     def tensors(self, payloads: list) -> dict[str, np.ndarray]:
-        size = self.transform.size
-        images = np.empty((len(payloads), size, size, 3), dtype=np.uint8)
-        for i, pixels in enumerate(payloads):
-            images[i] = pixels
-        return {"image": images}
+        """Each declared output's rows, written into one array per output."""
+        filling = self.batch_rows(len(payloads))
+        for arrays in payloads:
+            filling.put(arrays)
+        return filling.take()
+
+    def batch_rows(self, count: int) -> BatchRows:
+        """A batch of `count` samples to fill as each one is made (unit_batches does)."""
+        return BatchRows({name: np.empty((count, *out.shape), dtype=out.dtype)
+                          for name, out in self.declared.items()})
+
+
+@dataclass
+class BatchRows:
+    """One batch's arrays, one per declared output, each sample's outputs copied in as soon as it is
+    made, while they are still in the cache: holding a batch's samples to copy them at the end read
+    64 cold images back and cost about 3% of a core where worker processes share the cache
+    (benchmarks/transform_contract.py)."""
+
+    arrays: dict[str, np.ndarray]
+    filled: int = 0
+
+    def put(self, outputs: Mapping[str, np.ndarray]) -> None:
+        for name, array in outputs.items():
+            self.arrays[name][self.filled] = array
+        self.filled += 1
+
+    def take(self) -> dict[str, np.ndarray]:
+        """The arrays, cut to the samples put (a skipped sample leaves its batch a row short)."""
+        return {name: array if self.filled == len(array) else array[:self.filled]
+                for name, array in self.arrays.items()}
+
+
+def _text(exc: BaseException) -> str:
+    """An exception's text, also when its __str__ raises."""
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001 - the user's __str__ may raise anything
+        return "(its text cannot be made)"
+
+
+class TransformFailed(DecodeError):
+    """The transform raised on one sample: skipped and counted with the text, as an undecodable JPEG is."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +144,12 @@ class ShipEncoded:
 
     transform: Transform
 
-    def prepare(self, jpeg: bytes | memoryview, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+    def prepare(self, sample: Sample, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
         """The transcoded JPEG is a plain baseline one to DALI; its index stays here."""
         started = time.perf_counter()
-        width, height = jpeg_size(jpeg)  # raises DecodeError for a broken header
+        width, height = jpeg_size(sample.data)  # raises DecodeError for a broken header
         crop = pixel_window(self.transform.crop(width, height, rng), width, height)
-        return Prepared((jpeg, crop), 0.0, time.perf_counter() - started)
+        return Prepared((sample.data, crop), 0.0, time.perf_counter() - started)
 
     def tensors(self, payloads: list[tuple[bytes | memoryview, Crop]]) -> dict[str, np.ndarray]:
         ends = np.cumsum([len(jpeg) for jpeg, _ in payloads], dtype=np.int64)
@@ -101,12 +175,13 @@ def pixel_window(crop: Crop, width: int, height: int) -> Crop:
     return Crop(left, top, right - left, bottom - top, crop.flip)
 
 
-def sample_work(transform: Transform, decoder: str = "auto", decode_on: str = "host") -> SampleWork:
-    if decode_on == "accelerator":
-        return ShipEncoded(transform)
-    if decode_on != "host":
+def sample_work(transform: ImageTransform, decoder: str = "auto", decode_on: DecodeOn = DecodeOn.HOST,
+                name: str = "train", timeout_s: float = 0.0) -> SampleWork:
+    if decode_on == DecodeOn.ACCELERATOR:
+        return ShipEncoded(transform)  # type: ignore[arg-type]  # JobConfig allows only the built-ins here
+    if decode_on != DecodeOn.HOST:
         raise ValueError(f"decode_on must be host or accelerator, not {decode_on!r}")
-    return DecodeOnHost(transform, decoder)
+    return HostTransform(transform, decoder, name, timeout_s)
 
 
 @dataclass
@@ -147,31 +222,52 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
     come from several shards: `reader_of(shard index)` gives a reader, or why the shard is
     unusable). An unusable image leaves its batch a row short, so a unit always gives
     ceil(size / batch_size) batches (at least one, possibly empty, marked last), cut as
-    `pipeline.plan.batch_bounds` says."""
+    `pipeline.plan.batch_bounds` says. A `work` with `batch_rows(count)` (HostTransform) has each sample
+    copied into its batch as soon as it is made, and its payload let go."""
     rows = unit.rows(seed)
     bounds = batch_bounds(len(rows), batch_size)
+    batch_rows: Callable[[int], BatchRows] | None = getattr(work, "batch_rows", None)
+    limit: AbstractContextManager = getattr(work, "limit", None) or nullcontext()
     for index, (start, stop) in enumerate(bounds):
         samples: list[_Sample] = []
         skipped: list[tuple[int, str, str]] = []
-        for shard, row, sample_id in rows[start:stop]:
-            reader = reader_of(shard)
-            if isinstance(reader, str):
-                skipped.append((sample_id, f"shard {shard} row {row}", reader))
-                continue
-            try:
-                prepared = work.prepare(reader.jpeg(row), sample_random(seed, unit.epoch, sample_id),
-                                        reader.restarts(row))
-            except DecodeError as exc:
-                skipped.append((sample_id, reader.key(row), str(exc)))
-                continue
-            samples.append(_Sample(sample_id, reader.label(row), prepared))
-        yield _assemble(work, samples, skipped, index, last=index == len(bounds) - 1)
+        filling = batch_rows(stop - start) if batch_rows is not None else None
+        with limit:  # the transform's time limit, set once for the batch, off again before it is sent
+            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling)
+        yield _assemble(work, samples, skipped, index, index == len(bounds) - 1, filling)
+
+
+def _prepare_batch(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, seed: int,
+                   rows: list[tuple[int, int, int]], samples: list[_Sample], skipped: list[tuple[int, str, str]],
+                   filling: BatchRows | None) -> None:
+    """Each of a batch's rows made into `samples`, or into `skipped` with the reason."""
+    for shard, row, sample_id in rows:
+        reader = reader_of(shard)
+        if isinstance(reader, str):
+            skipped.append((sample_id, f"shard {shard} row {row}", reader))
+            continue
+        sample = Sample(sample_id, reader.key(row), reader.label(row), reader.jpeg(row))
+        try:
+            prepared = work.prepare(sample, sample_random(seed, unit.epoch, sample_id), reader.restarts(row))
+        except DecodeError as exc:
+            skipped.append((sample_id, sample.key, str(exc)))
+            continue
+        if filling is not None:
+            filling.put(prepared.payload)  # type: ignore[arg-type]
+            prepared.payload = None
+        samples.append(_Sample(sample_id, sample.label, prepared))
 
 
 def _assemble(work: SampleWork, samples: list[_Sample], skipped: list[tuple[int, str, str]], index: int,
-              last: bool) -> ImageBatch:
+              last: bool, filled: BatchRows | None = None) -> ImageBatch:
+    if not samples:
+        tensors: dict[str, np.ndarray] = {}
+    elif filled is not None:
+        tensors = filled.take()
+    else:
+        tensors = work.tensors([s.prepared.payload for s in samples])
     return ImageBatch(
-        tensors=work.tensors([s.prepared.payload for s in samples]) if samples else {},
+        tensors=tensors,
         labels=np.array([s.label for s in samples], dtype=np.int32),
         sample_ids=[s.sample_id for s in samples],
         skipped=skipped,

@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from pipeline.locks import acquire
+from pipeline.locks import HeldLock, acquire
 
 log = logging.getLogger("stoker.shards")
 
@@ -34,6 +34,7 @@ class ShardRefused(ValueError):
 
 
 def sha256_of(path: str | Path) -> str:
+    """The file's SHA-256, hex (read in chunks, never whole into memory)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -68,12 +69,14 @@ class Markers:
             log.debug("cannot record that %s was checked: %s", path, exc)
 
     def forget(self, path: str | Path) -> None:
+        """Drop the record that the file was checked (it is being removed or replaced)."""
         try:
             self._marker(path, os.stat(path)).unlink(missing_ok=True)
         except OSError:
             pass
 
     def lock_path(self, path: str | Path) -> Path:
+        """The lock file that makes one process per host hash this file, the others wait for it."""
         return self.folder / f"{self._marker(path, os.stat(path)).name}.lock"
 
 
@@ -82,6 +85,7 @@ def mismatch(path: str | Path, sha256: str, markers: Markers) -> str | None:
     is given). Hashes the file once per host, as the module says."""
     if not sha256 or markers.matched(path, sha256):
         return None
+    lock: HeldLock | None
     try:
         markers.folder.mkdir(parents=True, exist_ok=True)
         lock = acquire(markers.lock_path(path))

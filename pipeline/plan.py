@@ -45,6 +45,7 @@ class Segment:
 
     @property
     def size(self) -> int:
+        """Rows in the run."""
         return self.stop - self.start
 
 
@@ -60,6 +61,7 @@ class Unit:
 
     @property
     def size(self) -> int:
+        """Samples in the unit."""
         return sum(s.size for s in self.segments)
 
     def sample_ids(self) -> np.ndarray:
@@ -108,11 +110,13 @@ class Resumed:
     cuts: tuple[Cut, ...]
 
     def to_json(self) -> str:
+        """The text a job carries it as (JobConfig.resumed)."""
         return json.dumps({"epoch": self.epoch, "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]]
                                                          for c in self.cuts]})
 
     @classmethod
     def from_json(cls, text: str) -> Resumed | None:
+        """Read what `to_json` wrote; None for the empty text of a job that is not resumed."""
         if not text:
             return None
         data = json.loads(text)
@@ -122,6 +126,9 @@ class Resumed:
 
 @dataclass(frozen=True)
 class EpochPlan:
+    """Every epoch's units, from (manifest, seed, world size, sizes) alone, so that every process
+    that holds the job computes the same plan and a position in it is just (epoch, step)."""
+
     manifest: Manifest
     unit_size: int
     epochs: int
@@ -172,6 +179,7 @@ class EpochPlan:
 
     @cached_property
     def units_per_rank(self) -> tuple[int, ...]:
+        """Units in each rank's stream in a whole epoch."""
         return tuple(len(self._unit_sizes(size)) for size in self.rank_sizes)
 
     def _unit_sizes(self, rows: int) -> list[int]:
@@ -192,6 +200,7 @@ class EpochPlan:
 
     @cached_property
     def units_per_epoch(self) -> int:
+        """Units of a whole epoch, every rank's; unit ids of epoch e start at e times this."""
         return sum(self.units_per_rank)
 
     def units_in(self, epoch: int) -> int:
@@ -203,6 +212,7 @@ class EpochPlan:
 
     @cached_property
     def total_units(self) -> int:
+        """Units of the whole job."""
         return sum(self.units_in(epoch) for epoch in range(self.epochs))
 
     def units(self, epoch: int) -> list[Unit]:
@@ -258,7 +268,7 @@ class EpochPlan:
 
     def _make_units(self, epoch: int) -> Iterator[Unit]:
         if self.resumed is not None and epoch == self.resumed.epoch:
-            stream, sizes = self._remainder(epoch)
+            stream, sizes = self._remainder(epoch, self.resumed.cuts)
         else:
             blocks = self._blocks
             order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
@@ -287,16 +297,16 @@ class EpochPlan:
                 made += 1
 
     # ---- resumed at another world size -------------------------------------------------------
-    def _remainder(self, epoch: int) -> tuple[list[Segment], tuple[int, ...]]:
-        """The rows of `epoch` no rank had stepped at the last cut, in order, and this plan's rank sizes
-        for them. Each cut is applied to the streams the one before it made."""
-        first = self.resumed.cuts[0]
+    def _remainder(self, epoch: int, cuts: tuple[Cut, ...]) -> tuple[list[Segment], tuple[int, ...]]:
+        """The rows of `epoch` no rank had stepped at the last of `cuts` (the resumed job's), in order, and
+        this plan's rank sizes for them. Each cut is applied to the streams the one before it made."""
+        first = cuts[0]
         plan = replace(self, world_size=first.world_size, resumed=None, epochs=epoch + 1)
         units = plan.units(epoch)
-        for number, cut in enumerate(self.resumed.cuts):
+        for number, cut in enumerate(cuts):
             left = [segment for rank in range(cut.world_size)
                     for segment in self._left_of([u for u in units if u.rank == rank], cut.ranks[rank])]
-            world = self.resumed.cuts[number + 1].world_size if number + 1 < len(self.resumed.cuts) else None
+            world = cuts[number + 1].world_size if number + 1 < len(cuts) else None
             if world is None:
                 return left, self._sizes(sum(s.size for s in left), self.world_size)
             units = list(self._cut(epoch, left, self._sizes(sum(s.size for s in left), world)))
@@ -329,7 +339,7 @@ class EpochPlan:
                                  f"positions, not {len(cut.ranks)}")
             if any(units < 0 or batches < 0 for units, batches in cut.ranks):
                 raise ValueError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
-        left, sizes = self._remainder(resumed.epoch)
+        left, sizes = self._remainder(resumed.epoch, resumed.cuts)
         if 0 in sizes:
             rows = sum(s.size for s in left)
             raise ValueError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "

@@ -60,6 +60,8 @@ def parse_gb(text: str, what: str = LIMIT_ENV) -> float:
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """Where a host keeps its copies of remote shards, and how many bytes they may take."""
+
     folder: Path
     limit_bytes: int | None = None  # None: no limit (every shard a host reads stays)
 
@@ -74,6 +76,8 @@ class CacheConfig:
 
 
 def cache_name(uri: str, sha256: str) -> str:
+    """The copy's file name: unique to (uri, sha256), so a changed shard is a new copy, and
+    ending in the shard's own name for whoever reads the folder."""
     return hashlib.sha256(f"{uri}\n{sha256}".encode()).hexdigest()[:24] + "-" + uri.rsplit("/", 1)[-1]
 
 
@@ -85,6 +89,7 @@ class CachedShard:
     lock: HeldLock
 
     def release(self) -> None:
+        """Let the copy be evicted again (once no other process holds it)."""
         self.lock.release()
 
 
@@ -102,6 +107,7 @@ class ShardCache:
 
     @classmethod
     def from_env(cls) -> ShardCache:
+        """The cache $STOKER_SHARD_CACHE and $STOKER_SHARD_CACHE_GB describe."""
         return cls(CacheConfig.from_env())
 
     def open(self, uri: str, sha256: str = "", size: int = 0) -> CachedShard:

@@ -34,10 +34,15 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2  # 2: image shards carry the `restarts` column; 1 (still read): they do not
 READABLE_VERSIONS = (1, 2)
 RESTART_INDEX_VERSION = 1  # the layout pipeline/restart_index.h describes
+# What an image set's `jpeg` column holds: JPEGs prepare checked (and transcoded), or bytes it stored
+# as given (`stoker prepare ... --records bytes`), which only a transform that decodes them can use.
+RECORD_KINDS = ("jpeg", "bytes")
 
 
 @dataclass
 class ShardInfo:
+    """One shard as its manifest lists it: where, how much, its digest, and its first sample's id."""
+
     path: str  # relative to the manifest's folder
     num_samples: int
     num_bytes: int
@@ -60,11 +65,13 @@ class Manifest:
     transcoded: int = 0  # image sets: files rewritten with restart markers
     from_progressive: int = 0  # of those, files that were progressive (now sequential, the same pixels)
     kept_as_is: dict[str, int] = field(default_factory=dict)  # files the transcoder refused, by reason
+    records: str = "jpeg"  # image sets: one of RECORD_KINDS (manifests from before the field hold JPEGs)
     version: int = MANIFEST_VERSION
     uri: str = ""  # where it was loaded from (not saved)
 
     @property
     def num_samples(self) -> int:
+        """Samples in all the shards."""
         return sum(s.num_samples for s in self.shards)
 
     def key_of(self, sample_id: int) -> str:
@@ -78,6 +85,7 @@ class Manifest:
         return f"sample {sample_id}"
 
     def shard_uri(self, index: int) -> str:
+        """Where the shard at `index` is, beside the manifest."""
         return self.relative_uri(self.shards[index].path)
 
     def open_shard(self, index: int, cache: ShardCache | None = None) -> ShardReader:
@@ -90,6 +98,7 @@ class Manifest:
         return f"{base}/{name}"
 
     def save(self, path: str | Path) -> None:
+        """Write it as JSON (atomically: a reader sees the old manifest or the new one)."""
         data = asdict(self)
         data.pop("uri")
         data["num_samples"] = self.num_samples
@@ -97,6 +106,7 @@ class Manifest:
 
     @classmethod
     def load(cls, uri: str | Path) -> Manifest:
+        """Read the manifest at `uri` (a .json file, or the folder that holds one); ValueError if none."""
         uri = str(uri)
         if not uri.endswith(".json"):
             uri = f"{uri.rstrip('/')}/{MANIFEST_NAME}"
@@ -111,6 +121,8 @@ class Manifest:
         if data.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"{uri}: manifest version {data.get('version')} is not one of "
                              f"{', '.join(map(str, READABLE_VERSIONS))} (this Stoker reads those)")
+        if data.get("records", "jpeg") not in RECORD_KINDS:
+            raise ValueError(f"{uri}: records {data.get('records')!r} is not one of {', '.join(RECORD_KINDS)}")
         data.pop("num_samples", None)
         shards = [ShardInfo(**s) for s in data.pop("shards")]
         return cls(shards=shards, uri=uri, **data)
@@ -204,6 +216,7 @@ class ShardReader:
                                          f"{_columns(IMAGE_SCHEMA)} (restarts optional)")
         indexed = reader.schema.equals(IMAGE_SCHEMA)
         self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self._keys: list[list[str] | None] = [None] * len(self._batches)
         self._labels = np.concatenate([b.column(1).to_numpy() for b in self._batches]) if self._batches else \
             np.zeros(0, np.int32)
         self._starts: list[int] = []
@@ -221,7 +234,7 @@ class ShardReader:
 
     def close(self) -> None:
         """Unmap the shard (once no view of it is left) and let the cache evict its copy."""
-        self._batches, self._views, self._restart_views = [], [], []
+        self._batches, self._views, self._restart_views, self._keys = [], [], [], []
         source = getattr(self, "_source", None)
         if source is not None:
             source.close()
@@ -254,8 +267,13 @@ class ShardReader:
         return data[start:end] if end > start else None
 
     def key(self, row: int) -> str:
+        """Every sample's key goes to its transform (pipeline.transforms.Sample): a record batch's keys
+        are made Python strings once, as one list (one Arrow scalar per call cost ~3% of a worker core)."""
         index, local = self._locate(row)
-        return self._batches[index].column(0)[local].as_py()
+        keys = self._keys[index]
+        if keys is None:
+            keys = self._keys[index] = self._batches[index].column(0).to_pylist()
+        return keys[local]
 
     def label(self, row: int) -> int:
         if not 0 <= row < self._rows:

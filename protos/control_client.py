@@ -24,10 +24,13 @@ WARN_AFTER_S = 5.0  # a request unanswered this long is logged once, with what a
 
 
 class DispatcherUnreachable(ConnectionError):
-    pass
+    """No answer from the dispatcher within the time the caller gave (or the caller is stopping)."""
 
 
 class ControlClient:
+    """Request and reply with the dispatcher over a DEALER, retried until answered: a reply that
+    does not come reopens the socket, so nothing stale stays queued."""
+
     def __init__(self, ctx: zmq.Context, endpoint: str, identity: str, reply_timeout_s: float = 2.0,
                  curve: ClientKeys | None = None) -> None:
         self.ctx = ctx
@@ -56,7 +59,7 @@ class ControlClient:
         request.request_id = next(self._ids)
         payload = request.SerializeToString()
         deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
-        warn_at = time.monotonic() + WARN_AFTER_S
+        warn_at: float | None = time.monotonic() + WARN_AFTER_S
         backoff = 0.05
         while True:
             if should_stop():
@@ -85,4 +88,5 @@ class ControlClient:
             backoff = min(backoff * 2, 2.0)
 
     def close(self) -> None:
+        """Close the socket (the next request opens a new one)."""
         self._reset()

@@ -141,9 +141,6 @@ class ClientKeys:
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
 
-    def as_tuple(self) -> tuple[bytes, bytes, bytes]:
-        return self.public, self.secret, self.server
-
 
 def _load(path: Path, need_secret: bool = True) -> tuple[bytes, bytes]:
     try:

@@ -50,7 +50,8 @@ def parse_data_message(frame: object) -> pb.DataMessage:
         raise FrameError("bad_header", f"header of {len(data)} bytes exceeds {MAX_HEADER_BYTES}")
     message = pb.DataMessage()
     try:
-        message.ParseFromString(data)
+        # types-protobuf says bytes; the upb parser takes any buffer, and a memoryview saves the copy
+        message.ParseFromString(data)  # type: ignore[arg-type]
     except Exception as exc:  # protobuf's DecodeError and friends
         raise FrameError("bad_header", str(exc)) from exc
     if message.WhichOneof("kind") is None:
@@ -64,9 +65,9 @@ def rows_per_frame(row_bytes: int, max_frame_bytes: int = MAX_FRAME_BYTES) -> in
 
 
 def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], checksum: bool,
-                   max_frame_bytes: int = MAX_FRAME_BYTES) -> list[object]:
+                   max_frame_bytes: int = MAX_FRAME_BYTES) -> list[np.ndarray]:
     """Fill header.frames (and the CRC-32C) and return the tensor frames to send after it."""
-    frames: list[object] = []
+    frames: list[np.ndarray] = []
     crc = 0
     del header.frames[:]
     for name, array in tensors.items():

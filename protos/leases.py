@@ -30,11 +30,15 @@ REREGISTERED = "host registered again"
 
 @dataclass(frozen=True)
 class LeaseSigner:
+    """Signs and checks lease tokens with the job's key: a batch is taken only from the process
+    that holds the unit's lease."""
+
     key: bytes
     job_id: str
 
     @classmethod
     def new(cls, job_id: str) -> LeaseSigner:
+        """A signer with a fresh random key, for a new job."""
         return cls(secrets.token_bytes(KEY_BYTES), job_id)
 
     def token(self, unit_id: int, host_id: str, worker_id: str, key_name: str = "") -> bytes:
@@ -43,5 +47,6 @@ class LeaseSigner:
         return hmac.new(self.key, message, hashlib.sha256).digest()[:TOKEN_BYTES]
 
     def valid(self, token: bytes, unit_id: int, host_id: str, worker_id: str, key_name: str = "") -> bool:
+        """The token is the one `token` makes for these (compared in constant time)."""
         return len(token) == TOKEN_BYTES and hmac.compare_digest(
             token, self.token(unit_id, host_id, worker_id, key_name))

@@ -4,15 +4,19 @@ CURVE when keys are given, and ROUTERs that raise on an unroutable reply instead
 
 from __future__ import annotations
 
+import asyncio
+from typing import TypeVar
+
 import zmq
 
 from protos.curve import ClientKeys, ServerKeys
 
 CONTROL_MESSAGE_BYTES = 1 << 20  # the largest control message: a job spec at most
+S = TypeVar("S", bound=zmq.Socket)  # a plain or an asyncio socket: the kind the context makes
 
 
-def dealer(ctx: zmq.Context, identity: str, max_message_bytes: int, curve: ClientKeys | None = None,
-           immediate: bool = True, linger_ms: int = 0) -> zmq.Socket:
+def dealer(ctx: zmq.Context[S], identity: str, max_message_bytes: int, curve: ClientKeys | None = None,
+           immediate: bool = True, linger_ms: int = 0) -> S:
     """A DEALER named `identity`, not yet connected. `immediate`: queue nothing for a peer whose
     connection is not complete (so a dead endpoint does not swallow requests)."""
     sock = ctx.socket(zmq.DEALER)
@@ -30,8 +34,8 @@ def dealer(ctx: zmq.Context, identity: str, max_message_bytes: int, curve: Clien
     return sock
 
 
-def router(ctx: zmq.Context, max_message_bytes: int, keys: ServerKeys | None = None,
-           receive_hwm: int | None = None) -> zmq.Socket:
+def router(ctx: zmq.Context[S], max_message_bytes: int, keys: ServerKeys | None = None,
+           receive_hwm: int | None = None) -> S:
     """A ROUTER, not yet bound: unroutable replies raise (ROUTER_MANDATORY), CURVE server when keyed."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -46,6 +50,6 @@ def router(ctx: zmq.Context, max_message_bytes: int, keys: ServerKeys | None = N
 
 def send_error(sent: object) -> BaseException | None:
     """The error of a non-blocking send, from a plain socket (None) or an asyncio future."""
-    if hasattr(sent, "done") and sent.done():
+    if isinstance(sent, asyncio.Future) and sent.done():
         return sent.exception()
     return None

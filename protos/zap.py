@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -30,7 +31,7 @@ from protos.droplog import DropLog
 log = logging.getLogger("stoker.consumer")
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-_RESULTS = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted", zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
+_RESULTS: dict[int, str] = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "admitted", zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused",
             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed_handshake",
             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed_handshake"}
 
@@ -65,7 +66,7 @@ def monitor_handshakes(sock: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
 
 
 async def count_handshakes(monitor: zmq.asyncio.Socket, outcomes: Counter, stop: threading.Event,
-                           on_event: Callable[[dict], None] = lambda event: None) -> None:
+                           on_event: Callable[[Mapping[str, Any]], None] = lambda event: None) -> None:
     """Count every admitted and refused connection in `outcomes{result=...}` until `stop`; hand
     every other event to `on_event`."""
     failures = DropLog(log, "a CURVE connection", every=100)

@@ -12,25 +12,78 @@ data-parallel rank, as torchrun starts them) pulls its batches from a `Loader`:
             for batch in loader:          # this rank's batches, the same number on every rank
                 step(batch["image"], batch["label"], rows=batch.rows)
 
-Worker hosts run `stoker worker`; everything else is in the README. Names are imported on
-first use, so `import stoker` (the command line, the worker side) does not import torch.
+A transform of your own (pipeline.transforms has the contract) is named, never shipped:
+
+    from stoker import Output, Sample
+
+    class Grey:                       # package.module:Grey, installed on every worker host
+        takes = "pixels"              # or "crop" (with crop() and crop_size), or "bytes"
+        outputs = {"grey": Output("uint8", (64, 64))}
+        def __call__(self, sample: Sample, rng, pixels):
+            return {"grey": ...}      # exactly the declared names, dtypes and shapes
+
+    JobConfig(manifest_uri=..., transform="package.module:Grey")   # or --transform package.module:Grey
+
+The errors a training script may catch are here too: `JobFailed` (a worker refused the job),
+`RankRefused` and `NotAConsumer` (the dispatcher refused this rank or this process), the
+`TransformError` family (a transform that cannot make a job), `CheckpointError` (a data position
+that cannot be resumed) and `JobSecretError` / `UntrustedSecret` (the job secret file).
+
+Worker hosts run `stoker worker`; everything else is in the README and docs/. Names are imported on
+first use, so `import stoker` (the command line, the worker side) does not import torch; type
+checkers read the same names from the imports under TYPE_CHECKING below.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Batch", "ConsumerConfig", "JobConfig", "Loader", "TextConfig"]
 
-_WHERE = {"Batch": "accel.loader", "Loader": "accel.loader", "ConsumerConfig": "accel.consumer_config",
-          "JobConfig": "protos.job", "TextConfig": "pipeline.text.examples"}
+# public name -> the module that defines it, imported on first use
+_WHERE = {
+    "Batch": "accel.feed", "Loader": "accel.loader", "ConsumerConfig": "accel.consumer_config",
+    "JobConfig": "pipeline.job", "TextConfig": "pipeline.text.examples", "Crop": "pipeline.transforms",
+    "CropFirst": "pipeline.transforms", "ImageTransform": "pipeline.transforms", "Output": "pipeline.transforms",
+    "Sample": "pipeline.transforms",
+    # errors a user catches
+    "JobFailed": "accel.consumer", "RankRefused": "accel.control.remote", "NotAConsumer": "accel.control.remote",
+    "TransformError": "pipeline.transforms", "TransformRefused": "pipeline.transforms",
+    "TransformOutputError": "pipeline.transforms", "CheckpointError": "accel.checkpoint",
+    "JobSecretError": "protos.job_secret", "UntrustedSecret": "protos.job_secret",
+}
+# sorted(_WHERE), spelt out: type checkers and linters read a literal list
+__all__ = ["Batch", "CheckpointError", "ConsumerConfig", "Crop", "CropFirst", "ImageTransform", "JobConfig",
+           "JobFailed", "JobSecretError", "Loader", "NotAConsumer", "Output", "RankRefused", "Sample", "TextConfig",
+           "TransformError", "TransformOutputError", "TransformRefused", "UntrustedSecret"]
 
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; never run
+    from accel.checkpoint import CheckpointError
+    from accel.consumer import JobFailed
+    from accel.consumer_config import ConsumerConfig
+    from accel.control.remote import NotAConsumer, RankRefused
+    from accel.feed import Batch
+    from accel.loader import Loader
+    from pipeline.job import JobConfig
+    from pipeline.text.examples import TextConfig
+    from pipeline.transforms import (
+        Crop,
+        CropFirst,
+        ImageTransform,
+        Output,
+        Sample,
+        TransformError,
+        TransformOutputError,
+        TransformRefused,
+    )
+    from protos.job_secret import JobSecretError, UntrustedSecret
+else:  # hidden from type checkers, so that a misspelt name is an error there and not Any
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        if name in _WHERE:
+            return getattr(importlib.import_module(_WHERE[name]), name)
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -1,9 +1,14 @@
 """`stoker calibrate`: what one host core supplies, measured here in under a minute.
 
 One process pinned to one core runs the worker's own batch making, without sockets: images
-decoded and augmented for ResNet-50 at 224 px, and BERT examples at length 512 (one
-sequence per row, as the profiles' BERT rates count them). `stoker plan` turns these
-per-core rates into cores, hosts, time-to-train and cost.
+through a transform as a worker runs it (`HostTransform`: the built-in MLPerf train crop at
+224 px by default, or the one `--transform` names), and BERT examples at length 512 (one
+sequence per row, as the profiles' BERT rates count them). `stoker plan` turns these per-core
+rates into cores, hosts, time-to-train and cost.
+
+The file keeps one image rate per transform, with its name, parameters and version, because a
+team's own augmentation can cost several times the built-in crop: `stoker plan --transform X`
+plans with X's rate. A measurement replaces only its own entries, so one file collects them.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ import platform
 import time
 from pathlib import Path
 
-from pipeline.augment import TrainTransform
-from pipeline.batching import DecodeOnHost, unit_batches
+from pipeline.batching import HostTransform, unit_batches
+from pipeline.job import JOB_DEFAULTS
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardReader
 from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import read_doc_shard
 from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
+from pipeline.transforms import parse_params, resolve
+from stoker.planning import transform_key
 
 BATCH = 64
+DEFAULT_TRANSFORM = "train"  # what `stoker run` runs by default: MLPerf's random-resized crop + flip at 224 px
 
 
 def _timed(batches, seconds: float, count) -> float:
@@ -36,7 +44,7 @@ def _timed(batches, seconds: float, count) -> float:
         made += count(batch)
         if time.perf_counter() - started >= seconds:
             break
-    if not made:
+    if not made or started is None:  # (made counts only after started is set)
         raise ValueError("the data set is too small to calibrate on (fewer than two batches)")
     return made / (time.perf_counter() - started)
 
@@ -49,9 +57,11 @@ def _epochs(manifest: Manifest, unit_size: int):
         epoch += 1
 
 
-def imagenet_rate(manifest: Manifest, seconds: float) -> float:
+def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "") -> float:
+    """Images/s of `transform` (a name as `--transform` takes it) on the calling core."""
     readers: dict[int, ShardReader] = {}
-    work = DecodeOnHost(TrainTransform(size=224))
+    work = HostTransform(resolve(transform, parse_params(params)).transform, name=transform,
+                         timeout_s=JOB_DEFAULTS["transform_timeout_s"])  # as a worker runs it
 
     def reader_of(shard: int) -> ShardReader:
         if shard not in readers:
@@ -79,24 +89,82 @@ def wikipedia_rate(manifest: Manifest, seconds: float, seq_len: int = 512) -> fl
     return _timed(batches(), seconds, lambda b: b.sequences)
 
 
-def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | None = None) -> dict:
-    """Per-core rates for both datasets on one pinned core; written to `out` as JSON."""
-    core = min(os.sched_getaffinity(0))
+def _machine() -> str:
+    return f"{platform.machine()} {platform.processor() or ''}".strip()
+
+
+def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "") -> dict:
+    """One transform's rate on one core, with what names it: name, parameters, version, data, when."""
+    params = parse_params(params)
+    resolved = resolve(transform, params)
+    rate = imagenet_rate(Manifest.load(manifest), seconds, transform, params)
+    first = next(iter(resolved.transform.outputs.values()))
+    decoded = "decode + " if resolved.transform.takes != "bytes" else ""
+    what = f"{decoded}{transform_key(transform, params)} to {first.dtype}{list(first.shape)}, one core"
+    return {"per_core_rate": rate, "unit": "images/s", "what": what, "transform": transform,
+            "params": params, "version": resolved.version, "data": manifest, "machine": _machine(),
+            "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
+
+
+def _pinned(measure):
+    """Run `measure()` on one core of this process's set, then give the set back."""
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
+    os.sched_setaffinity(0, {min(before)})
     try:
-        result = {
-            "imagenet": {"per_core_rate": imagenet_rate(Manifest.load(imagenet), seconds), "unit": "images/s",
-                         "what": "decode + random resized crop + flip to 224 px, one core"},
-            "wikipedia": {"per_core_rate": wikipedia_rate(Manifest.load(wikipedia), seconds), "unit": "sequences/s",
-                          "what": "BERT examples at length 512, one sequence per row, one core"},
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "when": time.strftime("%Y-%m-%d %H:%M"),
-            "seconds_each": seconds,
-        }
+        return measure()
     finally:
         os.sched_setaffinity(0, before)
+
+
+def load(path: Path) -> dict:
+    """A calibration file, or an empty one where there is none yet."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write(out: Path | None, result: dict) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
+
+
+def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | None = None) -> dict:
+    """Per-core rates for both datasets (images through the built-in train transform) on one pinned
+    core; written to `out` as JSON, keeping the rates of other transforms already in it."""
+    def measure() -> dict:
+        train = transform_entry(imagenet, seconds)
+        return {"imagenet": {**train, "what": "decode + random resized crop + flip to 224 px, one core"},
+                "wikipedia": {"per_core_rate": wikipedia_rate(Manifest.load(wikipedia), seconds),
+                              "unit": "sequences/s", "what": "BERT examples at length 512, one sequence per row, one "
+                                                             "core"}}
+
+    measured = _pinned(measure)
+    result = load(out) if out is not None else {}
+    result |= measured | {"machine": _machine(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds_each": seconds}
+    result["transforms"] = {**result.get("transforms", {}), DEFAULT_TRANSFORM: measured["imagenet"]}
+    _write(out, result)
     return result
+
+
+def calibrate_transform(imagenet: str, transform: str, params: str = "", seconds: float = 15.0,
+                        out: Path | None = None) -> dict:
+    """One transform's per-core rate on one pinned core, added to `out` (its entry replaced, the rest kept)."""
+    entry = _pinned(lambda: transform_entry(imagenet, seconds, transform, params))
+    result = load(out) if out is not None else {}
+    result["transforms"] = {**result.get("transforms", {}), transform_key(transform, params): entry}
+    _write(out, result)
+    return entry
+
+
+def transform_rate(calibration: dict, transform: str, params: str = "", where: str = "the calibration") -> dict:
+    """The entry of `transform` in a calibration; ValueError saying how to measure it when there is none."""
+    key = transform_key(transform, params)
+    found = calibration.get("transforms", {}).get(key)
+    if found is None and key == DEFAULT_TRANSFORM and "imagenet" in calibration:
+        found = calibration["imagenet"]  # written before rates were kept per transform: the train crop at 224
+    if found is None:
+        known = ", ".join(sorted(calibration.get("transforms", {}))) or "none"
+        given = f" --transform-params '{parse_params(params)}'" if parse_params(params) else ""
+        command = "stoker calibrate" if key == DEFAULT_TRANSFORM else f"stoker calibrate --transform {transform}{given}"
+        raise ValueError(f"{where} has no rate for transform {key} (it has: {known}); measure one on a worker host "
+                         f"with `{command}`, or pass --per-core-rate")
+    return found

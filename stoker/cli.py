@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from pipeline.kinds import kind_of
-from stoker import __version__, cli_experiments, options
-from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, Parser, int_at_least, restart_interval
+from stoker import __version__, cli_experiments, cli_prepare, configured, options, settings
+from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least
 from stoker.options import (
     ACCELERATOR,
     CONSUMER_SOCKETS,
@@ -20,18 +20,18 @@ from stoker.options import (
     OUTPUT,
     SHARD_CACHE,
     Deprecated,
-    metrics,
-    security,
+    consumer_metrics,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="stoker", description="Keep accelerators fed.")
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default) or ERROR")
+    parser.add_argument("--log-level", default="WARNING", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="DEBUG, INFO, WARNING (default) or ERROR")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_data(sub)
-    _add_prepare(sub)
+    cli_prepare.add_parser(sub)
     _add_worker(sub)
     _add_keys(sub)
     _add_train(sub)
@@ -46,64 +46,39 @@ def _add_data(sub) -> None:
     """`stoker data`: make or inspect datasets."""
     data = sub.add_parser("data", help="make or inspect datasets").add_subparsers(dest="data_command", required=True)
     synth = data.add_parser("imagenet-synth", help="write an ImageNet-like set made from real photos")
-    synth.add_argument("dir")
-    synth.add_argument("--images", type=POSITIVE, default=2000)
-    synth.add_argument("--classes", type=POSITIVE, default=10)
-    synth.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    synth.add_argument("--procs", type=POSITIVE)
+    synth.add_argument("dir", help="the folder to write DIR/train/<class>/*.JPEG into")
+    synth.add_argument("--images", type=POSITIVE, default=2000, help="images in all (default %(default)s)")
+    synth.add_argument("--classes", type=POSITIVE, default=10, help="classes, one folder each (default %(default)s)")
+    synth.add_argument("--seed", type=SEED, default=0, help="the same seed writes the same set (default 0)")
+    synth.add_argument("--procs", type=POSITIVE, help="processes writing images (default: one per core)")
     stats = data.add_parser("stats", help="size/format statistics of an ImageNet-layout folder")
-    stats.add_argument("dir")
+    stats.add_argument("dir", help="an ImageNet-layout folder (DIR/train/<class>/*.JPEG or DIR/<class>/*)")
     wiki = data.add_parser("wikipedia", help="write real English Wikipedia text and BERT's vocab.txt")
-    wiki.add_argument("dir")
+    wiki.add_argument("dir", help="the folder to write the articles and vocab.txt into")
     wiki.add_argument("--docs", type=POSITIVE, help="keep only the first N articles (default: all ~10,000)")
 
 
-def _add_prepare(sub) -> None:
-    """`stoker prepare`: a dataset into shards."""
-    from pipeline.prepare import RESTART_INTERVAL_PX
-    prepare = sub.add_parser("prepare", help="convert a dataset into shards").add_subparsers(
-        dest="prepare_command", required=True)
-    imagenet = prepare.add_parser("imagenet", help="ImageNet-layout folder -> Arrow IPC shards + manifest")
-    imagenet.add_argument("src")
-    imagenet.add_argument("dst")
-    imagenet.add_argument("--shard-mb", type=SECONDS, default=256)
-    imagenet.add_argument("--procs", type=POSITIVE)
-    imagenet.add_argument("--seed", type=NON_NEGATIVE, default=0)
-    imagenet.add_argument("--restart-interval-px", type=restart_interval,
-                          help="rewrite each baseline JPEG losslessly with a restart marker about every N pixels "
-                               "of a row and store where each interval starts, so crops decode only what they touch "
-                               f"(default {RESTART_INTERVAL_PX} where the transcoder was built; 0: store the files "
-                               "as they are)")
-    wikipedia = prepare.add_parser("wikipedia", help="BERT-format text -> tokenized Parquet shards + manifest")
-    wikipedia.add_argument("src", help="a text file or folder of .txt files: one sentence (or paragraph) per "
-                                       "line, a blank line between documents")
-    wikipedia.add_argument("dst")
-    wikipedia.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
-    wikipedia.add_argument("--docs-per-shard", type=POSITIVE, default=4096)
-    wikipedia.add_argument("--cased", action="store_true", help="do not lowercase (for a cased vocab)")
-    wikipedia.add_argument("--seed", type=NON_NEGATIVE, default=0)
-
-
 def _add_worker(sub) -> None:
-    """`stoker worker`: the per-host daemon."""
-    worker = sub.add_parser("worker", help="the per-host decode/augment daemon", parents=[
-        security("CURVE key folder holding server.key and workers/NAME.key_secret"),
-        metrics(9561, "/metrics port (default %(default)s; -1: none)"), SHARD_CACHE])
-    worker.add_argument("--dispatcher", metavar="ENDPOINT", help="dispatcher endpoint, e.g. tcp://10.0.0.5:5561")
-    worker.add_argument("--connect", dest="dispatcher", action=Deprecated, instead="--dispatcher",
-                        help=argparse.SUPPRESS)
+    """`stoker worker`: the per-host daemon, its options made from `WorkerConfig` (stoker.configured)
+    and also read from $STOKER_* variables and a --config file (stoker.settings)."""
+    from workers.worker_config import WorkerConfig
+
+    worker = sub.add_parser("worker", help="the per-host decode/augment daemon", epilog=WORKER_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    configured.add_options(worker.add_argument_group("worker daemon"), WorkerConfig, layered=True)
+    worker.add_argument("--config", metavar="FILE",
+                        help="a TOML file of these options by name (procs = 4, leave-after = 5.0); a flag, then a "
+                             "STOKER_* variable, beats it")
+    worker.add_argument("--connect", dest="connect", action=Deprecated, instead="--dispatcher",
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     worker.add_argument("--no-metrics", dest="metrics_port", action=Deprecated, nargs=0, const=-1,
-                        instead="--metrics-port -1", help=argparse.SUPPRESS)
-    worker.add_argument("--procs", type=POSITIVE, default=1)
-    worker.add_argument("--host-id", default="")
-    worker.add_argument("--once", action="store_true", help="exit after one job (once it has heard it finish)")
-    worker.add_argument("--leave-after", type=SECONDS, default=30.0,
-                        help="leave a job whose dispatcher has been silent this many seconds (default 30); the "
-                             "daemon keeps registering and rejoins it when it answers")
-    worker.add_argument("--key-name", default="", help="this host's key NAME (default: the host id)")
-    worker.add_argument("--metrics-port-flag", default="--metrics-port", help=argparse.SUPPRESS)  # stoker run's name
-    worker.add_argument("--parent-pid", type=POSITIVE, help="exit when the process with this pid is gone (stoker run "
-                                                            "starts its daemons so)")
+                        instead="--metrics-port -1", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+WORKER_EPILOG = """\
+Every option but --parent-pid can also be set by a variable, STOKER_ and its name in upper case
+(STOKER_PROCS=8, STOKER_LEAVE_AFTER=5, STOKER_INSECURE=1), or in the --config file; a flag beats
+a variable, a variable beats the file, and the file beats the default."""
 
 
 def _add_keys(sub) -> None:
@@ -111,25 +86,25 @@ def _add_keys(sub) -> None:
     keys = sub.add_parser("keys", help="CURVE keys and the allow-list of worker hosts").add_subparsers(
         dest="keys_command", required=True)
     keys_init = keys.add_parser("init", help="make the service's key pair and an empty allow-list")
-    keys_init.add_argument("dir")
+    keys_init.add_argument("dir", help="the key folder to make")
     keys_add = keys.add_parser("add", help="make a key pair and allow-list it in its role")
-    keys_add.add_argument("dir")
-    keys_add.add_argument("name")
+    keys_add.add_argument("dir", help="the key folder (stoker keys init)")
+    keys_add.add_argument("name", help="the host's (or consumer's) key name, its --key-name")
     keys_add.add_argument("--role", choices=("worker", "consumer"), default="worker",
                           help="worker (a CPU host, default) or consumer (a `stoker train --dispatcher`)")
     keys_list = keys.add_parser("list", help="list the keys and the allow-list")
-    keys_list.add_argument("dir")
+    keys_list.add_argument("dir", help="the key folder (stoker keys init)")
 
 
 def _add_train(sub) -> None:
     """`stoker train`: a consumer rank (+ dispatcher)."""
+    from accel.consumer_config import ConsumerConfig
+
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
-        security("CURVE keys (stoker keys init): encrypt every link and admit only allow-listed workers"),
-        metrics(None, "/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)"), OUTPUT])
+        consumer_metrics("/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)"), OUTPUT])
+    configured.add_options(train.add_argument_group("security"), ConsumerConfig, ("keys", "insecure"))
     train.add_argument("--data", help="shards' manifest.json (or its folder); not with --dispatcher")
-    train.add_argument("--dispatcher", metavar="ENDPOINT",
-                       help="attach to a `stoker dispatch` at this endpoint instead of running one here")
     train.add_argument("--checkpoint", metavar="PATH",
                        help="write the data position (a small JSON state_dict) here, and with --accel torch "
                             "the model + optimizer to PATH.model.pt")
@@ -138,52 +113,42 @@ def _add_train(sub) -> None:
                                                         "--checkpoint: only if it exists, as a service wants)")
     train.add_argument("--max-seconds", type=SECONDS,
                        help="stop after this many seconds past the first batch (a time-boxed measurement)")
-    train.add_argument("--job-secret", metavar="FILE",
-                       help="with --dispatcher and no --keys: the job secret `stoker dispatch` wrote (or set "
-                            "$STOKER_JOB_SECRET); it proves this process is the job's consumer")
     train.add_argument("--rank", type=NON_NEGATIVE, default=None,
                        help="this consumer's data-parallel rank (default 0, or $RANK); ranks other than 0 attach "
                             "to rank 0's dispatcher (--dispatcher, default its control port on $MASTER_ADDR)")
-    train.add_argument("--attach-timeout", type=SECONDS, default=60.0,
-                       help="with --dispatcher (or as a rank other than 0): give up on a dispatcher that does not "
-                            "answer for this long (default 60)")
-    train.add_argument("--credit-budget-mb", type=SECONDS, default=1024.0,
-                       help="what this rank may have in flight or waiting, in all (default 1024 MB)")
-    train.add_argument("--key-name", default="consumer",
-                       help="with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role "
-                            "consumer; default: consumer)")
+    configured.add_options(train, ConsumerConfig, ("credit_budget_mb",))
+    configured.add_options(train.add_argument_group("attaching to a dispatcher"), ConsumerConfig, (
+        "dispatcher", "job_secret", "key_name", "attach_timeout_s"))
 
 
 def _add_dispatch(sub) -> None:
     """`stoker dispatch`: the dispatcher alone."""
-    dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal", parents=[
-        JOB, CONTROL_SOCKET, security("CURVE keys: workers and consumers by their keys' roles"),
-        metrics(9559, "/metrics port (default %(default)s; -1: none)")])
+    from accel.control.dispatch_config import DispatchConfig
+
+    dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal", parents=[JOB])
     dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
-    dispatch.add_argument("--journal", metavar="PATH", help="append-only journal; restart with it to continue")
-    dispatch.add_argument("--job-secret", metavar="FILE",
-                          help="without --keys: where the consumer's job secret is kept (made on first start, mode "
-                               "0600; default JOURNAL.secret, else stoker-job-PORT.secret in $XDG_RUNTIME_DIR or "
-                               "TMPDIR/stoker-UID; a file that is not yours with mode 0600 is refused; "
-                               "$STOKER_JOB_SECRET overrides)")
+    configured.add_options(dispatch.add_argument_group("dispatcher"), DispatchConfig)
 
 
 def _add_run(sub) -> None:
     """`stoker run`: the whole job on this machine."""
+    from accel.consumer_config import ConsumerConfig
+
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
-        metrics(None, "the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), SHARD_CACHE, OUTPUT])
+        consumer_metrics("the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), SHARD_CACHE,
+        OUTPUT])
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
                                     "prepared Wikipedia text with --dataset wikipedia)")
     run.add_argument("--images", type=int_at_least(10), default=2000, help="size of the generated default image set")
-    run.add_argument("--hosts", type=POSITIVE, default=2)
+    run.add_argument("--hosts", type=POSITIVE, default=2, help="worker daemons, one per emulated host "
+                                                                "(default %(default)s)")
     run.add_argument("--procs", type=POSITIVE, default=1, help="decode processes per host")
     run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
                      help="host i serves on this + i (default 9561; -1: none)")
     options.refused(run, "--keys", "stoker run starts its worker daemons here, over loopback, without keys; for CURVE "
                                    "across hosts run `stoker train --keys DIR` and `stoker worker --keys DIR`")
-    run.add_argument("--insecure", action="store_true",
-                     help="allow binding beyond loopback without keys (trusted networks only)")
+    configured.add_options(run, ConsumerConfig, ("insecure",))
 
 
 def _add_lab(sub) -> None:
@@ -191,7 +156,7 @@ def _add_lab(sub) -> None:
     lab = sub.add_parser("lab", help="an emulated cluster on this machine (network namespaces, CPU quotas)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)
     up = lab_sub.add_parser("up", help="make the hosts and start a consumer and one worker daemon per host")
-    up.add_argument("--hosts", type=POSITIVE, default=3)
+    up.add_argument("--hosts", type=POSITIVE, default=3, help="emulated worker hosts (default %(default)s)")
     up.add_argument("--cores-per-host", type=SECONDS, default=1.0, help="CPU quota of each host (default 1)")
     up.add_argument("--procs", type=POSITIVE, default=1, help="worker processes per host")
     up.add_argument("--link-gbit", type=SECONDS, help="shape each host's link to this rate")
@@ -210,8 +175,8 @@ def _add_lab(sub) -> None:
         op.add_argument("host", help="h0, h1, ...")
 
 
-# `stoker run`'s device: an A100, at a tenth for images (250 img/s) and whole for text (210 seq/s)
-RUN_PROFILE, RUN_SCALE = "a100", {"imagenet": 0.1, "wikipedia": 1.0}
+# `stoker run`'s device: an A100, at the share of its rate the dataset kind's small_scale.run gives
+RUN_PROFILE = "a100"
 
 
 def _accel_spec(args: argparse.Namespace):
@@ -223,11 +188,10 @@ def _accel_spec(args: argparse.Namespace):
     kind, profile, scale = args.accel, args.profile, args.scale
     if kind is None and args.command == "run" and args.rate is None:  # a device that computes: the default job
         kind, profile = "simulated", profile or RUN_PROFILE
-        scale = scale if scale is not None else RUN_SCALE[options.dataset(args, args.data)]
+        scale = scale if scale is not None else kind_of(options.dataset(args, args.data)).small_scale.run
     kind = kind or ("simulated" if args.rate or profile else "null")
-    return AccelSpec(kind=kind, rate=args.rate, profile=profile, scale=scale or 1.0, convert=args.convert,
-                     model=args.model, optimizer=args.optimizer or "", precision=args.precision,
-                     device=args.device, width=args.width, lr=lr, label_smoothing=args.label_smoothing)
+    return configured.config_of(AccelSpec, args, kind=kind, rate=args.rate, profile=profile, scale=scale or 1.0,
+                                lr=lr, optimizer=args.optimizer or "")
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
@@ -251,58 +215,16 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    if args.prepare_command == "wikipedia":
-        return _prepare_wikipedia(args)
-    from pipeline.prepare import PrepareConfig, default_restart_interval, prepare_imagenet
-
-    result = prepare_imagenet(args.src, args.dst, PrepareConfig(
-        shard_bytes=int(args.shard_mb * (1 << 20)), seed=args.seed, processes=args.procs,
-        restart_interval_px=default_restart_interval() if args.restart_interval_px is None
-        else args.restart_interval_px))
-    for item in result.skipped:
-        print(f"skipped {item['path']}: {item['reason']}", file=sys.stderr)
-    for item in result.kept_as_is:
-        print(f"kept as it was (no restart markers) {item['path']}: {item['reason']}", file=sys.stderr)
-    m = result.manifest
-    kept = ", ".join(f"{n} {why}" for why, n in m.kept_as_is.items())
-    print(f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), {len(m.classes)} classes, to {args.dst}; "
-          f"skipped {len(result.skipped)} file(s); {m.transcoded} with restart markers "
-          f"({m.from_progressive} of them were progressive)"
-          + (f", kept as they were: {kept}" if kept else ""))
-    return 0
-
-
-def _prepare_wikipedia(args: argparse.Namespace) -> int:
-    from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
-
-    result = prepare_wikipedia(args.src, args.dst, args.vocab, TextPrepareConfig(
-        docs_per_shard=args.docs_per_shard, seed=args.seed, lowercase=not args.cased))
-    for item in result.skipped[:20]:
-        print(f"skipped {item['path']}: {item['reason']}", file=sys.stderr)
-    if len(result.skipped) > 20:
-        print(f"... and {len(result.skipped) - 20} more (listed in the manifest)", file=sys.stderr)
-    m = result.manifest
-    print(f"wrote {m.num_samples} documents ({result.sentences} sentences, {result.tokens} tokens) in "
-          f"{len(m.shards)} shard(s) to {args.dst}; skipped {len(result.skipped)} document(s)")
-    return 0
-
-
 def _cmd_worker(args: argparse.Namespace) -> int:
     from workers.multiproc import ENV, prepare_multiproc_dir, remove_multiproc_dir
 
     ours = ENV not in os.environ
     folder = prepare_multiproc_dir()  # before prometheus_client is imported
     try:
-        from workers.daemon import WorkerConfig, WorkerDaemon
+        from workers.daemon import WorkerDaemon
+        from workers.worker_config import WorkerConfig
 
-        cfg = WorkerConfig(connect=args.dispatcher, procs=args.procs, host_id=args.host_id,
-                           metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-                           metrics_addr=args.metrics_addr, metrics_flag=args.metrics_port_flag, once=args.once,
-                           keys=args.keys, key_name=args.key_name,
-                           leave_after_s=args.leave_after, insecure=args.insecure, parent_pid=args.parent_pid,
-                           shard_cache_gb=args.shard_cache_gb)
-        return WorkerDaemon(cfg).run()
+        return WorkerDaemon(configured.config_of(WorkerConfig, args)).run()
     finally:
         if ours:
             remove_multiproc_dir(folder)
@@ -316,8 +238,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     where = place(args.rank, args.world_size, None)
     rank, world_size = where.rank, where.world_size
-    cfg = rank_zero_dispatcher(options.consumer_config(args), rank, where.master_addr)
-    job = None if cfg.dispatcher else options.job_config(args)
+    cfg = rank_zero_dispatcher(options.consumer_config(args, args.rank), rank, where.master_addr)
+    job = None if cfg.dispatcher else options.job_config(args, args.rank)
     resume = None
     if args.resume and args.resume == args.checkpoint and not Path(args.resume).exists():
         print(f"stoker train: no checkpoint at {args.resume} yet; starting the job from the beginning")
@@ -350,7 +272,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             checkpoint.save_all(consumer, args.checkpoint)
     finally:
         consumer.stop()
-    print_summary(summary, args.json, spec)
+    print_summary(summary, args.json, spec, _transform_named(consumer.job.transform, consumer.job.transform_params))
     return 0
 
 
@@ -364,8 +286,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)),
                     shard_cache_gb=args.shard_cache_gb)
     summaries = run_embedded(options.job_fields(args), cfg)
-    print_summary(summaries, args.json, cfg.accel)
+    print_summary(summaries, args.json, cfg.accel, _transform_named(args.transform, args.transform_params))
     return 0
+
+
+def _transform_named(name: str, params: str) -> str:
+    """The transform as the closing line names it: with its parameters, when it has any."""
+    return f"{name} {params}" if params else name
 
 
 def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
@@ -374,29 +301,27 @@ def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
     argv = ["--accel", spec.kind, "--model", spec.model, "--device", spec.device, "--width", str(spec.width),
             "--label-smoothing", str(spec.label_smoothing), "--precision", spec.precision, "--scale", str(spec.scale),
             "--lr", str(spec.lr), "--decode-threads", str(args.decode_threads),
-            "--sender-timeout", str(args.sender_timeout), "--host-timeout", str(args.host_timeout)]
+            "--sender-timeout", str(args.sender_timeout_s), "--host-timeout", str(args.host_timeout_s)]
     for flag, value in (("--rate", spec.rate), ("--profile", spec.profile), ("--optimizer", spec.optimizer)):
         if value:
             argv += [flag, str(value)]
     argv += ["--convert"] if spec.convert else []
-    argv += ["--no-overlap"] if args.no_overlap else []
+    argv += [] if args.overlap else ["--no-overlap"]
     return argv
 
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:
-    from accel.control.service import DispatchConfig, DispatchService
+    from accel.control.dispatch_config import DispatchConfig
+    from accel.control.service import DispatchService
 
-    job = options.job_config(args)
-    service = DispatchService(DispatchConfig(
-        control_bind=args.control_bind, advertise_host=args.advertise_host,
-        journal=args.journal, host_timeout_s=args.host_timeout,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port, metrics_addr=args.metrics_addr,
-        keys=args.keys, insecure=args.insecure, job_secret=args.job_secret), job)
+    service = DispatchService(configured.config_of(DispatchConfig, args), options.job_config(args))
     attach = f"; consumers attach with --job-secret {service.secret_file}" if service.secret_file else ""
     print(f"stoker dispatch: job {service.job.job_id}; workers and the consumer connect to {args.control_bind}"
           f"{attach}", flush=True)
     service.run()
     stats = service.dispatcher.stats()
+    if stats.failure:
+        raise RuntimeError(f"the job failed: {stats.failure}")
     print(f"dispatcher done: {stats.done}/{service.dispatcher.total_units} units, {stats.releases} re-leased")
     return 0
 
@@ -457,7 +382,7 @@ def _print_lab(state) -> None:
     print(f"workers connect to {state.control_endpoint}; summary will be written to {state.summary}")
 
 
-COMMANDS = {"data": _cmd_data, "prepare": _cmd_prepare, "worker": _cmd_worker, "train": _cmd_train,
+COMMANDS = {"data": _cmd_data, "prepare": cli_prepare.run, "worker": _cmd_worker, "train": _cmd_train,
             "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys, "dispatch": _cmd_dispatch,
             **cli_experiments.COMMANDS}
 
@@ -467,26 +392,39 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     from protos.curve import is_loopback
 
     command = args.command
+    if command == "prepare":
+        cli_prepare.check(parser, args)
     ranked = command == "train" and bool(args.rank or os.environ.get("RANK", "0") not in ("", "0"))
     if command == "train" and not ranked and bool(args.data) == bool(args.dispatcher):
         parser.error("train: give --data (run the dispatcher here) or --dispatcher ENDPOINT (attach to one), "
                      "not both")
     if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
         parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
-    if getattr(args, "drop_last", False) and args.dataset and not kind_of(args.dataset).one_row_per_sample:
+    job_command = command in ("run", "train", "dispatch")
+    if job_command and args.drop_last and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
-    if command in ("run", "worker"):
+    if command == "worker":
+        _settle_worker(parser, args)
+    if command == "run":
         args.shard_cache_gb = options.shard_cache_gb(parser, args)
-    too_big = options.image_fit_error(args)
+    if job_command:
+        bad_transform = options.transform_error(args.transform, args.transform_params, args.image_size,
+                                                args.crop_area, args.decode_on)
+    else:
+        bad_transform = options.transform_error(args.transform, args.transform_params) \
+            if command in ("calibrate", "sweep") else None
+    if bad_transform:
+        parser.error(f"{command}: {bad_transform}")
+    too_big = options.image_fit_error(args) if job_command else None
     if too_big:
         parser.error(f"{command}: {too_big}")
-    if command == "worker" and not args.dispatcher:
+    if command == "worker" and not args.connect:
         parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
     if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")
-    if command in ("train", "run", "dispatch", "worker") and not (getattr(args, "keys", None) or args.insecure):
+    if command in ("train", "run", "dispatch", "worker") and not (args.keys or args.insecure):
         names = {"--metrics-addr": args.metrics_addr}
         if command in ("train", "run"):
             names |= {"--data-bind": args.data_bind, "--control-bind": args.control_bind}
@@ -500,6 +438,16 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                              f"trusted network")
 
 
+def _settle_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The daemon's options the command line left out: from $STOKER_*, then --config, then the defaults."""
+    from workers.worker_config import WorkerConfig
+
+    try:
+        settings.settle(WorkerConfig, args, os.environ, args.config)
+    except settings.SettingError as exc:
+        parser.error(f"worker: {exc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -511,5 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         print("stoker: interrupted", file=sys.stderr)
         return 130
     except (OSError, ValueError, RuntimeError) as exc:
+        if type(exc).__name__ == "JobFailed" and args.command in ("run", "train") and args.json:  # the summary, too
+            options.emit_json(args.json, {"failed": str(exc)})
         print(f"stoker: error: {exc}", file=sys.stderr)
         return 2

@@ -23,9 +23,19 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(POSITIVE(v) for v in text.split(",") if v)
 
 
+def _transform_options(parser: argparse.ArgumentParser, default: str | None, dest: str = "transform") -> None:
+    """--transform and --transform-params, named as a job names them (stoker/options.py)."""
+    parser.add_argument("--transform", dest=dest, default=default, metavar="NAME",
+                        help="image transform: train (MLPerf crop at 224, the default), eval, a `stoker.transforms` "
+                             "entry point or package.module:name (docs/transforms.md)")
+    parser.add_argument("--transform-params", dest=f"{dest}_params", default="", metavar="JSON",
+                        help="keyword arguments of a transform of your own, as a JSON object")
+
+
 def add_parsers(sub) -> None:
     sweep = sub.add_parser("sweep", help="the CPU:accelerator ratio experiment on the emulated cluster")
-    sweep.add_argument("--dataset", choices=("imagenet", "wikipedia"), default="imagenet")
+    sweep.add_argument("--dataset", choices=("imagenet", "wikipedia"), default="imagenet",
+                       help="the data set to sweep (default %(default)s)")
     sweep.add_argument("--hosts", type=_ints, default=(1, 2, 3, 4), help="comma-separated (default 1,2,3,4)")
     sweep.add_argument("--cores-per-host", type=_floats, default=(),
                        help="comma-separated CPU quotas (default 0.25,0.5 for imagenet, 0.05,0.1,0.2 for wikipedia)")
@@ -34,30 +44,39 @@ def add_parsers(sub) -> None:
     sweep.add_argument("--scale", type=SECONDS, help="shrink the profile (default 0.03 imagenet, 1.0 wikipedia)")
     sweep.add_argument("--seconds", type=SECONDS, default=10.0, help="steady measurement per point (default 10)")
     sweep.add_argument("--data", help="manifest (default: the dataset's generated/fetched set)")
-    sweep.add_argument("--out", type=Path, help="results folder (default sweeps/DATASET); rerun to resume")
+    sweep.add_argument("--out", type=Path, help="results folder (default sweeps/DATASET, sweeps/imagenet-TRANSFORM for "
+                                                "another transform); rerun to resume")
     sweep.add_argument("--loopback", action="store_true", help="no namespaces (no CPU quotas without root)")
     sweep.add_argument("--ranks", type=POSITIVE, default=1,
                        help="feed the system as this many data-parallel ranks, each 1/ranks of its rate (default 1)")
-    sweep.add_argument("--no-progress", action="store_true")
+    _transform_options(sweep, "train")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sweep.add_argument("train_args", nargs=argparse.REMAINDER,
                        help="after --: more `stoker train` options; `-- --accel torch --model resnet18 "
                             "--image-size 112` sweeps against a real step instead of the profile")
 
     cal = sub.add_parser("calibrate", help="per-core supply rates of this machine (under a minute)")
     cal.add_argument("--seconds", type=SECONDS, default=15.0, help="per dataset (default 15)")
-    cal.add_argument("--out", type=Path, default=DEFAULT_CALIBRATION)
+    cal.add_argument("--out", type=Path, default=DEFAULT_CALIBRATION,
+                     help="the calibration file; a measurement replaces only its own rates in it (default %(default)s)")
+    _transform_options(cal, None)
+    cal.add_argument("--data", help="--transform: the image manifest to measure on (default: the generated set)")
 
     plan = sub.add_parser("plan", help="cores, hosts, time-to-train and performance per dollar for a system")
     plan.add_argument("--system", default="dgx-a100", help="ipu-pod16, ipu-pod64, dgx-a100, a100, h100")
     plan.add_argument("--compare", help="comma-separated systems, e.g. ipu-pod16,dgx-a100 (last is the baseline)")
-    plan.add_argument("--dataset", choices=("imagenet", "wikipedia", "both"), default="both")
+    plan.add_argument("--dataset", choices=("imagenet", "wikipedia", "both"),
+                      help="default both; imagenet alone with --transform")
     source = plan.add_mutually_exclusive_group()
     source.add_argument("--calibration", type=Path, help=f"from `stoker calibrate` (default {DEFAULT_CALIBRATION})")
     source.add_argument("--sweep", type=Path, nargs="+", help="sweep folders: per-core rates from their host-bound "
                                                               "points")
     plan.add_argument("--per-core-rate", type=SECONDS, help="samples/s per host core (overrides both)")
-    plan.add_argument("--stall-target", type=float_in(0.0, 1.0, low_open=False), default=0.02)
-    plan.add_argument("--cores-per-host", type=POSITIVE, default=64)
+    _transform_options(plan, None, dest="plan_transform")  # not imported: the plan may be made off the worker hosts
+    plan.add_argument("--stall-target", type=float_in(0.0, 1.0, low_open=False), default=0.02,
+                      help="the share of the time the accelerator may wait for data (default %(default)s)")
+    plan.add_argument("--cores-per-host", type=POSITIVE, default=64, help="cores of each host server "
+                                                                          "(default %(default)s)")
     plan.add_argument("--host-price", type=PRICE, help="US$ per host server (default 25,000: an assumption)")
     plan.add_argument("--accel-price", type=PRICE, help="US$ for the system (default: its list price, if known)")
     plan.add_argument("--samples", type=SECONDS, help="samples to train (default: MLPerf's, see stoker/planning.py)")
@@ -72,14 +91,17 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    from pipeline.transforms import parse_params
     from stoker.datasets import default_manifest
-    from stoker.sweep import SweepConfig, run_sweep, write_outputs
+    from stoker.sweep import SweepConfig, default_out, run_sweep, write_outputs
 
-    out = args.out or Path("sweeps") / args.dataset
+    params = parse_params(args.transform_params)
+    out = args.out or default_out(args.dataset, args.transform, params)
     cfg = SweepConfig(out=out, dataset=args.dataset, hosts=args.hosts, cores_per_host=args.cores_per_host,
                       procs=args.procs, profile=args.profile, scale=args.scale, seconds=args.seconds,
                       data=args.data, loopback=args.loopback, ranks=args.ranks,
-                      train_args=tuple(a for a in args.train_args if a != "--"))
+                      train_args=tuple(a for a in args.train_args if a != "--"), transform=args.transform,
+                      transform_params=params)
     manifest = args.data or str(default_manifest(args.dataset))
     points = run_sweep(cfg, manifest, progress=not args.no_progress)
     paths = write_outputs(points, out)
@@ -89,9 +111,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stoker.calibrate import calibrate
+    from stoker.calibrate import calibrate, calibrate_transform
     from stoker.datasets import default_imagenet, default_wikipedia
 
+    if args.transform is not None:
+        r = calibrate_transform(args.data or str(default_imagenet()), args.transform, args.transform_params,
+                                args.seconds, args.out)
+        print(f"{args.transform}: {r['per_core_rate']:,.0f} {r['unit']} per core ({r['what']}; {r['version']})")
+        print(f"written to {args.out}")
+        return 0
     result = calibrate(str(default_imagenet()), str(default_wikipedia()), args.seconds, args.out)
     for name in ("imagenet", "wikipedia"):
         r = result[name]
@@ -100,39 +128,79 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _per_core_rates(args: argparse.Namespace) -> dict[str, float]:
+def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict[str, float]:
+    """Each dataset's rate from the sweeps or the calibration; images at the --transform asked for."""
+    from stoker.calibrate import load, transform_rate
     from stoker.sweep import load_points, per_core_rate
 
     if args.sweep:
         rates = {}
         for folder in args.sweep:
             points = load_points(folder)
+            if not points:
+                raise ValueError(f"{folder}: no sweep points (points.jsonl) there")
             rate = per_core_rate(points)
             if rate is None:
                 raise ValueError(f"{folder}: no host-bound point (stall > 10%) to read a per-core rate from")
+            swept = points[0].transform_named
+            if points[0].dataset == "imagenet" and swept != _asked(args):
+                raise ValueError(f"{folder} swept transform {swept}, not {_asked(args)}: plan with --transform "
+                                 f"{points[0].transform}, or sweep the one you mean with `stoker sweep --transform`")
             rates[points[0].dataset] = rate  # rows/s per core: the scale shrinks the device, not the cores
         return rates
     path = args.calibration or DEFAULT_CALIBRATION
     if not path.exists():
         raise ValueError(f"{path} does not exist: run `stoker calibrate` first, or pass --sweep DIR or --per-core-rate")
-    data = json.loads(path.read_text())
-    return {name: data[name]["per_core_rate"] for name in ("imagenet", "wikipedia")}
+    data, rates = load(path), {}
+    for dataset in datasets:
+        if dataset == "imagenet":
+            entry = transform_rate(data, args.plan_transform or "train", args.plan_transform_params, str(path))
+            if args.plan_transform:
+                print(f"transform {_asked(args)}: {entry['per_core_rate']:,.0f} images/s per core, calibrated with "
+                      f"{entry.get('version', 'an unrecorded version')} on {entry.get('when', '?')}")
+        elif dataset not in data:
+            raise ValueError(f"{path} has no {dataset} rate: run `stoker calibrate` (both datasets), or pass "
+                             "--per-core-rate")
+        else:
+            entry = data[dataset]
+        rates[dataset] = entry["per_core_rate"]
+    return rates
+
+
+def _asked(args: argparse.Namespace) -> str:
+    from stoker.planning import transform_key
+
+    return transform_key(args.plan_transform or "train", args.plan_transform_params)
+
+
+def _plan_datasets(args: argparse.Namespace) -> tuple[str, ...]:
+    """--dataset, where a --transform (an image transform) means imagenet unless both are asked for."""
+    from pipeline.transforms import check_name, parse_params
+
+    if args.plan_transform is None:
+        return ("imagenet", "wikipedia") if args.dataset in (None, "both") else (args.dataset,)
+    check_name(args.plan_transform)
+    parse_params(args.plan_transform_params)
+    if args.dataset == "wikipedia":
+        raise ValueError("--transform names an image transform: plan --dataset imagenet (or both)")
+    return ("imagenet", "wikipedia") if args.dataset == "both" else ("imagenet",)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from stoker.planning import DEFAULT_HOST_PRICE, PlanInput, compare, describe, make_plan
 
-    datasets = ("imagenet", "wikipedia") if args.dataset == "both" else (args.dataset,)
-    rates = {d: args.per_core_rate for d in datasets} if args.per_core_rate else _per_core_rates(args)
+    datasets = _plan_datasets(args)
+    rates = {d: args.per_core_rate for d in datasets} if args.per_core_rate else _per_core_rates(args, datasets)
     systems = args.compare.split(",") if args.compare else [args.system]
     out = []
     for dataset in datasets:
         if dataset not in rates:
             raise ValueError(f"no per-core rate for {dataset}: sweep it too, or pass --per-core-rate")
+        transform = _asked(args) if dataset == "imagenet" else ""
         plans = [make_plan(PlanInput(system=s, dataset=dataset, per_core_rate=rates[dataset],
                                      stall_target=args.stall_target, cores_per_host=args.cores_per_host,
                                      host_price=args.host_price or DEFAULT_HOST_PRICE, accel_price=args.accel_price,
-                                     samples=args.samples)) for s in systems]
+                                     samples=args.samples, transform=transform)) for s in systems]
         for plan in plans:
             print(describe(plan))
         if len(plans) > 1:

@@ -24,16 +24,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 from tqdm import tqdm
 
 from accel.accelerators import AccelSpec
-from accel.consumer import Consumer, Summary
+from accel.consumer import Consumer
 from accel.consumer_config import ConsumerConfig, rank_metrics_port
+from accel.summary import Summary, job_totals
+from pipeline.image_layout import DecodeOn
+from pipeline.job import JobConfig
 from pipeline.kinds import kind_of
 from protos import job_secret
-from protos.job import JobConfig
 from stoker.datasets import default_manifest
 from stoker.options import emit_json
 
@@ -66,13 +67,22 @@ def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | N
     return cmd + ["--metrics-port-flag=--worker-metrics-port"]  # the user's name for it, if it is taken
 
 
+def _worker_environment() -> dict[str, str]:
+    """This process's environment without the STOKER_* variables a `stoker worker` reads as its options:
+    this job's daemons are told everything by their command line, not by settings meant for another's."""
+    from stoker.settings import without_settings
+    from workers.worker_config import WorkerConfig
+
+    return without_settings(os.environ, WorkerConfig)
+
+
 class DaemonProcess:
     """A `stoker worker` child whose stderr is passed through and its last lines kept, for the error.
     Its own fatal error line (`stoker: error: ...`) is held back: `failure` reports it, once."""
 
-    def __init__(self, host_id: str, cmd: list[str]) -> None:
+    def __init__(self, host_id: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         self.host_id = host_id
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace")
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
         self.tail: collections.deque[str] = collections.deque(maxlen=5)
         self.error = ""  # its fatal error line, without the prefix
         self.reported = False
@@ -136,7 +146,7 @@ class Progress:
         self.bar.close()
 
 
-def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
+def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
     """Run one job end to end; job_args are JobConfig fields other than manifest_uri. Returns each
     rank's summary (rank 0's first)."""
     manifest = cfg.data or str(default_manifest(cfg.dataset, cfg.images, progress=cfg.progress))
@@ -156,14 +166,14 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[dict]:
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
             cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level,
                                  cfg.shard_cache_gb)
-            daemons.append(DaemonProcess(f"host{i}", cmd))
+            daemons.append(DaemonProcess(f"host{i}", cmd, _worker_environment()))
         threading.Thread(target=_watch, args=(daemons, consumer, done), name="stoker-daemon-watch", daemon=True).start()
         summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
         progress.close(consumer)
         consumer.stop()  # rank 0 waits here for the other ranks to finish
         done.set()
         _stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
-        summaries = [summary.as_dict()] + [_rank_summary(folder, rank) for rank in range(1, job.world_size)]
+        summaries = [summary] + [_rank_summary(folder, rank) for rank in range(1, job.world_size)]
     finally:
         done.set()
         _stop_daemons([d.proc for d in daemons], timeout_s=0.0)
@@ -185,34 +195,11 @@ def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -
             "--credit-window", str(cfg.consumer.credit_window), *cfg.rank_args]
 
 
-def _rank_summary(folder: Path, rank: int) -> dict:
+def _rank_summary(folder: Path, rank: int) -> Summary:
     path = folder / f"rank-{rank}.json"
     if not path.exists():
         raise RuntimeError(f"rank {rank} wrote no summary")
-    return json.loads(path.read_text())
-
-
-def job_totals(ranks: list[dict]) -> dict:
-    """The job's figures from its ranks': counts add up, rates add up, the stall is the worst rank's."""
-    first = ranks[0]
-    total = dict(first)
-    for key in ("samples", "unique_samples", "duplicates_dropped", "batches", "skipped_samples", "rows",
-                "bytes_received", "delivered_samples_per_s", "rows_per_s", "sequences", "sequences_per_s",
-                "tokens", "tokens_per_s"):
-        if first.get(key) is not None:
-            total[key] = sum(r[key] for r in ranks)
-    total["per_epoch_unique"] = [sum(e) for e in zip(*(r["per_epoch_unique"] for r in ranks), strict=True)]
-    total["stall_fraction"] = max(r["stall_fraction"] for r in ranks)
-    total["elapsed_s"] = max(r["elapsed_s"] for r in ranks)
-    total["skipped"] = [s for r in ranks for s in r["skipped"]]
-    total["hosts"] = max(r["hosts"] for r in ranks)
-    total["cores_needed"] = sum(r["cores_needed"] for r in ranks)  # each rank's device wants its own supply
-    total["cores_in_use"] = sum(r["cores_in_use"] for r in ranks)
-    worst = max(ranks, key=lambda r: r["stall_fraction"])
-    total["bottleneck"], total["bottleneck_detail"] = worst["bottleneck"], worst["bottleneck_detail"]
-    total["rank"] = None
-    total["ranks"] = ranks
-    return total
+    return Summary.from_dict(json.loads(path.read_text()))
 
 
 def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
@@ -229,32 +216,65 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
             proc.kill()
 
 
-def feeding(data: dict, accel: AccelSpec | None) -> dict | None:
+def feeding(data: Summary, accel: AccelSpec | None) -> dict | None:
     """How many host cores the run's device needed, and for a profile what a full-size system of
     that kind would need (the per-core rate is this machine's). None for the null device, which
     never computes: its stall is the data path's ceiling, not a device's need."""
-    if accel is None or accel.kind == "null" or data.get("bottleneck", "unknown") == "unknown":
+    if accel is None or accel.kind == "null" or data.bottleneck == "unknown":
         return None
-    found = {"device": accel.kind, "rows_per_s": data["rows_per_s"], "cores_needed": data["cores_needed"],
-             "cores_in_use": data["cores_in_use"]}
+    found = {"device": accel.kind, "rows_per_s": data.rows_per_s, "cores_needed": data.cores_needed,
+             "cores_in_use": data.cores_in_use}
     if accel.kind == "simulated" and accel.profile:
         from accel.profiles import profile_rate
 
         found |= {"system": accel.profile, "scale": accel.scale,
-                  "system_rate": profile_rate(accel.profile, data["dataset"]),
-                  "cores_per_system": data["cores_needed"] / accel.scale}
+                  "system_rate": profile_rate(accel.profile, data.dataset),
+                  "cores_per_system": data.cores_needed / accel.scale}
     return found
 
 
-def print_summary(summaries: Summary | list[dict], json_path: str | None, accel: AccelSpec | None = None) -> None:
-    """The closing lines (one per rank, then the job's, when there are several) and the JSON."""
-    ranks = [summaries.as_dict()] if isinstance(summaries, Summary) else summaries
+def transform_cores(ranks: list[Summary], accel: AccelSpec | None, transform: str) -> dict | None:
+    """Host cores the job's image transform needs per accelerator: the accelerator's rate (a profile's
+    full-size system; else what this run's device took per step second) over what one busy worker
+    core made in this run (rows over the worker stages' seconds, all ranks). None where no transform
+    ran on the hosts or the device never computes (null)."""
+    first = ranks[0]
+    if (not transform or accel is None or accel.kind == "null" or kind_of(first.dataset).text
+            or first.decode_on != DecodeOn.HOST):
+        return None
+    stages = (*kind_of(first.dataset).stages, "send")
+    busy = sum(r.stage_seconds.get(stage, 0.0) for r in ranks for stage in stages)
+    rows = sum(r.rows for r in ranks)
+    step = first.stage_seconds.get("step", 0.0)
+    if busy <= 0 or rows <= 0:
+        return None
+    if accel.kind == "simulated" and accel.profile:
+        from accel.profiles import profile_rate
+
+        name, rate = f"a full-size {accel.profile}", profile_rate(accel.profile, first.dataset)
+    elif accel.kind == "simulated" and accel.rate:
+        name, rate = "the simulated device", accel.rate
+    elif step > 0:
+        name, rate = f"this {accel.model} step on {accel.device}", first.rows / step
+    else:
+        return None
+    per_core = rows / busy
+    return {"transform": transform, "accelerator": name, "accelerator_rate": rate, "per_core_rate": per_core,
+            "cores_needed": rate / per_core}
+
+
+def print_summary(summaries: Summary | list[Summary], json_path: str | None, accel: AccelSpec | None = None,
+                  transform: str = "") -> None:
+    """The closing lines (one per rank, then the job's, when there are several) and the JSON (the
+    summary, with the feeding and transform figures printed here); the last line says how many
+    host cores `transform` (the job's, as named) needs per accelerator."""
+    ranks = [summaries] if isinstance(summaries, Summary) else summaries
     if len(ranks) > 1:
         for r in ranks:
-            print(f"rank {r['rank']}: {r['samples']} samples ({r['unique_samples']} unique) in {r['steps']} steps, "
-                  f"{r['delivered_samples_per_s']:.0f}/s, stall {100 * r['stall_fraction']:.1f}%")
-    data = job_totals(ranks) if len(ranks) > 1 else ranks[0]
-    s = SimpleNamespace(**data)
+            print(f"rank {r.rank}: {r.samples} samples ({r.unique_samples} unique) in {r.steps} steps, "
+                  f"{r.delivered_samples_per_s:.0f}/s, stall {100 * r.stall_fraction:.1f}%")
+    s = job_totals(ranks) if len(ranks) > 1 else ranks[0]
+    data = s.as_dict()
     kind = kind_of(s.dataset)
     noun = kind.sample_noun
     procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
@@ -268,11 +288,11 @@ def print_summary(summaries: Summary | list[dict], json_path: str | None, accel:
              if s.units_handed_back else ""))
     if s.tokens is not None:
         print(f"text: {s.sequences} sequences in {s.rows} rows, {s.sequences_per_s:.0f} sequences/s, "
-              f"{s.tokens_per_s:.0f} tokens/s; padding {100 * s.padding_fraction:.1f}% as sent, "
-              f"{100 * s.padding_fraction_before_packing:.1f}% with one sequence per row")
+              f"{s.tokens_per_s:.0f} tokens/s; padding {100 * (s.padding_fraction or 0.0):.1f}% as sent, "
+              f"{100 * (s.padding_fraction_before_packing or 0.0):.1f}% with one sequence per row")
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
     print(f"stage seconds: {stages}")
-    fed = data["feeding"] = feeding(data, accel)
+    fed = data["feeding"] = feeding(s, accel)
     unit = kind.row_noun
     if accel is not None and accel.kind == "null":
         print("device: null (it never computes, so the stall is the data path's ceiling, not what a device "
@@ -285,4 +305,8 @@ def print_summary(summaries: Summary | list[dict], json_path: str | None, accel:
             line += (f"; a full-size {fed['system']} ({fed['system_rate']:,.0f} {unit}/s, run here at "
                      f"{fed['scale']:g} scale) needs about {fed['cores_per_system']:.1f} such cores")
         print(line)
+    cores = data["transform_cores"] = transform_cores(ranks, accel, transform)
+    if cores is not None:
+        print(f"host cores needed for {cores['accelerator']} ({cores['accelerator_rate']:,.0f} {unit}/s): "
+              f"{cores['cores_needed']:.1f} (transform {transform}, {cores['per_core_rate']:,.0f} {unit}/s per core)")
     emit_json(json_path, data)

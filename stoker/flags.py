@@ -8,10 +8,14 @@ before anything starts, instead of a hang or a traceback later.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from collections.abc import Callable
 
 MAX_PORT = 65535
+MAX_INT = 2**31 - 1  # what the wire's int32 fields carry: a count above this cannot be sent
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() would also take '1_0' and other scripts' digits
 
 
 class Parser(argparse.ArgumentParser):
@@ -22,14 +26,13 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
+def int_at_least(low: int, high: int = MAX_INT) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
+        value = int(text) if _INTEGER.fullmatch(text.strip()) else None
         if value is None or value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, not {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low} and at most {high}, not {text!r}")
         return value
 
     parse.__name__ = f"integer >= {low}"
@@ -44,7 +47,7 @@ def float_in(low: float, high: float = float("inf"), low_open: bool = True) -> C
         except ValueError:
             value = float("nan")
         above = value > low if low_open else value >= low
-        if not (above and value <= high):
+        if not (above and value <= high and math.isfinite(value)):
             bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high != float("inf") else "")
             raise argparse.ArgumentTypeError(f"must be a number {bound}, not {text!r}")
         return value
@@ -90,9 +93,44 @@ def restart_interval(text: str) -> int:
 
 restart_interval.__name__ = "restart interval"
 
+
+def endpoint(text: str) -> str:
+    """A ZeroMQ endpoint: tcp://HOST:PORT (PORT 0-65535; 0 or * on a bind: any free one), ipc://PATH
+    or inproc://NAME. Checked here so a typo is one line now, not a socket error at start-up."""
+    scheme, sep, rest = text.partition("://")
+    host, colon, port_text = rest.rpartition(":")
+    tcp_ok = scheme == "tcp" and bool(colon) and bool(host) and (
+        port_text == "*" or (port_text.isascii() and port_text.isdigit() and int(port_text) <= MAX_PORT))
+    if not sep or not (tcp_ok or (scheme in ("ipc", "inproc") and rest)):
+        raise argparse.ArgumentTypeError(f"must be an endpoint tcp://HOST:PORT (or ipc://PATH), not {text!r}")
+    return text
+
+
+endpoint.__name__ = "endpoint"
+
+def gigabytes(text: str) -> float:
+    """A shard cache's size limit, as $STOKER_SHARD_CACHE_GB has always been read (pipeline.shard_cache)."""
+    from pipeline.shard_cache import parse_gb
+
+    try:
+        return parse_gb(text, "GB")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("GB: ")) from None
+
+
+gigabytes.__name__ = "GB"
+
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
+SEED = int_at_least(0, 2**64 - 1)  # the wire's seed is a uint64
 SECONDS = float_in(0.0)
 FRACTION = float_in(0.0, 1.0, low_open=False)
-PORT = port()
 METRICS_PORT = port(allow_off=True)
+
+# The checks a config field names in its metadata (stoker.configured): the configs' packages sit
+# below the command line and cannot import these functions, so they name them.
+CHECKS: dict[str, Callable[[str], object]] = {
+    "positive": POSITIVE, "non-negative": NON_NEGATIVE, "seconds": SECONDS, "above-zero": SECONDS, "fraction": FRACTION,
+    "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
+    "transform-timeout": float_in(0.0, 86400.0), "seq-len": int_at_least(8), "endpoint": endpoint, "seed": SEED,
+}

@@ -14,27 +14,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from accel.profiles import profile_rate
-
-
-@dataclass(frozen=True)
-class Workload:
-    dataset: str
-    samples: float  # samples to train to the target quality
-    unit: str
-    source: str
-
-
-# MLPerf's reference convergence: ResNet-50 v1.5 reaches 75.9% top-1 in about 35-44 epochs of
-# ImageNet's 1,281,167 training images depending on the global batch size (quoted in this
-# project's planning issue); 40 is the default. BERT-large: ~2.5-3.0 M samples at length 512
-# in MLPerf v1.0 logs; 2.75 M is the default.
-IMAGENET_TRAIN_IMAGES = 1_281_167
-WORKLOADS = {
-    "imagenet": Workload("imagenet", IMAGENET_TRAIN_IMAGES * 40, "images",
-                         "ResNet-50: 40 epochs of 1,281,167 images (MLPerf reference range 35-44)"),
-    "wikipedia": Workload("wikipedia", 2_750_000, "sequences",
-                          "BERT-large: 2.75 M sequences at length 512 (MLPerf v1.0 logs: 2.5-3.0 M)"),
-}
+from pipeline.kinds import kind_of
+from pipeline.transforms import parse_params
 
 
 @dataclass(frozen=True)
@@ -61,8 +42,12 @@ SYSTEMS = {s.name: s for s in (
 DEFAULT_HOST_PRICE = 25_000.0
 DEFAULT_CORES_PER_HOST = 64
 
-# Graphcore's published performance per dollar, IPU-POD16 over DGX A100 (quoted in the issue).
-PUBLISHED_POD16_OVER_DGX = {"imagenet": 1.6, "wikipedia": 1.3}
+
+def transform_key(name: str, params: str = "") -> str:
+    """How a per-core rate's transform is named (calibration files, sweeps, plans): the name as
+    `--transform` takes it, and its parameters as canonical JSON, if any."""
+    params = parse_params(params)
+    return f"{name} {params}" if params else name
 
 
 @dataclass(frozen=True)
@@ -75,6 +60,7 @@ class PlanInput:
     host_price: float = DEFAULT_HOST_PRICE
     accel_price: float | None = None  # overrides the system's price
     samples: float | None = None  # overrides the workload's samples to train
+    transform: str = ""  # the image transform whose rate this is (transform_key), "" unnamed
 
 
 @dataclass(frozen=True)
@@ -91,6 +77,7 @@ class Plan:
     price: float | None  # system + extra hosts
     host_cost: float
     samples_per_s_per_kdollar: float | None  # performance per dollar (x1,000)
+    transform: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -108,21 +95,22 @@ def make_plan(inp: PlanInput) -> Plan:
     cores = math.ceil((1 - inp.stall_target) * accel_rate / inp.per_core_rate - 1e-9)
     extra_hosts = math.ceil(max(0, cores - system.host_cores) / inp.cores_per_host)
     delivered = min(accel_rate, cores * inp.per_core_rate)
-    samples = inp.samples or WORKLOADS[inp.dataset].samples
+    samples = inp.samples or kind_of(inp.dataset).workload.samples
     accel_price = inp.accel_price if inp.accel_price is not None else system.price
     price = None if accel_price is None else accel_price + extra_hosts * inp.host_price
     return Plan(system=system.name, dataset=inp.dataset, accel_rate=accel_rate, per_core_rate=inp.per_core_rate,
                 cores_needed=cores, extra_hosts=extra_hosts, delivered_rate=delivered,
                 stall_fraction=1 - delivered / accel_rate, time_to_train_h=samples / delivered / 3600,
                 price=price, host_cost=extra_hosts * inp.host_price,
-                samples_per_s_per_kdollar=None if price is None else 1000 * delivered / price)
+                samples_per_s_per_kdollar=None if price is None else 1000 * delivered / price, transform=inp.transform)
 
 
 def describe(plan: Plan) -> str:
-    unit = WORKLOADS[plan.dataset].unit
+    unit = kind_of(plan.dataset).row_noun
     price = f"${plan.price:,.0f}" if plan.price is not None else "no price (give --accel-price)"
     ppd = f"{plan.samples_per_s_per_kdollar:.2f} {unit}/s per $1,000" if plan.price is not None else "-"
-    return (f"{plan.system} / {plan.dataset}: {plan.accel_rate:,.0f} {unit}/s when fed; "
+    named = f" (transform {plan.transform})" if plan.transform and plan.transform != "train" else ""
+    return (f"{plan.system} / {plan.dataset}{named}: {plan.accel_rate:,.0f} {unit}/s when fed; "
             f"{plan.cores_needed} host core(s) at {plan.per_core_rate:,.0f} {unit}/s per core "
             f"(+{plan.extra_hosts} host server(s)) for stall {100 * plan.stall_fraction:.1f}%; "
             f"time-to-train {plan.time_to_train_h:.2f} h; {price}; {ppd}")
@@ -138,7 +126,7 @@ def compare(plans: list[Plan]) -> str:
             continue
         ratio = plan.samples_per_s_per_kdollar / base.samples_per_s_per_kdollar
         lines.append(f"{plan.dataset}: {plan.system} gives {ratio:.2f}x the performance per dollar of {base.system}")
-        published = PUBLISHED_POD16_OVER_DGX.get(plan.dataset)
+        published = kind_of(plan.dataset).pod16_over_dgx
         if (plan.system, base.system) == ("ipu-pod16", "dgx-a100") and published:
             pod, dgx = SYSTEMS["ipu-pod16"].price or 1, SYSTEMS["dgx-a100"].price or 1
             implied = plan.accel_rate * dgx / (published * pod)  # at list prices, hosts not counted

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from itertools import product
@@ -24,13 +25,11 @@ from tqdm import tqdm
 from accel.profiles import profile_rate
 from pipeline.files import write_atomically
 from pipeline.kinds import kind_of
-from stoker.planning import WORKLOADS
+from stoker.planning import transform_key
 
 log = logging.getLogger("stoker.sweep")
 
 KNEE_STALL = 0.02  # the knee: the fewest cores whose stall fraction is below this
-DEFAULT_SCALE = {"imagenet": 0.03, "wikipedia": 1.0}  # ipu-pod16: ~780 img/s and ~1,300 seq/s here
-DEFAULT_CORES = {"imagenet": (0.25, 0.5), "wikipedia": (0.05, 0.1, 0.2)}
 
 
 @dataclass(frozen=True)
@@ -38,10 +37,10 @@ class SweepConfig:
     out: Path
     dataset: str = "imagenet"
     hosts: tuple[int, ...] = (1, 2, 3, 4)
-    cores_per_host: tuple[float, ...] = ()  # empty: DEFAULT_CORES of the dataset
+    cores_per_host: tuple[float, ...] = ()  # empty: the dataset kind's small_scale.sweep_cores
     procs: tuple[int, ...] = (1,)
     profile: str = "ipu-pod16"
-    scale: float | None = None  # None: DEFAULT_SCALE of the dataset
+    scale: float | None = None  # None: the dataset kind's small_scale.sweep
     seconds: float = 10.0  # steady measurement per point
     batch_size: int = 64
     seq_len: int = 512  # wikipedia: the profiles' BERT rates are at length 512
@@ -49,6 +48,18 @@ class SweepConfig:
     loopback: bool = False
     train_args: tuple[str, ...] = ()  # more `stoker train` options; with --accel, a real step replaces the profile
     ranks: int = 1  # the profile's system as this many data-parallel ranks, each 1/ranks of its rate
+    transform: str = "train"  # the job's image transform (`stoker train --transform`), its JSON parameters
+    transform_params: str = ""
+
+    def __post_init__(self) -> None:
+        if kind_of(self.dataset).text and (self.transform, self.transform_params) != ("train", ""):
+            raise ValueError(f"--transform names an image transform; a {self.dataset} sweep has none")
+
+    @property
+    def transform_args(self) -> list[str]:
+        """What the consumer's `stoker train` is told: nothing for the default."""
+        named = ["--transform", self.transform] if self.transform != "train" else []
+        return named + (["--transform-params", self.transform_params] if self.transform_params else [])
 
     @property
     def real_step(self) -> bool:
@@ -58,11 +69,11 @@ class SweepConfig:
     def effective_scale(self) -> float:
         if self.real_step:
             return 1.0  # a real step is measured at its own size
-        return self.scale if self.scale is not None else DEFAULT_SCALE[self.dataset]
+        return self.scale if self.scale is not None else kind_of(self.dataset).small_scale.sweep
 
     @property
     def grid(self) -> list[tuple[int, float, int]]:
-        cores = self.cores_per_host or DEFAULT_CORES[self.dataset]
+        cores = self.cores_per_host or kind_of(self.dataset).small_scale.sweep_cores
         return sorted(product(self.hosts, cores, self.procs), key=lambda p: (p[0] * p[1], p))
 
 
@@ -85,10 +96,16 @@ class Point:
     elapsed_s: float
     startup_s: float
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    transform: str = "train"  # points written before transforms were named ran the built-in train crop
+    transform_params: str = ""
 
     @property
     def key(self) -> str:
         return point_key(self.dataset, self.hosts, self.cores_per_host, self.procs)
+
+    @property
+    def transform_named(self) -> str:
+        return transform_key(self.transform, self.transform_params)
 
     @property
     def cores_per_system(self) -> float:
@@ -99,11 +116,19 @@ class Point:
     def time_to_train_h(self) -> float:
         """Projected for the full-size system fed like this point: its samples to train (stoker.planning)
         over the delivered rate with the scale undone."""
-        return WORKLOADS[self.dataset].samples / max(self.rows_per_s / self.scale, 1e-9) / 3600
+        return kind_of(self.dataset).workload.samples / max(self.rows_per_s / self.scale, 1e-9) / 3600
 
 
 def point_key(dataset: str, hosts: int, cores: float, procs: int) -> str:
     return f"{dataset}/{hosts}x{cores:g}x{procs}"
+
+
+def default_out(dataset: str, transform: str = "train", params: str = "") -> Path:
+    """sweeps/DATASET, and a folder of its own for another transform, so a resume never mixes two."""
+    if transform == "train" and not params:
+        return Path("sweeps") / dataset
+    name = re.sub(r"[^A-Za-z0-9_.]+", "-", transform_key(transform, params)).strip("-")
+    return Path("sweeps") / f"{dataset}-{name}"
 
 
 def load_points(out: Path) -> list[Point]:
@@ -122,7 +147,7 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
                                        "--scale", str(scale / cfg.ranks)]  # each rank is its share of the system
     train = ["--data", manifest, "--dataset", cfg.dataset, *device, "--epochs", "1000",
              "--batch-size", str(cfg.batch_size), "--max-seconds", str(cfg.seconds), "--seq-len", str(cfg.seq_len),
-             *cfg.train_args]
+             *cfg.transform_args, *cfg.train_args]
     lab = cluster.Lab(cluster.LabConfig(hosts=hosts, cores_per_host=cores, procs=procs, loopback=cfg.loopback,
                                         ranks=cfg.ranks))
     try:
@@ -143,7 +168,8 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
                  rows_per_s=summary["rows_per_s"], stall_fraction=summary["stall_fraction"], cpu_seconds=cpu,
                  cores_used=cpu / elapsed, bytes_received=summary["bytes_received"],
                  wire_mb_per_s=summary["bytes_received"] / steady / 1e6, elapsed_s=elapsed,
-                 startup_s=summary["startup_s"], stage_seconds=summary["stage_seconds"])
+                 startup_s=summary["startup_s"], stage_seconds=summary["stage_seconds"], transform=cfg.transform,
+                 transform_params=cfg.transform_params)
 
 
 def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
@@ -151,6 +177,10 @@ def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
     """Every point of the grid not already in cfg.out/points.jsonl; returns all points."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     done = {p.key: p for p in load_points(cfg.out)}
+    other = {p.transform_named for p in done.values()} - {transform_key(cfg.transform, cfg.transform_params)}
+    if other:
+        raise ValueError(f"{cfg.out} holds points of transform {', '.join(sorted(other))}: give this sweep "
+                         f"another --out (the default folder is per transform)")
     todo = [g for g in cfg.grid if point_key(cfg.dataset, *g) not in done]
     if done:
         log.warning("resuming: %d of %d points already measured in %s", len(cfg.grid) - len(todo), len(cfg.grid),
@@ -212,7 +242,9 @@ def markdown(points: list[Point]) -> str:
     unit = "seq" if kind_of(first.dataset).text else "img"
     against = (f"{first.profile} x {first.scale:g} ({first.accel_rate:,.0f} {unit}/s when never waiting)"
                if first.accel_rate else "a real training step")
-    lines = [f"Sweep of {first.dataset} against {against}", "",
+    named = "" if kind_of(first.dataset).text or first.transform_named == "train" else \
+        f", transform {first.transform_named}"
+    lines = [f"Sweep of {first.dataset}{named} against {against}", "",
              f"| hosts x cores x procs | host cores | cores {_per_system(first)} | {unit}/s | stall | "
              f"host CPU used (cores) | wire MB/s | time-to-train, full size |", "|---|---|---|---|---|---|---|---|"]
     for p in points:

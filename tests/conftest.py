@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.job import JobConfig
 from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.shards import Manifest, ShardReader, ShardWriter
 from pipeline.synth import SynthConfig, generate
-from protos.job import JobConfig
 from tests.helpers import Daemon, Job
 from tests.shard_edits import JOB, ROWS, expected_images, reshard
 

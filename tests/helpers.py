@@ -17,9 +17,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from accel.accelerators import SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig, Summary
+from accel.consumer import Consumer, ConsumerConfig
 from accel.stepping import given
-from protos.job import JobConfig
+from accel.summary import Summary
+from pipeline.job import JobConfig
 
 TEST_PORTS = range(20000, 32000)  # below Linux's ephemeral range (32768-60999 by default)
 
@@ -64,6 +65,7 @@ class Daemon:
 
     def __init__(self, connect: str, host_id: str, procs: int, log_dir: Path, once: bool = True,
                  extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        self.host_id = host_id
         self.metrics_port = free_port()
         self.log_path = log_dir / f"{host_id}.log"
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher", connect,
@@ -88,6 +90,13 @@ class Daemon:
             self.log.flush()
         return self.log_path.read_text()
 
+    def unanswered(self) -> bool:
+        """Since it last left a job (or since it started), it has asked the dispatcher to register for
+        protos.control_client.WARN_AFTER_S with no answer, and goes on asking (it logs so once)."""
+        since = self.output().rpartition("leaving job")[2]
+        return any(f"{self.host_id}/daemon: no answer from the dispatcher" in line and line.endswith("still trying")
+                   for line in since.splitlines())
+
     def wait(self, timeout: float) -> int | None:
         """The exit code once the daemon has exited by itself, None if it is still running."""
         try:
@@ -108,6 +117,8 @@ class Daemon:
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False): a wait exactly as long
+    as needed. Use it as `assert wait_for(..., timeout=T), "what did not happen"`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -228,3 +239,10 @@ def run_recorded(manifest_uri: str, log_dir: Path, env: dict[str, str] | None = 
     metrics = scrape(runner.daemons[0].metrics_port)  # the daemon waits for a drain before exiting
     runner.finish()
     return runner, recorder, metrics
+
+
+def sample_of(reader, row: int):
+    """Row `row` of a shard as a transform receives it (its sample id: the row)."""
+    from pipeline.transforms import Sample
+
+    return Sample(row, reader.key(row), reader.label(row), reader.jpeg(row))

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import DecodeOnHost
+from pipeline.batching import HostTransform
+from pipeline.job import JobConfig
 from pipeline.seeds import sample_random
 from pipeline.shards import IMAGE_SCHEMA, Manifest, ShardInfo, ShardReader, file_sha256
-from protos.job import JobConfig
+from pipeline.transforms import Sample
 from workers.sources import transform_of
 
 Row = tuple[str, int, bytes, bytes | None]  # key, label, jpeg, restarts
@@ -64,12 +65,13 @@ def flip_inside_a_jpeg(path: Path, jpeg: bytes) -> None:
 
 def expected_images(manifest: Manifest, job: JobConfig, epoch: int = 0) -> dict[int, tuple[np.ndarray, int]]:
     """Every sample as a worker makes it for `job` from these (valid) shards: sample id -> (image, label)."""
-    work = DecodeOnHost(transform_of(job), job.decoder)
+    work = HostTransform(transform_of(job), job.decoder)
     images = {}
     for index, info in enumerate(manifest.shards):
         reader = ShardReader(manifest.shard_uri(index))
         for row in range(len(reader)):
             sample_id = info.first_sample_id + row
-            image = work.prepare(reader.jpeg(row), sample_random(job.seed, epoch, sample_id), reader.restarts(row))
-            images[sample_id] = (image.payload, reader.label(row))
+            sample = Sample(sample_id, reader.key(row), reader.label(row), reader.jpeg(row))
+            image = work.prepare(sample, sample_random(job.seed, epoch, sample_id), reader.restarts(row))
+            images[sample_id] = (image.payload["image"], reader.label(row))
     return images

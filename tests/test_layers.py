@@ -1,8 +1,9 @@
 """The house's rooms and which way its arrows may point.
 
-pipeline/ (data, no sockets) is the floor; protos/ (the wire: messages, sockets, keys, the job as
-it travels) stands on it; workers/ (CPU hosts) and accel/ (the consumer) each stand on both and
-never on each other; the control plane in accel/control/ is used by the consumer and uses none
+protos/ (the wire: messages, framing, sockets, keys) is the floor and knows no images or text;
+pipeline/ (the data model, no sockets) stands on its message-level modules only, to translate the
+job and its units into messages; workers/ (CPU hosts) and accel/ (the consumer) each stand on both
+and never on each other; the control plane in accel/control/ is used by the consumer and uses none
 of it. stoker/ (the CLI), benchmarks/ and tests/ sit on top. Every import is read from the
 source, including imports inside functions, so a lazy import cannot hide an arrow."""
 
@@ -15,14 +16,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAY_IMPORT = {
-    "pipeline": {"pipeline"},
-    "protos": {"protos", "pipeline"},
+    "pipeline": {"pipeline", "protos"},
+    "protos": {"protos"},
     "workers": {"workers", "protos", "pipeline"},
     "accel": {"accel", "protos", "pipeline"},
 }
 OURS = {"pipeline", "protos", "workers", "accel", "stoker", "benchmarks", "tests"}
-# what the control plane may use from the rest of accel/: the job and small shared pieces, not the consumer
-CONTROL_MAY_USE = {"accel.control", "protos.job", "accel.aio", "accel.checkpoint"}
+# what the control plane may use from the rest of accel/: small shared pieces, not the consumer
+CONTROL_MAY_USE = {"accel.control", "accel.aio", "accel.checkpoint"}
+# what the data model may use of the wire: the messages and their limits, not sockets, keys or clients
+PIPELINE_MAY_USE = {"protos.stoker_pb2", "protos.framing", "protos.message_fit"}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -52,6 +55,9 @@ def broken_arrows(package: str, root: Path = ROOT) -> list[str]:
             if name.startswith("accel.control.") and target.startswith("accel.") and _is_module(root, target) \
                     and not any(target == ok or target.startswith(ok + ".") for ok in CONTROL_MAY_USE):
                 bad.append(f"{name}:{line} imports {target} (the control plane uses no consumer code)")
+            if package == "pipeline" and top == "protos" and target != "protos" and _is_module(root, target) \
+                    and not any(target == ok or target.startswith(ok + ".") for ok in PIPELINE_MAY_USE):
+                bad.append(f"{name}:{line} imports {target} (the data model uses only the wire's messages)")
     return bad
 
 
@@ -76,3 +82,97 @@ def test_the_walk_catches_an_arrow(tmp_path):
     assert broken_arrows("workers", tmp_path) == ["workers.bad:2 imports accel.consumer"]
     assert broken_arrows("accel", tmp_path) == [
         "accel.control.bad:1 imports accel.receiver (the control plane uses no consumer code)"]
+
+
+def test_the_walk_catches_the_data_model_reaching_for_a_socket(tmp_path):
+    """The data model may import the messages (here a module of them) but not the wire's sockets."""
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "protos").mkdir()
+    for module in ("stoker_pb2", "framing", "sockets"):
+        (tmp_path / "protos" / f"{module}.py").write_text("")
+    (tmp_path / "pipeline" / "bad.py").write_text(
+        "from protos import stoker_pb2 as pb\nfrom protos.framing import ALLOWED_DTYPES\n"
+        "def f():\n    from protos.sockets import dealer\n")
+    assert broken_arrows("pipeline", tmp_path) == [
+        "pipeline.bad:4 imports protos.sockets (the data model uses only the wire's messages)"]
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module of the project and the project modules it imports (a `from package import
+    name` that names a module is an arrow to that module; one that names a class is an arrow to
+    the package). Lazy imports and `if TYPE_CHECKING:` imports count: each is an arrow a reader
+    must follow."""
+    modules = {}
+    for package in OURS:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        targets = {target for _, target in imports_of(path)}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Each cycle in the module graph once, as the modules along it (Tarjan's strongly connected
+    components: a component of more than one module holds a cycle)."""
+    graph = module_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(start: str) -> None:  # iterative: a deep import chain must not hit the recursion limit
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, arrows = work[-1]
+            target = next(arrows, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(found)
+
+
+def test_no_import_cycle_between_modules():
+    assert import_cycles() == []
+
+
+def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
+    """a -> b at the top, b -> c inside a function, c -> a under TYPE_CHECKING: one cycle of three;
+    d imports a and is in none."""
+    accel = tmp_path / "accel"
+    accel.mkdir()
+    (accel / "__init__.py").write_text("")
+    (accel / "a.py").write_text("from accel.b import thing\n")
+    (accel / "b.py").write_text("def thing():\n    from accel import c\n")
+    (accel / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import accel.a\n")
+    (accel / "d.py").write_text("import accel.a\n")
+    assert import_cycles(tmp_path) == [["accel.a", "accel.b", "accel.c"]]

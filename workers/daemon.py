@@ -18,45 +18,25 @@ import multiprocessing as mp
 import multiprocessing.connection
 import os
 import signal
-import socket
 import time
-from dataclasses import dataclass
 
 import zmq
 from prometheus_client import multiprocess
 
+from pipeline.job import JobConfig
+from pipeline.job_wire import job_from_proto
 from pipeline.shard_cache import CacheConfig
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
-from protos.curve import ClientKeys, is_loopback
-from protos.job import JobConfig
+from protos.curve import ClientKeys
+from protos.exposure import check_exposure
 from protos.sd_notify import Notifier
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
 from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_OTHER_JOB, ProcessSpec, process_main
+from workers.worker_config import WorkerConfig
 
 log = logging.getLogger("stoker.worker")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    connect: str  # dispatcher control endpoint
-    procs: int = 1
-    host_id: str = ""
-    metrics_port: int | None = 9561
-    metrics_addr: str = "127.0.0.1"
-    metrics_flag: str = "--metrics-port"  # the option that set metrics_port, named when the port is taken
-    once: bool = False  # exit after one job instead of waiting for the next
-    drain_timeout_s: float = 10.0
-    leave_after_s: float = 30.0  # leave a job whose dispatcher stays silent this long (and keep registering)
-    keys: str | None = None  # CURVE key folder (server.key + workers/<key_name>.key_secret)
-    key_name: str = ""
-    insecure: bool = False  # allow serving metrics beyond loopback without keys
-    parent_pid: int | None = None  # exit when this parent process is gone (`stoker run`'s daemons)
-    shard_cache_gb: float | None = None  # size limit of this host's remote-shard cache (None: $STOKER_SHARD_CACHE_GB)
-
-    def resolved_host_id(self) -> str:
-        return self.host_id or f"{socket.gethostname()}-{os.getpid()}"
 
 
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)  # by crashes in a row
@@ -79,9 +59,8 @@ class WorkerDaemon:
     def __init__(self, cfg: WorkerConfig) -> None:
         if cfg.procs < 1:
             raise ValueError("--procs must be at least 1")
-        if not (cfg.keys or cfg.insecure or is_loopback(f"tcp://{cfg.metrics_addr}:0")):
-            raise ValueError(f"refusing to serve metrics on {cfg.metrics_addr} without CURVE keys (--keys DIR, "
-                             f"or --insecure on a trusted network)")
+        check_exposure([cfg.metrics_addr], bool(cfg.keys), cfg.insecure,
+                       risk="read this host's metrics")
         self.cfg = cfg
         self.cache = CacheConfig.from_env(cfg.shard_cache_gb)  # a bad $STOKER_SHARD_CACHE_GB fails here, at start
         self.host_id = cfg.resolved_host_id()
@@ -148,11 +127,12 @@ class WorkerDaemon:
             if reply.WhichOneof("kind") == "registered":
                 log.info("%s: joined job %s, data to %s", self.host_id, reply.registered.job.job_id,
                          reply.registered.job.data_endpoint)
-                return JobConfig.from_proto(reply.registered.job)
+                return job_from_proto(reply.registered.job)
             time.sleep(1.0)  # its job is finished: wait for one that is not
         return None
 
-    def _spawn(self, child: _Child, job: JobConfig) -> None:
+    def _spawn(self, child: _Child, job: JobConfig) -> mp.process.BaseProcess:
+        """Start the child's next incarnation; returns its process (also `child.process`)."""
         child.incarnation += 1
         child.restart_at = None
         child.started = time.monotonic()
@@ -160,6 +140,7 @@ class WorkerDaemon:
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
+        return child.process
 
     def _worker_id(self, child: _Child) -> str:
         return f"{self.host_id}/p{child.index}.{child.incarnation}"
@@ -217,8 +198,8 @@ class WorkerDaemon:
             if job_finished:
                 child.finished = True
             elif time.monotonic() >= child.restart_at:
-                self._spawn(child, job)
-                log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), child.process.pid)
+                process = self._spawn(child, job)
+                log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), process.pid)
             return
         if child.finished or proc is None or proc.is_alive():
             return

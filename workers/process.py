@@ -29,16 +29,17 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from pipeline.job import JobConfig
 from pipeline.plan import Unit
 from pipeline.shard_cache import CacheConfig
 from pipeline.shards import Manifest
+from pipeline.transforms import TransformOutputError, TransformRefused
+from pipeline.unit_wire import unit_from_proto
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
 from protos.framing import encode_tensors
-from protos.job import JobConfig
 from protos.leases import UNREACHABLE
-from protos.units import unit_from_proto
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
 from workers.sender import DataSender, Lease, LeaseRefused, Rejected
@@ -55,6 +56,8 @@ UNREACHABLE_S = 10.0  # a rank's data socket silent this long while we wait on i
 HELLO_GRACE_S = 0.5  # a new unit's rank gets this long to grant credit before the process leases around it
 LEASE_AGAIN_S = 0.5  # while holding units that cannot be sent, ask for another at most this often
 FORGET_SENDER_S = 60.0  # a data connection with no unit on it whose rank has been silent this long is closed
+REASON_CHARS = 250  # a refusal's line, within what the dispatcher accepts (accel.control.server.MAX_NAME)
+REFUSE_GIVE_UP_S = 10.0  # a dispatcher that does not answer a refusal this long: the process stops anyway
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ def run_process(spec: ProcessSpec) -> int:
     job = spec.job
     try:
         source = make_source(Manifest.load(job.manifest_uri), job, spec.cache)
+    except TransformRefused as exc:
+        return _refuse(spec, None, str(exc))
     except (OSError, ValueError) as exc:
         log.error("%s: cannot serve job %s: %s", spec.worker_id, job.job_id, exc)
         return EXIT_BAD_JOB
@@ -93,6 +98,8 @@ def run_process(spec: ProcessSpec) -> int:
     process = _LeaseLoop(spec, source, stop)
     try:
         return process.run()
+    except TransformOutputError as exc:  # the transform's bug, found at its first sample: the job cannot go on
+        return _refuse(spec, process.control, str(exc))
     except DispatcherUnreachable as exc:
         if stop():
             return EXIT_FINISHED
@@ -254,7 +261,7 @@ class _LeaseLoop:
             poller = zmq.Poller()
             for sender in self.senders.values():
                 poller.register(sender.socket, zmq.POLLIN)
-            poller.poll(seconds * 1000)
+            poller.poll(int(seconds * 1000))  # what Poller.poll does with a float (seconds >= 0 here)
         else:
             time.sleep(seconds)
         if self.works:
@@ -270,6 +277,27 @@ class _LeaseLoop:
         self.ctx.term()
 
 
+def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> int:
+    """This host cannot run the job as pinned: say so to the dispatcher, which fails the job with this
+    line (the consumer's log and error, its metrics, `stoker status`), and stop for good."""
+    log.error("%s: refusing job %s: %s", spec.worker_id, spec.job.job_id, reason)
+    ctx = None
+    if control is None:
+        ctx = zmq.Context()
+        control = ControlClient(ctx, spec.control_endpoint, spec.worker_id, curve=spec.curve)
+    try:
+        control.request(pb.ControlRequest(refuse=pb.Refusal(host_id=spec.host_id, worker_id=spec.worker_id,
+                                                            job_id=spec.job.job_id, reason=reason[:REASON_CHARS])),
+                        give_up_after_s=REFUSE_GIVE_UP_S)
+    except DispatcherUnreachable as exc:
+        log.error("%s: could not tell the dispatcher: %s", spec.worker_id, exc)
+    finally:
+        if ctx is not None:
+            control.close()
+            ctx.term()
+    return EXIT_BAD_JOB
+
+
 def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender, metrics: WorkerMetrics,
                 waited: float) -> None:
     """Frame one batch and send it under the credit its rank granted (`waited`: seconds the process
@@ -282,7 +310,8 @@ def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSend
     header.stages.wait_for_credit = waited
     header.stages.send = time.perf_counter() - framing_from
     header.created_unix = time.time()
-    nbytes = sender.send(header, frames)
+    # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12; it has one on 3.11
+    nbytes = sender.send(header, frames)  # type: ignore[arg-type]
     metrics.batches.inc()
     metrics.bytes_sent.inc(nbytes)
     batch.observe(metrics)

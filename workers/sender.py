@@ -13,13 +13,18 @@ sender that waits for credit every few seconds, so a long silence means it is go
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import zmq
 
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys
 from protos.sockets import dealer
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 REHELLO_S = 5.0  # a welcomed sender without credit says hello again this often
 
@@ -34,11 +39,16 @@ class LeaseRefused(ConnectionError):
 
 @dataclass(frozen=True)
 class Lease:
+    """The unit a worker process holds, and the token that proves it to the consumer."""
+
     unit_id: int
     token: bytes
 
 
 class DataSender:
+    """One worker process's connection to one rank: hello, batches under the credit the rank
+    grants, and the rank's replies (credit, pings, rejects)."""
+
     def __init__(self, ctx: zmq.Context, endpoint: str, host_id: str, worker_id: str, job_id: str,
                  curve: ClientKeys | None = None) -> None:
         self.endpoint = endpoint
@@ -144,7 +154,7 @@ class DataSender:
         """Seconds since the consumer last said anything (since the current unit began, when never)."""
         return time.monotonic() - self._heard
 
-    def send(self, header: pb.BatchHeader, frames: list[object]) -> int:
+    def send(self, header: pb.BatchHeader, frames: Sequence[Buffer]) -> int:
         """Send one batch; the caller must hold credit. Frames go out without a copy.
 
         Returns the tensor bytes sent."""
@@ -162,6 +172,7 @@ class DataSender:
         return nbytes
 
     def close(self) -> None:
+        """Say goodbye (best effort) and close the socket."""
         try:
             self.socket.send(pb.DataMessage(bye=pb.Bye(worker_id=self.worker_id)).SerializeToString(),
                              flags=zmq.NOBLOCK)

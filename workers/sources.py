@@ -18,8 +18,9 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.augment import CROP_DECODER_AVAILABLE, EvalTransform, TrainTransform, Transform
+from pipeline.augment import CROP_DECODER_AVAILABLE
 from pipeline.batching import sample_work, unit_batches
+from pipeline.job import JobConfig
 from pipeline.kinds import IMAGENET, WIKIPEDIA
 from pipeline.open_shards import OpenShards
 from pipeline.plan import Unit
@@ -29,8 +30,8 @@ from pipeline.text.batching import TextUnitSource, unit_text_batches
 from pipeline.text.docs import ShardError, read_doc_shard
 from pipeline.text.examples import Specials
 from pipeline.text.vocab import Vocab
+from pipeline.transforms import ImageTransform, pinned
 from protos import stoker_pb2 as pb
-from protos.job import JobConfig
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger("stoker.worker")
@@ -47,10 +48,10 @@ class BatchSource(Protocol):
     def batches(self, unit: Unit) -> Iterator[Outgoing]: ...
 
 
-def transform_of(job: JobConfig) -> Transform:
-    if job.transform == "eval":
-        return EvalTransform(size=job.image_size)
-    return TrainTransform(size=job.image_size, min_area=job.min_area, max_area=job.max_area)
+def transform_of(job: JobConfig) -> ImageTransform:
+    """The job's transform as this host imports it; TransformRefused (one line) when it cannot be the
+    job's: not importable here, another version, or it does not take the job's parameters."""
+    return pinned(job.transform, job.factory_params(), job.transform_version).transform
 
 
 def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: int, last: bool,
@@ -71,7 +72,7 @@ class ImageSource:
         if self.decoder == "crop" and not CROP_DECODER_AVAILABLE:
             log.warning("the crop-window decoder was not built on this host (no libjpeg-turbo headers at "
                         "install time); decoding with pillow-simd")
-        self.work = sample_work(self.transform, self.decoder, job.decode_on)
+        self.work = sample_work(self.transform, self.decoder, job.decode_on, job.transform, job.transform_timeout_s)
         self.shards = OpenShards(manifest, ShardCache(cache or CacheConfig.from_env()))
 
     def batches(self, unit: Unit) -> Iterator[Outgoing]:

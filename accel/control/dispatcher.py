@@ -52,6 +52,7 @@ class DispatcherStats:
     hosts_alive: int
     releases: int  # units taken from a lost host or a stale lease and leased again
     handed_back: int = 0  # units a worker process gave back, traded for an earlier one or unsendable (nothing lost)
+    failure: str = ""  # why the job failed (a worker refused it); "" while it goes on
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Dispatcher:
     on_release: Callable[[str, int], None] | None = None  # (reason, units) for metrics
     done_before: frozenset[int] = frozenset()  # units a previous run completed (resume)
     journal: Journal | None = None  # every lease/ack/release is made durable before it is answered
-    planned_batches: Callable[[Unit], int] | None = None  # images: a unit's batches follow from its size
+    planned_batches: Callable[[Unit], int | None] | None = None  # images: a unit's batches follow from its size
     _pending: list[tuple[int, int, int, int, Unit]] = field(init=False, default_factory=list)  # a heap in lease
     # order, (epoch, position, rank, id, unit), of the epochs loaded so far; may hold acked units
     _pending_ids: set[int] = field(init=False, default_factory=set)
@@ -89,6 +90,7 @@ class Dispatcher:
     _received: dict[int, Unit] = field(init=False, default_factory=dict)  # all batches at their rank, not yet acked
     _stream_batches: dict[int, dict[int, int]] = field(init=False, default_factory=dict)  # epoch -> rank -> batches
     total_units: int = field(init=False)
+    failure: str = field(init=False, default="")  # the first refusal: the job is over, not finished
 
     def __post_init__(self) -> None:
         per_epoch = self.plan.units_per_epoch
@@ -424,11 +426,23 @@ class Dispatcher:
     def finished(self) -> bool:
         return self._done_whole + len(self._done) == self.total_units
 
+    def fail(self, reason: str) -> bool:
+        """A worker refused the job (it cannot run it as pinned): the job is over. True the first time."""
+        if self.failure or self.finished:
+            return False
+        self.failure = reason
+        return True
+
+    @property
+    def over(self) -> bool:
+        """Nothing more will be leased: every unit is done, or the job failed."""
+        return self.finished or bool(self.failure)
+
     def stats(self) -> DispatcherStats:
         done = self._done_whole + len(self._done)
         in_flight = len(self._leased) + len(self._received)
         return DispatcherStats(self.total_units - done - in_flight, in_flight, done, len(self._hosts), self._releases,
-                               self._handed_back)
+                               self._handed_back, self.failure)
 
 
 def _lease_key(unit: Unit) -> tuple[int, int, int]:

@@ -27,6 +27,11 @@ class ControlMetrics:
         self.journal_compactions = Counter("stoker_dispatcher_journal_compactions",
                                            "Journal compactions to a snapshot, one as each epoch is done", registry=r)
         self.journal_bytes = Gauge("stoker_dispatcher_journal_bytes", "Size of the journal file", registry=r)
+        self.refusals = Counter("stoker_dispatcher_refusals", "Worker processes that refused the job (they cannot "
+                                "run its transform as pinned); the first one fails the job", registry=r)
+        self.failure = Gauge("stoker_job_failed", "1 once the job has failed, labelled with why: the first "
+                             "refusal, in one line (host and reason); no sample while it goes on", ["reason"],
+                             registry=r)
         self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
                                        "Control messages dropped as malformed or not allowed to the sender's role",
                                        ["reason"], registry=r)

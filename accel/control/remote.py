@@ -16,12 +16,14 @@ import itertools
 import logging
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from accel.control.dispatcher import DispatcherStats
+from accel.control.link import CloseWait
 from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
@@ -67,12 +69,14 @@ def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential
     return reply.attached.job, reply.attached.lease_key
 
 
-class RemoteAcks:
-    """What a rank needs of a dispatcher that is elsewhere."""
+class RemoteDispatcher:
+    """A dispatcher in another process, as a rank sees it (accel.control.link.DispatcherLink)."""
 
     def __init__(self, endpoint: str, consumer_id: str, total_units: int, curve: ClientKeys | None,
                  credential: bytes = b"", done_before: frozenset[int] = frozenset(), rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, linger_s: float = 3.0) -> None:
+        """`total_units`: this rank's units of the whole job; `linger_s`: how long a closing rank
+        waits for its last acks to reach the dispatcher."""
         self.endpoint = endpoint
         self.consumer_id = consumer_id
         self.total_units = total_units  # this rank's units of the whole job
@@ -80,13 +84,14 @@ class RemoteAcks:
         self.credential = credential
         self.rank = rank
         self.world_size = world_size
+        self.linger_s = linger_s
         self.data_endpoint = ""  # set once the rank's data socket is bound
         self._acked: set[int] = set(done_before)
         self._unsent: dict[int, int] = {}  # unit -> its batches
         self._received: set[int] = set()  # units whose batches are all here, to tell
         self._redo: set[int] = set()  # units whose leaseholder ended them short, to have made again
         self.finished = False  # every unit of the job is done (the dispatcher said so)
-        self.on_finished: Callable[[], None] = lambda: None
+        self.on_failure: Callable[[str], None] = lambda reason: None  # the dispatcher says the job failed
         self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._sock: zmq.asyncio.Socket | None = None
         self._in_flight = 0
@@ -116,6 +121,33 @@ class RemoteAcks:
         """The whole job's figures as the dispatcher gave them with its last answer to an ack."""
         return self._job_stats
 
+    @property
+    def control_endpoint(self) -> str:
+        return self.endpoint
+
+    def open(self, ctx: zmq.asyncio.Context, data_endpoint: str, on_failure: Callable[[str], None],
+             stop: threading.Event) -> list[Coroutine[Any, Any, None]]:
+        """Attach (again, now with the data endpoint) and ack from the rank's event loop."""
+        self.data_endpoint = data_endpoint
+        self.on_failure = on_failure
+        return [self.run(ctx, stop)]
+
+    def close(self) -> None:
+        """Nothing: `run` closes its socket when it ends."""
+
+    async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
+        reply = await self.call(pb.ControlRequest(epoch_steps=pb.EpochSteps(epoch=epoch, rank=rank, batches=batches)),
+                                stop)
+        return reply.steps.steps if reply is not None and reply.WhichOneof("kind") == "steps" else None
+
+    async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
+        reply = await self.call(pb.ControlRequest(position=pb.PositionQuery(epoch=epoch, step=step)), stop)
+        return None if reply is None else [(r.units, r.batches) for r in reply.position.ranks]
+
+    def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
+        """Acks still on their way must reach the dispatcher."""
+        yield CloseWait(self.linger_s, lambda: bool(self.unsent), poll_s=0.02)
+
     async def run(self, ctx: zmq.asyncio.Context, stop: threading.Event) -> None:
         """Attach with the data endpoint, then ack and say we are alive until the job is finished."""
         self._ctx = ctx
@@ -142,12 +174,14 @@ class RemoteAcks:
                         continue
                     self._acked |= set(batch)
                     if reply.HasField("stats"):
+                        failed_before = self._job_stats.failure
                         self._job_stats = DispatcherStats(**{name: getattr(reply.stats, name)
                                                              for name in DispatcherStats.__dataclass_fields__})
+                        if self._job_stats.failure and not failed_before:
+                            self.on_failure(self._job_stats.failure)
                     next_beat = now + HEARTBEAT_S
-                    if reply.WhichOneof("kind") == "finished" and not self.finished:
+                    if reply.WhichOneof("kind") == "finished":
                         self.finished = True
-                        self.on_finished()
                 await asyncio.sleep(0.02)
         finally:
             if self._sock is not None:
@@ -171,6 +205,7 @@ class RemoteAcks:
                     if reply is not None:
                         return reply
                     log.warning("the dispatcher at %s did not answer; retrying", self.endpoint)
+                assert self._sock is not None, "open since _connect: _exchange keeps it"
                 self._sock.close(0)
                 self._sock = None
         return None

@@ -24,8 +24,9 @@ import hmac
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -33,13 +34,13 @@ import zmq.asyncio
 from accel.aio import pump_batches
 from accel.control.dispatcher import Dispatcher, RankError
 from accel.control.metrics import ControlMetrics
+from pipeline.unit_wire import unit_to_proto
 from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.droplog import DropLog
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import REREGISTERED, UNREACHABLE, LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
-from protos.units import unit_to_proto
 from protos.zap import HANDSHAKE_EVENTS, count_handshakes
 
 log = logging.getLogger("stoker.dispatcher")
@@ -47,8 +48,7 @@ MAX_NAME = 256  # longest host or worker id accepted
 CLOSE_GRACE_S = 1.0  # a closed connection whose peer has not come back this long: its leases are re-leased
 CONNECTION_CLOSED = "connection_closed"  # the reason those units count under
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
-WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release"})
-CONSUMER_REQUESTS = frozenset({"attach", "ack", "epoch_steps", "position"})
+WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release", "refuse"})
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,7 @@ class ControlServer:
         self._leaser: dict[bytes, tuple[str, str]] = {}  # peer -> (host, worker) it leases as
         self._closed: dict[bytes, tuple[float, int]] = {}  # peer -> when its connection closed, and which
         self._unreachable: set[tuple[str, int]] = set()  # (host, rank) pairs reported as unable to reach the rank
+        self.on_failure: Callable[[str], None] = lambda reason: None  # the job failed: the consumer here stops
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -158,7 +159,7 @@ class ControlServer:
         kind = request.WhichOneof("kind")
         if kind == "register":
             d.heartbeat(request.register.host_id)
-            if d.finished:  # a daemon joins a job only while it runs (a job restarted later joins anew)
+            if d.over:  # a daemon joins a job only while it runs (a job restarted later joins anew)
                 return self._finished(request.register.host_id)
             log.info("host %s registered with %d processes", request.register.host_id, request.register.procs)
             # A daemon registers when it starts or after it left the job, its processes stopped: whatever
@@ -173,13 +174,13 @@ class ControlServer:
             d.heartbeat(request.heartbeat.host_id)
             if request.heartbeat.job_id and request.heartbeat.job_id != self.job.job_id:
                 return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
-            return self._finished(request.heartbeat.host_id) if d.finished else pb.ControlReply(ok=pb.Ok())
+            return self._finished(request.heartbeat.host_id) if d.over else pb.ControlReply(ok=pb.Ok())
         if kind == "lease":
             lease = request.lease
             self._leaser[peer] = (lease.host_id, lease.worker_id)
             if lease.job_id and lease.job_id != self.job.job_id:
                 return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
-            if d.finished:
+            if d.over:
                 return self._finished(lease.host_id)
             unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name, lease.holding)
             if unit is None:
@@ -194,6 +195,8 @@ class ControlServer:
                               caller.name if self.access.keyed else None)
             log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
             return pb.ControlReply(ok=pb.Ok())
+        if kind == "refuse":
+            return self._refused(request.refuse)
         if kind == "attach":
             attach = request.attach
             try:
@@ -246,6 +249,18 @@ class ControlServer:
                       "--data-bind / --advertise-host)", host_id[:MAX_NAME], unit.rank,
                       self.dispatcher.endpoint(unit.rank))
 
+    def _refused(self, refusal: pb.Refusal) -> pb.ControlReply:
+        """A worker cannot run the job as pinned: the job fails, with its line, everywhere it is watched."""
+        if refusal.job_id and refusal.job_id != self.job.job_id:
+            return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
+        self.metrics.refusals.inc()
+        line = f"host {refusal.host_id[:MAX_NAME]} refused the job: {refusal.reason[:1000]}"
+        if self.dispatcher.fail(line):
+            log.error("the job fails: %s", line)
+            self.metrics.failure.labels(reason=line).set(1)
+            self.on_failure(line)
+        return pb.ControlReply(ok=pb.Ok())
+
     def _finished(self, host_id: str) -> pb.ControlReply:
         self.told_finished.add(host_id)
         return pb.ControlReply(finished=pb.Finished())
@@ -270,7 +285,7 @@ class ControlServer:
         self._fd_of[peer] = fd
         self._peer_on[fd] = peer
 
-    def connection_event(self, event: dict) -> None:
+    def connection_event(self, event: Mapping[str, Any]) -> None:
         """From the socket's monitor: a connection closed (its peer is dead, or reconnecting)."""
         if event["event"] != zmq.EVENT_DISCONNECTED:
             return
@@ -345,6 +360,10 @@ def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> tuple[z
     """The dispatcher's ROUTER (unroutable replies raise, small messages only, CURVE when keyed),
     and its monitor (closed connections, and handshakes when keyed), made before it binds."""
     sock = router(ctx, CONTROL_MESSAGE_BYTES, keys)
+    # A client that times out opens a new socket under the same identity while its old one is torn
+    # down: without handover the ROUTER keeps the old pipe and leaves the new one unrouted, and each
+    # retry (another new socket) can meet the same race, so a client under load may never be answered.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     return sock, sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | (HANDSHAKE_EVENTS if keys else 0))
 
 

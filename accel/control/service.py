@@ -20,51 +20,34 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import uvloop
 import zmq.asyncio
 
 from accel.checkpoint import job_fields
+from accel.control.dispatch_config import DispatchConfig
 from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
 from accel.control.metrics import ControlMetrics
 from accel.control.server import AccessPolicy, ControlServer, control_router, serve_control
+from pipeline.job import JobConfig
+from pipeline.job_wire import job_to_proto
 from pipeline.shards import Manifest
 from protos import job_secret
-from protos.curve import ServerKeys, is_loopback
+from protos.curve import ServerKeys
 from protos.endpoints import advertised, bind
-from protos.job import JobConfig
+from protos.exposure import check_exposure
 from protos.leases import KEY_BYTES, LeaseSigner
 from protos.zap import KeyAuthenticator
 
 log = logging.getLogger("stoker.dispatcher")
 
 
-@dataclass(frozen=True)
-class DispatchConfig:
-    control_bind: str = "tcp://127.0.0.1:5561"
-    advertise_host: str | None = None
-    journal: str | None = None
-    host_timeout_s: float = 10.0
-    metrics_port: int | None = 9559  # 9560 is the consumer, 9561 + i the workers of `stoker run`
-    metrics_addr: str = "127.0.0.1"
-    keys: str | None = None
-    insecure: bool = False
-    job_secret: str | None = None  # without keys: the consumer credential's file (default: beside the journal)
-    linger_s: float = 5.0  # keep answering "finished" this long after the last ack
-
-    def secret_path(self) -> str:
-        if self.job_secret:
-            return self.job_secret
-        return f"{self.journal}.secret" if self.journal else str(job_secret.default_path(self.control_bind))
-
-
 class DispatchService:
     def __init__(self, cfg: DispatchConfig, job: JobConfig) -> None:
-        for endpoint in (cfg.control_bind, f"tcp://{cfg.metrics_addr}:0"):
-            if not (cfg.keys or cfg.insecure or is_loopback(endpoint)):
-                raise ValueError(f"refusing to bind {endpoint} without CURVE keys (--keys DIR, or --insecure)")
+        check_exposure((cfg.control_bind, cfg.metrics_addr), bool(cfg.keys), cfg.insecure,
+                       risk="lease the job's units, attach as a consumer or read its metrics")
         self.journal = Journal(cfg.journal, job_fields(job), os.urandom(KEY_BYTES)) if cfg.journal else None
         if self.journal and self.journal.replayed:  # the same job, under the id its peers know
             job = replace(job, job_id=self.journal.replayed.job["job_id"])
@@ -82,7 +65,8 @@ class DispatchService:
             replayed = self.journal.replayed
             log.info("continuing from %s: %d units done, %d leases open", cfg.journal,
                      replayed.done_below + len(replayed.done), len(replayed.leases))
-        self.dispatcher = Dispatcher(job.plan(manifest), cfg.host_timeout_s, journal=self.journal,
+        self.dispatcher = Dispatcher(job.plan(manifest), cfg.host_timeout_s, cfg.lease_timeout_s,
+                                     journal=self.journal,
                                      on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n),
                                      planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
         self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
@@ -117,7 +101,7 @@ class DispatchService:
             self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
                                   remote_consumers=True)
-            server = ControlServer(control, self.dispatcher, self.job.to_proto(), self.metrics,
+            server = ControlServer(control, self.dispatcher, job_to_proto(self.job), self.metrics,
                                    self.leases, access)
             server.update_gauges()
             self.ready.set()
@@ -129,7 +113,7 @@ class DispatchService:
             ctx.term()
 
     async def _until_done(self) -> None:
-        while not self.stop.is_set() and not self.dispatcher.finished:
+        while not self.stop.is_set() and not self.dispatcher.over:
             await asyncio.sleep(0.2)
         deadline = time.monotonic() + self.cfg.linger_s  # workers and the consumer hear "finished"
         while not self.stop.is_set() and time.monotonic() < deadline:

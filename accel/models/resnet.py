@@ -65,7 +65,7 @@ class ResNet(nn.Module):
         if zero_init_residual:
             for m in self.modules():
                 if isinstance(m, (Bottleneck, Basic)):
-                    nn.init.zeros_(m.branch[-1].weight)
+                    nn.init.zeros_(m.branch[-1].get_parameter("weight"))  # typed, unlike the attribute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(x))

@@ -11,7 +11,7 @@ Work is done on array slices; the only per-token Python loop is whole-word selec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -24,13 +24,22 @@ MAX_PREDICTIONS = {128: 20, 512: 76}  # the reference's max_predictions_per_seq
 
 @dataclass(frozen=True)
 class TextConfig:
-    seq_len: int = 128
-    max_predictions: int = 0  # 0: 20 at 128, 76 at 512, else round(seq_len * masked_lm_prob)
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    whole_word_mask: bool = False
-    pack: bool = False
-    pack_max_sequences: int = 3  # Graphcore packed up to 3 sequences per row
+    """How BERT pretraining examples are made from the text: sequence length, masking and packing
+    (the reference's create_pretraining_data settings, and Graphcore's packing)."""
+
+    # a field with a help line is also a command-line option (stoker.configured)
+    seq_len: int = field(default=128, metadata={"help": "tokens per row (default %(default)s)", "check": "seq-len"})
+    max_predictions: int = field(default=0, metadata={  # 0: 20 at 128, 76 at 512, else round(seq_len * masked_lm_prob)
+        "help": "masked-LM targets per sequence (default: 20 at 128, 76 at 512)", "check": "non-negative"})
+    masked_lm_prob: float = field(default=0.15, metadata={
+        "help": "share of the tokens masked for the masked-LM loss (default %(default)s)", "check": "fraction"})
+    short_seq_prob: float = field(default=0.1, metadata={
+        "help": "share of the documents given a random shorter target length, as BERT does (default %(default)s)",
+        "check": "fraction"})
+    whole_word_mask: bool = field(default=False, metadata={"help": "mask whole words, not single pieces"})
+    pack: bool = field(default=False, metadata={"help": "pack several sequences into each row"})
+    pack_max_sequences: int = field(default=3, metadata={  # Graphcore packed up to 3 sequences per row
+        "help": "sequences per packed row (default %(default)s)", "check": "positive"})
 
     def __post_init__(self) -> None:
         if not 8 <= self.seq_len <= 8192:
@@ -42,12 +51,14 @@ class TextConfig:
 
     @property
     def predictions_per_sequence(self) -> int:
+        """Masked-LM slots of one sequence: the given number, else the reference's for the length."""
         if self.max_predictions:
             return self.max_predictions
         return MAX_PREDICTIONS.get(self.seq_len, max(1, round(self.seq_len * self.masked_lm_prob)))
 
     @property
     def sequences_per_row(self) -> int:
+        """The most sequences one row holds: several when packing, else one."""
         return self.pack_max_sequences if self.pack else 1
 
     @property

@@ -14,7 +14,7 @@ import random
 import re
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -32,10 +32,13 @@ TEXT_KIND = WIKIPEDIA.name
 
 @dataclass(frozen=True)
 class TextPrepareConfig:
-    docs_per_shard: int = 4096
-    seed: int = 0
+    docs_per_shard: int = field(default=4096, metadata={
+        "help": "documents per shard (default %(default)s)", "check": "positive"})
+    seed: int = field(default=0, metadata={
+        "help": "the seed of the documents' order (default %(default)s)", "check": "seed"})
     chunk_docs: int = 512  # documents tokenized per call into the Rust tokenizer
-    lowercase: bool = True
+    lowercase: bool = field(default=True, metadata={
+        "help": "do not lowercase (for a cased vocab)", "flag": "--cased"})
     progress: bool = True
 
 

@@ -8,6 +8,7 @@ a message that names the problem instead of yielding silently wrong batches late
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,30 +25,39 @@ class VocabError(ValueError):
 
 @dataclass(frozen=True)
 class Vocab:
+    """A WordPiece vocabulary (vocab.txt: one token per line, its id the line number) and the
+    digest a job pins it by."""
+
     tokens: tuple[str, ...]
     sha256: str
 
     @property
     def size(self) -> int:
+        """Tokens in the vocabulary: the model's embedding rows."""
         return len(self.tokens)
 
     def id_of(self, token: str) -> int:
+        """The token's id (KeyError for one the vocabulary lacks)."""
         return self._ids[token]
 
     @property
     def pad_id(self) -> int:
+        """[PAD]: what fills a row past its tokens."""
         return self.id_of("[PAD]")
 
     @property
     def cls_id(self) -> int:
+        """[CLS]: the first token of a sequence, read by the next-sentence head."""
         return self.id_of("[CLS]")
 
     @property
     def sep_id(self) -> int:
+        """[SEP]: ends each segment of a sequence."""
         return self.id_of("[SEP]")
 
     @property
     def mask_id(self) -> int:
+        """[MASK]: what replaces most masked-LM targets."""
         return self.id_of("[MASK]")
 
     @property
@@ -64,6 +74,7 @@ class Vocab:
 
     @classmethod
     def parse(cls, data: bytes, source: str = "vocab") -> Vocab:
+        """The vocabulary in vocab.txt's bytes; VocabError, naming `source`, when it is not one."""
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -81,9 +92,8 @@ class Vocab:
         missing = [t for t in SPECIAL_TOKENS if t not in tokens]
         if missing:
             raise VocabError(f"{source}: not a BERT WordPiece vocabulary, missing {', '.join(missing)}")
-        if len(set(tokens)) != len(tokens):
-            seen: set[str] = set()
-            dup = next(t for t in tokens if t in seen or seen.add(t))
+        dup = _first_repeat(tokens)
+        if dup is not None:
             raise VocabError(f"{source}: token {dup!r} appears twice")
         if not any(t.startswith("##") for t in tokens):
             raise VocabError(f"{source}: no '##' continuation pieces, so it is not a WordPiece vocabulary")
@@ -110,3 +120,13 @@ class Vocab:
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
         return tok
+
+
+def _first_repeat(tokens: Iterable[str]) -> str | None:
+    """The first token that appears a second time, reading in order; None when all are distinct."""
+    seen: set[str] = set()
+    for token in tokens:
+        if token in seen:
+            return token
+        seen.add(token)
+    return None

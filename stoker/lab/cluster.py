@@ -292,7 +292,7 @@ def _namespace_of(name: str) -> str:
 def wait(timeout_s: float | None = None) -> dict:
     """Wait for the consumer ranks to finish their job; the closing summary (with several ranks,
     the job's figures and each rank's under "ranks")."""
-    from stoker.embedded import job_totals
+    from accel.summary import Summary, job_totals
 
     state = current()
     consumers = [m for name, m in state.members.items() if name.startswith("accel")]
@@ -307,7 +307,7 @@ def wait(timeout_s: float | None = None) -> dict:
         if not path.exists():
             raise LabError(f"rank {rank} exited without a summary; its log:\n{_tail(member.log)}")
         summaries.append(json.loads(path.read_text()))
-    return summaries[0] if len(summaries) == 1 else job_totals(summaries)
+    return summaries[0] if len(summaries) == 1 else job_totals([Summary.from_dict(s) for s in summaries]).as_dict()
 
 
 def rank_summary(state: LabState, rank: int) -> str:

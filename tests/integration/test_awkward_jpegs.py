@@ -23,6 +23,7 @@ from pipeline.prepare import PrepareConfig, prepare_imagenet
 from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
 from tests.awkward import write_awkward_set
+from tests.helpers import sample_of
 
 EPOCHS = 3
 
@@ -61,7 +62,7 @@ def test_dali_ignores_the_exif_orientation_as_the_host_does(awkward):
     work = ShipEncoded(transform)
     reader = ShardReader(awkward.shard_uri(0))
     rows = [r for r in range(len(reader)) if len(reader.jpeg(r)) > 2000][:16]  # the larger, rotated ones
-    tensors = work.tensors([work.prepare(reader.jpeg(r), sample_random(3, 0, r)).payload for r in rows])
+    tensors = work.tensors([work.prepare(sample_of(reader, r), sample_random(3, 0, r)).payload for r in rows])
     ends = tensors["jpeg_end"]
     jpegs = [tensors["jpeg"][s:e] for s, e in zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)]
     decoder = DaliJpegDecoder(48, 32)
@@ -100,7 +101,7 @@ def test_an_image_dali_refuses_is_decoded_on_the_host_instead(awkward):
     work = ShipEncoded(transform)
     reader = ShardReader(awkward.shard_uri(0))
     rows = list(range(6))
-    tensors = work.tensors([work.prepare(reader.jpeg(r), sample_random(1, 0, r)).payload for r in rows])
+    tensors = work.tensors([work.prepare(sample_of(reader, r), sample_random(1, 0, r)).payload for r in rows])
     ends = tensors["jpeg_end"]
     jpegs = [tensors["jpeg"][s:e] for s, e in zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)]
     decoder = RefusesTheFirst(jpegs[2], 32, 8)

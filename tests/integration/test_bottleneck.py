@@ -10,9 +10,10 @@ import time
 import pytest
 
 from accel.accelerators import SimulatedAccelerator
+from accel.bottleneck import WINDOW_S
 from stoker.lab import cluster
 from stoker.lab.system import can_use_namespaces
-from tests.helpers import consumer_for, wait_for
+from tests.helpers import consumer_for, scrape_url, wait_for
 
 
 def _status(metrics_url: str) -> dict:
@@ -34,14 +35,25 @@ def _settled_status(metrics_url: str, running, timeout: float = 60.0) -> dict:
     raise AssertionError(f"no settled diagnosis; last: {last}")
 
 
+def _steady_window(consumer, job) -> None:
+    """Wait until the bottleneck monitor's window holds a full WINDOW_S of running and no start-up: its
+    oldest reading was taken after the first samples were stepped."""
+    assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
+    running = time.monotonic()
+    history = consumer.bottleneck.history  # readings, one a second, from a thread: index, never iterate
+    assert wait_for(lambda: len(history) > 1 and history[0].at >= running
+                    and history[-1].at - history[0].at >= consumer.bottleneck.window_s, timeout=60), job.logs()
+
+
 def test_status_names_decode_when_one_worker_core_feeds_a_fast_device(manifest, run_job):
     consumer = consumer_for(manifest.uri, epochs=100, accel=SimulatedAccelerator(20_000), image_size=224)
     job = run_job(consumer, hosts=1)
     url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
-    time.sleep(6)  # a full window of steady running
+    _steady_window(consumer, job)
     status = _settled_status(url, job.thread.is_alive)
     print(status["text"])
     assert status["stage"] == "decode", status["text"]
+    assert status["failure"] == "" and "failed" not in status["text"]  # a healthy job has no failure sample
     assert status["stall_fraction"] > 0.5
     assert status["cores_needed"] > 2 * status["cores_in_use"] > 0  # the device wants many more workers
     assert "bottleneck: decode" in subprocess.run([sys.executable, "-m", "stoker", "status", "--metrics", url],
@@ -49,10 +61,11 @@ def test_status_names_decode_when_one_worker_core_feeds_a_fast_device(manifest, 
 
 
 def test_status_names_compute_when_the_device_is_slow(manifest, run_job):
-    consumer = consumer_for(manifest.uri, epochs=6, accel=SimulatedAccelerator(120), image_size=112)
+    # 14 epochs of 160 rows at 120 rows/s: ~19 s, room for start-up, a full window and two readings
+    consumer = consumer_for(manifest.uri, epochs=14, accel=SimulatedAccelerator(120), image_size=112)
     job = run_job(consumer, hosts=2)
     url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
-    time.sleep(6)
+    _steady_window(consumer, job)
     status = _settled_status(url, job.thread.is_alive)
     assert status["stage"] == "compute", status["text"]
     assert status["stall_fraction"] < 0.05
@@ -86,7 +99,10 @@ def test_status_names_the_wire_when_a_host_link_is_throttled(manifest, tmp_path,
         state = cluster.Lab(cluster.LabConfig(hosts=1, cores_per_host=1.0, link_gbit=0.02)).up(
             ["--data", manifest.uri, "--batch-size", "16", "--epochs", "20", "--accel", "simulated",
              "--rate", "2000"])
-        time.sleep(8)
+        # the consumer runs in the lab: wait for its first samples, then let one window of running pass
+        assert wait_for(lambda: scrape_url(state.consumer.metrics).get("stoker_consumer_samples_total", 0) > 0,
+                        timeout=60)
+        time.sleep(WINDOW_S)  # the diagnosis looks back WINDOW_S: the time passing is what it measures
         status = _settled_status(state.consumer.metrics, lambda: cluster.alive(state.consumer.pid), timeout=90)
         print(status["text"])
         assert status["stage"] == "wire", status["text"]

@@ -10,7 +10,7 @@ from pipeline.augment import TrainTransform, decode_augment
 from pipeline.batching import ShipEncoded
 from pipeline.seeds import sample_random
 from pipeline.shards import ShardReader
-from tests.helpers import consumer_for, scrape
+from tests.helpers import consumer_for, sample_of, scrape
 
 
 def test_accelerator_decode_gives_the_host_pixels_for_the_same_crops(manifest):
@@ -19,7 +19,7 @@ def test_accelerator_decode_gives_the_host_pixels_for_the_same_crops(manifest):
     reader = ShardReader(manifest.shard_uri(0))
     rows = range(min(24, len(reader)))
     work = ShipEncoded(transform)
-    tensors = work.tensors([work.prepare(reader.jpeg(r), sample_random(5, 0, r)).payload for r in rows])
+    tensors = work.tensors([work.prepare(sample_of(reader, r), sample_random(5, 0, r)).payload for r in rows])
     ends = tensors["jpeg_end"]
     jpegs = [tensors["jpeg"][s:e] for s, e in zip(np.concatenate([[0], ends[:-1]]), ends, strict=True)]
     outputs, failed = DaliJpegDecoder(96, 32).decode(jpegs, tensors["crop"], tensors["flip"])

@@ -124,7 +124,9 @@ def test_a_dispatcher_restarted_from_its_compacted_journal_finishes_the_job_exac
                 proc.kill()
     summary = result["summary"]
     assert_exactly_once(summary, manifest.num_samples, 2)
-    assert consumer.ledger.collisions == 0 and summary.duplicates_dropped >= 0
+    # the restart may have a unit redelivered (its lease outlived the kill in the journal) or not; either way
+    # nothing trains twice: samples == unique samples above, and no sample came in two distinct batches
+    assert consumer.ledger.collisions == 0
     assert summary.hosts == 2  # counted from the batches, also when the dispatcher is elsewhere
     log = (log_dir / "dispatch.log").read_text()
     assert "continuing from" in log and f"{done_before} units done" in log

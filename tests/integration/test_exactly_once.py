@@ -21,9 +21,9 @@ import zmq
 from accel.accelerators import SimulatedAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.stepping import given
+from pipeline.job import JobConfig
 from protos import stoker_pb2 as pb
 from protos.endpoints import PortInUseError
-from protos.job import JobConfig
 from tests.helpers import Daemon, assert_exactly_once, consumer_for, free_port, scrape, wait_for
 
 
@@ -33,7 +33,7 @@ def test_two_hosts_deliver_every_sample_exactly_once_and_metrics_agree(manifest,
     seen_during = []
     while job.thread.is_alive():
         seen_during.append(scrape(consumer.metrics_port)["stoker_consumer_samples_total"])
-        time.sleep(0.2)
+        job.thread.join(0.2)  # a reading every 0.2 s, and none after the job ends
     summary = job.finish()
     assert_exactly_once(summary, manifest.num_samples, 2)
     assert summary.duplicates_dropped == 0 and summary.frames_dropped == {}
@@ -110,7 +110,7 @@ def _garbage_sender(endpoint: str, job_id: str, stop: threading.Event) -> int:
             greeted.send_multipart([pb.DataMessage(batch=huge).SerializeToString(), b"x"])
             greeted.send_multipart([b"\x12\x34 not protobuf"])
             sent += 5
-            time.sleep(0.05)
+            stop.wait(0.05)
     finally:
         ctx.destroy(linger=0)
     return sent
@@ -133,10 +133,11 @@ def test_garbage_on_the_data_port_is_dropped_while_batches_flow(manifest, run_jo
     dropped = summary.frames_dropped
     assert dropped.get("unknown_peer", 0) > 0 and dropped.get("bad_header", 0) > 0
     assert dropped.get("not_leaseholder", 0) > 0  # its hello proved no lease: it never got a sender slot
-    time.sleep(0.5)  # let the consumer drain what the attacker sent before it stopped
-    live = consumer._receiver.dropped
-    metrics = scrape(consumer.metrics_port)
-    assert metrics["stoker_consumer_frames_dropped_total{reason=unknown_peer}"] == live["unknown_peer"]
+    # the consumer may still be reading what the attacker sent before it stopped: wait until the metric
+    # and the receiver's count agree (a reading taken while neither moves)
+    live = consumer.receiver.dropped
+    assert wait_for(lambda: scrape(consumer.metrics_port)["stoker_consumer_frames_dropped_total{reason=unknown_peer}"]
+                    == live["unknown_peer"], timeout=10), (live, scrape(consumer.metrics_port))
     assert live["unknown_peer"] >= dropped["unknown_peer"]
 
 
@@ -148,17 +149,19 @@ def test_killing_a_worker_process_mid_epoch_loses_nothing(manifest, run_job):
     victim = daemon.children()[0]
     os.kill(victim, signal.SIGKILL)
     assert wait_for(lambda: "restarted as" in daemon.output(), timeout=30), daemon.output()
+    # the daemon outlived its process: its /metrics answers, and counts the restart (before it logs it)
+    assert scrape(daemon.metrics_port)["stoker_worker_process_restarts_total"] == 1
     summary = job.finish()
     assert_exactly_once(summary, manifest.num_samples, 2)
     assert f"pid {victim}) died" in daemon.output()
-    assert scrape(daemon.metrics_port) if daemon.proc.poll() is None else True
 
 
 def test_workers_started_before_the_consumer_wait_and_then_deliver(manifest, run_job, log_dir):
     control_port, data_port = free_port(), free_port()
     early = [Daemon(f"tcp://127.0.0.1:{control_port}", f"early{i}", 1, log_dir) for i in range(2)]
     try:
-        time.sleep(2.0)
+        # nothing answers: each daemon keeps asking (and says so after 5 s) instead of giving up
+        assert wait_for(lambda: all(d.unanswered() for d in early), timeout=30), early[0].output()
         assert all(d.proc.poll() is None for d in early)
         cfg = ConsumerConfig(data_bind=f"tcp://127.0.0.1:{data_port}",
                              control_bind=f"tcp://127.0.0.1:{control_port}", metrics_port=None)
@@ -206,7 +209,7 @@ def test_sigterm_drains_a_worker_daemon(manifest, run_job, log_dir):
 def test_stoker_run_cli_writes_the_summary(manifest, tmp_path):
     out = tmp_path / "summary.json"
     result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "2",
-                             "--batch-size", "16", "--json", str(out), "--no-progress",
+                             "--batch-size", "16", "--json", str(out), "--no-progress", "--scale", "0.04",
                              "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
                              "--metrics-port", "0", "--worker-metrics-port", "-1"],
                             capture_output=True, text=True, timeout=180)
@@ -219,13 +222,19 @@ def test_stoker_run_cli_writes_the_summary(manifest, tmp_path):
     # two hosts run; both usually deliver, but one may make every unit before the other leases one
     assert summary["duplicates_dropped"] == 0 and summary["hosts"] in (1, 2)
     assert np.isfinite(summary["delivered_samples_per_s"]) and summary["delivered_samples_per_s"] > 0
-    # the default device computes: an A100 at a tenth (250 img/s), which two worker processes here outrun
+    # the default device (an A100) computes at 4% (100 img/s), which two worker processes outrun even on a
+    # loaded 2-core machine (at the default 10% = 250 img/s a busy CI machine can leave the device waiting > 5%)
     fed = summary["feeding"]
-    assert (fed["device"], fed["system"], fed["scale"], fed["system_rate"]) == ("simulated", "a100", 0.1, 2500)
-    assert 200 < summary["rows_per_s"] <= 260 and summary["bottleneck"] == "compute"
-    assert 0 < fed["cores_needed"] < 2 and fed["cores_per_system"] == pytest.approx(fed["cores_needed"] / 0.1)
+    assert (fed["device"], fed["system"], fed["scale"], fed["system_rate"]) == ("simulated", "a100", 0.04, 2500)
+    assert 80 < summary["rows_per_s"] <= 104 and summary["bottleneck"] == "compute"
+    assert 0 < fed["cores_needed"] < 1 and fed["cores_per_system"] == pytest.approx(fed["cores_needed"] / 0.04)
     lines = result.stdout.strip().splitlines()
-    assert lines[-3].startswith("bottleneck: compute") and "a full-size a100" in lines[-2]
+    assert lines[-4].startswith("bottleneck: compute") and "a full-size a100" in lines[-3]
+    cores = summary["transform_cores"]  # the last line: the job's transform, at this run's own rate per core
+    assert cores["transform"] == "train" and cores["accelerator_rate"] == 2500
+    assert cores["cores_needed"] == pytest.approx(2500 / cores["per_core_rate"]) and 100 < cores["per_core_rate"]
+    assert lines[-2] == (f"host cores needed for a full-size a100 (2,500 images/s): {cores['cores_needed']:.1f} "
+                         f"(transform train, {cores['per_core_rate']:,.0f} images/s per core)")
 
 
 def test_stoker_run_on_the_null_device_says_its_stall_is_the_ceiling(manifest):
@@ -244,17 +253,27 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _windows_full(receiver, senders: int) -> bool:
+    """`senders` senders, each with its whole credit window of batches at the rank (held or queued, none owed)."""
+    try:
+        peers = list(receiver.peers.values())
+    except RuntimeError:  # a sender came or went while we read: not settled
+        return False
+    return len(peers) == senders and all(p.in_hand - p.outstanding >= receiver.window for p in peers)
+
+
 def test_oversupplied_workers_wait_for_credit_and_memory_stays_flat(manifest, run_job):
     """4 worker processes (~2,000 img/s of capacity here) feed a consumer that takes 60 img/s."""
     consumer = consumer_for(manifest.uri, epochs=5, accel=SimulatedAccelerator(rate=60))
     job = run_job(consumer, hosts=2, procs=2)
     assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
-    time.sleep(2)  # windows fill up
+    # memory is measured from when the rank holds all it ever will: every sender's whole credit window here
+    assert wait_for(lambda: _windows_full(consumer.receiver, senders=4), timeout=30), job.logs()
     pids = [os.getpid()] + [p for d in job.daemons for p in d.children()]
     samples = []
     while job.thread.is_alive() and len(samples) < 12:
         samples.append([_rss_mb(p) for p in pids])
-        time.sleep(0.5)
+        job.thread.join(0.5)  # a reading every 0.5 s while the job runs
     credit_wait = sum(scrape(d.metrics_port).get("stoker_worker_credit_wait_seconds_total", 0) for d in job.daemons)
     summary = job.finish()
     assert_exactly_once(summary, manifest.num_samples, 5)
@@ -274,7 +293,7 @@ def test_a_rank_holds_no_more_batches_than_its_byte_budget_however_many_senders(
     job_cfg = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=8, unit_batches=2, image_size=32)
     consumer = Consumer(cfg, job_cfg, given(SimulatedAccelerator(rate=160)))
     job = run_job(consumer, hosts=3, procs=3)
-    assert consumer._receiver.budget == 6
+    assert consumer.receiver.budget == 6
     assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
     most, senders = 0, 0
     while job.thread.is_alive() and consumer.ledger.samples < 2 * manifest.num_samples - 40:
@@ -282,8 +301,8 @@ def test_a_rank_holds_no_more_batches_than_its_byte_budget_however_many_senders(
         sent = sum(scrape(d.metrics_port).get("stoker_worker_batches_total", 0) for d in job.daemons)
         if consumer.progress.batches == stepped:  # no step ended during the scrape: an exact reading
             most = max(most, sent - stepped)
-        senders = max(senders, len(consumer._receiver.peers))
-        time.sleep(0.05)
+        senders = max(senders, len(consumer.receiver.peers))
+        job.thread.join(0.05)  # a reading every 0.05 s while the job runs
     summary = job.finish()
     assert_exactly_once(summary, manifest.num_samples, 2)
     assert senders > 2, "the test needs more senders than the budget has windows"

@@ -102,3 +102,54 @@ def test_a_manifest_that_is_not_json_is_named(tmp_path):
     result, _ = _stoker("train", "--data", str(bad), "--metrics-port", "-1")
     assert result.returncode == 2 and str(bad) in result.stderr and "not JSON" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _taken_ports(count: int) -> list[socket.socket]:
+    held = []
+    for _ in range(count):
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held.append(taken)
+    return held
+
+
+def test_a_worker_takes_its_options_from_a_flag_then_a_variable_then_its_config_file(tmp_path):
+    """The metrics port each way (a taken one, so the daemon says which it tried and exits): the
+    flag beats $STOKER_METRICS_PORT, which beats the --config file, which beats the default."""
+    held = _taken_ports(3)
+    flag, variable, in_file = (str(s.getsockname()[1]) for s in held)
+    config = tmp_path / "worker.toml"
+    config.write_text(f'dispatcher = "tcp://127.0.0.1:1"\nmetrics-port = {in_file}\nprocs = 2\n')
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STOKER_")}
+    try:
+        for argv, env, port in (
+                (["--metrics-port", flag], {"STOKER_METRICS_PORT": variable}, flag),
+                ([], {"STOKER_METRICS_PORT": variable}, variable),
+                ([], {"STOKER_METRICS_PORT": ""}, in_file)):
+            result = subprocess.run([sys.executable, "-m", "stoker", "worker", "--config", str(config), *argv],
+                                    capture_output=True, text=True, timeout=10, env={**base, **env})
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 2 and len(lines) == 1 and f":{port}" in lines[0], (argv, env, result.stderr)
+    finally:
+        for s in held:
+            s.close()
+
+
+@pytest.mark.parametrize("env,text,line", [
+    ({"STOKER_PROCS": "0"}, "", "stoker: error: worker: $STOKER_PROCS: must be an integer >= 1, not '0' "
+                                "(see stoker --help)"),
+    ({"STOKER_INSECURE": "perhaps"}, "", "stoker: error: worker: $STOKER_INSECURE: must be true or false"),
+    ({}, "leave-after = -3\n", "worker.toml: leave-after: must be a number > 0, not '-3'"),
+    ({}, "dispatcher = 'tcp://127.0.0.1:1'\nprocess = 3\n", "worker.toml: process: no such setting"),
+    ({}, "procs = [\n", "stoker: error: worker: --config {config}: not TOML"),
+])
+def test_a_bad_value_in_a_variable_or_the_config_file_is_refused_naming_where(tmp_path, env, text, line):
+    config = tmp_path / "worker.toml"
+    config.write_text(text)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STOKER_")}
+    result = subprocess.run([sys.executable, "-m", "stoker", "worker", "--dispatcher", "tcp://127.0.0.1:1",
+                             "--config", str(config)], capture_output=True, text=True, timeout=10,
+                            env={**base, **env})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and line.format(config=config) in lines[0], result.stderr

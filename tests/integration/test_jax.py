@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from accel.consumer_config import ConsumerConfig
-from protos.job import JobConfig
+from pipeline.job import JobConfig
 from stoker import Loader
 from tests.helpers import Daemon, free_port
 

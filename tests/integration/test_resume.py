@@ -15,7 +15,7 @@ from accel import checkpoint
 from accel.accelerators import SimulatedAccelerator
 from accel.consumer import Consumer, ConsumerConfig
 from accel.stepping import given
-from protos.job import JobConfig
+from pipeline.job import JobConfig
 from tests.helpers import Daemon, RecordingAccelerator, free_port
 
 

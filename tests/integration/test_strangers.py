@@ -13,9 +13,9 @@ import zmq
 
 from accel.consumer import Consumer, ConsumerConfig
 from accel.stepping import given
+from pipeline.job import JobConfig
 from protos import stoker_pb2 as pb
 from protos.curve import ClientKeys, add_key, init_keys
-from protos.job import JobConfig
 from tests.helpers import Daemon, assert_exactly_once, scrape, wait_for
 from tests.strangers import PixelAudit, call, data_replies, dealer, zero_batch
 
@@ -53,7 +53,7 @@ def _attack(consumer: Consumer, curve: ClientKeys | None = None) -> dict[str, in
                   .SerializeToString())
         granted = data_replies(data, 2.0)
         assert granted and granted[0].WhichOneof("kind") == "credit"  # a real lease gets a real slot ...
-        for unit in consumer.dispatcher.plan.units(0) + consumer.dispatcher.plan.units(1):
+        for unit in consumer.plan.units(0) + consumer.plan.units(1):
             if unit.unit_id == mine.unit_id:
                 continue
             ids = unit.sample_ids().tolist()
@@ -91,7 +91,7 @@ def test_a_stranger_without_keys_cannot_end_the_job_or_replace_its_data(manifest
     assert not any("host=mallory" in key for key in rows_by_host), rows_by_host
     assert sum(rows_by_host.values()) >= 2 * manifest.num_samples and 1 <= summary.hosts <= 2
     assert metrics["stoker_dispatcher_messages_dropped_total{reason=not_consumer}"] == 3
-    assert summary.frames_dropped["not_leaseholder"] >= 2 * (len(consumer.dispatcher.plan.units(0)) - 1)
+    assert summary.frames_dropped["not_leaseholder"] >= 2 * (len(consumer.plan.units(0)) - 1)
 
 
 def test_an_allow_listed_worker_key_cannot_act_as_the_consumer(manifest, tmp_path, log_dir):
@@ -135,7 +135,7 @@ def test_a_flood_of_hellos_does_not_lock_out_a_worker(manifest, log_dir):
                     refused += reply.reject.code == "not_leaseholder"
                 sock.close(0)
         assert refused == 10_000  # every hello was heard, and refused
-        assert len(consumer._receiver.peers) == 0
+        assert len(consumer.receiver.peers) == 0
         daemon = Daemon(consumer.control_endpoint, "late", 1, log_dir)
         summary = consumer.run()
         assert daemon.wait(timeout=30) == 0, daemon.output()
@@ -162,7 +162,7 @@ def test_waiting_for_credit_keeps_a_slot_and_silence_loses_it(manifest, log_dir)
         mute.send(pb.DataMessage(hello=pb.Hello(worker_id="mute/p0", job_id=consumer.job.job_id, host_id="mute",
                                                 unit_id=unit.unit_id, lease_token=unit.lease_token))
                   .SerializeToString())
-        assert wait_for(lambda: len(consumer._receiver.peers) == 1, timeout=10)
+        assert wait_for(lambda: len(consumer.receiver.peers) == 1, timeout=10)
         daemon = Daemon(consumer.control_endpoint, "busy", 1, log_dir)
         started = time.monotonic()
         summary = consumer.run()  # the mute host's unit goes back after its host timeout

@@ -13,10 +13,10 @@ import pytest
 
 from accel.accelerators import SimulatedAccelerator
 from accel.batch import ReceivedBatch
+from pipeline.job import JobConfig
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
 from pipeline.text.layout import attention_blocks
-from protos.job import JobConfig
 from tests.helpers import assert_exactly_once, consumer_for, scrape
 
 

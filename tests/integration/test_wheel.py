@@ -27,6 +27,8 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
     assert any(n.startswith("pipeline/_jpegcrop") and n.endswith(".so") for n in names), "no crop decoder"
     assert any(n.startswith("pipeline/_jpegrestart") and n.endswith(".so") for n in names), "no transcoder"
     assert {"protos/stoker_pb2.py", "protos/stoker.proto", "stoker/cli.py", "accel/loader.py"} <= set(names)
+    typed = {f"{package}/py.typed" for package in ("stoker", "pipeline", "workers", "accel", "protos")}
+    assert typed | {"protos/stoker_pb2.pyi", "pipeline/_jpegcrop.pyi", "pipeline/_jpegrestart.pyi"} <= set(names)
     assert not any(n.startswith("tests/") or n.startswith("benchmarks/") for n in names)
 
     venv = tmp_path / "venv"

@@ -8,8 +8,8 @@ import pytest
 
 from accel import checkpoint
 from accel.checkpoint import CheckpointError, Position
+from pipeline.job import JobConfig
 from pipeline.plan import Resumed
-from protos.job import JobConfig
 
 
 def _job(**fields) -> JobConfig:

@@ -12,12 +12,12 @@ from accel.metrics import ConsumerMetrics
 from accel.receiver import Receiver
 from accel.schema import schema_of
 from accel.stream import EpochEnd, StreamOrder
+from pipeline.job import JobConfig
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardInfo
 from pipeline.text.examples import TextConfig
 from protos import stoker_pb2 as pb
 from protos.framing import MAX_FRAME_BYTES
-from protos.job import JobConfig
 from protos.leases import LeaseSigner
 
 JOB = "fuzzjob"

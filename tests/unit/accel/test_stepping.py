@@ -71,7 +71,7 @@ def test_only_stateful_backends_are_checkpointed(tmp_path):
 
 
 def test_a_spec_makes_its_backend_for_the_job_it_is_given(manifest):
-    from protos.job import JobConfig
+    from pipeline.job import JobConfig
 
     job = JobConfig(manifest_uri=manifest.uri)
     made = AccelSpec(kind="simulated", profile="a100", scale=0.1).factory()(job, manifest)

@@ -28,15 +28,16 @@ def pinned_core():
 
 
 def test_core_watch_sees_a_neighbour_on_the_pinned_core(pinned_core, capsys):
-    spin = f"import os; os.sched_setaffinity(0, {{{pinned_core}}})\nwhile True: pass"
-    neighbour = subprocess.Popen([sys.executable, "-c", spin])
+    spin = f"import os; os.sched_setaffinity(0, {{{pinned_core}}}); print('pinned', flush=True)\nwhile True: pass"
+    neighbour = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert neighbour.stdout.readline() == "pinned\n"  # it spins on our core from here on
         with CoreWatch(pinned_core) as shared:
             _spin(1.0)
     finally:
         neighbour.kill()
         neighbour.wait()
+        neighbour.stdout.close()
     assert 0.3 < shared.others_share < 0.7  # the scheduler splits one core between two spinners
     assert "was shared while measured" in capsys.readouterr().out
 

@@ -2,9 +2,9 @@
 
 import pytest
 
+from pipeline.job import JobConfig
 from pipeline.kinds import KINDS, kind_of
 from protos import stoker_pb2 as pb
-from protos.job import JobConfig
 from workers.sources import SOURCES
 
 
@@ -37,3 +37,13 @@ def test_a_text_layout_follows_packing():
     packed = JobConfig(manifest_uri="m", dataset="wikipedia", text=TextConfig(seq_len=512, pack=True))
     layout = packed.kind.layout(packed)
     assert not layout.rows_are_samples and layout.tensors["next_sentence_labels"].shape == (3,)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_kind_says_what_plans_and_small_experiments_need(name):
+    from accel.profiles import PROFILES, profile_rate
+
+    kind = kind_of(name)
+    assert kind.workload.samples > 0 and kind.pod16_over_dgx > 0
+    assert 0 < kind.small_scale.run <= 1 and 0 < kind.small_scale.sweep <= 1 and kind.small_scale.sweep_cores
+    assert profile_rate("a100", name) == PROFILES["a100"].rates[kind.model_family] > 0

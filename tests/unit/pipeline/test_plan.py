@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.augment import TrainTransform
-from pipeline.batching import DecodeOnHost, unit_batches
+from pipeline.batching import HostTransform, unit_batches
 from pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
 from pipeline.shards import Manifest, ShardInfo, ShardReader
 
@@ -92,7 +92,7 @@ def test_an_unusable_image_leaves_its_batch_a_row_short(corrupt_manifest):
     plan = EpochPlan(manifest, unit_size=40, epochs=1, seed=0)
     found = False
     for unit in plan.units(0):
-        batches = list(unit_batches(_readers(manifest), unit, DecodeOnHost(TrainTransform()), 8, seed=0))
+        batches = list(unit_batches(_readers(manifest), unit, HostTransform(TrainTransform()), 8, seed=0))
         assert len(batches) == -(-unit.size // 8)
         assert batches[-1].last and not any(b.last for b in batches[:-1])
         skipped = [s for b in batches for s in b.skipped]
@@ -107,8 +107,8 @@ def test_an_unusable_image_leaves_its_batch_a_row_short(corrupt_manifest):
 
 def test_a_redone_unit_yields_identical_batches(manifest):
     unit = EpochPlan(manifest, unit_size=16, epochs=1, seed=3).units(0)[0]
-    first = list(unit_batches(_readers(manifest), unit, DecodeOnHost(TrainTransform()), 8, seed=3))
-    again = list(unit_batches(_readers(manifest), unit, DecodeOnHost(TrainTransform()), 8, seed=3))
+    first = list(unit_batches(_readers(manifest), unit, HostTransform(TrainTransform()), 8, seed=3))
+    again = list(unit_batches(_readers(manifest), unit, HostTransform(TrainTransform()), 8, seed=3))
     for a, b in zip(first, again, strict=True):
         assert a.sample_ids == b.sample_ids
         assert np.array_equal(a.images, b.images)

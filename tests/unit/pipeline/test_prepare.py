@@ -1,21 +1,26 @@
-"""`stoker prepare imagenet` and the shards it writes."""
+"""`stoker prepare` and the shards it writes, from a folder, tars and tables alike."""
 
+import dataclasses
 import io
 import json
+import random
 import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from PIL import Image
 
-from pipeline.augment import TrainTransform
-from pipeline.batching import DecodeOnHost, unit_batches
+from pipeline.augment import TrainTransform, decode_augment
+from pipeline.batching import HostTransform, unit_batches
 from pipeline.plan import Segment, Unit
-from pipeline.prepare import PrepareConfig, prepare_imagenet
+from pipeline.prepare import PrepareConfig, prepare_imagenet, prepare_records
+from pipeline.record_sources import RecordSource
 from pipeline.shards import (
     MANIFEST_VERSION,
     PLAIN_IMAGE_SCHEMA,
@@ -25,7 +30,12 @@ from pipeline.shards import (
     ShardReader,
     file_sha256,
 )
+from pipeline.spill import SPILL_NAME
 from pipeline.stats import folder_stats, image_files
+from pipeline.table_records import TableSource
+from pipeline.tar_records import TarSource
+from tests.packing import add_member, folder_samples, write_arrow_binary, write_hf_parquet, write_tars
+from tests.shard_edits import rows_of
 
 
 def test_every_image_lands_in_a_shard_with_its_pixels_and_label(raw_images, manifest):
@@ -119,9 +129,9 @@ def test_a_shard_written_without_the_index_still_trains(manifest, tmp_path):
     reader = old.open_shard(0)
     assert all(reader.restarts(r) is None for r in rows)
     unit = Unit(unit_id=0, epoch=0, segments=(Segment(0, 0, len(rows), 0),))
-    batches = list(unit_batches(lambda shard: reader, unit, DecodeOnHost(TrainTransform()), 8, seed=0))
+    batches = list(unit_batches(lambda shard: reader, unit, HostTransform(TrainTransform()), 8, seed=0))
     assert sum(len(b.sample_ids) for b in batches) == len(rows) and not any(b.skipped for b in batches)
-    new = list(unit_batches(lambda shard: source, unit, DecodeOnHost(TrainTransform()), 8, seed=0))
+    new = list(unit_batches(lambda shard: source, unit, HostTransform(TrainTransform()), 8, seed=0))
     for plain, indexed in zip(batches, new, strict=True):  # the same crops, the same pixels
         assert np.array_equal(plain.images, indexed.images)
 
@@ -166,3 +176,124 @@ def test_synthetic_set_has_imagenet_like_statistics(raw_images):
     assert 60_000 < stats.mean_bytes < 170_000
     assert 380 < stats.mean_width < 560 and 300 < stats.mean_height < 480
     assert stats.long_side_500_fraction > 0.5
+
+
+# The same images from the places users hold them: every source stores each sample as the folder does.
+
+SOURCES = ("tar-cls", "tar-json", "parquet-hf", "arrow-binary")
+CONFIG = PrepareConfig(shard_bytes=4 << 20, progress=False, processes=2)
+
+
+def _source(name: str, root: Path) -> RecordSource:
+    return {"tar-cls": lambda: TarSource(root / "tar-cls"),
+            "tar-json": lambda: TarSource(f"{root}/tar-json/shard-{{000000..000003}}.tar", label_field="class_id"),
+            "parquet-hf": lambda: TableSource(root / "hf" / "data", batch_rows=8),
+            "arrow-binary": lambda: TableSource(root / "table.arrow", image_column="jpg", label_column="cls",
+                                                key_column="key")}[name]()
+
+
+@pytest.fixture(scope="module")
+def packed(raw_images, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("packed")
+    samples, classes = folder_samples(raw_images)
+    write_tars(samples, root / "tar-cls", per_tar=48)
+    write_tars(samples, root / "tar-json", per_tar=48, label="json", field="class_id")
+    write_hf_parquet(samples[:100], root / "hf" / "data" / "train-00000-of-00002.parquet", classes)
+    write_hf_parquet(samples[100:], root / "hf" / "data" / "train-00001-of-00002.parquet", classes)
+    write_arrow_binary(samples, root / "table.arrow")
+    return root
+
+
+@pytest.fixture(scope="module")
+def prepared(packed, tmp_path_factory) -> dict[str, Manifest]:
+    return {name: prepare_records(_source(name, packed), tmp_path_factory.mktemp(name), CONFIG).manifest
+            for name in SOURCES}
+
+
+def _by_key(manifest: Manifest) -> dict[str, tuple[int, bytes, bytes | None]]:
+    return {key: (label, jpeg, restarts) for key, label, jpeg, restarts in rows_of(manifest)}
+
+
+def test_every_source_stores_each_sample_as_the_folder_does(manifest, prepared):
+    """Same key -> same label, same transcoded bytes, same restart index; the same counts."""
+    folder = _by_key(manifest)
+    for name, other in prepared.items():
+        assert _by_key(other) == folder, name
+        assert (other.num_samples, other.transcoded, other.from_progressive, other.kept_as_is, other.records) == \
+            (manifest.num_samples, manifest.transcoded, manifest.from_progressive, manifest.kept_as_is, "jpeg"), name
+        assert other.restart_index == manifest.restart_index and other.skipped == []
+        assert other.classes == (manifest.classes if name == "parquet-hf" else ["0", "1", "2", "3"]), name
+        assert not (Path(other.uri).parent / SPILL_NAME).exists()
+
+
+def test_every_source_decodes_to_the_folders_pixels_through_the_worker_path(manifest, prepared):
+    folder = _by_key(manifest)
+    keys = sorted(folder)[::10]
+    for name, other in prepared.items():
+        rows = _by_key(other)
+        for key in keys:
+            mine, theirs = (decode_augment(jpeg, TrainTransform(size=64), random.Random(key), restarts=restarts)
+                            for _, jpeg, restarts in (rows[key], folder[key]))
+            assert np.array_equal(mine.pixels, theirs.pixels), (name, key)
+
+
+def test_a_stream_is_shuffled_by_the_seed_alone(manifest, prepared, packed, tmp_path):
+    """Tars and tables in class order come out mixed, in an order only the records and the seed
+    decide: the three sources of the same records in the same order write the same shards."""
+    shards = {name: [s.sha256 for s in prepared[name].shards] for name in ("tar-cls", "tar-json", "arrow-binary")}
+    assert shards["tar-cls"] == shards["tar-json"] == shards["arrow-binary"]
+    labels = [label for _, label, _, _ in rows_of(prepared["tar-cls"])]
+    assert labels != sorted(labels) and len(set(labels[:16])) > 1
+    reseeded = prepare_records(_source("tar-cls", packed), tmp_path, dataclasses.replace(CONFIG, seed=1)).manifest
+    assert [r[0] for r in rows_of(reseeded)] != [r[0] for r in rows_of(prepared["tar-cls"])]
+    assert sorted(rows_of(reseeded)) == sorted(rows_of(prepared["tar-cls"]))
+
+
+def test_unusable_records_of_a_stream_are_skipped_and_counted(raw_images, tmp_path):
+    samples, _ = folder_samples(raw_images)
+    good = samples[:6]
+    with tarfile.open(tmp_path / "bad.tar", "w") as tar:
+        for key, label, data in good:
+            add_member(tar, f"{key}.jpg", data)
+            add_member(tar, f"{key}.cls", str(label).encode())
+        add_member(tar, "truncated.jpg", good[0][2][:2000])
+        add_member(tar, "truncated.cls", b"1")
+        add_member(tar, "text.jpg", b"not an image")
+        add_member(tar, "text.cls", b"1")
+        add_member(tar, "nolabel.jpg", good[1][2])
+        add_member(tar, "badlabel.jpg", good[1][2])
+        add_member(tar, "badlabel.cls", b"cat")
+    result = prepare_records(TarSource(tmp_path / "bad.tar"), tmp_path / "dst", CONFIG)
+    reasons = {item["path"].rsplit(":", 1)[1]: item["reason"] for item in result.skipped}
+    assert set(reasons) == {"truncated", "text", "nolabel", "badlabel"}
+    assert reasons["text"] == "not a JPEG (no SOI marker)"
+    assert reasons["nolabel"] == "no label: no .cls or .json member"
+    assert reasons["badlabel"] == ".cls holds 'cat', not an integer"
+    manifest = Manifest.load(tmp_path / "dst")
+    assert manifest.num_samples == len(good) and len(manifest.skipped) == 4
+    assert sorted(r[0] for r in rows_of(manifest)) == sorted(key for key, _, _ in good)
+
+
+def test_records_bytes_stores_any_bytes_as_given_and_the_manifest_says_so(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = [(f"blob{i}", i % 3, rng.bytes(int(rng.integers(1, 5000)))) for i in range(40)]
+    write_tars(samples, tmp_path / "tars", per_tar=16, ext="bin")
+    write_arrow_binary(samples, tmp_path / "blobs.arrow")
+    raw = dataclasses.replace(CONFIG, records="bytes")
+    sources = {"tars": TarSource(tmp_path / "tars", data_ext=("bin",)),
+               "arrow": TableSource(tmp_path / "blobs.arrow", image_column="jpg", label_column="cls")}
+    for name, source in sources.items():
+        result = prepare_records(source, tmp_path / name, raw)
+        manifest = Manifest.load(tmp_path / name)
+        assert manifest.records == "bytes" and result.manifest.records == "bytes"
+        assert (manifest.restart_index, manifest.transcoded, manifest.kept_as_is, manifest.skipped) == (0, 0, {}, [])
+        stored = {key: (label, jpeg, restarts) for key, label, jpeg, restarts in rows_of(manifest)}
+        keys = [key for key, _, _ in samples] if name == "tars" else [f"blobs-{i}" for i in range(40)]
+        assert stored == {k: (label, data, None) for k, (_, label, data) in zip(keys, samples, strict=True)}, name
+
+
+def test_a_source_with_nothing_usable_is_an_error_that_names_it(tmp_path):
+    write_tars([("a", 1, b"not a jpeg")], tmp_path / "tars", per_tar=4)
+    with pytest.raises(ValueError, match="tars: none of the 1 records is a decodable JPEG"):
+        prepare_records(TarSource(tmp_path / "tars"), tmp_path / "dst", CONFIG)
+    assert not (tmp_path / "dst" / SPILL_NAME).exists()

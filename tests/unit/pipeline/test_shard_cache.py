@@ -97,13 +97,13 @@ def test_least_recently_used_goes_first_and_an_open_copy_never(store, tmp_path):
     cache = _cache(tmp_path, shards=2)
     a = cache.open(uris[0], store[uris[0]])
     cache.open(uris[1], store[uris[1]]).release()
-    time.sleep(0.01)
+    time.sleep(0.01)  # recency is the access time: the clock must move past the file system's granularity
     cache.open(uris[2], store[uris[2]]).release()  # a is open: 1 goes
     assert a.path.exists() and cache.events["evicted"] == 1
     assert sorted(p.name[-17:] for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")) == \
         ["train-00000.arrow", "train-00002.arrow"]
     a.release()
-    time.sleep(0.01)
+    time.sleep(0.01)  # as above: a later access time
     cache.open(uris[2], store[uris[2]]).release()  # used now: 0 is the least recent
     cache.open(uris[3], store[uris[3]]).release()
     assert not a.path.exists() and cache.usage() <= 2 * SHARD

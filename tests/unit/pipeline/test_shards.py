@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pyarrow as pa
 import pytest
 
 import pipeline.integrity as integrity
 from pipeline.integrity import ShardRefused
-from pipeline.shards import PLAIN_IMAGE_SCHEMA, ShardReader
+from pipeline.shards import PLAIN_IMAGE_SCHEMA, Manifest, ShardReader
 from tests.shard_edits import flip_inside_a_jpeg, rows_of, write_shard
 
 
@@ -51,3 +52,17 @@ def test_flipped_bytes_are_refused_and_an_intact_shard_is_hashed_once_per_host(r
     with pytest.raises(ShardRefused, match="shard s.arrow: its bytes have sha256") as refused:
         ShardReader(str(path), info)
     assert refused.value.kind == "sha256"
+
+
+def test_a_manifest_says_what_its_records_are_and_old_ones_hold_jpegs(tmp_path):
+    manifest = Manifest(kind="imagenet", classes=["a"], shards=[], records="bytes")
+    manifest.save(tmp_path / "manifest.json")
+    assert json.loads((tmp_path / "manifest.json").read_text())["records"] == "bytes"
+    assert Manifest.load(tmp_path).records == "bytes"
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    del data["records"]  # a manifest from before the field
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    assert Manifest.load(tmp_path).records == "jpeg"
+    (tmp_path / "manifest.json").write_text(json.dumps(data | {"records": "png"}))
+    with pytest.raises(ValueError, match="records 'png' is not one of jpeg, bytes"):
+        Manifest.load(tmp_path)

@@ -8,13 +8,6 @@ import zmq
 from protos.sockets import dealer, router
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
-
-
 def test_a_message_over_the_cap_never_reaches_the_router(ctx):
     server = router(ctx, max_message_bytes=1000)
     port = server.bind_to_random_port("tcp://127.0.0.1")

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from accel.consumer_config import ConsumerConfig
+from pipeline.job import JOB_DEFAULTS
 from pipeline.text.examples import TextConfig
-from protos.job import JOB_DEFAULTS
 from stoker import options
 from stoker.cli import build_parser, main
 
@@ -21,7 +22,9 @@ def parse(*argv: str):
 def test_a_job_from_no_options_is_the_default_job():
     args = parse("train", "--data", "m.json", "--dataset", "imagenet")
     job = options.job_config(args)
-    assert {name: getattr(job, name) for name in JOB_DEFAULTS} == JOB_DEFAULTS
+    unpinned = {name: value for name, value in JOB_DEFAULTS.items() if name != "transform_version"}
+    assert {name: getattr(job, name) for name in unpinned} == unpinned
+    assert job.transform_version.startswith("stoker ")  # the built-in's provider, pinned where the job is made
     assert job.text == TextConfig()
     cfg = options.consumer_config(args)
     for name in ("data_bind", "control_bind", "credit_window", "host_timeout_s", "sender_timeout_s", "metrics_addr"):
@@ -46,7 +49,7 @@ def test_run_refuses_keys_with_the_reason(capsys):
 
 def test_old_spellings_still_work_and_say_so_once_each(capsys):
     args = parse("worker", "--connect", "tcp://10.0.0.5:5561", "--no-metrics")
-    assert args.dispatcher == "tcp://10.0.0.5:5561" and args.metrics_port == -1
+    assert args.connect == "tcp://10.0.0.5:5561" and args.metrics_port == -1  # WorkerConfig.connect
     err = capsys.readouterr().err.splitlines()
     assert err == ["stoker worker: --connect is deprecated and will go; use --dispatcher",
                    "stoker worker: --no-metrics is deprecated and will go; use --metrics-port -1"]
@@ -94,3 +97,60 @@ def test_an_image_size_too_big_for_the_batch_size_is_refused_at_parse_time_namin
     assert options.image_fit_error(parse("run", "--image-size", "2362")) is None
     assert "2362" in options.image_fit_error(parse("run", "--image-size", "4000", "--decode-on", "accelerator"))
     assert options.image_fit_error(parse("run", "--image-size", "4000", "--dataset", "wikipedia")) is None
+
+
+def _commands(parser, name="stoker"):
+    """Every parser under `parser`, by its command line: stoker, stoker prepare, stoker prepare imagenet, ..."""
+    import argparse
+
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                if sub.prog.endswith(" " + sub_name):  # an alias (prepare arrow) is walked under its name
+                    yield from _commands(sub, f"{name} {sub_name}")
+
+
+def test_every_option_and_argument_of_every_command_has_a_help_line():
+    import argparse
+
+    bare = [f"{name} {action.option_strings[0] if action.option_strings else action.dest}"
+            for name, parser in _commands(build_parser()) for action in parser._actions
+            if not isinstance(action, argparse._SubParsersAction) and action.help != argparse.SUPPRESS
+            and not (action.help or "").strip()]
+    assert bare == []
+
+
+def test_a_worker_option_left_out_is_absent_until_settled_then_the_configs_default(monkeypatch):
+    from stoker import configured
+    from stoker.cli import _check_args
+    from workers.worker_config import WorkerConfig
+
+    parser = build_parser()
+    args = parser.parse_args(["worker", "--dispatcher", "tcp://127.0.0.1:1"])
+    assert set(vars(args)) == {"command", "log_level", "config", "connect"}  # the old spellings set nothing either
+    for name in [n for n in os.environ if n.startswith("STOKER_")]:
+        monkeypatch.delenv(name)
+    _check_args(parser, args)
+    assert configured.config_of(WorkerConfig, args) == WorkerConfig("tcp://127.0.0.1:1")
+
+
+def test_the_consumers_options_reach_its_config_under_the_fields_names():
+    args = parse("train", "--dispatcher", "tcp://10.0.0.5:5561", "--no-overlap", "--host-timeout", "4",
+                 "--lease-timeout", "9", "--sender-timeout", "7", "--attach-timeout", "5", "--credit-budget-mb", "64",
+                 "--key-name", "c1", "--job-secret", "s", "--decode-threads", "2", "--metrics-port", "-1")
+    assert options.consumer_config(args, 0) == ConsumerConfig(
+        dispatcher="tcp://10.0.0.5:5561", overlap=False, host_timeout_s=4.0, lease_timeout_s=9.0,
+        sender_timeout_s=7.0, attach_timeout_s=5.0, credit_budget_mb=64.0, key_name="c1", job_secret="s",
+        decode_threads=2, metrics_port=None)
+    run = parse("run", "--insecure")
+    assert options.consumer_config(run) == ConsumerConfig(insecure=True)  # run takes no --dispatcher: the default
+
+
+def test_the_job_options_reach_the_job_under_the_fields_names():
+    fields = options.job_fields(parse("run", "--epochs", "2", "--transform-timeout", "5", "--decoder", "pillow",
+                                      "--checksum", "--seq-len", "256", "--pack", "--crop-area", "torchvision"))
+    assert (fields["epochs"], fields["transform_timeout_s"], fields["decoder"], fields["checksum"]) == \
+        (2, 5.0, "pillow", True)
+    assert fields["text"] == TextConfig(seq_len=256, pack=True) and (fields["min_area"], fields["max_area"]) == \
+        (0.08, 1.0)

@@ -52,3 +52,46 @@ def test_plan_cli_reads_a_calibration(tmp_path):
     plans = json.loads((tmp_path / "plan.json").read_text())
     assert [(p["system"], p["dataset"]) for p in plans] == [("ipu-pod16", "imagenet"), ("dgx-a100", "imagenet"),
                                                            ("ipu-pod16", "wikipedia"), ("dgx-a100", "wikipedia")]
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stoker", "plan", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_plan_takes_the_rate_of_the_transform_asked_for_and_says_how_to_measure_a_missing_one(tmp_path):
+    """A transform of the team's own is slower than the MLPerf crop: its own rate makes its plan. The
+    transform is named, not imported: the plan may be made where it is not installed."""
+    cal = tmp_path / "cal.json"
+    own = {"per_core_rate": 250, "version": "my-augment 2.0", "when": "2026-12-02 10:00"}
+    cal.write_text(json.dumps({"imagenet": {"per_core_rate": 850}, "wikipedia": {"per_core_rate": 15_000},
+                               "transforms": {'mine.aug:Aug {"size":176}': own}}))
+    out = _plan("--calibration", str(cal), "--system", "dgx-a100", "--transform", "mine.aug:Aug",
+                "--transform-params", '{ "size": 176 }', "--json", str(tmp_path / "plan.json"))
+    assert out.returncode == 0, out.stderr
+    [plan] = json.loads((tmp_path / "plan.json").read_text())  # an image transform: imagenet alone
+    # ceil(0.98 * 20,000 / 250) = 79 cores of the DGX's 128
+    assert (plan["dataset"], plan["per_core_rate"], plan["cores_needed"]) == ("imagenet", 250, 79)
+    assert plan["transform"] == 'mine.aug:Aug {"size":176}' and "calibrated with my-augment 2.0" in out.stdout
+    assert "dgx-a100 / imagenet (transform mine.aug:Aug" in out.stdout
+    default = _plan("--calibration", str(cal), "--system", "dgx-a100", "--dataset", "imagenet")
+    assert "at 850 images/s per core" in default.stdout  # without --transform: the built-in train crop
+    missing = _plan("--calibration", str(cal), "--transform", "mine.aug:Aug")
+    assert missing.returncode == 2 and "has no rate for transform mine.aug:Aug (it has: mine.aug:Aug " \
+        '{"size":176})' in missing.stderr and "`stoker calibrate --transform mine.aug:Aug`" in missing.stderr
+    text = _plan("--calibration", str(cal), "--transform", "mine.aug:Aug", "--dataset", "wikipedia")
+    assert text.returncode == 2 and "--transform names an image transform" in text.stderr
+
+
+def test_plan_from_a_sweep_refuses_one_of_another_transform(tmp_path):
+    from stoker.sweep import Point
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    point = Point(dataset="imagenet", hosts=1, cores_per_host=1, procs=1, total_cores=1, profile="a100", scale=0.1,
+                  accel_rate=250, rows_per_s=125, stall_fraction=0.5, cpu_seconds=10, cores_used=1, bytes_received=1,
+                  wire_mb_per_s=1, elapsed_s=10, startup_s=1, transform="trivialaugment")
+    (folder / "points.jsonl").write_text(json.dumps(point.__dict__) + "\n")
+    refused = _plan("--sweep", str(folder), "--dataset", "imagenet")
+    assert refused.returncode == 2 and f"{folder} swept transform trivialaugment, not train" in refused.stderr
+    taken = _plan("--sweep", str(folder), "--transform", "trivialaugment", "--system", "a100")
+    assert taken.returncode == 0 and "at 125 images/s per core" in taken.stdout

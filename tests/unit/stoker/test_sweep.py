@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 
-from stoker.sweep import Point, SweepConfig, knee, load_points, per_core_rate, run_sweep, write_outputs
+from stoker.sweep import (
+    Point,
+    SweepConfig,
+    default_out,
+    knee,
+    load_points,
+    markdown,
+    per_core_rate,
+    run_sweep,
+    write_outputs,
+)
 
 
 def _fake(cfg: SweepConfig, hosts: int, cores: float, procs: int, manifest: str) -> Point:
@@ -15,7 +29,8 @@ def _fake(cfg: SweepConfig, hosts: int, cores: float, procs: int, manifest: str)
     return Point(dataset=cfg.dataset, hosts=hosts, cores_per_host=cores, procs=procs, total_cores=total,
                  profile=cfg.profile, scale=0.1, accel_rate=1000.0, rows_per_s=rate, stall_fraction=1 - rate / 1000,
                  cpu_seconds=total * 10, cores_used=total, bytes_received=int(rate * 1e5), wire_mb_per_s=rate / 10,
-                 elapsed_s=10, startup_s=1, stage_seconds={"decode": 5.0, "stall": 1.0})
+                 elapsed_s=10, startup_s=1, stage_seconds={"decode": 5.0, "stall": 1.0}, transform=cfg.transform,
+                 transform_params=cfg.transform_params)
 
 
 def test_sweep_resumes_after_an_interruption_and_writes_its_table_and_plots(tmp_path):
@@ -43,3 +58,28 @@ def test_sweep_resumes_after_an_interruption_and_writes_its_table_and_plots(tmp_
     assert table["stall_fraction"] == pytest.approx([0.6, 0.2, 0.2, 0.0]) and table["stage_decode_s"] == [5.0] * 4
     assert "**knee**" in (tmp_path / "sweep.md").read_text()
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_sweep_of_another_transform_tells_its_job_and_keeps_to_a_folder_of_its_own(tmp_path):
+    """The transform goes to the consumer's `stoker train` (which hands it to every worker), is recorded
+    on every point and in the table, and a resume never mixes points of two transforms."""
+    cfg = SweepConfig(out=tmp_path, hosts=(1,), cores_per_host=(0.5,), transform="trivialaugment",
+                      transform_params='{"size":176}')
+    assert cfg.transform_args == ["--transform", "trivialaugment", "--transform-params", '{"size":176}']
+    assert SweepConfig(out=tmp_path).transform_args == []
+    points = run_sweep(cfg, "unused", progress=False, measure=_fake)
+    assert [p.transform_named for p in load_points(tmp_path)] == ['trivialaugment {"size":176}']
+    assert markdown(points).startswith('Sweep of imagenet, transform trivialaugment {"size":176} against')
+    with pytest.raises(ValueError, match="holds points of transform trivialaugment .*another --out"):
+        run_sweep(replace(cfg, transform="train", transform_params=""), "unused", progress=False, measure=_fake)
+    assert default_out("imagenet") == Path("sweeps/imagenet")
+    assert default_out("imagenet", "pkg.mod:Aug", '{"size":176}') == Path("sweeps/imagenet-pkg.mod-Aug-size-176")
+    with pytest.raises(ValueError, match="a wikipedia sweep has none"):
+        SweepConfig(out=tmp_path, dataset="wikipedia", transform="trivialaugment")
+
+
+def test_points_written_before_transforms_were_named_are_the_train_crops(tmp_path):
+    row = asdict(_fake(SweepConfig(out=tmp_path), 1, 0.5, 1, "unused"))
+    del row["transform"], row["transform_params"]
+    (tmp_path / "points.jsonl").write_text(json.dumps(row) + "\n")
+    assert load_points(tmp_path)[0].transform_named == "train"

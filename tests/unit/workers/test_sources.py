@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from accel.schema import schema_of
 from pipeline.augment import DECODE_PATHS
+from pipeline.job import JobConfig
 from pipeline.plan import Segment, Unit
 from pipeline.shard_cache import CacheConfig
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
-from protos.job import JobConfig
 from workers.metrics import WorkerMetrics
 from workers.sources import ImageSource, make_source
 

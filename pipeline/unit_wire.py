@@ -1,5 +1,6 @@
 """A work unit as it travels: the dispatcher's `pipeline.plan.Unit` plus what a worker needs to
-send it (its lease token, the data socket of the rank it belongs to). The one translation."""
+send it (its lease token, the data socket of the rank it belongs to). The one translation, kept
+with the data model: the wire (protos/) knows the message, not the unit."""
 
 from __future__ import annotations
 

@@ -1,0 +1,125 @@
+"""Rank 0's dispatcher in its own process: the job's `Dispatcher` and its control socket, served
+on the rank's event loop.
+
+The rank acks, reports its epochs and asks for positions by direct calls (it is on the same
+loop as the control server, so nothing is sent); workers and the other ranks reach the
+dispatcher through the control socket bound here. The rank keeps telling the dispatcher it is
+alive, as an attached rank elsewhere does with its heartbeats, so that its rank is never
+taken as silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zmq.asyncio
+
+from accel.control.dispatcher import Dispatcher, DispatcherStats
+from accel.control.link import CloseWait
+from accel.control.metrics import ControlMetrics
+from accel.control.server import AccessPolicy, ControlServer, control_router, serve_control
+from protos import stoker_pb2 as pb
+from protos.curve import ServerKeys
+from protos.endpoints import advertised, bind
+from protos.leases import LeaseSigner
+
+
+@dataclass(frozen=True)
+class ControlSocket:
+    """Where the control socket listens and who may use it."""
+
+    bind: str
+    advertise_host: str | None
+    keys: ServerKeys | None
+    access: AccessPolicy
+
+
+@dataclass(frozen=True)
+class Closing:
+    """How long a closing rank 0 waits: for the other ranks' acks, and for live hosts to hear
+    that the job is over."""
+
+    rank_wait_s: float
+    linger_s: float
+
+
+class InProcessDispatcher:
+    def __init__(self, dispatcher: Dispatcher, socket: ControlSocket, job_spec: Callable[[str], pb.JobSpec],
+                 metrics: ControlMetrics, leases: LeaseSigner, consumer_id: str, closing: Closing) -> None:
+        """`job_spec(data_endpoint)`: the job as the control socket hands it out."""
+        self.dispatcher = dispatcher
+        self.socket = socket
+        self.job_spec = job_spec
+        self.metrics = metrics
+        self.leases = leases
+        self.consumer_id = consumer_id
+        self.closing = closing
+        self.total_units = dispatcher.total_units
+        self.server: ControlServer | None = None
+        self._endpoint = ""
+        self._sockets: list[zmq.asyncio.Socket] = []
+
+    @property
+    def control_endpoint(self) -> str:
+        return self._endpoint
+
+    @property
+    def finished(self) -> bool:
+        return self.dispatcher.finished
+
+    def open(self, ctx: zmq.asyncio.Context, data_endpoint: str, on_failure: Callable[[str], None],
+             stop: threading.Event) -> list[Coroutine[Any, Any, None]]:
+        control, monitor = control_router(ctx, self.socket.keys)
+        self._sockets = [control]
+        self._endpoint = advertised(bind(control, self.socket.bind, "control"), self.socket.advertise_host)
+        self.dispatcher.attach_rank(0, data_endpoint, self.consumer_id)
+        server = self.server = ControlServer(control, self.dispatcher, self.job_spec(data_endpoint), self.metrics,
+                                             self.leases, self.socket.access)
+        server.on_failure = on_failure
+        server.update_gauges()
+        return [*serve_control(control, monitor, server, stop), self._heard(stop)]
+
+    async def _heard(self, stop: threading.Event) -> None:
+        """Rank 0 is alive while its loop runs (well within the host timeout)."""
+        while not stop.is_set():
+            self.dispatcher.rank_heard(0, self.consumer_id)
+            await asyncio.sleep(min(1.0, self.dispatcher.host_timeout_s / 4))
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(0)
+
+    def ack(self, unit_id: int, batches: int | None = None) -> bool:
+        return self.dispatcher.ack(unit_id, batches)
+
+    def received(self, unit_id: int) -> None:
+        self.dispatcher.received(unit_id)
+
+    def redo(self, unit_id: int) -> bool:
+        return self.dispatcher.redo(unit_id)
+
+    def stats(self) -> DispatcherStats:
+        return self.dispatcher.stats()
+
+    async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
+        return self.dispatcher.epoch_steps(epoch, rank, batches)
+
+    async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
+        return self.dispatcher.position(epoch, step)
+
+    def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
+        """The other ranks' last acks (when this rank is done: they may still be on their way), then
+        live hosts hearing that the job is over."""
+        server = self.server
+        if server is None:
+            return
+        if stream_done:
+            several = self.dispatcher.plan.world_size > 1
+            yield CloseWait(self.closing.rank_wait_s if several else self.closing.linger_s,
+                            lambda: not self.dispatcher.finished)
+        if self.dispatcher.over:
+            yield CloseWait(self.closing.linger_s, lambda: bool(server.hosts_not_told()))

@@ -1,0 +1,217 @@
+"""A rank's steps as batches: what `for batch in loader:` runs, and the built-in training loop too.
+
+Each pass is one epoch: the rank's scheduled steps (accel.steps), each converted to the
+requested format on the device (or handed to a `prepare` hook), batch N+1 on a prefetch
+thread while step N runs (`overlap`). Asking for the next batch means the step of the last
+one is over: its books close and its credit goes back (`StepSource.step_done`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from accel.batch import ReceivedBatch
+from accel.consumer_config import ConsumerConfig
+from accel.steps import EpochDone, Scheduled, StepSchedule
+from pipeline.image_layout import DecodeOn
+from pipeline.job import JobConfig
+from pipeline.shards import Manifest
+
+FORMATS = ("torch", "numpy", "jax")
+
+
+class StepSource(Protocol):
+    """A rank as a feed sees it (accel.consumer.Consumer): its job and its ordered stream of steps."""
+
+    cfg: ConsumerConfig
+    job: JobConfig
+    manifest: Manifest
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, steps taken in it): where the data stands."""
+        ...
+
+    def schedule(self) -> StepSchedule: ...
+
+    def taken(self, step: Scheduled) -> None: ...
+
+    def step_done(self, step: Scheduled) -> None: ...
+
+    def epoch_done(self, end: EpochDone) -> None: ...
+
+
+@dataclass
+class Batch(Mapping):
+    """One step: tensor name -> array, with what the step needs to know about it."""
+
+    tensors: dict[str, Any]
+    rows: int  # rows it holds (images, or rows of tokens); the batch size but at an epoch's end
+    epoch: int
+    step: int  # within the epoch, from 0
+    sample_ids: np.ndarray  # images: one per row; text: the documents first seen in this batch
+    received: ReceivedBatch = field(repr=False)
+    prepared: object = field(default=None, repr=False)  # the `prepare` hook's result, when there is one
+    copy_s: float = 0.0  # conversion and host-to-device copy
+    ready: Any = field(default=None, repr=False)  # CUDA: the event the copy stream recorded
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+class Feed:
+    def __init__(self, source: StepSource, device: str = "cpu", format: str = "torch", overlap: bool = True,
+                 prepare: Callable[[ReceivedBatch], object] | None = None) -> None:
+        """`prepare`: run on the prefetch thread on each received batch instead of the format
+        conversion; its result is `batch.prepared`."""
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+        self.source = source
+        self.overlap = overlap
+        self.epoch_steps: dict[int, int] = {}  # epoch -> its steps on every rank, once its end was seen
+        self._schedule = source.schedule()
+        self._converter = _Converter(source, device, format, prepare)
+        self._ahead: queue.Queue[tuple[object, BaseException | None]] | None = None
+        if overlap:
+            self._ahead = queue.Queue(maxsize=1)
+            threading.Thread(target=self._fill, name="stoker-prefetch", daemon=True).start()
+        self._pending: Scheduled | None = None  # yielded and not yet handed back
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The next epoch's batches; nothing once every epoch is done."""
+        source = self.source
+        if source.position[0] >= source.job.epochs:
+            return
+        while True:
+            self.hand_back()  # asking for the next batch means the step of the last one is over
+            item = self._take()
+            if item is None:
+                return
+            if isinstance(item, EpochDone):
+                self.epoch_steps[item.epoch] = item.steps
+                source.epoch_done(item)
+                return
+            scheduled, batch = item
+            self._pending = scheduled
+            source.taken(scheduled)
+            if batch.ready is not None:
+                _wait_for_copy(batch)
+            yield batch
+
+    def hand_back(self) -> None:
+        """The step of the batch yielded last is over: its credit and books go back."""
+        if self._pending is not None:
+            self.source.step_done(self._pending)
+            self._pending = None
+
+    def _take(self) -> tuple[Scheduled, Batch] | EpochDone | None:
+        if self._ahead is None:
+            return self._produce()
+        item, error = self._ahead.get()
+        if error is not None:
+            raise error
+        return item  # type: ignore[return-value]  # what _produce made
+
+    def _produce(self) -> tuple[Scheduled, Batch] | EpochDone | None:
+        item = self._schedule.next()
+        if isinstance(item, Scheduled):
+            return item, self._converter.convert(item)
+        return item if isinstance(item, EpochDone) else None
+
+    def _fill(self) -> None:
+        """The prefetch thread: batch N+1 is converted (and copied to the device) during step N."""
+        assert self._ahead is not None
+        while True:
+            try:
+                item = self._produce()
+            except BaseException as exc:  # surfaced by the training thread's next()
+                self._ahead.put((None, exc))
+                return
+            self._ahead.put((item, None))
+            if item is None:
+                return
+
+
+class _Converter:
+    """From a received batch to what the step wants: the `prepare` hook's result, or arrays in the
+    requested format on the device (JPEGs decoded first when they travel encoded)."""
+
+    def __init__(self, source: StepSource, device: str, format: str,
+                 prepare: Callable[[ReceivedBatch], object] | None) -> None:
+        self.device = device
+        self.format = format
+        self.prepare = prepare
+        self.decoder: Any = None
+        job = source.job
+        if job.decode_on == DecodeOn.ACCELERATOR and prepare is None:
+            from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
+
+            # no inner step: the feed calls decode() alone and the script steps (DecodingAccelerator's inner
+            # is a Step for the training loop's use, which this is not)
+            dali = DaliJpegDecoder(job.image_size, job.batch_size, device, source.cfg.decode_threads)
+            self.decoder = DecodingAccelerator(None, dali, key_of=source.manifest.key_of)  # type: ignore[arg-type]
+        self._stream: Any = None
+
+    def convert(self, step: Scheduled) -> Batch:
+        started = time.perf_counter()
+        received = step.batch
+        if self.prepare is not None:
+            prepared = self.prepare(received) if received.size else None
+            return Batch({}, received.size, step.epoch, step.step, received.sample_ids, received, prepared,
+                         time.perf_counter() - started)
+        if self.decoder is not None and received.size:
+            decoded = self.decoder.decode(received)
+            arrays = {"image": decoded.images, "label": decoded.labels}
+            ids, rows = decoded.sample_ids, decoded.size
+        else:
+            arrays = {name: received.tensor(name) for name in received.tensors.parts}
+            ids, rows = received.sample_ids, received.size
+        tensors, ready = self._to_format(arrays)
+        return Batch(tensors, rows, step.epoch, step.step, ids, received, None, time.perf_counter() - started, ready)
+
+    def _to_format(self, arrays: dict[str, Any]) -> tuple[dict[str, Any], object]:
+        if self.format == "numpy":
+            return {k: v if isinstance(v, np.ndarray) else v.cpu().numpy() for k, v in arrays.items()}, None
+        if self.format == "jax":
+            import jax
+
+            return {k: jax.device_put(np.asarray(v)) for k, v in arrays.items()}, None
+        import torch
+
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return {k: v if isinstance(v, torch.Tensor) else torch.from_numpy(v) for k, v in arrays.items()}, None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        out = {}
+        with torch.cuda.stream(self._stream):
+            for k, v in arrays.items():
+                tensor = v if isinstance(v, torch.Tensor) else torch.from_numpy(v).pin_memory()
+                out[k] = tensor.to(device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._stream)
+        return out, ready
+
+
+def _wait_for_copy(batch: Batch) -> None:
+    """On the training thread: its stream waits for the side stream's copy (the host does not), and
+    the tensors are marked as used there so the allocator does not hand their memory out early."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    stream.wait_event(batch.ready)
+    for tensor in batch.tensors.values():
+        tensor.record_stream(stream)

@@ -1,0 +1,208 @@
+"""A rank's event-loop thread (uvloop + zmq.asyncio): it owns the sockets and the books.
+
+On it run the rank's data ROUTER (accel.receiver: lease checks, credits, frame checks,
+duplicate drops, plan order), its dispatcher link (accel.control.link: rank 0's control
+socket, or the link to a dispatcher elsewhere), the sweep of silent senders and the systemd
+watchdog. What the receiver releases, in plan order, goes to `queue`; the training thread
+takes it with `next()`, and hands finished steps back with `call_soon`. `END` ends the
+stream: when the rank's last unit is acked, when the loop dies, or on `end(error)` (the
+error is raised to whoever pulls next).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import uvloop
+import zmq
+import zmq.asyncio
+
+from accel.aio import pump
+from accel.control.link import DispatcherLink
+from accel.ledger import Ledger
+from accel.metrics import ConsumerMetrics
+from accel.receiver import Receiver
+from accel.schema import BatchSchema
+from accel.stream import StreamOrder
+from protos.curve import ServerKeys
+from protos.endpoints import advertised, bind
+from protos.framing import MAX_FRAME_BYTES
+from protos.leases import LeaseSigner
+from protos.sd_notify import Notifier
+from protos.sockets import router
+from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
+
+END = object()  # the end of the rank's stream
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DataSocket:
+    """Where the data socket listens, with what keys, and how it gives credit."""
+
+    bind: str
+    advertise_host: str | None
+    keys: ServerKeys | None
+    credit_window: int
+    budget: int  # batches all senders together may have in hand
+    sender_timeout_s: float
+
+
+class ReceiveLoop:
+    def __init__(self, job_id: str, socket: DataSocket, schema: BatchSchema, ledger: Ledger, order: StreamOrder,
+                 leases: LeaseSigner, metrics: ConsumerMetrics, dispatcher: DispatcherLink,
+                 on_job_failed: Callable[[str], None], systemd: Notifier | None = None) -> None:
+        """`on_job_failed(reason)`: the dispatcher failed the job (called on the loop)."""
+        self.job_id = job_id
+        self.socket = socket
+        self.schema = schema
+        self.ledger = ledger
+        self.order = order
+        self.leases = leases
+        self.metrics = metrics
+        self.dispatcher = dispatcher
+        self.on_job_failed = on_job_failed
+        self.systemd = systemd or Notifier()
+        self.queue: queue.Queue[object] = queue.Queue()
+        self.data_endpoint = ""
+        self.receiver: Receiver | None = None
+        self.stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Bind (a port in use raises here) and serve on a thread of its own. Idempotent."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="stoker-receive", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        loop = uvloop.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:  # surfaced to the training thread
+            self._error = exc
+            self._ready.set()
+            self.queue.put(END)
+        finally:
+            loop.close()
+
+    async def _serve(self) -> None:
+        ctx = zmq.asyncio.Context()
+        keys = self.socket.keys
+        authenticator = KeyAuthenticator(ctx, keys) if keys else None
+        if authenticator is not None:
+            authenticator.start()  # before any bind
+        data = router(ctx, MAX_FRAME_BYTES + (1 << 20), keys, receive_hwm=10_000)
+        tasks: list[Coroutine[Any, Any, None]] = []
+        try:
+            if keys:
+                tasks.append(count_handshakes(monitor_handshakes(data), self.metrics.auth, self.stopping))
+            self.data_endpoint = advertised(bind(data, self.socket.bind, "data"), self.socket.advertise_host)
+            receiver = self.receiver = self.receiver_on(data)
+            tasks += [pump(data, receiver.handle, self.stopping), self._sweep_senders(receiver)]
+            tasks += self.dispatcher.open(ctx, self.data_endpoint, self.on_job_failed, self.stopping)
+            tasks.append(self._feed_watchdog())
+            self._ready.set()
+            await asyncio.gather(*tasks)
+        finally:
+            data.close(0)
+            self.dispatcher.close()
+            if authenticator is not None:
+                authenticator.stop()
+            ctx.term()
+
+    def receiver_on(self, data: zmq.Socket) -> Receiver:
+        """The rank's books of what arrives on `data`: released batches go to `queue`, units to the
+        dispatcher."""
+        return Receiver(data, self.job_id, self.socket.credit_window, self.ledger, self.queue, self.metrics,
+                        self._unit_done, self.schema, self.leases, self.order, keyed=self.socket.keys is not None,
+                        sender_timeout_s=self.socket.sender_timeout_s, on_unit_received=self.dispatcher.received,
+                        on_unit_short=self.dispatcher.redo, budget=self.socket.budget)
+
+    async def _sweep_senders(self, receiver: Receiver) -> None:
+        while not self.stopping.is_set():
+            await asyncio.sleep(receiver.sweep_every_s)
+            receiver.sweep()
+
+    async def _feed_watchdog(self) -> None:
+        while not self.stopping.is_set():
+            self.systemd.watchdog()
+            await asyncio.sleep(1.0)
+
+    def _unit_done(self, unit_id: int, batches: int) -> None:
+        self.dispatcher.ack(unit_id, batches)
+        if self.order.done and self.ledger.open_units == 0:
+            self.queue.put(END)
+
+    # ---- from the training thread ------------------------------------------------------
+    def end(self, error: BaseException) -> None:
+        """End the stream: whoever pulls it gets `error` after what is queued before."""
+        self._error = error
+        self.queue.put(END)
+
+    def next(self) -> object:
+        """The next released batch or epoch end, or END (raising the error the stream ended with)."""
+        while True:
+            try:
+                item = self.queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive():
+                    return END
+                continue
+            if item is END and self._error is not None:
+                raise self._error
+            return item
+
+    def call_soon(self, callback: Callable[..., object], *args: object) -> None:
+        """Run `callback(*args)` on the loop, without waiting."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(callback, *args)
+
+    def call(self, read: Callable[[], T]) -> T:
+        """Run `read` on the loop (which owns the books) and return its result."""
+        assert self._loop is not None
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                result.set_result(read())
+            except BaseException as exc:  # handed to the caller
+                result.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(call)
+        return result.result(timeout=10)
+
+    def wait_for(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the loop and return its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)

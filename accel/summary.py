@@ -1,0 +1,116 @@
+"""A run's closing summary: one dataclass for one rank and for a whole job, `as_dict()` for JSON.
+
+`Consumer.run` returns it; `stoker run` and `stoker lab wait` add the ranks of a data-parallel
+job up with `job_totals` (each rank's summary under `ranks`); a rank's JSON read back is
+`Summary.from_dict`. `Books` is what the rank's books hold when the run ends, the part of the
+figures the training loop does not count itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from accel.control.dispatcher import DispatcherStats
+from accel.ledger import Skipped
+from accel.receiver import StageTotals, TextTotals
+from pipeline.image_layout import DecodeOn
+
+# counts and rates that add up over the ranks of a job (the text ones only where the job has text)
+ADDED_UP = ("samples", "unique_samples", "duplicates_dropped", "batches", "skipped_samples", "rows",
+            "bytes_received", "delivered_samples_per_s", "rows_per_s", "sequences", "sequences_per_s",
+            "tokens", "tokens_per_s")
+
+
+@dataclass
+class Summary:
+    samples: int
+    unique_samples: int
+    duplicates_dropped: int
+    epochs: int
+    elapsed_s: float
+    startup_s: float
+    delivered_samples_per_s: float
+    stall_fraction: float
+    batches: int
+    hosts: int
+    procs_per_host: int
+    skipped_samples: int
+    skipped: list[dict]
+    frames_dropped: dict[str, int]
+    units_released: int  # units taken from a lost host (or a stale lease) and made again
+    stage_seconds: dict[str, float]
+    per_epoch_unique: list[int] = field(default_factory=list)
+    dataset: str = "imagenet"
+    rank: int | None = 0  # None: a job's figures over its ranks (`ranks`)
+    world_size: int = 1
+    steps: int = 0  # steps taken (equal on every rank)
+    rows: int = 0  # rows stepped: images, or rows of tokens
+    rows_per_s: float = 0.0  # rows stepped per second after start-up: what the device consumed
+    bytes_received: int = 0  # tensor bytes that crossed the wire
+    time_boxed: bool = False  # stopped by max_seconds before the job was complete
+    units_handed_back: int = 0  # units a worker process gave back while waiting for credit: nothing lost
+    decode_on: DecodeOn = DecodeOn.HOST  # where JPEGs were decoded; ACCELERATOR: failures there are in `skipped`
+    # what bounded the run after start-up (accel.bottleneck's rules over the whole run, not a window)
+    bottleneck: str = "unknown"
+    bottleneck_detail: str = ""
+    cores_needed: float = 0.0  # busy worker processes (at their CPU share here) that keep the device fed
+    cores_in_use: float = 0.0  # ... that were busy, on average
+    # text only (None for images): BERT examples and tokens stepped, and padding as sent
+    sequences: int | None = None
+    sequences_per_s: float | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    padding_fraction: float | None = None  # padding share of the token slots that were sent
+    padding_fraction_before_packing: float | None = None  # ... had each sequence had its own row
+    masked_fraction: float | None = None  # masked-LM targets per real token
+    random_next_fraction: float | None = None  # sequences whose B is a random next sentence
+    ranks: list[Summary] = field(default_factory=list)  # a job's figures: each rank's own, rank 0's first
+
+    def as_dict(self) -> dict[str, Any]:
+        """For JSON; a rank's own summary has no `ranks`."""
+        data = asdict(self)
+        if not self.ranks:
+            del data["ranks"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        """A summary read back from JSON (what a printer added beside the figures is left out)."""
+        known = {f.name for f in fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
+        values["ranks"] = [cls.from_dict(rank) for rank in data.get("ranks", [])]
+        return cls(**values)
+
+
+def job_totals(ranks: list[Summary]) -> Summary:
+    """The job's figures from its ranks': counts and rates add up, the stall (and so the bottleneck)
+    is the worst rank's, the job took as long as its slowest rank."""
+    first = ranks[0]
+    added = {name: sum(getattr(r, name) for r in ranks) for name in ADDED_UP if getattr(first, name) is not None}
+    worst = max(ranks, key=lambda r: r.stall_fraction)
+    return replace(first, **added, rank=None, ranks=list(ranks),
+                   per_epoch_unique=[sum(e) for e in zip(*(r.per_epoch_unique for r in ranks), strict=True)],
+                   stall_fraction=worst.stall_fraction, elapsed_s=max(r.elapsed_s for r in ranks),
+                   skipped=[s for r in ranks for s in r.skipped], hosts=max(r.hosts for r in ranks),
+                   cores_needed=sum(r.cores_needed for r in ranks),  # each rank's device wants its own supply
+                   cores_in_use=sum(r.cores_in_use for r in ranks),
+                   bottleneck=worst.bottleneck, bottleneck_detail=worst.bottleneck_detail)
+
+
+@dataclass(frozen=True)
+class Books:
+    """What a rank's books hold once its steps are settled: the ledger's counts, what its data
+    socket took in, and the job's dispatch figures."""
+
+    samples: int
+    unique_samples: int
+    duplicates: int
+    skipped: list[Skipped]  # in (epoch, sample) order
+    per_epoch_unique: list[int]
+    stages: StageTotals  # the workers' seconds per stage, as their batches reported them
+    hosts: int  # hosts whose batches were admitted
+    frames_dropped: dict[str, int]
+    bytes_received: int
+    text: TextTotals
+    dispatch: DispatcherStats

@@ -1,0 +1,219 @@
+"""The job, in one shape for every role: what the dataset is, how it is cut into units and
+batches, and the transform every worker must apply. The dispatcher sends it to workers and to
+consumer ranks as a `pb.JobSpec` (pipeline.job_wire translates, by field name); a field the sender
+left out takes the default written here (the CLI's defaults too)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import MISSING, dataclass, field, fields
+
+import numpy as np
+
+from pipeline import image_fit
+from pipeline.augment import DECODERS, REFERENCE_AREA
+from pipeline.image_layout import DecodeOn
+from pipeline.kinds import KINDS, DatasetKind, kind_of
+from pipeline.plan import EpochPlan, Resumed, Unit
+from pipeline.shards import Manifest
+from pipeline.text.examples import TextConfig
+from pipeline.text.vocab import Vocab
+from pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
+from protos import message_fit
+from protos.framing import ALLOWED_DTYPES
+
+DATASETS = tuple(KINDS)
+# The built-in image transforms take their parameters from the job's image fields; any other
+# transform takes `transform_params` and leaves those fields at their defaults.
+BUILTIN_TRANSFORMS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The job, whole and frozen: the data, how it is cut into units and batches, the transform
+    and its parameters, the seed and world size. Every process that holds it (dispatcher, ranks,
+    workers) derives the same plan from it; the wire carries it field by field."""
+
+    manifest_uri: str
+    dataset: str = "imagenet"  # or "wikipedia" (BERT pretraining text)
+    # a field with a help line is also a command-line option (stoker.configured)
+    epochs: int = field(default=1, metadata={"help": "passes over the data (default %(default)s)", "check": "positive"})
+    batch_size: int = field(default=64, metadata={  # images, or rows of tokens
+        "help": "images, or rows of tokens (default %(default)s)", "check": "positive"})
+    unit_batches: int = field(default=4, metadata={  # a unit holds batch_size * unit_batches images or documents
+        "help": "a work unit holds batch-size x unit-batches images or documents (default %(default)s)",
+        "check": "positive"})
+    seed: int = field(default=0, metadata={
+        "help": "the seed of the order, the crops and the masks: the same seed, the same batches "
+                "(default %(default)s)", "check": "seed"})
+    image_size: int = field(default=224, metadata={
+        "help": "output side in pixels (default %(default)s)", "check": "positive"})
+    transform: str = field(default="train", metadata={  # "eval", a `stoker.transforms` entry point, or module:name
+        "help": "per-sample transform: train (MLPerf random-resized crop + flip, default), eval (resize + centre "
+                "crop), a `stoker.transforms` entry point, or package.module:name of your own "
+                "(docs/transforms.md); every worker host imports it", "metavar": "NAME"})
+    transform_params: str = field(default="", metadata={  # a JSON object: the keyword arguments of your transform
+        "help": "keyword arguments of a transform of your own, as a JSON object", "metavar": "JSON"})
+    transform_version: str = ""  # what provides the transform, and its version: "" is this process's (filled in)
+    transform_timeout_s: float = field(default=30.0, metadata={  # a sample whose transform runs longer is skipped
+        "help": "a sample whose transform runs longer is stopped, skipped and counted (default %(default)s)",
+        "flag": "--transform-timeout", "check": "transform-timeout", "metavar": "SECONDS"})
+    min_area: float = REFERENCE_AREA[0]
+    max_area: float = REFERENCE_AREA[1]
+    decoder: str = field(default="auto", metadata={  # crop-window C decoder where built, else pillow-simd
+        "help": "JPEG decoding: crop (libjpeg-turbo, crop window only), pillow (pillow-simd draft), full (every "
+                "pixel); auto: crop where built (default)", "choices": DECODERS})
+    decode_on: DecodeOn = field(default=DecodeOn.HOST, metadata={  # ACCELERATOR: workers ship JPEG bytes + crops
+        "help": "where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes and "
+                "crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)",
+        "choices": tuple(place.value for place in DecodeOn)})
+    text: TextConfig = TextConfig()
+    checksum: bool = field(default=False, metadata={
+        "help": "CRC-32C of every batch's frames, checked by the consumer"})
+    heartbeat_s: float = 1.0
+    world_size: int = 1  # data-parallel ranks: one stream of batches each, the same number of steps each
+    drop_last: bool = field(default=False, metadata={  # images: leave out the rows past every rank's last batch
+        "help": "imagenet: every rank streams only whole batches; the few rows past them sit the epoch out "
+                "(default: no sample is dropped, and a rank's last batches may be short)"})
+    resumed_from: str = ""  # the epoch a job of another world size left part-way (pipeline.plan.Resumed, JSON)
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def __post_init__(self) -> None:
+        kind = kind_of(self.dataset)
+        if min(self.epochs, self.batch_size, self.unit_batches, self.image_size, self.world_size) < 1:
+            raise ValueError("epochs, batch size, unit batches, image size and world size must be at least 1")
+        made_here = not self.transform_version  # else it came pinned: from the wire, a checkpoint, a copy
+        self._check_transform()
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
+        try:
+            object.__setattr__(self, "decode_on", DecodeOn(self.decode_on))  # the wire and the CLI give a str
+        except ValueError:
+            raise ValueError(f"decode_on must be one of {', '.join(DecodeOn)}, not {self.decode_on!r}") from None
+        if self.decode_on == DecodeOn.ACCELERATOR and not kind.encoded_images:
+            raise ValueError("--decode-on accelerator applies to imagenet (JPEG) jobs only")
+        if self.drop_last and not kind.one_row_per_sample:
+            raise ValueError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
+                             "and a short last text batch keeps its place (see docs/data-parallel.md, len() for text)")
+        try:
+            Resumed.from_json(self.resumed_from)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"resumed_from is not a resumed epoch: {exc}") from None
+        if not 0 < self.transform_timeout_s <= 86400:
+            raise ValueError(f"transform timeout {self.transform_timeout_s} s must lie in (0, 86400]")
+        if not 0 < self.min_area <= self.max_area <= 1:
+            raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
+        if made_here or self.builtin_transform or self.kind.text:  # a transform of another environment
+            self._check_batches_travel()  # was checked where the job was made; a worker without it refuses
+
+    def _check_transform(self) -> None:
+        """The transform is named well, takes the parameters it is given, and (where this process
+        made the job) imports here: its version is pinned from this import."""
+        check_name(self.transform)
+        object.__setattr__(self, "transform_params", parse_params(self.transform_params))
+        builtin = self.transform in BUILTIN_TRANSFORMS
+        if self.kind.text:
+            if self.transform != "train" or self.transform_params:
+                raise ValueError("--transform and --transform-params apply to image jobs: a wikipedia job's "
+                                 "examples are set by its text options")
+            return
+        if builtin and self.transform_params:
+            raise ValueError(f"the built-in {self.transform} transform takes --image-size (and train: --min-area, "
+                             "--max-area), not --transform-params")
+        if not builtin:
+            if (self.image_size, self.min_area, self.max_area) != (224, *REFERENCE_AREA):
+                raise ValueError(f"--image-size, --min-area and --max-area set the built-in train and eval "
+                                 f"transforms; give {self.transform} its own with --transform-params")
+            if self.decode_on == DecodeOn.ACCELERATOR:
+                raise ValueError("--decode-on accelerator ships the crop the built-in train and eval transforms "
+                                 f"draw; {self.transform} runs on the worker hosts (--decode-on host)")
+        if not self.transform_version:
+            try:
+                resolved = self.image_transform()
+            except TransformError as exc:
+                raise ValueError(str(exc)) from None
+            untravelled = outputs_problem(resolved.outputs)
+            if untravelled:
+                raise ValueError(f"transform {self.transform!r}: {untravelled}")
+            object.__setattr__(self, "transform_version", resolved.version)
+
+    @property
+    def builtin_transform(self) -> bool:
+        """The transform is one of Stoker's own (train, eval), not one named by import path."""
+        return self.transform in BUILTIN_TRANSFORMS
+
+    def factory_params(self) -> str:
+        """The JSON keyword arguments the transform is built with (the built-ins': the image fields)."""
+        if self.transform == "train":
+            return parse_params(json.dumps({"size": self.image_size, "min_area": self.min_area,
+                                            "max_area": self.max_area}))
+        if self.transform == "eval":
+            return parse_params(json.dumps({"size": self.image_size}))
+        return self.transform_params
+
+    def image_transform(self) -> Resolved:
+        """The job's transform as this process imports it (cached per name and parameters)."""
+        return resolve(self.transform, self.factory_params())
+
+    def _check_batches_travel(self) -> None:
+        """A batch that cannot fit one data message would be lost on the wire unit after unit: refused."""
+        if self.kind.encoded_images and self.builtin_transform:  # the consumer may decode to the same size
+            image_fit.check_images(self.batch_size, self.image_size)
+            if self.decode_on == DecodeOn.HOST:
+                return
+        layout = self.kind.layout(self)
+        why = message_fit.problem(self.batch_size, layout.tensors, layout.ragged)
+        if why is not None:
+            raise ValueError(f"--batch-size {self.batch_size} does not fit a data message ({why})")
+
+    @property
+    def kind(self) -> DatasetKind:
+        """What the dataset's samples are and how its batches are made."""
+        return kind_of(self.dataset)
+
+    @property
+    def unit_size(self) -> int:
+        """Samples in a unit: the lease a worker process makes batches of."""
+        return self.batch_size * self.unit_batches
+
+    def plan(self, manifest: Manifest) -> EpochPlan:
+        """The epoch plan of this job over the manifest's shards (a resumed job's cuts included)."""
+        return EpochPlan(manifest, self.unit_size, self.epochs, self.seed, self.world_size, self.batch_size,
+                         self.drop_last, Resumed.from_json(self.resumed_from))
+
+    def planned_batches(self, unit: Unit) -> int | None:
+        """Images: a unit gives ceil(size / batch size) batches whatever is skipped (a skipped image
+        leaves its batch a row short). Text: it depends on the examples, so None."""
+        return self.sample_batches(unit) if self.kind.one_row_per_sample else None
+
+    def sample_batches(self, unit: Unit) -> int:
+        """The batches of a unit of a one-row-per-sample job (images): ceil(size / batch size)."""
+        return -(-unit.size // self.batch_size)
+
+    def check_fits(self, manifest: Manifest) -> None:
+        """Fail at start-up, with the fix, when the shards do not fit the job."""
+        if manifest.kind != self.dataset:
+            raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards, not {self.dataset}: run with --dataset "
+                             f"{manifest.kind}, or make {self.dataset} shards with `stoker prepare {self.dataset}`")
+        if manifest.vocab:
+            Vocab.load(manifest.relative_uri(manifest.vocab))  # raises VocabError (a ValueError) if unusable
+        if manifest.records == "bytes" and not self.kind.text and (
+                self.decode_on == DecodeOn.ACCELERATOR or self.image_transform().transform.takes != "bytes"):
+            raise ValueError(f"{manifest.uri} holds records that are not JPEGs (prepared with --records bytes): "
+                             f"they need a transform that takes bytes and decodes them itself, not {self.transform} "
+                             "(docs/transforms.md)")
+
+
+def outputs_problem(outputs: dict) -> str | None:
+    """Why a transform's declared outputs cannot travel in a batch (a dtype the wire does not carry),
+    or None: refused where the job is made, not found by every worker process at its first batch."""
+    for name, spec in outputs.items():
+        if spec.dtype not in ALLOWED_DTYPES:
+            kinds = ", ".join(str(np.dtype(d)) for d in sorted(ALLOWED_DTYPES))
+            return f"output {name!r} is {np.dtype(spec.dtype)} ({spec.dtype}), which no batch carries: use one of " \
+                   f"{kinds}"
+    return None
+
+
+JOB_DEFAULTS = {f.name: f.default for f in fields(JobConfig) if f.default is not MISSING}

@@ -1,0 +1,159 @@
+"""Command-line options made from a config dataclass's fields, and the config made back from them.
+
+A field is an option when its metadata has a help line; the field holds the option's one name,
+default, help and check, so none of them is written twice:
+
+    procs: int = field(default=1, metadata={"help": "decode processes (default %(default)s)", "check": "positive"})
+
+| metadata | what it says |
+|---|---|
+| `help` | the help line; `%(default)s` is the field's default as the command line writes it |
+| `flag` | the option's name, where it is not `--FIELD-NAME` (`--leave-after` for `leave_after_s`) |
+| `check` | the value check, by name in `stoker.flags.CHECKS` (the configs' packages sit below the CLI) |
+| `choices`, `metavar` | as argparse takes them |
+| `off` | the command-line value that stands for None (a port's -1) |
+| `hidden` | an option a parent process passes, left out of --help |
+| `setting` | False: never read from a --config file or a `STOKER_*` variable (stoker.settings) |
+
+A bool field is a switch: `--FLAG` sets a False default, and a True default is turned off by its
+`flag` (`--no-overlap` for `overlap`). The parsed namespace holds each option under its field's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import MISSING, Field, dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from stoker.flags import CHECKS
+
+T = typing.TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One field as an option: how it is spelt, read and shown."""
+
+    field: Field
+    flag: str
+    kind: type  # the field's type without None: bool, int, float, str, tuple
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+    @property
+    def meta(self) -> typing.Mapping[str, Any]:
+        return self.field.metadata
+
+    @property
+    def switch(self) -> bool:
+        return self.kind is bool
+
+    @property
+    def setting(self) -> bool:
+        """Read from a file and the environment too (stoker.settings)."""
+        return self.meta.get("setting", True)
+
+    @property
+    def default(self) -> Any:
+        """The default as the command line holds it (None as `off`)."""
+        if self.field.default is MISSING:
+            return None
+        if self.field.default is None and "off" in self.meta:
+            return self.meta["off"]
+        return self.field.default
+
+    def parse(self, text: str) -> Any:
+        """A value of this option from text (a flag's, a variable's); raises ArgumentTypeError."""
+        if "check" in self.meta:
+            value = CHECKS[self.meta["check"]](text)
+        else:
+            try:
+                value = self.kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"must be {'an integer' if self.kind is int else 'a number'}, "
+                                                 f"not {text!r}") from None
+        choices = self.meta.get("choices")
+        if choices and value not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, choices))}, not {text!r}")
+        return value
+
+    def help(self, override: str | None = None) -> str:
+        if self.meta.get("hidden"):
+            return argparse.SUPPRESS
+        text = override or self.meta["help"]
+        return text.replace("%(default)s", str(self.default)).replace("%", "%%")
+
+    def to_field(self, value: Any) -> Any:
+        """The command line's value as the config holds it."""
+        if "off" in self.meta and value == self.meta["off"]:
+            return None
+        return value
+
+
+def _kind(annotation: Any) -> type:
+    """`int | None` -> int; `tuple[str, ...]` -> tuple; a StrEnum -> str (the command line reads and
+    checks its values as text, and the config turns one into its member)."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if isinstance(annotation, type) and issubclass(annotation, StrEnum):
+        return str
+    return typing.get_origin(annotation) or annotation
+
+
+def options_of(cls: type, only: Iterable[str] | None = None) -> list[Option]:
+    """The fields of `cls` that are options (those with a help line), in field order; `only`: these names."""
+    hints = typing.get_type_hints(cls)
+    wanted = None if only is None else set(only)
+    found = [Option(f, f.metadata.get("flag", "--" + f.name.replace("_", "-")), _kind(hints[f.name]))
+             for f in fields(cls) if "help" in f.metadata and (wanted is None or f.name in wanted)]
+    missing = (wanted or set()) - {o.name for o in found}
+    if missing:
+        raise KeyError(f"{cls.__name__} has no option field {', '.join(sorted(missing))}")
+    return found
+
+
+def add_options(group: Any, cls: type, only: Iterable[str] | None = None, *, layered: bool = False,
+                helps: dict[str, str] | None = None) -> list[Option]:
+    """Add `cls`'s options to a parser or argument group. `layered`: an option left out is absent
+    from the namespace (stoker.settings fills it from a file, the environment or the default)."""
+    made = options_of(cls, only)
+    for option in made:
+        extra: dict[str, Any] = {"dest": option.name, "help": option.help((helps or {}).get(option.name))}
+        if option.switch:
+            extra["action"] = "store_false" if option.field.default is True else "store_true"
+        else:
+            extra |= {"type": _named(option),
+                      "metavar": option.meta.get("metavar", option.flag.lstrip("-").upper().replace("-", "_"))}
+            if option.meta.get("choices") and "check" not in option.meta:
+                extra |= {"choices": option.meta["choices"], "type": option.kind}
+        extra["default"] = argparse.SUPPRESS if layered else option.default
+        group.add_argument(option.flag, **extra)
+    return made
+
+
+def _named(option: Option) -> Callable[[str], Any]:
+    """The option's parse, named as argparse names a type in its messages."""
+    def parse(text: str) -> Any:
+        return option.parse(text)
+
+    parse.__name__ = option.meta.get("check", option.kind.__name__)
+    return parse
+
+
+def fields_of(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed options that are fields of `cls`, as the config holds them. A command takes the
+    options of a config it honours, or some of them (`add_options`' `only`): one it does not take
+    is not in its namespace, and the field keeps its default."""
+    given = vars(args)
+    return {o.name: o.to_field(given[o.name]) for o in options_of(cls) if o.name in given}
+
+
+def config_of(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
+    """`cls` from the parsed options that are its fields (`fields_of`), and `extra` fields."""
+    return cls(**(fields_of(cls, args) | extra))

@@ -1,0 +1,351 @@
+"""A transform of the user's own, written here outside the project's packages, run by real worker
+daemons: every sample once, the same pixels on every run and across a resume; a worker that cannot
+import it, or imports another version, refuses and the job fails within seconds; a raising transform
+skips and counts; a wrong output is named; a bad --transform is refused at parse time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accel import checkpoint
+from accel.accelerators import SimulatedAccelerator
+from accel.bottleneck import read_status
+from accel.consumer import Consumer, ConsumerConfig, JobFailed
+from accel.stepping import given
+from pipeline.job import JobConfig
+from stoker.cli import main as stoker_main
+from tests.helpers import Daemon, free_port, scrape
+
+MODULE = "stoker_test_own_transform"
+SOURCE = '''"""A team's own transforms, as a test writes them: nothing here is Stoker's but the contract."""
+import time
+
+import numpy as np
+
+from stoker import Crop, Output
+
+__version__ = "{version}"
+
+
+class Tiny:
+    """Crop-first: a random square, mirrored half the time, at 32 px; then a seeded shift of the
+    pixels and their mean as a second output."""
+
+    takes = "crop"
+    crop_size = 32
+    outputs = {{"image": Output("uint8", (32, 32, 3)), "mean": Output("float32", ())}}
+
+    def crop(self, width, height, rng):
+        side = rng.randint(max(1, min(width, height) // 2), min(width, height))
+        return Crop(rng.randint(0, width - side), rng.randint(0, height - side), side, side, rng.random() < 0.5)
+
+    def __call__(self, sample, rng, pixels):
+        shifted = (pixels // 2 + rng.randint(0, 100)).astype(np.uint8)
+        return {{"image": shifted, "mean": np.float32(shifted.mean())}}
+
+
+class Picky(Tiny):
+    def __call__(self, sample, rng, pixels):
+        if sample.sample_id % 5 == 0:
+            raise ValueError(f"will not take {{sample.key}}")
+        return super().__call__(sample, rng, pixels)
+
+
+class Sleepy(Tiny):
+    def __call__(self, sample, rng, pixels):
+        if sample.sample_id % 40 == 3:
+            time.sleep(3600)  # hangs, as user code may
+        return super().__call__(sample, rng, pixels)
+
+
+class Raw:
+    """Records that are not images: each is a 6 x 6 x 3 array's bytes, decoded here."""
+
+    takes = "bytes"
+    outputs = {{"values": Output("uint8", (6, 6, 3))}}
+
+    def __call__(self, sample, rng, pixels):
+        return {{"values": np.frombuffer(sample.data, np.uint8).reshape(6, 6, 3)}}
+
+
+class Unsendable(Tiny):
+    outputs = {{"image": Output("uint8", (32, 32, 3)), "mean": Output("uint64", ())}}
+
+
+class Wrong(Tiny):
+    def __call__(self, sample, rng, pixels):
+        out = super().__call__(sample, rng, pixels)
+        return {{"image": out["image"][:31], "mean": out["mean"]}}
+'''
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory) -> dict[str, Path]:
+    """The module at version 1.0 (importable here, as in the training script's environment) and 2.0."""
+    dirs = {}
+    for version in ("1.0", "2.0"):
+        folder = tmp_path_factory.mktemp(f"own-{version}")
+        (folder / f"{MODULE}.py").write_text(SOURCE.format(version=version))
+        dirs[version] = folder
+    sys.path.insert(0, str(dirs["1.0"]))
+    yield dirs
+    sys.path.remove(str(dirs["1.0"]))
+
+
+def _env(folder: Path | None) -> dict[str, str]:
+    """A worker host's environment: with the module's folder on its path, or without it."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder) if folder else "", env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Recorder(SimulatedAccelerator):
+    """What each step trained on: (epoch, sample id) -> (image, mean, label)."""
+
+    def __init__(self) -> None:
+        super().__init__(rate=5000)
+        self.trained: dict[tuple[int, int], tuple[bytes, float, int]] = {}
+        self.repeats = 0
+
+    def step(self, batch) -> None:
+        images, means, labels = batch.tensor("image"), batch.tensor("mean"), batch.labels
+        for row, sample_id in enumerate(np.asarray(batch.sample_ids).tolist()):
+            key = (int(batch.header.epoch), sample_id)
+            self.repeats += key in self.trained
+            self.trained[key] = (images[row].tobytes(), float(means[row]), int(labels[row]))
+        super().step(batch)
+
+
+def _consumer(manifest, recorder: Recorder, name: str, resume: dict | None = None,
+              config: ConsumerConfig | None = None, **job) -> Consumer:
+    """`config`: the sockets of an earlier consumer, for its daemons to find the one that resumes it."""
+    config = config or ConsumerConfig(data_bind=f"tcp://127.0.0.1:{free_port()}",
+                                      control_bind=f"tcp://127.0.0.1:{free_port()}", metrics_port=0)
+    job = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=16, unit_batches=2, seed=7,
+                    transform=f"{MODULE}:{name}", **job)
+    return Consumer(config, job, given(recorder), resume=resume)
+
+
+def _daemons(consumer: Consumer, log_dir: Path, envs: list[dict[str, str]]) -> list[Daemon]:
+    return [Daemon(consumer.control_endpoint, f"host{i}", 1, log_dir, env=env) for i, env in enumerate(envs)]
+
+
+def _run_on_two_hosts(own, manifest, log_dir, recorder: Recorder, name: str, **job):
+    """The job, with `name` from the module at 1.0, on two worker daemons that have it; its summary."""
+    consumer = _consumer(manifest, recorder, name, **job)
+    consumer.start()
+    daemons = _daemons(consumer, log_dir, [_env(own["1.0"])] * 2)
+    try:
+        summary = consumer.run()
+    finally:
+        consumer.stop()
+    assert [d.wait(timeout=30) for d in daemons] == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    return consumer, summary
+
+
+def test_own_transform_runs_on_two_daemons_every_sample_once_and_the_same_on_a_rerun_and_across_a_resume(
+        own, manifest, log_dir, tmp_path):
+    whole = Recorder()
+    first, summary = _run_on_two_hosts(own, manifest, log_dir, whole, "Tiny")
+    assert whole.repeats == 0 and summary.skipped_samples == 0
+    assert sorted(whole.trained) == [(e, s) for e in range(2) for s in range(manifest.num_samples)]
+    assert first.job.transform_version == f"{MODULE} 1.0"
+    assert len({image for image, _, _ in whole.trained.values()}) > manifest.num_samples  # epochs crop anew
+
+    before, after = Recorder(), Recorder()
+
+    class Crash(Exception):
+        pass
+
+    def checkpoint_then_die(consumer: Consumer) -> None:
+        if len(before.trained) >= manifest.num_samples:  # part-way into the second epoch
+            checkpoint.save(consumer.state_dict(), tmp_path / "data.json")
+            raise Crash
+
+    interrupted = _consumer(manifest, before, "Tiny")
+    interrupted.start()
+    daemons = _daemons(interrupted, log_dir, [_env(own["1.0"])] * 2)
+    with pytest.raises(Crash):
+        try:
+            interrupted.run(on_step=checkpoint_then_die)
+        finally:
+            interrupted.stop()
+    resumed = _consumer(manifest, after, "Tiny", resume=checkpoint.load(tmp_path / "data.json"),
+                        config=interrupted.cfg)
+    resumed.start()
+    try:
+        resumed.run()
+    finally:
+        resumed.stop()
+    assert [d.wait(timeout=60) for d in daemons] == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    assert not set(before.trained) & set(after.trained)  # nothing repeated across the resume
+    assert {**before.trained, **after.trained} == whole.trained  # nothing lost, every pixel the same
+
+
+@pytest.mark.parametrize("host_has", ["nothing", "version 2.0"])
+def test_a_worker_that_cannot_run_the_pinned_transform_refuses_and_the_job_fails_within_seconds(
+        own, manifest, log_dir, host_has):
+    recorder = Recorder()
+    consumer = _consumer(manifest, recorder, "Tiny")
+    consumer.start()
+    env = _env(None if host_has == "nothing" else own["2.0"])
+    daemons = _daemons(consumer, log_dir, [env])
+    started = time.monotonic()
+    try:
+        with pytest.raises(JobFailed) as failed:
+            consumer.run()
+        took = time.monotonic() - started
+        metrics = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
+        status = read_status(metrics)
+        scraped = scrape(consumer.metrics_port)
+    finally:
+        consumer.stop()
+    line = str(failed.value)
+    assert line.startswith("host host0 refused the job: ") and "\n" not in line
+    if host_has == "nothing":
+        assert f"No module named '{MODULE}'" in line
+    else:
+        assert f"is {MODULE} 2.0 here, the job runs {MODULE} 1.0" in line
+    assert took < 30, took  # a worker daemon starts its processes (a few seconds), which refuse at once
+    assert recorder.trained == {}
+    assert status["failure"] == line and f"the job failed: {line}" in status["text"]
+    assert scraped["stoker_dispatcher_refusals_total"] >= 1
+    assert [v for k, v in scraped.items() if k.startswith("stoker_job_failed{")] == [1.0]
+    assert daemons[0].wait(timeout=30) == 1  # --once: it left, saying it could not serve the job
+    assert "refusing job" in daemons[0].output()
+
+
+def test_a_transform_that_raises_on_a_sample_skips_it_and_counts_it_with_the_exception(own, manifest, log_dir):
+    recorder = Recorder()
+    _, summary = _run_on_two_hosts(own, manifest, log_dir, recorder, "Picky")
+    refused = [s for s in range(manifest.num_samples) if s % 5 == 0]
+    assert summary.skipped_samples == 2 * len(refused)
+    assert {entry["sample_id"] for entry in summary.skipped} == set(refused)
+    assert all(entry["reason"].startswith("transform raised ValueError: will not take ") for entry in summary.skipped)
+    assert sorted(recorder.trained) == [(e, s) for e in range(2) for s in range(manifest.num_samples) if s % 5]
+
+
+def test_a_transform_that_hangs_on_a_sample_is_stopped_at_the_timeout_and_the_sample_skipped(own, manifest, log_dir):
+    recorder = Recorder()
+    _, summary = _run_on_two_hosts(own, manifest, log_dir, recorder, "Sleepy", transform_timeout_s=0.5)
+    hung = [s for s in range(manifest.num_samples) if s % 40 == 3]
+    assert {entry["sample_id"] for entry in summary.skipped} == set(hung) and summary.skipped_samples == 2 * len(hung)
+    assert all(entry["reason"] == "transform ran past --transform-timeout 0.5 s" for entry in summary.skipped)
+    assert len(recorder.trained) == 2 * (manifest.num_samples - len(hung))
+
+
+def test_a_transform_whose_output_is_not_what_it_declared_fails_the_job_naming_the_field(own, manifest, log_dir):
+    consumer = _consumer(manifest, Recorder(), "Wrong")
+    consumer.start()
+    _daemons(consumer, log_dir, [_env(own["1.0"])])
+    try:
+        with pytest.raises(JobFailed, match=r"output 'image' is uint8\[31, 32, 3\], declared uint8\[32, 32, 3\]"):
+            consumer.run()
+    finally:
+        consumer.stop()
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--transform", "no such thing"], "give package.module:name"),
+    (["--transform", "nosuchpackage.mod:Thing"], "No module named 'nosuchpackage'"),
+    (["--transform", f"{MODULE}:Missing"], f"module {MODULE} has no Missing"),
+    (["--transform", f"{MODULE}:Tiny", "--transform-params", "[1]"], "must be a JSON object"),
+    (["--transform", f"{MODULE}:Tiny", "--transform-params", "{"], "is not JSON"),
+    (["--transform", f"{MODULE}:Tiny", "--transform-params", '{"size": 3}'], "does not take the parameters"),
+    (["--transform", f"{MODULE}:Tiny", "--image-size", "128"], "--image-size: sets the built-in"),
+    (["--transform", f"{MODULE}:Tiny", "--decode-on", "accelerator"], "--decode-on accelerator"),
+    (["--transform", "eval", "--transform-params", '{"size": 3}'], "takes --image-size"),
+    (["--transform", f"{MODULE}:Unsendable"], "output 'mean' is uint64 (<u8), which no batch carries"),
+    (["--transform", f"{MODULE}:Tiny", "--transform-params", '{"a": NaN}'], "NaN is not a JSON value"),
+    (["--transform", f"{MODULE}:Tiny", "--transform-params", '{"a": 1, "a": 2}'], "keys given twice: a"),
+])
+def test_a_transform_that_cannot_make_a_job_is_refused_at_parse_time(own, manifest, capsys, flags, says):
+    with pytest.raises(SystemExit) as exited:
+        stoker_main(["run", "--data", manifest.uri, "--epochs", "1", *flags])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def _refused_command(own, log_dir, command: str, *args: str) -> tuple[int, str, str]:
+    """`stoker COMMAND` serving the job with the module at 1.0, and one worker host without it: its exit
+    code and output once the worker has refused the job."""
+    control = f"tcp://127.0.0.1:{free_port()}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stoker", command, *args, "--transform", f"{MODULE}:Tiny", "--control-bind", control,
+         "--metrics-port", "-1"], env=_env(own["1.0"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    Daemon(control, "bare", 1, log_dir, env=_env(None))
+    try:
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    return process.returncode, out, err
+
+
+def test_stoker_train_ends_a_refused_job_with_the_line_on_stderr_and_in_its_json_summary(own, manifest, log_dir,
+                                                                                          tmp_path):
+    code, out, err = _refused_command(own, log_dir, "train", "--data", manifest.uri, "--data-bind",
+                                      f"tcp://127.0.0.1:{free_port()}", "--json", str(tmp_path / "summary.json"),
+                                      "--no-progress")
+    assert code == 2, out + err
+    line = f"host bare refused the job: transform '{MODULE}:Tiny' does not import here"
+    assert f"stoker: error: {line}" in err and "Traceback" not in err
+    assert json.loads((tmp_path / "summary.json").read_text())["failed"].startswith(line)
+
+
+def test_records_that_are_not_images_prepared_from_parquet_train_through_a_transform_that_decodes_them(
+        own, log_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.shards import Manifest
+
+    arrays = {f"r{i:03d}": np.random.default_rng(i).integers(0, 256, (6, 6, 3), dtype=np.uint8) for i in range(60)}
+    pq.write_table(pa.table({"data": pa.array([a.tobytes() for a in arrays.values()], pa.binary()),
+                             "label": pa.array([i % 3 for i in range(60)], pa.int64()),
+                             "__key__": list(arrays)}), tmp_path / "records.parquet", row_group_size=16)
+    assert stoker_main(["prepare", "parquet", str(tmp_path / "records.parquet"), str(tmp_path / "shards"),
+                        "--image-column", "data", "--records", "bytes", "--procs", "1"]) == 0
+    manifest = Manifest.load(tmp_path / "shards" / "manifest.json")
+    assert manifest.records == "bytes" and manifest.num_samples == 60
+
+    config = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=None)
+    with pytest.raises(ValueError, match="holds records that are not JPEGs .* not train"):
+        Consumer(config, JobConfig(manifest_uri=manifest.uri), given(SimulatedAccelerator(rate=1)))
+
+    trained: dict[int, tuple[bytes, int]] = {}
+
+    class Keep(SimulatedAccelerator):
+        def step(self, batch) -> None:
+            for row, sample_id in enumerate(np.asarray(batch.sample_ids).tolist()):
+                assert sample_id not in trained
+                trained[sample_id] = (batch.tensor("values")[row].tobytes(), int(batch.labels[row]))
+            super().step(batch)
+
+    consumer = Consumer(config, JobConfig(manifest_uri=manifest.uri, batch_size=8, unit_batches=2,
+                                          transform=f"{MODULE}:Raw"), given(Keep(rate=5000)))
+    consumer.start()
+    daemons = _daemons(consumer, log_dir, [_env(own["1.0"])])
+    try:
+        consumer.run()
+    finally:
+        consumer.stop()
+    assert daemons[0].wait(timeout=30) == 0
+    assert len(trained) == 60
+    for sample_id, (values, label) in trained.items():
+        key = manifest.key_of(sample_id)
+        assert values == arrays[key].tobytes() and label == int(key[1:]) % 3
+
+
+def test_stoker_dispatch_ends_a_refused_job_and_exits_with_the_line(own, manifest, log_dir):
+    code, out, err = _refused_command(own, log_dir, "dispatch", "--data", manifest.uri)
+    assert code == 2, out + err
+    assert f"stoker: error: the job failed: host bare refused the job: transform '{MODULE}:Tiny'" in err

@@ -1,0 +1,95 @@
+"""stoker/configured.py: a config dataclass's fields as options, and the config made back from them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import pytest
+
+from stoker.configured import add_options, config_of, options_of
+from stoker.flags import Parser
+
+
+@dataclass(frozen=True)
+class Demo:
+    endpoint: str = field(metadata={"help": "where", "flag": "--to", "metavar": "URL"})
+    procs: int = field(default=2, metadata={"help": "processes (default %(default)s)", "check": "positive"})
+    wait_s: float = field(default=1.5, metadata={"help": "seconds", "flag": "--wait", "check": "seconds"})
+    port: int | None = field(default=None, metadata={"help": "port (default %(default)s)", "check": "metrics-port",
+                                                     "off": -1})
+    mode: str = field(default="a", metadata={"help": "a or b", "choices": ("a", "b")})
+    fast: bool = field(default=False, metadata={"help": "go fast"})
+    overlap: bool = field(default=True, metadata={"help": "do not overlap", "flag": "--no-overlap"})
+    internal: int = 0  # no help line: no option
+
+
+def parser(layered: bool = False) -> argparse.ArgumentParser:
+    p = Parser(prog="demo")
+    add_options(p, Demo, layered=layered)
+    return p
+
+
+def test_only_fields_with_a_help_line_are_options_named_by_flag_or_field():
+    assert [(o.name, o.flag) for o in options_of(Demo)] == [
+        ("endpoint", "--to"), ("procs", "--procs"), ("wait_s", "--wait"), ("port", "--port"), ("mode", "--mode"),
+        ("fast", "--fast"), ("overlap", "--no-overlap")]
+    assert [o.name for o in options_of(Demo, ["procs", "fast"])] == ["procs", "fast"]
+    with pytest.raises(KeyError, match="internal"):
+        options_of(Demo, ["internal"])
+
+
+def test_no_options_give_the_defaults_and_the_config_back():
+    args = parser().parse_args([])
+    assert (args.procs, args.wait_s, args.port, args.mode, args.fast, args.overlap) == (2, 1.5, -1, "a", False, True)
+    assert config_of(Demo, args, endpoint="e") == Demo(endpoint="e")
+
+
+def test_given_options_reach_the_config_with_off_as_none():
+    args = parser().parse_args(["--to", "tcp://x:1", "--procs", "3", "--wait", "0.5", "--port", "9000", "--mode", "b",
+                                "--fast", "--no-overlap"])
+    assert config_of(Demo, args) == Demo("tcp://x:1", 3, 0.5, 9000, "b", True, False)
+    assert config_of(Demo, parser().parse_args(["--to", "e", "--port", "-1"])).port is None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--procs", "0"], "argument --procs: must be an integer >= 1, not '0'"),
+    (["--wait", "soon"], "argument --wait: must be a number > 0, not 'soon'"),
+    (["--port", "70000"], "argument --port: must be a port 0-65535"),
+    (["--mode", "c"], "argument --mode: invalid choice: 'c'"),
+])
+def test_a_bad_value_is_refused_by_the_fields_check(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_help_shows_the_fields_default_and_layered_options_are_absent_until_given():
+    text = parser().format_help()
+    assert "processes (default 2)" in text and "port (default -1)" in text and "--to URL" in text
+    assert "internal" not in text
+    assert vars(parser(layered=True).parse_args(["--procs", "4"])) == {"procs": 4}
+
+
+class Colour(StrEnum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True)
+class Painted:
+    colour: Colour = field(default=Colour.RED, metadata={"help": "the colour (default %(default)s)",
+                                                         "choices": tuple(c.value for c in Colour)})
+
+
+def test_a_str_enum_field_is_read_and_refused_as_its_values():
+    p = Parser(prog="demo")
+    add_options(p, Painted)
+    assert "the colour (default red)" in p.format_help()
+    assert p.parse_args(["--colour", "blue"]).colour == Colour.BLUE
+    (option,) = options_of(Painted)
+    assert option.kind is str and option.parse("blue") == "blue"
+    with pytest.raises(argparse.ArgumentTypeError, match="must be one of red, blue, not 'green'"):
+        option.parse("green")
