@@ -1,7 +1,9 @@
 """Request/reply with the dispatcher that survives a slow or absent dispatcher.
 
 A DEALER socket with a reply timeout; on timeout the socket is closed and reopened (so no
-stale requests pile up) and the same request id is resent, with exponential back-off.
+stale requests pile up) and the same request id is resent, with exponential back-off. While
+nothing listens, the back-off is spent waiting for the connection, so a dispatcher that comes
+up is asked within ZeroMQ's reconnect interval.
 """
 
 from __future__ import annotations
@@ -65,10 +67,14 @@ class ControlClient:
             if should_stop():
                 raise DispatcherUnreachable("stopping")
             sock = self._open()
+            connected = True
             try:
                 sock.send(payload, flags=zmq.NOBLOCK)
-            except zmq.Again:  # not connected yet (IMMEDIATE keeps nothing queued): keep the socket
-                pass
+            except zmq.Again:  # not connected yet (IMMEDIATE keeps nothing queued): keep the socket and
+                # wait for the connection itself, so a dispatcher that comes up is asked at once, not
+                # after the rest of a back-off
+                connected = False
+                sock.poll(int(backoff * 1000), zmq.POLLOUT)
             else:
                 if sock.poll(int(self.reply_timeout_s * 1000), zmq.POLLIN):
                     reply = pb.ControlReply()
@@ -84,7 +90,8 @@ class ControlClient:
                 log.warning("%s: no answer from the dispatcher at %s for %.0f s (%s); still trying", self.identity,
                             self.endpoint, WARN_AFTER_S, why_unreachable(self.endpoint))
                 warn_at = None
-            time.sleep(backoff)
+            if connected:
+                time.sleep(backoff)  # it answered nothing: give a busy dispatcher room
             backoff = min(backoff * 2, 2.0)
 
     def close(self) -> None:

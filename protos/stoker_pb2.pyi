@@ -407,8 +407,10 @@ class Wait(_message.Message):
     def __init__(self, retry_after_s: _Optional[float] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class OtherJob(_message.Message):
     __slots__ = ("job_id",)

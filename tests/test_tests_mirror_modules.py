@@ -39,7 +39,6 @@ COVERED_BY = {
     "pipeline/synth": ["tests/unit/pipeline/test_prepare.py"],
     "pipeline/tensors": ["tests/unit/pipeline/test_kinds.py"],
     "pipeline/text/layout": ["tests/unit/pipeline/text/test_packing.py"],
-    "workers/daemon": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py", E2E + "test_deploy.py"],
     "workers/process": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py"],
     "accel/accelerators": ["tests/unit/accel/test_stepping.py"],
     "accel/aio": [E2E + "test_exactly_once.py"],

@@ -8,7 +8,8 @@ registering and rejoins that job when it answers again, however long it was away
 whose dispatcher now serves another job (the job was started again without a checkpoint, so
 under a new id) leaves its job at once and registers for the new one; a dispatcher whose job
 is finished is waited on until it serves one that is not (a job resumed in place from an
-earlier checkpoint runs again under its id). Serves the processes' combined metrics.
+earlier checkpoint runs again under its id), except by a --once daemon that left that very job:
+its one job is over, so it exits. Serves the processes' combined metrics.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ class WorkerDaemon:
                 log.info("%s: joined job %s, data to %s", self.host_id, reply.registered.job.job_id,
                          reply.registered.job.data_endpoint)
                 return job_from_proto(reply.registered.job)
+            if self.cfg.once and self._job_id and reply.finished.job_id == self._job_id:
+                log.info("%s: job %s finished while this host was away; --once: exiting", self.host_id, self._job_id)
+                return None
             time.sleep(1.0)  # its job is finished: wait for one that is not
         return None
 

@@ -222,7 +222,8 @@ class ControlServer:
             counts = list(request.ack.batches)
             for i, unit_id in enumerate(request.ack.unit_ids):
                 d.ack(unit_id, counts[i] if i < len(counts) else None)
-            reply = pb.ControlReply(finished=pb.Finished()) if d.finished else pb.ControlReply(ok=pb.Ok())
+            reply = (pb.ControlReply(finished=pb.Finished(job_id=self.job.job_id)) if d.finished
+                     else pb.ControlReply(ok=pb.Ok()))
             reply.stats.CopyFrom(pb.JobStats(**asdict(d.stats())))
             return reply
         if kind == "epoch_steps":
@@ -263,7 +264,7 @@ class ControlServer:
 
     def _finished(self, host_id: str) -> pb.ControlReply:
         self.told_finished.add(host_id)
-        return pb.ControlReply(finished=pb.Finished())
+        return pb.ControlReply(finished=pb.Finished(job_id=self.job.job_id))
 
     def hosts_not_told(self) -> set[str]:
         """Live hosts that have not yet heard that the job is finished."""

@@ -52,8 +52,16 @@ def test_a_consumer_restarted_after_the_daemons_left_gets_them_back(manifest, lo
     state = checkpoint.load(tmp_path / "data.json")
     after = RecordingAccelerator(rate=200)
     second = Consumer(cfg, job, given(after), resume=state)
+    rejoined = lambda: all(d.output().count(f"joined job {first.job.job_id}") == 2 for d in daemons)  # noqa: E731
+
+    def first_step_waits_for_both(consumer: Consumer) -> None:
+        # One daemon's client may be up to its 2 s back-off behind the other: without this wait the
+        # first could finish the job alone, and the second would never hear of it.
+        if len(after.stepped) == 1:
+            assert wait_for(rejoined, timeout=30), "\n".join(d.output()[-2000:] for d in daemons)
+
     try:
-        summary = second.run()
+        summary = second.run(on_step=first_step_waits_for_both)
         codes = [d.wait(timeout=30) for d in daemons]
     finally:
         second.stop()
@@ -63,7 +71,6 @@ def test_a_consumer_restarted_after_the_daemons_left_gets_them_back(manifest, lo
     everything = np.concatenate([before.samples(), after.samples()])
     assert sorted(everything.tolist()) == list(range(manifest.num_samples))  # once each, across the restart
     assert summary.samples == len(after.samples())
-    assert all(d.output().count(f"joined job {first.job.job_id}") == 2 for d in daemons)
 
 
 def _children(pid: int) -> list[int]:

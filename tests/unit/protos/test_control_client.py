@@ -4,6 +4,7 @@ on with the reason, and never matched to a late reply of an earlier request."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import zmq
@@ -77,3 +78,33 @@ def test_a_stopping_caller_is_let_go_at_once(ctx):
     with pytest.raises(DispatcherUnreachable, match="stopping"):
         client.request(pb.ControlRequest(), give_up_after_s=None, should_stop=lambda: True)
     client.close()
+
+
+def test_a_dispatcher_that_comes_up_late_is_asked_as_soon_as_it_listens(ctx):
+    """Three clients at three phases of their 2 s back-off are all answered within a second of the
+    bind: a blind sleep would keep one of them waiting well over a second."""
+    endpoint, stop = f"tcp://127.0.0.1:{free_port()}", threading.Event()
+    answered: dict[str, float] = {}
+
+    def ask(name: str) -> None:
+        client = ControlClient(ctx, endpoint, name, reply_timeout_s=2.0)
+        client.request(pb.ControlRequest(register=pb.Register(host_id=name)), give_up_after_s=30)
+        answered[name] = time.monotonic()
+        client.close()
+
+    askers = []
+    for index in range(3):  # each reaches the 2 s cap after ~3 s of asking; started 0.7 s apart
+        askers.append(threading.Thread(target=ask, args=(f"host{index}/daemon",), daemon=True))
+        askers[-1].start()
+        time.sleep(0.7)
+    time.sleep(3.0)
+    bound = time.monotonic()
+    server = _dispatcher(ctx, endpoint, lambda request, seen: [_error(request, "welcome")], stop)
+    try:
+        for asker in askers:
+            asker.join(10)
+        assert len(answered) == 3
+        assert max(answered.values()) - bound < 1.0, {name: at - bound for name, at in answered.items()}
+    finally:
+        stop.set()
+        server.join(5)
