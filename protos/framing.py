@@ -22,6 +22,7 @@ from protos import stoker_pb2 as pb
 MAX_FRAME_BYTES = 32 * 1024 * 1024 - 64 * 1024
 MAX_HEADER_BYTES = 1 << 20
 MAX_FRAMES = 64
+MAX_DIMENSIONS = 8  # the widest tensor Stoker sends has 4 (rows, height, width, channels)
 ALLOWED_DTYPES = frozenset({"|u1", "|i1", "|b1", "<u2", "<i2", "<i4", "<u4", "<i8", "<f2", "<f4", "<f8"})
 
 
@@ -138,6 +139,9 @@ def decode_tensors(header: pb.BatchHeader, frames: Sequence[object]) -> Received
         if any(d < 0 for d in spec.shape):
             raise FrameError("size_mismatch", f"negative dimension in {list(spec.shape)}")
         dtype = np.dtype(spec.dtype)
+        if len(spec.shape) > MAX_DIMENSIONS or math.prod(d for d in spec.shape if d) * dtype.itemsize > MAX_FRAME_BYTES:
+            # an empty tensor's other dimensions are still sizes numpy must hold: (0, 2**40, 2**40) is no frame
+            raise FrameError("size_mismatch", f"{spec.tensor}: shape {list(spec.shape)} x {dtype} cannot fit a frame")
         expected = math.prod(spec.shape) * dtype.itemsize
         data = _buffer(frame)
         if expected != spec.nbytes or len(data) != expected:

@@ -77,6 +77,22 @@ def test_huge_declared_shape_is_rejected_without_allocating():
         decode_tensors(header, [b"x" * 16])
 
 
+@pytest.mark.parametrize("shape", [[0, 1 << 40, 1 << 40, 1 << 40], [0, 1 << 62], [1] * 65],
+                         ids=["empty-with-huge-dimensions", "empty-past-intp", "too-many-dimensions"])
+def test_an_empty_frame_with_impossible_dimensions_is_a_size_mismatch(shape):
+    header = pb.BatchHeader()
+    header.frames.add(tensor="image", dtype="|u1", shape=shape, nbytes=0 if 0 in shape else 1)
+    with pytest.raises(FrameError) as err:
+        decode_tensors(header, [b"" if 0 in shape else b"x"])
+    assert err.value.reason == "size_mismatch"
+
+
+def test_an_empty_frame_of_sane_dimensions_is_taken():
+    header = pb.BatchHeader()
+    header.frames.add(tensor="image", dtype="|u1", shape=[0, 224, 224, 3], nbytes=0)
+    assert decode_tensors(header, [b""]).parts["image"][0].shape == (0, 224, 224, 3)
+
+
 def test_a_frame_over_the_limit_is_refused_as_too_large_whatever_its_header_says():
     big = np.zeros(MAX_FRAME_BYTES + 1, np.uint8)
     header = pb.BatchHeader()
