@@ -45,7 +45,7 @@ from protos.curve import NOBODY, WORKER, Caller, caller_of
 from protos.droplog import DropLog
 from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
 from protos.leases import LeaseSigner
-from protos.sockets import send_error
+from protos.sockets import send_nowait
 
 log = logging.getLogger("stoker.consumer")
 MAX_SENDERS = 4096  # credit windows held at once; memory stays bounded however many peers say hello
@@ -446,8 +446,7 @@ class Receiver:
         self._reply(peer_id, pb.DataReply(reject=pb.Reject(reason=reason, code=code, unit_id=unit_id)))
 
     def _reply(self, peer_id: bytes, reply: pb.DataReply) -> None:
-        sent = self.socket.send_multipart([peer_id, reply.SerializeToString()], flags=zmq.NOBLOCK)
-        error = send_error(sent)
+        error = send_nowait(self.socket, [peer_id, reply.SerializeToString()])
         if error is not None:  # ROUTER_MANDATORY: the peer is gone, or its queue is full
             if peer_id in self.peers:
                 log.info("peer %r unreachable (%s); forgetting it", peer_id, error)

@@ -48,8 +48,14 @@ def router(ctx: zmq.Context[S], max_message_bytes: int, keys: ServerKeys | None 
     return sock
 
 
-def send_error(sent: object) -> BaseException | None:
-    """The error of a non-blocking send, from a plain socket (None) or an asyncio future."""
+def send_nowait(sock: zmq.Socket, parts: list[bytes]) -> BaseException | None:
+    """Send without blocking; the error (ROUTER_MANDATORY: the peer is gone, or its queue is full),
+    whether the socket is a plain one that raises or an asyncio one that sets its future's
+    exception. None when it went (or is on its way)."""
+    try:
+        sent = sock.send_multipart(parts, flags=zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        return exc
     if isinstance(sent, asyncio.Future) and sent.done():
         return sent.exception()
     return None

@@ -40,7 +40,7 @@ from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.droplog import DropLog
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import REREGISTERED, UNREACHABLE, LeaseSigner
-from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_error
+from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_nowait
 from protos.zap import HANDSHAKE_EVENTS, count_handshakes
 
 log = logging.getLogger("stoker.dispatcher")
@@ -341,7 +341,7 @@ class ControlServer:
         if self._outbox is not None:
             self._outbox.append((peer, payload))
             return
-        error = send_error(self.socket.send_multipart([peer, payload], flags=zmq.NOBLOCK))
+        error = send_nowait(self.socket, [peer, payload])
         if error is not None:
             log.info("control peer %r unreachable: %s", peer, error)
 

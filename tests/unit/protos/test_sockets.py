@@ -5,7 +5,7 @@ import time
 import pytest
 import zmq
 
-from protos.sockets import dealer, router
+from protos.sockets import dealer, router, send_nowait
 
 
 def test_a_message_over_the_cap_never_reaches_the_router(ctx):
@@ -36,3 +36,31 @@ def test_a_dealer_queues_nothing_for_an_endpoint_that_is_not_up(ctx):
         client.send(b"lost?", flags=zmq.NOBLOCK)
     assert time.monotonic() - started < 1
     assert client.getsockopt(zmq.LINGER) == 0
+
+
+def test_send_nowait_reports_an_unroutable_peer_from_a_plain_and_an_asyncio_socket(ctx):
+    import asyncio
+
+    import zmq.asyncio
+
+    plain = router(ctx, max_message_bytes=1000)
+    assert isinstance(send_nowait(plain, [b"nobody", b"reply"]), zmq.ZMQError)
+    port = plain.bind_to_random_port("tcp://127.0.0.1")
+    client = dealer(ctx, "known", max_message_bytes=1000)
+    client.connect(f"tcp://127.0.0.1:{port}")
+    client.send(b"hello")
+    assert plain.poll(2000) and plain.recv_multipart() == [b"known", b"hello"]
+    assert send_nowait(plain, [b"known", b"reply"]) is None and client.poll(2000) and client.recv() == b"reply"
+
+    async def on_asyncio() -> BaseException | None:
+        actx = zmq.asyncio.Context()
+        try:
+            sock = router(actx, max_message_bytes=1000)
+            try:
+                return send_nowait(sock, [b"nobody", b"reply"])
+            finally:
+                sock.close(0)
+        finally:
+            actx.term()
+
+    assert isinstance(asyncio.run(on_asyncio()), zmq.ZMQError)
