@@ -82,6 +82,7 @@ class CoreWatch:
     same core halves a figure), and `steal_share` the share the hypervisor took."""
 
     core: int
+    own_share: float = field(default=0.0, init=False)  # our own CPU time over the wall time
     others_share: float = field(default=0.0, init=False)
     steal_share: float = field(default=0.0, init=False)
 
@@ -95,7 +96,9 @@ class CoreWatch:
         busy1, steal1 = _core_jiffies(self.core)
         wall = time.perf_counter() - wall0
         core_busy = (busy1 - busy0) / self._tick
-        self.others_share = max(0.0, core_busy - (time.process_time() - own0)) / wall
+        own = time.process_time() - own0
+        self.own_share = own / wall
+        self.others_share = max(0.0, core_busy - own) / wall
         self.steal_share = (steal1 - steal0) / self._tick / wall
         if self.others_share > SHARED_WARNING or self.steal_share > SHARED_WARNING:
             print(f"warning: core {self.core} was shared while measured: {100 * self.others_share:.0f}% to other "

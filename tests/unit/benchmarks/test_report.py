@@ -38,14 +38,20 @@ def test_core_watch_sees_a_neighbour_on_the_pinned_core(pinned_core, capsys):
         neighbour.kill()
         neighbour.wait()
         neighbour.stdout.close()
-    assert 0.3 < shared.others_share < 0.7  # the scheduler splits one core between two spinners
+    # The neighbour takes about half the core (less when strays of a busy machine take some too, and
+    # they count as others as well); our own time is never counted as theirs: the two fill one core.
+    assert shared.others_share > 0.3
+    assert shared.own_share + shared.others_share < 1.1  # a tick's rounding either side
     assert "was shared while measured" in capsys.readouterr().out
 
 
 def test_core_watch_counts_only_others(pinned_core):
     with CoreWatch(pinned_core) as alone:
         _spin(0.5)
-    assert alone.others_share < 0.2  # our own spinning is not a neighbour
+    # Our own spinning is not a neighbour: counted as one, own + others would be twice what we ran.
+    # (Strays of a busy machine may take some of the core; they still leave the sum within the core.)
+    assert alone.own_share > 0.3
+    assert alone.own_share + alone.others_share < 1.1
 
 
 def test_header_names_the_cpu_and_versions():
