@@ -86,12 +86,17 @@ def _records(out: Path, ranks: int, suffix: str = "") -> dict[int, dict]:
 
 class Fleet:
     """`hosts` worker daemons of `procs` processes each, for the job at `port`. `once`: they leave
-    after the job, as `stoker worker --once`; otherwise they outlive it, as systemd units do."""
+    after the job, as `stoker worker --once`; otherwise they outlive it, as systemd units do, and
+    are up (asking to register) before the job starts, so that every one of them joins even a job
+    that crashes after a few steps (the tests of such fleets say what each daemon did)."""
 
     def __init__(self, port: int, log_dir: Path, hosts: int, procs: int, once: bool = True,
                  leave_after: float = 5.0) -> None:
         self.daemons = [Daemon(f"tcp://127.0.0.1:{port}", f"host{i}", procs, log_dir, once=once,
                                extra=("--leave-after", str(leave_after))) for i in range(hosts)]
+        if not once:
+            assert wait_for(lambda: all("registering with" in d.output() for d in self.daemons), timeout=60), \
+                "not every daemon came up:\n" + self.logs()
 
     def logs(self) -> str:
         return "\n".join(d.output()[-2000:] for d in self.daemons)
