@@ -243,10 +243,12 @@ class TextSpec(_message.Message):
     def __init__(self, seq_len: _Optional[int] = ..., max_predictions: _Optional[int] = ..., masked_lm_prob: _Optional[float] = ..., short_seq_prob: _Optional[float] = ..., whole_word_mask: _Optional[bool] = ..., pack: _Optional[bool] = ..., pack_max_sequences: _Optional[int] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "run_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job: JobSpec
-    def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
+    run_id: str
+    def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Attached(_message.Message):
     __slots__ = ("job", "lease_key")
@@ -257,26 +259,30 @@ class Attached(_message.Message):
     def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ..., lease_key: _Optional[bytes] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("host_id", "worker_ids", "job_id")
+    __slots__ = ("host_id", "worker_ids", "job_id", "run_id")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
     job_id: str
-    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("host_id", "worker_id", "holding", "job_id")
+    __slots__ = ("host_id", "worker_id", "holding", "job_id", "run_id")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDING_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     worker_id: str
     holding: _containers.RepeatedScalarFieldContainer[int]
     job_id: str
-    def __init__(self, host_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., holding: _Optional[_Iterable[int]] = ..., job_id: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, host_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., holding: _Optional[_Iterable[int]] = ..., job_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Segment(_message.Message):
     __slots__ = ("shard_index", "start", "stop", "first_sample_id")
@@ -309,16 +315,18 @@ class WorkUnit(_message.Message):
     def __init__(self, unit_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_token: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., rank: _Optional[int] = ..., position: _Optional[int] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("host_id", "worker_ids", "reason", "unit_ids")
+    __slots__ = ("host_id", "worker_ids", "reason", "unit_ids", "run_id")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     UNIT_IDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     unit_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., unit_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    run_id: str
+    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., unit_ids: _Optional[_Iterable[int]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Attach(_message.Message):
     __slots__ = ("consumer_id", "rank", "data_endpoint", "world_size")
@@ -413,10 +421,12 @@ class Finished(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class OtherJob(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "run_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, job_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Steps(_message.Message):
     __slots__ = ("steps",)

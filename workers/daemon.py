@@ -6,7 +6,10 @@ dispatcher first; one that keeps crashing is restarted with a growing back-off),
 on SIGTERM/SIGINT. A daemon that leaves a job because the dispatcher went silent keeps
 registering and rejoins that job when it answers again, however long it was away. A daemon
 whose dispatcher now serves another job (the job was started again without a checkpoint, so
-under a new id) leaves its job at once and registers for the new one; a dispatcher whose job
+under a new id) or another run of its job (a dispatcher that started again: a job resumed in
+place from a checkpoint keeps its id, not its run id) leaves its job at once, stops the
+processes of the old run (whatever they were doing: a send to a rank that died, a unit no
+rank will take) and registers for the new one; a dispatcher whose job
 is finished is waited on until it serves one that is not (a job resumed in place from an
 earlier checkpoint runs again under its id), except by a --once daemon that left that very job:
 its one job is over, so it exits. Serves the processes' combined metrics.
@@ -46,9 +49,9 @@ STEADY_S = 10.0  # a process that ran this long resets its crash count
 
 
 class _Child:
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, incarnation: int = 0) -> None:
         self.index = index
-        self.incarnation = 0
+        self.incarnation = incarnation  # counted across jobs and runs: a worker id is never used twice
         self.process: mp.process.BaseProcess | None = None
         self.finished = False
         self.started = 0.0
@@ -74,8 +77,11 @@ class WorkerDaemon:
         self.metrics_port: int | None = None
         self.systemd = Notifier()
         self.failed = False  # a process could not serve the job at all
-        self._other_job = False  # the dispatcher serves another job than the one being run
+        self._other_job = False  # the dispatcher serves another job (or run) than the one being run
+        self._other_job_id = ""  # the job it serves then, when a heartbeat's answer said
         self._job_id = ""  # the job being run
+        self._run_id = ""  # ... and the run of it this daemon registered with (Registered.run_id)
+        self._incarnations: dict[int, int] = {}  # process index -> its last incarnation, across jobs
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping:
@@ -128,6 +134,7 @@ class WorkerDaemon:
             if reply.WhichOneof("kind") == "registered":
                 log.info("%s: joined job %s, data to %s", self.host_id, reply.registered.job.job_id,
                          reply.registered.job.data_endpoint)
+                self._run_id = reply.registered.run_id
                 return job_from_proto(reply.registered.job)
             if self.cfg.once and self._job_id and reply.finished.job_id == self._job_id:
                 log.info("%s: job %s finished while this host was away; --once: exiting", self.host_id, self._job_id)
@@ -138,10 +145,12 @@ class WorkerDaemon:
     def _spawn(self, child: _Child, job: JobConfig) -> mp.process.BaseProcess:
         """Start the child's next incarnation; returns its process (also `child.process`)."""
         child.incarnation += 1
+        self._incarnations[child.index] = child.incarnation
         child.restart_at = None
         child.started = time.monotonic()
         worker_id = self._worker_id(child)
-        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache)
+        spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache,
+                           self._run_id)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
         return child.process
@@ -151,8 +160,8 @@ class WorkerDaemon:
 
     def _run_job(self, job: JobConfig) -> bool:
         """Serve one job; True when it is finished, False when we left it (or were stopped)."""
-        children = [_Child(i) for i in range(self.cfg.procs)]
-        self._other_job, self._job_id = False, job.job_id
+        children = [_Child(i, self._incarnations.get(i, 0)) for i in range(self.cfg.procs)]
+        self._other_job, self._other_job_id, self._job_id = False, "", job.job_id
         for child in children:
             self._spawn(child, job)
         next_beat = 0.0
@@ -180,8 +189,7 @@ class WorkerDaemon:
                 if answer == "other_job":
                     self._other_job = True
             if self._other_job:
-                log.warning("%s: the dispatcher at %s serves another job than %s now (the job was started again): "
-                            "leaving it to register for that one", self.host_id, self.cfg.connect, job.job_id)
+                self._say_other_job(job)
                 left = True
                 break
             now = time.monotonic()
@@ -195,6 +203,15 @@ class WorkerDaemon:
                 break
         self._drain(children, release=self.stopping and not self._parent_gone())
         return not left and not self._other_job and not self.stopping
+
+    def _say_other_job(self, job: JobConfig) -> None:
+        if self._other_job_id in ("", job.job_id):
+            log.warning("%s: the dispatcher at %s runs job %s anew (a new run: it started again, or the job resumed "
+                        "from a checkpoint): stopping this run's processes to join the new run", self.host_id,
+                        self.cfg.connect, job.job_id)
+        else:
+            log.warning("%s: the dispatcher at %s serves another job than %s now (the job was started again): "
+                        "leaving it to register for that one", self.host_id, self.cfg.connect, job.job_id)
 
     def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
@@ -243,18 +260,22 @@ class WorkerDaemon:
         ids = [self._worker_id(c) for c in children if not c.finished]
         try:
             reply = self.client.request(pb.ControlRequest(heartbeat=pb.Heartbeat(
-                host_id=self.host_id, worker_ids=ids, job_id=self._job_id)), give_up_after_s=5.0,
+                host_id=self.host_id, worker_ids=ids, job_id=self._job_id, run_id=self._run_id)), give_up_after_s=5.0,
                 should_stop=lambda: self.stopping)
         except DispatcherUnreachable as exc:
             if not self.stopping:
                 log.warning("%s: heartbeat unanswered: %s", self.host_id, exc)
             return None
+        if reply.WhichOneof("kind") == "other_job":
+            self._other_job_id = reply.other_job.job_id
         return reply.WhichOneof("kind")
 
     def _release(self, worker_ids: list[str], reason: str) -> None:
         try:
+            # a whole host's release holds in any run (it drains); a process's, only in the run it worked in
             self.client.request(pb.ControlRequest(release=pb.Release(
-                host_id=self.host_id, worker_ids=worker_ids, reason=reason)), give_up_after_s=5.0)
+                host_id=self.host_id, worker_ids=worker_ids, reason=reason,
+                run_id=self._run_id if worker_ids else "")), give_up_after_s=5.0)
         except DispatcherUnreachable as exc:
             log.warning("%s: could not hand units back (%s); the dispatcher re-leases them when our "
                         "heartbeats stop", self.host_id, exc)

@@ -38,6 +38,9 @@ class WorkerMetrics:
                                        "Text: time making examples (pairs, truncation, masking)", registry=r)
         self.pack_seconds = Counter("stoker_worker_pack_seconds", "Text: time packing and writing rows", registry=r)
         self.units = Counter("stoker_worker_units", "Work units completed", registry=r)
+        self.sends_timed_out = Counter("stoker_worker_sends_timed_out", "Batches that could not be sent within the "
+                                       "deadline because the rank's connection was gone (their units handed back)",
+                                       registry=r)
         self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash",
                                 registry=r)
         self.shard_fetches = Counter("stoker_worker_shard_fetches", "Shards fetched from object storage into this "

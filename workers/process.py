@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import zmq
@@ -42,7 +42,7 @@ from protos.framing import encode_tensors
 from protos.leases import UNREACHABLE
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics
-from workers.sender import DataSender, Lease, LeaseRefused, Rejected
+from workers.sender import DataSender, Lease, LeaseRefused, Rejected, SendTimedOut
 from workers.sources import BatchSource, Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
@@ -69,6 +69,7 @@ class ProcessSpec:
     parent_pid: int  # the daemon: this process stops when it is gone
     curve: ClientKeys | None = None  # this host's CURVE keys, when the service uses them
     cache: CacheConfig | None = None  # this host's shard cache (None: the environment's)
+    run_id: str = ""  # the run of the job its daemon registered with: a dispatcher in another answers OtherJob
 
 
 class _Stop:
@@ -171,7 +172,7 @@ class _LeaseLoop:
         spec = self.spec
         reply = self.control.request(pb.ControlRequest(lease=pb.LeaseRequest(
             host_id=spec.host_id, worker_id=spec.worker_id, holding=[w.unit.unit_id for w in self.works.values()],
-            job_id=spec.job.job_id)), should_stop=self.stop)
+            job_id=spec.job.job_id, run_id=spec.run_id)), should_stop=self.stop)
         kind = reply.WhichOneof("kind")
         if kind == "unit":
             self._take(reply.unit)
@@ -202,7 +203,7 @@ class _LeaseLoop:
         work.sender.end_unit()
         self.control.request(pb.ControlRequest(release=pb.Release(
             host_id=self.spec.host_id, worker_ids=[self.spec.worker_id], unit_ids=[work.unit.unit_id],
-            reason=reason)), should_stop=self.stop)
+            reason=reason, run_id=self.spec.run_id)), should_stop=self.stop)
 
     def _sender_for(self, endpoint: str) -> DataSender:
         if endpoint not in self.senders:
@@ -216,8 +217,10 @@ class _LeaseLoop:
         batch = next(work.batches, None)
         if batch is not None:
             try:
-                _send_batch(self.spec, work.unit, batch, work.sender, self.metrics, self.waited)
+                _send_batch(self.spec, work.unit, batch, work.sender, self.metrics, self.waited, self.stop)
             except LeaseRefused as exc:
+                if isinstance(exc, SendTimedOut):
+                    self.metrics.sends_timed_out.inc()
                 self._refused(work, exc)
                 return
             self.waited = 0.0
@@ -299,9 +302,10 @@ def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> in
 
 
 def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender, metrics: WorkerMetrics,
-                waited: float) -> None:
+                waited: float, stop: Callable[[], bool]) -> None:
     """Frame one batch and send it under the credit its rank granted (`waited`: seconds the process
-    waited for credit before it, reported in the header)."""
+    waited for credit before it, reported in the header). A rank whose connection is gone raises
+    SendTimedOut after the sender's deadline, sooner when `stop` says the process is stopping."""
     framing_from = time.perf_counter()
     header = batch.header
     header.job_id, header.worker_id = spec.job.job_id, spec.worker_id
@@ -311,7 +315,7 @@ def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSend
     header.stages.send = time.perf_counter() - framing_from
     header.created_unix = time.time()
     # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12; it has one on 3.11
-    nbytes = sender.send(header, frames)  # type: ignore[arg-type]
+    nbytes = sender.send(header, frames, should_stop=stop)  # type: ignore[arg-type]
     metrics.batches.inc()
     metrics.bytes_sent.inc(nbytes)
     batch.observe(metrics)

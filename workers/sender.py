@@ -8,12 +8,17 @@ blocks on one sender: it polls all of its senders' sockets together (workers.pro
 calls `hear` on each, which takes credit, answers pings and repeats hellos that are due.
 `silent_s` says how long the consumer has said nothing at all: a live consumer pings a
 sender that waits for credit every few seconds, so a long silence means it is gone.
+
+A batch is sent only while the rank's connection is up (IMMEDIATE: a DEALER with no connected
+peer cannot take a message). Credit held from a rank that has since died would otherwise block
+the send for ever, so a send waits at most SEND_DEADLINE_S for the connection and then raises
+`SendTimedOut`: the process hands the unit back (the restarted rank gets it from a new lease).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 REHELLO_S = 5.0  # a welcomed sender without credit says hello again this often
+SEND_DEADLINE_S = 10.0  # a batch that cannot leave this long (the rank's connection is gone): hand the unit back
+SEND_POLL_MS = 100  # while waiting to send, how often the caller's stop flag is looked at
 
 
 class Rejected(ConnectionError):
@@ -35,6 +42,11 @@ class Rejected(ConnectionError):
 
 class LeaseRefused(ConnectionError):
     """The consumer does not accept the lease (it restarted, or the lease was lost): drop the unit."""
+
+
+class SendTimedOut(LeaseRefused):
+    """A batch could not be sent within the deadline: the rank's connection is gone (it died, or
+    restarted elsewhere). The unit goes back to the dispatcher."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +166,10 @@ class DataSender:
         """Seconds since the consumer last said anything (since the current unit began, when never)."""
         return time.monotonic() - self._heard
 
-    def send(self, header: pb.BatchHeader, frames: Sequence[Buffer]) -> int:
-        """Send one batch; the caller must hold credit. Frames go out without a copy.
+    def send(self, header: pb.BatchHeader, frames: Sequence[Buffer], deadline_s: float = SEND_DEADLINE_S,
+             should_stop: Callable[[], bool] = lambda: False) -> int:
+        """Send one batch; the caller must hold credit. Frames go out without a copy. Waits at most
+        `deadline_s` for the rank's connection (then `SendTimedOut`), less when `should_stop` says so.
 
         Returns the tensor bytes sent."""
         if self.credit <= 0:
@@ -165,7 +179,17 @@ class DataSender:
             header.lease_token = self.lease.token
         header.host_id = self.host_id
         message = pb.DataMessage(batch=header).SerializeToString()
-        self.socket.send_multipart([message, *frames], copy=False)
+        give_up = time.monotonic() + deadline_s
+        while True:
+            try:
+                self.socket.send_multipart([message, *frames], copy=False, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:  # no connected peer (IMMEDIATE), or its queue is full
+                pass
+            if time.monotonic() >= give_up or should_stop():
+                raise SendTimedOut(f"a batch for {self.endpoint} could not be sent in {deadline_s:.0f} s: "
+                                   "the rank's connection is gone (it stopped, or restarted elsewhere)")
+            self.socket.poll(SEND_POLL_MS, zmq.POLLOUT)
         self.credit -= 1
         nbytes = sum(memoryview(f).nbytes for f in frames)
         self.bytes_sent += nbytes

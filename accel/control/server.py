@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
@@ -98,6 +99,9 @@ class ControlServer:
         self._closed: dict[bytes, tuple[float, int]] = {}  # peer -> when its connection closed, and which
         self._unreachable: set[tuple[str, int]] = set()  # (host, rank) pairs reported as unable to reach the rank
         self.on_failure: Callable[[str], None] = lambda reason: None  # the job failed: the consumer here stops
+        # This run of the job: a job resumed in place keeps its id but not this, so what a daemon still
+        # holds from the run before (processes, leases, connections to ranks that died) is told apart.
+        self.run_id = secrets.token_hex(8)
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -169,17 +173,17 @@ class ControlServer:
             if stale:
                 log.warning("host %s registered again: its %d earlier leases go back to the queue",
                             request.register.host_id, stale)
-            return pb.ControlReply(registered=pb.Registered(job=self.job))
+            return pb.ControlReply(registered=pb.Registered(job=self.job, run_id=self.run_id))
         if kind == "heartbeat":
             d.heartbeat(request.heartbeat.host_id)
-            if request.heartbeat.job_id and request.heartbeat.job_id != self.job.job_id:
-                return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
+            if self._other_run(request.heartbeat.job_id, request.heartbeat.run_id):
+                return self._other_job()
             return self._finished(request.heartbeat.host_id) if d.over else pb.ControlReply(ok=pb.Ok())
         if kind == "lease":
             lease = request.lease
             self._leaser[peer] = (lease.host_id, lease.worker_id)
-            if lease.job_id and lease.job_id != self.job.job_id:
-                return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
+            if self._other_run(lease.job_id, lease.run_id):
+                return self._other_job()
             if d.over:
                 return self._finished(lease.host_id)
             unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name, lease.holding)
@@ -189,6 +193,8 @@ class ControlServer:
             return pb.ControlReply(unit=unit_to_proto(unit, token, d.endpoint(unit.rank) or ""))
         if kind == "release":
             r = request.release
+            if self._other_run("", r.run_id):  # units of a run that is over: they mean nothing here
+                return self._other_job()
             if r.reason == UNREACHABLE:
                 self._report_unreachable(r.host_id, list(r.unit_ids))
             count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None,
@@ -253,7 +259,7 @@ class ControlServer:
     def _refused(self, refusal: pb.Refusal) -> pb.ControlReply:
         """A worker cannot run the job as pinned: the job fails, with its line, everywhere it is watched."""
         if refusal.job_id and refusal.job_id != self.job.job_id:
-            return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id))
+            return self._other_job()
         self.metrics.refusals.inc()
         line = f"host {refusal.host_id[:MAX_NAME]} refused the job: {refusal.reason[:1000]}"
         if self.dispatcher.fail(line):
@@ -261,6 +267,13 @@ class ControlServer:
             self.metrics.failure.labels(reason=line).set(1)
             self.on_failure(line)
         return pb.ControlReply(ok=pb.Ok())
+
+    def _other_run(self, job_id: str, run_id: str) -> bool:
+        """The asker works for another job, or an earlier run of this one ("": not said, not checked)."""
+        return bool(job_id and job_id != self.job.job_id) or bool(run_id and run_id != self.run_id)
+
+    def _other_job(self) -> pb.ControlReply:
+        return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id, run_id=self.run_id))
 
     def _finished(self, host_id: str) -> pb.ControlReply:
         self.told_finished.add(host_id)

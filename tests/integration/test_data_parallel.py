@@ -91,9 +91,11 @@ class Fleet:
     that crashes after a few steps (the tests of such fleets say what each daemon did)."""
 
     def __init__(self, port: int, log_dir: Path, hosts: int, procs: int, once: bool = True,
-                 leave_after: float = 5.0) -> None:
-        self.daemons = [Daemon(f"tcp://127.0.0.1:{port}", f"host{i}", procs, log_dir, once=once,
-                               extra=("--leave-after", str(leave_after))) for i in range(hosts)]
+                 leave_after: float | None = 5.0) -> None:
+        """`leave_after`: the daemons' --leave-after; None: the default users run with."""
+        extra = () if leave_after is None else ("--leave-after", str(leave_after))
+        self.daemons = [Daemon(f"tcp://127.0.0.1:{port}", f"host{i}", procs, log_dir, once=once, extra=extra)
+                        for i in range(hosts)]
         if not once:
             assert wait_for(lambda: all("registering with" in d.output() for d in self.daemons), timeout=60), \
                 "not every daemon came up:\n" + self.logs()
@@ -222,7 +224,7 @@ def test_a_job_restarted_in_place_continues_exactly_once_while_the_daemons_run(o
     sample once per epoch, equal steps."""
     port = free_port()
     out = tmp_path / "run"
-    fleet = Fleet(port, log_dir, hosts=4, procs=1, once=False)
+    fleet = Fleet(port, log_dir, hosts=4, procs=1, once=False, leave_after=5.0 if after_they_left else None)
     common = ("--model", "linear", "--batch-size", "8", "--epochs", "3")
     try:
         _run(odd_manifest, out, port, 3, fleet, *common, "--save-at", "8", "--crash-after", "14", expect_code=1)
@@ -236,6 +238,32 @@ def test_a_job_restarted_in_place_continues_exactly_once_while_the_daemons_run(o
         _run(odd_manifest, out, port, 3, fleet, *common, "--resume", timeout=120)
         rest = _records(out, 3, "-resumed")
         assert all(d.proc.poll() is None for d in fleet.daemons)  # the daemons live on, for the next job
+    finally:
+        fleet.stop()
+    whole = {r: {"steps": _before(first[r]["steps"], state) + rest[r]["steps"], "len": rest[r]["len"]} for r in rest}
+    _check_exactly_once_and_even(odd_manifest, whole, 3)
+
+
+def test_a_restart_in_place_takes_back_processes_that_held_credit_of_the_dead_ranks(odd_manifest, tmp_path, log_dir):
+    """Fewer worker processes than ranks (1 for 3), slower than the steps (128 px images): when every
+    rank crashes, the process holds credit the dead ranks granted and is making or sending their batch.
+    Run again from the checkpoint at the default --leave-after, with the daemon still up: the daemon
+    sees a new run of the same job id, stops that process and joins the new run, which finishes
+    exactly once within seconds. (The send used to block for ever on the dead rank's socket, and the
+    daemon, heartbeating a dispatcher under the same job id, never left: the resume hung.)"""
+    port = free_port()
+    out = tmp_path / "run"
+    fleet = Fleet(port, log_dir, hosts=1, procs=1, once=False, leave_after=None)
+    common = ("--model", "linear", "--batch-size", "8", "--epochs", "3", "--image-size", "128")
+    try:
+        _run(odd_manifest, out, port, 3, fleet, *common, "--save-at", "8", "--crash-after", "14", expect_code=1)
+        state = json.loads((out / "state.json").read_text())
+        first = _records(out, 3)
+        started = time.monotonic()
+        _run(odd_manifest, out, port, 3, fleet, *common, "--resume", timeout=90)
+        assert time.monotonic() - started < 60, "the resumed job waited on the old run's process"
+        rest = _records(out, 3, "-resumed")
+        assert "runs job" in fleet.logs() and fleet.daemons[0].proc.poll() is None
     finally:
         fleet.stop()
     whole = {r: {"steps": _before(first[r]["steps"], state) + rest[r]["steps"], "len": rest[r]["len"]} for r in rest}

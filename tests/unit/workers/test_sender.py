@@ -10,7 +10,7 @@ import zmq
 
 from protos import stoker_pb2 as pb
 from tests.helpers import wait_for
-from workers.sender import DataSender, Lease, LeaseRefused
+from workers.sender import SEND_DEADLINE_S, DataSender, Lease, LeaseRefused, SendTimedOut
 
 
 @pytest.fixture
@@ -126,4 +126,24 @@ def test_silence_is_counted_from_the_unit_start_and_ends_with_any_reply(consumer
     while pong.WhichOneof("kind") == "hello":
         _, pong, _ = _next_message(router)
     assert pong.WhichOneof("kind") == "pong"
+    sender.close()
+
+
+def test_credit_from_a_rank_that_died_does_not_hold_the_send_for_ever(consumer_socket):
+    """The rank grants credit and dies before the batch goes (a crashed job): the send gives up
+    after its deadline with SendTimedOut (the unit goes back), where it used to block for ever."""
+    ctx, router, _ = consumer_socket
+    sender, peer, _ = _greeted(consumer_socket, "h", Lease(3, b"t"))
+    _reply(router, peer, pb.DataReply(credit=pb.Credit(batches=4)))
+    assert wait_for(lambda: _credit(sender), timeout=5, interval=0.01)
+    router.close(0)  # the rank is gone; its credit is still in the sender's hands
+    assert wait_for(lambda: not sender.socket.poll(0, zmq.POLLOUT), timeout=5, interval=0.01)
+    started = time.monotonic()
+    with pytest.raises(SendTimedOut, match="could not be sent in 1 s"):
+        sender.send(pb.BatchHeader(), [b"x"], deadline_s=1.0)
+    assert 0.9 <= time.monotonic() - started < 3.0
+    stopping = time.monotonic()
+    with pytest.raises(SendTimedOut):  # a process told to stop does not wait out the deadline
+        sender.send(pb.BatchHeader(), [b"x"], should_stop=lambda: True)
+    assert time.monotonic() - stopping < 1.0 and SEND_DEADLINE_S >= 5
     sender.close()

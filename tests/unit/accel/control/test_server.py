@@ -249,3 +249,34 @@ def test_a_host_that_registers_again_gets_its_earlier_leases_put_back():
     assert d.stats().releases == 1
     assert d.lease("h0", "h0/p0.1").unit_id == held  # back at its place: the next one handed out
     assert d.lease("h2", "h2/p0.1").unit_id != other  # h1's lease is still h1's
+
+
+def _answer(server: ControlServer, sock: RecordingSocket, request: pb.ControlRequest, peer: bytes = b"p"):
+    request.request_id = len(sock.sent) + 1
+    server.handle([peer, request.SerializeToString()])
+    reply = pb.ControlReply()
+    reply.ParseFromString(sock.sent[-1][1])
+    return reply
+
+
+def test_a_daemon_of_an_earlier_run_of_the_same_job_is_told_to_register_again():
+    """A job resumed in place keeps its job id; its new dispatcher's run id tells apart what a daemon
+    still holds from the run before: its heartbeat and its processes' leases are answered OtherJob
+    (naming the new run), and their releases release nothing of the new run's units."""
+    server, sock = make_server()
+    registered = _answer(server, sock, pb.ControlRequest(register=pb.Register(host_id="h0", procs=1)))
+    run = registered.registered.run_id
+    assert len(run) >= 16 and run != make_server()[0].run_id  # a new dispatcher is a new run
+    lease = _answer(server, sock, pb.ControlRequest(lease=pb.LeaseRequest(
+        host_id="h0", worker_id="h0/p0.2", job_id=JOB, run_id=run)))
+    assert lease.WhichOneof("kind") == "unit"
+    for request in (pb.ControlRequest(heartbeat=pb.Heartbeat(host_id="h0", job_id=JOB, run_id="earlier")),
+                    pb.ControlRequest(lease=pb.LeaseRequest(host_id="h0", worker_id="h0/p0.1", job_id=JOB,
+                                                            run_id="earlier"))):
+        reply = _answer(server, sock, request)
+        assert reply.WhichOneof("kind") == "other_job" and reply.other_job.run_id == run
+    stale = _answer(server, sock, pb.ControlRequest(release=pb.Release(
+        host_id="h0", worker_ids=["h0/p0.2"], reason="process exit", run_id="earlier")))
+    assert stale.WhichOneof("kind") == "other_job" and server.dispatcher.stats().leased == 1
+    beat = _answer(server, sock, pb.ControlRequest(heartbeat=pb.Heartbeat(host_id="h0", job_id=JOB, run_id=run)))
+    assert beat.WhichOneof("kind") == "ok"
