@@ -21,10 +21,10 @@ import zmq.asyncio
 from accel.control.dispatcher import Dispatcher, DispatcherStats
 from accel.control.link import CloseWait
 from accel.control.metrics import ControlMetrics
-from accel.control.server import AccessPolicy, ControlServer, control_router, serve_control
+from accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
 from protos import stoker_pb2 as pb
 from protos.curve import ServerKeys
-from protos.endpoints import advertised, bind
+from protos.endpoints import advertised
 from protos.leases import LeaseSigner
 
 
@@ -73,9 +73,9 @@ class InProcessDispatcher:
 
     def open(self, ctx: zmq.asyncio.Context, data_endpoint: str, on_failure: Callable[[str], None],
              stop: threading.Event) -> list[Coroutine[Any, Any, None]]:
-        control, monitor = control_router(ctx, self.socket.keys)
-        self._sockets = [control]
-        self._endpoint = advertised(bind(control, self.socket.bind, "control"), self.socket.advertise_host)
+        control, monitor, bound = bind_control(ctx, self.socket.keys, self.socket.bind)
+        self._sockets = [control]  # the monitor closes with its coroutine (serve_control)
+        self._endpoint = advertised(bound, self.socket.advertise_host)
         self.dispatcher.attach_rank(0, data_endpoint, self.consumer_id)
         server = self.server = ControlServer(control, self.dispatcher, self.job_spec(data_endpoint), self.metrics,
                                              self.leases, self.socket.access)

@@ -39,6 +39,7 @@ from pipeline.unit_wire import unit_to_proto
 from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.droplog import DropLog
+from protos.endpoints import bind
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
 from protos.leases import REREGISTERED, UNREACHABLE, LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_nowait
@@ -379,6 +380,21 @@ def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> tuple[z
     # retry (another new socket) can meet the same race, so a client under load may never be answered.
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     return sock, sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | (HANDSHAKE_EVENTS if keys else 0))
+
+
+def bind_control(ctx: zmq.asyncio.Context, keys: ServerKeys | None,
+                 endpoint: str) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket, str]:
+    """The control ROUTER and its monitor, bound to `endpoint`; returns both and the endpoint bound.
+    A bind that fails (a port in use) closes both before it raises: an open monitor socket would
+    hold the context's term() for ever, so the caller would hang instead of reporting the port."""
+    sock, monitor = control_router(ctx, keys)
+    try:
+        bound = bind(sock, endpoint, "control")
+    except BaseException:
+        monitor.close(0)
+        sock.close(0)
+        raise
+    return sock, monitor, bound
 
 
 def serve_control(control: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket, server: ControlServer,

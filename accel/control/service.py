@@ -30,13 +30,13 @@ from accel.control.dispatch_config import DispatchConfig
 from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
 from accel.control.metrics import ControlMetrics
-from accel.control.server import AccessPolicy, ControlServer, control_router, serve_control
+from accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
 from pipeline.job import JobConfig
 from pipeline.job_wire import job_to_proto
 from pipeline.shards import Manifest
 from protos import job_secret
 from protos.curve import ServerKeys
-from protos.endpoints import advertised, bind
+from protos.endpoints import advertised
 from protos.exposure import check_exposure
 from protos.leases import KEY_BYTES, LeaseSigner
 from protos.zap import KeyAuthenticator
@@ -96,9 +96,15 @@ class DispatchService:
         authenticator = KeyAuthenticator(ctx, self.keys) if self.keys else None
         if authenticator is not None:
             authenticator.start()  # before the bind
-        control, monitor = control_router(ctx, self.keys)
         try:
-            self.endpoint = advertised(bind(control, self.cfg.control_bind, "control"), self.cfg.advertise_host)
+            control, monitor, bound = bind_control(ctx, self.keys, self.cfg.control_bind)
+        except BaseException:
+            if authenticator is not None:
+                authenticator.stop()
+            ctx.term()
+            raise
+        try:
+            self.endpoint = advertised(bound, self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
                                   remote_consumers=True)
             server = ControlServer(control, self.dispatcher, job_to_proto(self.job), self.metrics,

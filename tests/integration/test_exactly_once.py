@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -191,6 +192,39 @@ def test_port_in_use_is_a_clear_error(manifest):
         assert "already in use" in result.stderr and "Traceback" not in result.stderr
     finally:
         first.stop()
+
+
+@pytest.mark.parametrize("flag", ["--control-bind", "--data-bind", "--metrics-port"])
+def test_every_port_in_use_is_named_at_once_by_stoker_train(manifest, flag):
+    """Another process holds the port (a second job on the same host, as users start them): `stoker
+    train` exits 2 within seconds naming the port, for the control port too (an unclosed monitor
+    socket used to hold the context's term(): it waited for ever, printing nothing)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        value = str(port) if flag == "--metrics-port" else f"tcp://127.0.0.1:{port}"
+        flags = {"--control-bind": "tcp://127.0.0.1:0", "--data-bind": "tcp://127.0.0.1:0", "--metrics-port": "0"}
+        flags[flag] = value
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "stoker", "train", "--data", manifest.uri,
+                                 *(x for kv in flags.items() for x in kv)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert str(port) in result.stderr and "in use" in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_a_control_port_in_use_is_named_at_once_by_stoker_dispatch(manifest, tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "stoker", "dispatch", "--data", manifest.uri, "--metrics-port",
+                                 "-1", "--control-bind", f"tcp://127.0.0.1:{port}", "--job-secret",
+                                 str(tmp_path / "secret")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and f"127.0.0.1:{port} is already in use" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and time.monotonic() - started < 30
 
 
 def test_sigterm_drains_a_worker_daemon(manifest, run_job, log_dir):
