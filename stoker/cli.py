@@ -8,10 +8,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.kinds import kind_of
 from stoker import __version__, cli_experiments, cli_prepare, configured, options, settings
 from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least
+
+if TYPE_CHECKING:
+    from accel.summary import Summary
 from stoker.options import (
     ACCELERATOR,
     CONSUMER_SOCKETS,
@@ -273,7 +277,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         consumer.stop()
     print_summary(summary, args.json, spec, _transform_named(consumer.job.transform, consumer.job.transform_params))
-    return 0
+    return _nothing_delivered(summary)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -287,6 +291,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     shard_cache_gb=args.shard_cache_gb)
     summaries = run_embedded(options.job_fields(args), cfg)
     print_summary(summaries, args.json, cfg.accel, _transform_named(args.transform, args.transform_params))
+    return _nothing_delivered(summaries)
+
+
+def _nothing_delivered(summaries: Summary | list[Summary]) -> int:
+    """2, with the line, when every sample was skipped; else 0."""
+    from stoker.embedded import nothing_delivered
+
+    failure = nothing_delivered(summaries)
+    if failure:
+        print(f"stoker: error: {failure}", file=sys.stderr)
+        return 2
     return 0
 
 

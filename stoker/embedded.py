@@ -263,6 +263,19 @@ def transform_cores(ranks: list[Summary], accel: AccelSpec | None, transform: st
             "cores_needed": rate / per_core}
 
 
+def nothing_delivered(summaries: Summary | list[Summary]) -> str | None:
+    """The job's error when every sample it met was skipped: it trained on nothing, which no exit
+    code 0 may hide. Names the commonest reasons (the summary lists every skipped sample)."""
+    ranks = [summaries] if isinstance(summaries, Summary) else summaries
+    s = job_totals(ranks) if len(ranks) > 1 else ranks[0]
+    if s.samples or not s.skipped_samples:
+        return None
+    reasons = collections.Counter(str(x.get("reason", "")) for x in s.skipped)
+    top = "; ".join(f"{count} x {reason[:200]}" for reason, count in reasons.most_common(3))
+    return (f"nothing was delivered: all {s.skipped_samples} {kind_of(s.dataset).sample_noun} met were skipped "
+            f"as unusable ({top})")
+
+
 def print_summary(summaries: Summary | list[Summary], json_path: str | None, accel: AccelSpec | None = None,
                   transform: str = "") -> None:
     """The closing lines (one per rank, then the job's, when there are several) and the JSON (the
@@ -297,6 +310,8 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     if accel is not None and accel.kind == "null":
         print("device: null (it never computes, so the stall is the data path's ceiling, not what a device "
               "needs; `stoker run`'s default feeds a simulated A100 at 1/10 scale)")
+    elif s.samples == 0:
+        print("bottleneck: none measured (nothing was delivered)")
     elif fed is not None:
         print(f"bottleneck: {s.bottleneck} ({s.bottleneck_detail})")
         line = (f"host cores to feed it: {fed['cores_needed']:.2f} worker processes at their CPU share here "
@@ -309,4 +324,7 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     if cores is not None:
         print(f"host cores needed for {cores['accelerator']} ({cores['accelerator_rate']:,.0f} {unit}/s): "
               f"{cores['cores_needed']:.1f} (transform {transform}, {cores['per_core_rate']:,.0f} {unit}/s per core)")
+    failure = nothing_delivered(ranks)
+    if failure:
+        data["failed"] = failure
     emit_json(json_path, data)

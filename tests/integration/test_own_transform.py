@@ -59,6 +59,11 @@ class Picky(Tiny):
         return super().__call__(sample, rng, pixels)
 
 
+class Refuser(Tiny):
+    def __call__(self, sample, rng, pixels):
+        raise ValueError("takes nothing")
+
+
 class Sleepy(Tiny):
     def __call__(self, sample, rng, pixels):
         if sample.sample_id % 40 == 3:
@@ -231,6 +236,20 @@ def test_a_transform_that_raises_on_a_sample_skips_it_and_counts_it_with_the_exc
     assert {entry["sample_id"] for entry in summary.skipped} == set(refused)
     assert all(entry["reason"].startswith("transform raised ValueError: will not take ") for entry in summary.skipped)
     assert sorted(recorder.trained) == [(e, s) for e in range(2) for s in range(manifest.num_samples) if s % 5]
+
+
+def test_a_job_whose_every_sample_is_skipped_fails_with_the_reasons(own, manifest, tmp_path):
+    """Trained on nothing: `stoker run` exits 2 naming the skip reasons, and its summary does not blame
+    the credit window (it used to exit 0 and advise raising --credit-window)."""
+    result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--hosts", "1",
+                             "--procs", "1", "--transform", f"{MODULE}:Refuser", "--no-progress", "--metrics-port",
+                             "-1", "--worker-metrics-port", "-1", "--json", str(tmp_path / "s.json")],
+                            capture_output=True, text=True, timeout=180, env=_env(own["1.0"]))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    line = f"stoker: error: nothing was delivered: all {manifest.num_samples} samples met were skipped as unusable"
+    assert line in result.stderr and "transform raised ValueError: takes nothing" in result.stderr
+    assert "--credit-window" not in result.stdout and "bottleneck: none measured" in result.stdout
+    assert json.loads((tmp_path / "s.json").read_text())["failed"].startswith(line.removeprefix("stoker: error: "))
 
 
 def test_a_transform_that_hangs_on_a_sample_is_stopped_at_the_timeout_and_the_sample_skipped(own, manifest, log_dir):
