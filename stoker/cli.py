@@ -13,9 +13,6 @@ from typing import TYPE_CHECKING
 from pipeline.kinds import kind_of
 from stoker import __version__, cli_experiments, cli_prepare, configured, options, settings
 from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least
-
-if TYPE_CHECKING:
-    from accel.summary import Summary
 from stoker.options import (
     ACCELERATOR,
     CONSUMER_SOCKETS,
@@ -26,6 +23,9 @@ from stoker.options import (
     Deprecated,
     consumer_metrics,
 )
+
+if TYPE_CHECKING:
+    from accel.summary import Summary
 
 
 def build_parser() -> argparse.ArgumentParser:
