@@ -240,8 +240,10 @@ class WorkerDaemon:
             child.finished = True
             return
         worker_id = self._worker_id(child)
-        log.warning("%s: process %s (pid %s) died with exit code %s; handing its units back and restarting",
-                    self.host_id, worker_id, proc.pid, proc.exitcode)
+        how = ("exited 0 before the job was finished (something in it called exit(): the transform, or a library "
+               "it uses)") if proc.exitcode == 0 else f"died with exit code {proc.exitcode}"
+        log.warning("%s: process %s (pid %s) %s; handing its units back and restarting", self.host_id, worker_id,
+                    proc.pid, how)
         self._release([worker_id], f"process exit {proc.exitcode}")
         self.metrics.restarts.inc()
         if job_finished:

@@ -47,7 +47,9 @@ from workers.sources import BatchSource, Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
 
-EXIT_FINISHED = 0
+# A process exits with EXIT_FINISHED only when the job is finished or it was told to stop: 0 is
+# what a transform or a library that calls exit() gives, and the daemon treats that as a crash.
+EXIT_FINISHED = 10
 EXIT_DISPATCHER_LOST = 3
 EXIT_REJECTED = 4
 EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusable): do not restart

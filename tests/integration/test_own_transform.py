@@ -26,6 +26,7 @@ from tests.helpers import Daemon, free_port, scrape
 
 MODULE = "stoker_test_own_transform"
 SOURCE = '''"""A team's own transforms, as a test writes them: nothing here is Stoker's but the contract."""
+import os
 import time
 
 import numpy as np
@@ -56,6 +57,20 @@ class Picky(Tiny):
     def __call__(self, sample, rng, pixels):
         if sample.sample_id % 5 == 0:
             raise ValueError(f"will not take {{sample.key}}")
+        return super().__call__(sample, rng, pixels)
+
+
+class Quitter(Tiny):
+    """Calls exit(0) once (the first process to meet sample 7), as a library deep in user code may."""
+
+    def __call__(self, sample, rng, pixels):
+        if sample.sample_id == 7:
+            try:
+                os.close(os.open(os.environ["QUIT_MARKER"], os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(0)
         return super().__call__(sample, rng, pixels)
 
 
@@ -236,6 +251,24 @@ def test_a_transform_that_raises_on_a_sample_skips_it_and_counts_it_with_the_exc
     assert {entry["sample_id"] for entry in summary.skipped} == set(refused)
     assert all(entry["reason"].startswith("transform raised ValueError: will not take ") for entry in summary.skipped)
     assert sorted(recorder.trained) == [(e, s) for e in range(2) for s in range(manifest.num_samples) if s % 5]
+
+
+def test_a_process_that_exits_0_before_the_job_is_finished_is_a_crash(own, manifest, log_dir, tmp_path):
+    """A transform calls exit(0): the daemon restarts the process and its units are done again (it used
+    to count the process as finished, and the job waited for ever with too few processes)."""
+    recorder = Recorder()
+    consumer = _consumer(manifest, recorder, "Quitter")
+    consumer.start()
+    env = _env(own["1.0"]) | {"QUIT_MARKER": str(tmp_path / "quit")}
+    daemons = _daemons(consumer, log_dir, [env])
+    try:
+        summary = consumer.run(max_seconds=120)
+    finally:
+        consumer.stop()
+    assert daemons[0].wait(timeout=30) == 0, daemons[0].output()[-2000:]
+    assert (tmp_path / "quit").exists() and "exited 0 before the job was finished" in daemons[0].output()
+    every = [(e, s) for e in range(2) for s in range(manifest.num_samples)]
+    assert sorted(recorder.trained) == every and recorder.repeats == 0 and summary.skipped_samples == 0
 
 
 def test_a_job_whose_every_sample_is_skipped_fails_with_the_reasons(own, manifest, tmp_path):
