@@ -120,6 +120,19 @@ def gigabytes(text: str) -> float:
 
 gigabytes.__name__ = "GB"
 
+def host_id(text: str) -> str:
+    """A host's name to the dispatcher: it is in worker ids, log lines and metric labels, so it is short
+    (the dispatcher takes names up to 256 characters, and a worker id adds to it) and plain."""
+    from workers.worker_config import HOST_ID_CHARS, MAX_HOST_ID
+
+    if not 0 < len(text) <= MAX_HOST_ID or not HOST_ID_CHARS.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_HOST_ID} letters, digits and . _ - : @ + (no spaces, "
+                                         f"slashes or control characters), not {text[:80]!r}")
+    return text
+
+
+host_id.__name__ = "host id"
+
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 SEED = int_at_least(0, 2**64 - 1)  # the wire's seed is a uint64
@@ -133,4 +146,5 @@ CHECKS: dict[str, Callable[[str], object]] = {
     "positive": POSITIVE, "non-negative": NON_NEGATIVE, "seconds": SECONDS, "above-zero": SECONDS, "fraction": FRACTION,
     "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
     "transform-timeout": float_in(0.0, 86400.0), "seq-len": int_at_least(8), "endpoint": endpoint, "seed": SEED,
+    "host-id": host_id,
 }

@@ -8,8 +8,12 @@ what only a parent process passes, never a file or a STOKER_* variable (stoker.s
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, field
+
+MAX_HOST_ID = 200  # the dispatcher's names go to 256 characters (accel.control.server.MAX_NAME): room for "/p3.17"
+HOST_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+-]+")
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,8 @@ class WorkerConfig:
         "help": "decode processes on this host, about one per core given to Stoker (default %(default)s)",
         "check": "positive"})
     host_id: str = field(default="", metadata={
-        "help": "this host's name to the dispatcher, in its metrics and logs (default: HOSTNAME-PID)"})
+        "help": "this host's name to the dispatcher, in its metrics and logs: up to 200 letters, digits and . _ - : "
+                "@ + (default: HOSTNAME-PID)", "check": "host-id"})
     metrics_port: int | None = field(default=9561, metadata={
         "help": "/metrics port (default %(default)s; -1: none)", "check": "metrics-port", "off": -1})
     metrics_addr: str = field(default="127.0.0.1", metadata={
@@ -49,4 +54,9 @@ class WorkerConfig:
         "check": "gigabytes", "metavar": "GB"})
 
     def resolved_host_id(self) -> str:
-        return self.host_id or f"{socket.gethostname()}-{os.getpid()}"
+        """--host-id, else HOSTNAME-PID with what a host id may not hold replaced by "_"."""
+        if self.host_id:
+            return self.host_id
+        suffix = f"-{os.getpid()}"
+        name = "".join(c if HOST_ID_CHARS.fullmatch(c) else "_" for c in socket.gethostname()) or "host"
+        return name[:MAX_HOST_ID - len(suffix)] + suffix

@@ -200,7 +200,7 @@ class ControlServer:
                 self._report_unreachable(r.host_id, list(r.unit_ids))
             count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None,
                               caller.name if self.access.keyed else None)
-            log.info("host %s released %d units (%s)", r.host_id, count, r.reason)
+            log.info("host %s released %d units (%s)", r.host_id, count, _printable(r.reason))
             return pb.ControlReply(ok=pb.Ok())
         if kind == "refuse":
             return self._refused(request.refuse)
@@ -262,7 +262,7 @@ class ControlServer:
         if refusal.job_id and refusal.job_id != self.job.job_id:
             return self._other_job()
         self.metrics.refusals.inc()
-        line = f"host {refusal.host_id[:MAX_NAME]} refused the job: {refusal.reason[:1000]}"
+        line = f"host {refusal.host_id[:MAX_NAME]} refused the job: {_printable(refusal.reason[:1000])}"
         if self.dispatcher.fail(line):
             log.error("the job fails: %s", line)
             self.metrics.failure.labels(reason=line).set(1)
@@ -363,11 +363,19 @@ class ControlServer:
         self._drops(reason, peer[:64])
 
 
+def _printable(text: str) -> str:
+    """`text` on one line: a peer's free text cannot start a log line of its own."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in text)
+
+
 def _too_long(body: object) -> bool:
-    """Names longer than MAX_NAME would let one peer grow the dispatcher's tables without bound."""
-    names = [getattr(body, f, "") for f in ("host_id", "worker_id", "reason", "consumer_id")]
+    """Names longer than MAX_NAME would let one peer grow the dispatcher's tables without bound, and a
+    name with a newline or another control character could forge the dispatcher's log lines."""
+    names = [getattr(body, f, "") for f in ("host_id", "worker_id", "consumer_id")]
     names += list(getattr(body, "worker_ids", []))
-    return any(len(n) > MAX_NAME for n in names if isinstance(n, str))
+    reason = getattr(body, "reason", "")
+    return (any(len(n) > MAX_NAME or not n.isprintable() for n in names if isinstance(n, str))
+            or (isinstance(reason, str) and len(reason) > MAX_NAME))
 
 
 def control_router(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> tuple[zmq.asyncio.Socket,

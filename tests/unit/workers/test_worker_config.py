@@ -27,3 +27,20 @@ def test_every_setting_has_its_own_variable_that_means_nothing_else():
 def test_the_host_id_defaults_to_host_and_pid():
     assert WorkerConfig("tcp://h:1").resolved_host_id() == f"{socket.gethostname()}-{os.getpid()}"
     assert WorkerConfig("tcp://h:1", host_id="h7").resolved_host_id() == "h7"
+
+
+def test_a_host_id_is_short_and_plain_at_parse_time_and_by_default(monkeypatch, capsys):
+    """A host id is in every worker id, log line and metric label: one over 200 characters (the
+    dispatcher's names stop at 256) or with a newline (a forged log line) is refused when parsed;
+    a host name the default is made of loses what a host id may not hold."""
+    import pytest
+
+    from stoker.cli import main
+
+    for bad in ("a\nb", "x" * 201, "two words", "a/b", ""):
+        with pytest.raises(SystemExit) as exited:
+            main(["worker", "--dispatcher", "tcp://127.0.0.1:1", "--host-id", bad])
+        assert exited.value.code == 2 and "argument --host-id: must be 1 to 200" in capsys.readouterr().err
+    monkeypatch.setattr(socket, "gethostname", lambda: "odd host\n" + "y" * 300)
+    made = WorkerConfig("tcp://h:1").resolved_host_id()
+    assert made.startswith("odd_host_yyy") and made.endswith(f"-{os.getpid()}") and len(made) == 200

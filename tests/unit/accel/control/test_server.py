@@ -280,3 +280,11 @@ def test_a_daemon_of_an_earlier_run_of_the_same_job_is_told_to_register_again():
     assert stale.WhichOneof("kind") == "other_job" and server.dispatcher.stats().leased == 1
     beat = _answer(server, sock, pb.ControlRequest(heartbeat=pb.Heartbeat(host_id="h0", job_id=JOB, run_id=run)))
     assert beat.WhichOneof("kind") == "ok"
+
+
+def test_a_name_that_could_forge_a_log_line_is_dropped():
+    server, sock = make_server()
+    for host in ("h0\n2026-12-03 dispatcher INFO host h9 registered", "h0\x1b[2K"):
+        request = pb.ControlRequest(request_id=1, register=pb.Register(host_id=host, procs=1))
+        server.handle([b"p", request.SerializeToString()])
+    assert server.dropped.get("bad_header") == 2 and not sock.sent
