@@ -26,6 +26,7 @@ HANDED_BACK = frozenset({TRADED, UNREACHABLE})
 SHORT_UNIT = "short_unit"
 # A host registered again (its daemon started, or came back to the job): its processes hold nothing.
 REREGISTERED = "host registered again"
+HOST_ID_IN_USE = "is in use by a live daemon"  # a register refused: another daemon heartbeats under that host id
 
 
 @dataclass(frozen=True)

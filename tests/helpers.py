@@ -94,8 +94,8 @@ class Daemon:
         """Since it last left a job (or since it started), it has asked the dispatcher to register for
         protos.control_client.WARN_AFTER_S with no answer, and goes on asking (it logs so once)."""
         since = self.output().rpartition("leaving job")[2]
-        return any(f"{self.host_id}/daemon: no answer from the dispatcher" in line and line.endswith("still trying")
-                   for line in since.splitlines())
+        return any(f" {self.host_id}/daemon." in line and ": no answer from the dispatcher" in line
+                   and line.endswith("still trying") for line in since.splitlines())
 
     def wait(self, timeout: float) -> int | None:
         """The exit code once the daemon has exited by itself, None if it is still running."""

@@ -21,6 +21,7 @@ import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import secrets
 import signal
 import time
 
@@ -34,6 +35,7 @@ from protos import stoker_pb2 as pb
 from protos.control_client import ControlClient, DispatcherUnreachable
 from protos.curve import ClientKeys
 from protos.exposure import check_exposure
+from protos.leases import HOST_ID_IN_USE
 from protos.sd_notify import Notifier
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
@@ -44,6 +46,7 @@ log = logging.getLogger("stoker.worker")
 
 
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)  # by crashes in a row
+HOST_ID_TAKEN_GIVE_UP_S = 6.0  # refused as a second daemon of a live host id this long: exit (the first lives)
 FINISHED_GRACE_S = 2.0  # after the job is finished, processes still busy (nothing left to do) are stopped
 STEADY_S = 10.0  # a process that ran this long resets its crash count
 
@@ -72,7 +75,9 @@ class WorkerDaemon:
         self.stopping = False
         self.ctx = zmq.Context()
         self.curve = ClientKeys.load(cfg.keys, cfg.key_name or self.host_id) if cfg.keys else None
-        self.client = ControlClient(self.ctx, cfg.connect, f"{self.host_id}/daemon", curve=self.curve)
+        # its own identity (a nonce): the dispatcher tells two daemons started with one host id apart
+        self.client = ControlClient(self.ctx, cfg.connect, f"{self.host_id}/daemon.{secrets.token_hex(4)}",
+                                    curve=self.curve)
         self.mp = mp.get_context("spawn")
         self.metrics_port: int | None = None
         self.systemd = Notifier()
@@ -124,6 +129,7 @@ class WorkerDaemon:
     def _register(self) -> JobConfig | None:
         """Wait for a dispatcher (back-off inside the client) and take its job."""
         log.info("%s: registering with %s", self.host_id, self.cfg.connect)
+        refused_since: float | None = None
         while not self.stopping:
             try:
                 reply = self.client.request(pb.ControlRequest(register=pb.Register(
@@ -136,6 +142,20 @@ class WorkerDaemon:
                          reply.registered.job.data_endpoint)
                 self._run_id = reply.registered.run_id
                 return job_from_proto(reply.registered.job)
+            if reply.WhichOneof("kind") == "error":
+                # another daemon under this host id, or a key not allow-listed: say so; a daemon that just
+                # restarted waits for its dead predecessor to fall silent, a second live one gives up
+                if refused_since is None:
+                    log.error("%s: the dispatcher refused to register this host: %s", self.host_id,
+                              reply.error.message)
+                    refused_since = time.monotonic()
+                if HOST_ID_IN_USE in reply.error.message and \
+                        time.monotonic() - refused_since > HOST_ID_TAKEN_GIVE_UP_S:
+                    log.error("%s: exiting: %s", self.host_id, reply.error.message)
+                    self.failed = True
+                    return None
+                time.sleep(1.0)
+                continue
             if self.cfg.once and self._job_id and reply.finished.job_id == self._job_id:
                 log.info("%s: job %s finished while this host was away; --once: exiting", self.host_id, self._job_id)
                 return None

@@ -41,7 +41,7 @@ from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from protos.droplog import DropLog
 from protos.endpoints import bind
 from protos.framing import MAX_HEADER_BYTES, frame_bytes
-from protos.leases import REREGISTERED, UNREACHABLE, LeaseSigner
+from protos.leases import HOST_ID_IN_USE, REREGISTERED, UNREACHABLE, LeaseSigner
 from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_nowait
 from protos.zap import HANDSHAKE_EVENTS, count_handshakes
 
@@ -51,6 +51,7 @@ CLOSE_GRACE_S = 1.0  # a closed connection whose peer has not come back this lon
 CONNECTION_CLOSED = "connection_closed"  # the reason those units count under
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
 WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release", "refuse"})
+DAEMON_LIVE_BEATS = 3  # a daemon heard within this many heartbeat periods holds its host id against another
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class ControlServer:
         self._leaser: dict[bytes, tuple[str, str]] = {}  # peer -> (host, worker) it leases as
         self._closed: dict[bytes, tuple[float, int]] = {}  # peer -> when its connection closed, and which
         self._unreachable: set[tuple[str, int]] = set()  # (host, rank) pairs reported as unable to reach the rank
+        self._daemon_of: OrderedDict[str, tuple[bytes, float]] = OrderedDict()  # host -> (its daemon, last heard)
         self.on_failure: Callable[[str], None] = lambda reason: None  # the job failed: the consumer here stops
         # This run of the job: a job resumed in place keeps its id but not this, so what a daemon still
         # holds from the run before (processes, leases, connections to ranks that died) is told apart.
@@ -163,6 +165,10 @@ class ControlServer:
         d = self.dispatcher
         kind = request.WhichOneof("kind")
         if kind == "register":
+            taken = self._host_id_taken(request.register.host_id, peer)
+            if taken:
+                log.error("%s", taken)
+                return pb.ControlReply(error=pb.Error(message=taken))
             d.heartbeat(request.register.host_id)
             if d.over:  # a daemon joins a job only while it runs (a job restarted later joins anew)
                 return self._finished(request.register.host_id)
@@ -176,6 +182,8 @@ class ControlServer:
                             request.register.host_id, stale)
             return pb.ControlReply(registered=pb.Registered(job=self.job, run_id=self.run_id))
         if kind == "heartbeat":
+            if self._host_id_taken(request.heartbeat.host_id, peer):  # the second daemon's: it is not heard
+                return pb.ControlReply(error=pb.Error(message=f"host id {request.heartbeat.host_id} {HOST_ID_IN_USE}"))
             d.heartbeat(request.heartbeat.host_id)
             if self._other_run(request.heartbeat.job_id, request.heartbeat.run_id):
                 return self._other_job()
@@ -268,6 +276,22 @@ class ControlServer:
             self.metrics.failure.labels(reason=line).set(1)
             self.on_failure(line)
         return pb.ControlReply(ok=pb.Ok())
+
+    def _host_id_taken(self, host_id: str, peer: bytes) -> str:
+        """Why `peer` may not speak as the daemon of `host_id` ("": it may, and is now heard as it): another
+        daemon spoke under that host id within DAEMON_LIVE_BEATS heartbeats. Two daemons under one id would
+        take each other's leases back; a daemon that restarted is let in once its predecessor is silent."""
+        now = self.dispatcher.clock()
+        known = self._daemon_of.get(host_id)
+        window = DAEMON_LIVE_BEATS * (self.job.heartbeat_s if self.job.HasField("heartbeat_s") else 1.0)
+        if known is not None and known[0] != peer and now - known[1] < window:
+            return (f"host id {host_id} {HOST_ID_IN_USE} (its daemon was heard {now - known[1]:.1f} s ago): "
+                    f"give each worker daemon its own --host-id")
+        self._daemon_of[host_id] = (peer, now)
+        self._daemon_of.move_to_end(host_id)
+        if len(self._daemon_of) > REPLY_CACHE_PEERS:
+            self._daemon_of.popitem(last=False)
+        return ""
 
     def _other_run(self, job_id: str, run_id: str) -> bool:
         """The asker works for another job, or an earlier run of this one ("": not said, not checked)."""

@@ -210,3 +210,20 @@ def test_a_process_that_crashes_at_start_up_is_restarted_with_back_off(manifest,
     finally:
         daemon.stop()
         stop.set()
+
+
+def test_a_second_daemon_with_a_live_host_id_is_refused_and_the_job_goes_on(manifest, log_dir, run_job):
+    """Two daemons started with one --host-id (a copied unit file): the second is refused with the
+    reason and exits 1, the first serves the job exactly once (they used to take each other's leases
+    back and stall the job, with the dispatcher blaming the network). A daemon that restarts after
+    its predecessor died is let in (the predecessor falls silent)."""
+    from tests.helpers import assert_exactly_once, consumer_for
+
+    consumer = consumer_for(manifest.uri, epochs=2, accel=SimulatedAccelerator(rate=20))  # 16 s: outlives the twin
+    job = run_job(consumer, hosts=1)
+    assert wait_for(lambda: "joined job" in job.daemons[0].output(), timeout=60), job.logs()
+    (log_dir / "twin").mkdir()
+    twin = Daemon(consumer.control_endpoint, "host0", 1, log_dir / "twin")
+    assert twin.wait(timeout=30) == 1, twin.output()
+    assert "host id host0 is in use by a live daemon" in twin.output() and "joined job" not in twin.output()
+    assert_exactly_once(job.finish(), manifest.num_samples, 2)

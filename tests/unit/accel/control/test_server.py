@@ -288,3 +288,20 @@ def test_a_name_that_could_forge_a_log_line_is_dropped():
         request = pb.ControlRequest(request_id=1, register=pb.Register(host_id=host, procs=1))
         server.handle([b"p", request.SerializeToString()])
     assert server.dropped.get("bad_header") == 2 and not sock.sent
+
+
+def test_a_second_daemon_of_a_live_host_id_is_refused_until_the_first_falls_silent():
+    server, sock = make_server()
+    now = [100.0]
+    server.dispatcher.clock = lambda: now[0]
+    register = pb.ControlRequest(register=pb.Register(host_id="h0", procs=1))
+    assert _answer(server, sock, register, peer=b"h0/daemon.a").WhichOneof("kind") == "registered"
+    now[0] += 1.0
+    refused = _answer(server, sock, register, peer=b"h0/daemon.b")
+    assert refused.WhichOneof("kind") == "error" and "host id h0 is in use by a live daemon" in refused.error.message
+    beat = _answer(server, sock, pb.ControlRequest(heartbeat=pb.Heartbeat(host_id="h0")), peer=b"h0/daemon.b")
+    assert beat.WhichOneof("kind") == "error"  # its heartbeats do not keep the host alive either
+    assert _answer(server, sock, pb.ControlRequest(heartbeat=pb.Heartbeat(host_id="h0")),
+                   peer=b"h0/daemon.a").WhichOneof("kind") == "ok"  # the first goes on
+    now[0] += 3.5  # the first died (a restart): silent for three heartbeats
+    assert _answer(server, sock, register, peer=b"h0/daemon.b").WhichOneof("kind") == "registered"
