@@ -6,7 +6,9 @@ it, and so does every batch, for that batch's unit (protos.leases). A sender may
 while it holds credit; credit for a batch comes back when the training step has finished
 with it, so the memory held on the consumer is bounded by the senders' windows. A slot whose
 sender goes silent (it answers no ping for `sender_timeout_s`; waiting for credit is not
-silence, a waiting sender answers pings) is freed, and a sender that is gone is forgotten
+silence, a waiting sender answers pings) is freed, and the unit it was in the middle of is
+leased again (its host may be alive, heartbeating for a process that is frozen or stuck in C
+code), instead of waiting for the lease timeout; a sender that is gone is forgotten
 the first time a reply cannot reach it. Anything malformed, from a peer that holds no slot,
 for a unit the sender does not lease, or for another rank's unit is dropped and counted; it
 never reaches the prefetch queue.
@@ -412,6 +414,11 @@ class Receiver:
             if quiet > self.sender_timeout_s and unanswered:
                 log.info("sender %s said nothing for %.0f s; freeing its slot", peer.worker_id, quiet)
                 self._free(peer_id, "silent")
+                if peer.unit >= 0 and not peer.unit_complete:  # a frozen or stuck process: its host lives on
+                    log.warning("sender %s of host %s went silent %.0f s ago in the middle of unit %d (a frozen or "
+                                "stuck process); leasing the unit again", peer.worker_id, peer.host_id, quiet,
+                                peer.unit)
+                    self.on_unit_short(peer.unit)
             elif quiet > ping_after and peer.pinged <= peer.heard:
                 peer.pinged = now
                 self._reply(peer_id, pb.DataReply(ping=pb.Ping()))

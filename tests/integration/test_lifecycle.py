@@ -227,3 +227,33 @@ def test_a_second_daemon_with_a_live_host_id_is_refused_and_the_job_goes_on(mani
     assert twin.wait(timeout=30) == 1, twin.output()
     assert "host id host0 is in use by a live daemon" in twin.output() and "joined job" not in twin.output()
     assert_exactly_once(job.finish(), manifest.num_samples, 2)
+
+
+def test_a_frozen_worker_process_on_a_live_host_has_its_unit_leased_again_at_the_default_timeouts(
+        manifest, log_dir, run_job, caplog):
+    """A decode process SIGSTOPped while it holds a unit (its daemon heartbeats on, so its host is
+    alive): at the default --sender-timeout (30 s) the rank frees its slot and has the unit leased
+    again, and the job finishes exactly once, long before the 600 s lease timeout it used to wait
+    for. The process thawed afterwards sends batches that are refused or dropped as duplicates."""
+    from tests.helpers import assert_exactly_once, consumer_for
+
+    caplog.set_level("INFO")
+    consumer = consumer_for(manifest.uri, epochs=3, accel=SimulatedAccelerator(rate=100), batch_size=8,
+                            unit_batches=4)  # 15 units of 4 batches
+    job = run_job(consumer, hosts=2)
+    assert wait_for(lambda: consumer.ledger.samples >= 32, timeout=60), job.logs()
+
+    def in_the_middle_of_a_unit() -> bool:  # host0's process has begun a unit whose last batch is not here
+        peers = list(consumer.receiver.peers.values())
+        return any(p.host_id == "host0" and p.unit >= 0 and not p.unit_complete for p in peers)
+
+    assert wait_for(in_the_middle_of_a_unit, timeout=30, interval=0.001), job.logs()
+    frozen = job.daemons[0].children()[0]
+    os.kill(frozen, signal.SIGSTOP)
+    started = time.monotonic()
+    try:
+        assert wait_for(lambda: "went silent" in caplog.text, timeout=60), job.logs() + caplog.text
+        assert time.monotonic() - started < 45
+    finally:
+        os.kill(frozen, signal.SIGCONT)  # the daemon kills it only after the job (it did not drain)
+    assert_exactly_once(job.finish(timeout=60), manifest.num_samples, 3)

@@ -204,3 +204,22 @@ def test_one_slot_per_worker_process_and_silent_slots_are_freed():
     clock[0] = 12.0
     receiver.sweep()  # copy49 never answered: freed; "other" answered at 5 s: kept
     assert set(receiver.peers) == {b"other"} and receiver.freed["silent"] == 1
+
+
+def test_a_sender_that_goes_silent_in_the_middle_of_a_unit_has_the_unit_leased_again():
+    """A frozen process (SIGSTOP, a hang in C) on a live host: its host heartbeats on, so only its
+    silence says it; the unit it was making is leased again when its slot is freed, not at the
+    dispatcher's lease timeout. One whose unit had all its batches here is not redone."""
+    clock = [0.0]
+    receiver, _ = make_receiver()
+    redone: list[int] = []
+    receiver.on_unit_short = redone.append
+    receiver.clock = lambda: clock[0]
+    receiver.sender_timeout_s = 10.0
+    receiver.peers[PEER].heard = 0.0  # its hello came before the test's clock
+    receiver.handle([b"done", hello(worker_id="h0/p1.1")])
+    receiver.peers[b"done"].unit_complete = True
+    for at in (5.0, 12.0):
+        clock[0] = at
+        receiver.sweep()
+    assert receiver.freed["silent"] == 2 and redone == [0]
