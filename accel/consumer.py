@@ -82,6 +82,7 @@ class Consumer:
         server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         job.check_fits(self.manifest)
+        self.manifest.check_shard_files()
         if job.decode_on == DecodeOn.ACCELERATOR:
             require("nvidia.dali", "--decode-on accelerator")
         self.accelerator = (make_step or given(NullAccelerator()))(job, self.manifest)

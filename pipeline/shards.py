@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -124,8 +125,66 @@ class Manifest:
         if data.get("records", "jpeg") not in RECORD_KINDS:
             raise ValueError(f"{uri}: records {data.get('records')!r} is not one of {', '.join(RECORD_KINDS)}")
         data.pop("num_samples", None)
-        shards = [ShardInfo(**s) for s in data.pop("shards")]
+        shards = _shard_entries(uri, data.pop("shards", None))
         return cls(shards=shards, uri=uri, **data)
+
+    def check_shard_files(self) -> None:
+        """Refuse (ValueError, naming it) a local shard path that exists and is not a regular file: a
+        FIFO or a device (`/dev/zero`) would hang the first worker that reads it. A missing or changed
+        file is the worker's to refuse and count (pipeline.integrity); remote shards are checked as
+        they are fetched (pipeline.shard_cache)."""
+        for index, shard in enumerate(self.shards):
+            uri = self.shard_uri(index)
+            if is_remote(uri):
+                continue
+            try:
+                mode = os.stat(uri).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode):
+                raise ValueError(f"{self.uri}: shard {shard.path} is not a regular file (a FIFO, a device or a "
+                                 f"folder): a shard must be a file `stoker prepare` wrote")
+
+
+MAX_SAMPLES = 1 << 32  # samples one manifest may list: an epoch's plan is made in memory (pipeline.plan)
+SHARD_FIELDS = ("path", "num_samples", "num_bytes", "sha256", "first_sample_id")
+
+
+def _shard_entries(uri: str, entries: object) -> list[ShardInfo]:
+    """The manifest's shard list, checked before anything plans from it or opens a file: paths stay
+    inside the manifest's folder, counts are non-negative integers, and sample ids run on from one
+    shard to the next with no gap and no overlap (ValueError naming the first entry that does not)."""
+    if not isinstance(entries, list):
+        raise ValueError(f"{uri}: not a Stoker manifest (no list of shards)")
+    shards, expected_first = [], 0
+    for number, entry in enumerate(entries):
+        where = f"{uri}: shard entry {number}"
+        if not isinstance(entry, dict) or set(entry) != set(SHARD_FIELDS):
+            raise ValueError(f"{where}: not a shard entry (it has the fields {', '.join(SHARD_FIELDS)})")
+        path, sha = entry["path"], entry["sha256"]
+        counts = {name: entry[name] for name in ("num_samples", "num_bytes", "first_sample_id")}
+        if not isinstance(path, str) or not isinstance(sha, str):
+            raise ValueError(f"{where}: path and sha256 must be strings")
+        if not _inside_folder(path):
+            raise ValueError(f"{where}: path {path[:200]!r} is not a file name inside the manifest's folder")
+        for name, value in counts.items():
+            if type(value) is not int or not 0 <= value <= MAX_SAMPLES << 16:
+                raise ValueError(f"{where}: {name} {str(value)[:40]} is not a count")
+        if counts["first_sample_id"] != expected_first:
+            raise ValueError(f"{where}: first_sample_id {counts['first_sample_id']}, where the shards before it "
+                             f"end at {expected_first} (sample ids must run on with no gap and no overlap)")
+        expected_first += counts["num_samples"]
+        if expected_first > MAX_SAMPLES:
+            raise ValueError(f"{uri}: more than {MAX_SAMPLES} samples (split the data set into several manifests)")
+        shards.append(ShardInfo(path, counts["num_samples"], counts["num_bytes"], sha, counts["first_sample_id"]))
+    return shards
+
+
+def _inside_folder(path: str) -> bool:
+    """A relative path that names a file in the folder or below it: no `..`, no root, no scheme."""
+    parts = path.split("/")
+    return (bool(path) and "\0" not in path and "\\" not in path and "://" not in path
+            and not path.startswith("/") and all(part not in ("", ".", "..") for part in parts))
 
 
 class ShardWriter:
@@ -200,6 +259,8 @@ class ShardReader:
             path = str(self._held.path)
         else:
             path = os.path.abspath(uri)
+            if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or device: reading hangs
+                raise ShardRefused("unreadable", f"shard {uri.rsplit('/', 1)[-1]}: not a regular file")
             check_file(path, sha256, cache.markers)
         try:
             self._open(path, info)

@@ -60,6 +60,7 @@ class DispatchService:
             else job_secret.load_or_create(self.secret_file))
         manifest = Manifest.load(job.manifest_uri)
         job.check_fits(manifest)
+        manifest.check_shard_files()
         self.metrics = ControlMetrics()
         if self.journal and self.journal.replayed:
             replayed = self.journal.replayed

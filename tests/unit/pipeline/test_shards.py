@@ -66,3 +66,50 @@ def test_a_manifest_says_what_its_records_are_and_old_ones_hold_jpegs(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(data | {"records": "png"}))
     with pytest.raises(ValueError, match="records 'png' is not one of jpeg, bytes"):
         Manifest.load(tmp_path)
+
+
+def _entry(path="s0.arrow", num_samples=10, num_bytes=1000, sha256="", first_sample_id=0) -> dict:
+    return {"path": path, "num_samples": num_samples, "num_bytes": num_bytes, "sha256": sha256,
+            "first_sample_id": first_sample_id}
+
+
+@pytest.mark.parametrize("shards, says", [
+    ([_entry(path="../../etc/passwd")], "is not a file name inside the manifest's folder"),
+    ([_entry(path="/dev/zero")], "is not a file name inside the manifest's folder"),
+    ([_entry(path="s3://bucket/s0.arrow")], "is not a file name inside the manifest's folder"),
+    ([_entry(path="a/./b")], "is not a file name inside the manifest's folder"),
+    ([_entry(num_samples=-3)], "num_samples -3 is not a count"),
+    ([_entry(num_samples=True)], "num_samples True is not a count"),
+    ([_entry(num_samples=10**12)], "more than 4294967296 samples"),
+    ([_entry(), _entry(path="s1.arrow", first_sample_id=12)], "where the shards before it end at 10"),
+    ([_entry(), _entry(path="s1.arrow", first_sample_id=5)], "no gap and no overlap"),
+    ([_entry(first_sample_id=1)], "first_sample_id 1, where the shards before it end at 0"),
+    ([{"path": "s0.arrow"}], "not a shard entry"),
+    ("s0.arrow", "no list of shards"),
+])
+def test_a_manifest_that_leaves_its_folder_or_miscounts_is_refused_when_loaded(tmp_path, shards, says):
+    """Before anything plans from it or opens a file: one line naming the entry (the path used to be
+    followed out of the data folder, 10^12 samples took gigabytes and hung, and overlapping ids
+    exited 0 with fewer unique samples than delivered)."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 2, "kind": "imagenet", "classes": ["a"],
+                                                        "shards": shards}))
+    with pytest.raises(ValueError, match=says):
+        Manifest.load(tmp_path)
+
+
+def test_a_shard_that_is_not_a_regular_file_is_refused_before_any_worker_reads_it(rows, tmp_path):
+    import os
+
+    info = write_shard(tmp_path / "s0.arrow", rows)
+    os.mkfifo(tmp_path / "s1.arrow")
+    fifo = dataclasses.replace(info, path="s1.arrow", first_sample_id=info.num_samples)
+    manifest = Manifest(kind="imagenet", classes=["a"], shards=[dataclasses.replace(info, path="s0.arrow"), fifo])
+    manifest.save(tmp_path / "manifest.json")
+    loaded = Manifest.load(tmp_path)
+    with pytest.raises(ValueError, match="shard s1.arrow is not a regular file"):
+        loaded.check_shard_files()
+    with pytest.raises(ShardRefused, match="not a regular file") as refused:  # and at a worker that meets it anyway
+        loaded.open_shard(1)
+    assert refused.value.kind == "unreadable"
+    (tmp_path / "s1.arrow").unlink()
+    loaded.check_shard_files()  # a missing shard is the worker's to refuse and count
