@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -35,3 +36,18 @@ async def pump_batches(sock: zmq.asyncio.Socket, handle_all: Callable[[list[list
             except zmq.Again:
                 break
         handle_all(batch)
+
+
+async def run_until_one_fails(coroutines: list[Coroutine[Any, Any, None]], stop: threading.Event) -> None:
+    """Run `coroutines` together until all end; the first that raises sets `stop`, the others are
+    cancelled and awaited (their `finally` blocks close their sockets, without which the context's
+    term() would wait for ever), and its exception is raised. asyncio.gather would leave them pending."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

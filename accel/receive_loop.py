@@ -23,7 +23,7 @@ import uvloop
 import zmq
 import zmq.asyncio
 
-from accel.aio import pump
+from accel.aio import pump, run_until_one_fails
 from accel.control.link import DispatcherLink
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
@@ -126,7 +126,7 @@ class ReceiveLoop:
             tasks += self.dispatcher.open(ctx, self.data_endpoint, self.on_job_failed, self.stopping)
             tasks.append(self._feed_watchdog())
             self._ready.set()
-            await asyncio.gather(*tasks)
+            await run_until_one_fails(tasks, self.stopping)
         finally:
             data.close(0)
             self.dispatcher.close()

@@ -89,8 +89,11 @@ class Journal:
         True when there was something to make durable (an fsync happened)."""
         if not self._dirty:
             return False
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise JournalWriteError(self.path, exc) from exc
         self._dirty = False
         return True
 
@@ -112,7 +115,11 @@ class Journal:
         """Replace the history by `snapshot` (Dispatcher.snapshot): a crash at any point of it
         leaves the old journal or the new one."""
         self._file.close()
-        self._put_in_place([self._header, {"snapshot": snapshot}])
+        try:
+            self._put_in_place([self._header, {"snapshot": snapshot}])
+        except OSError as exc:  # the old journal stands, whole: keep it open for close() and say why
+            self._file = open(self.path, "a")
+            raise JournalWriteError(self.path, exc) from exc
         self._file = open(self.path, "a")
         self._dirty = False
         self.compactions += 1
@@ -208,6 +215,19 @@ def _check_ours(path: Path, st: os.stat_result) -> None:
     if st.st_nlink > 1:
         raise ValueError(f"the journal {path} has {st.st_nlink} names (hard links): a dispatcher opening it by another "
                       f"name would not see this one's lock; remove the other names")
+
+
+class JournalWriteError(OSError):
+    """The journal cannot be written (a full disk, an I/O error): the dispatcher cannot promise what it
+    answers, so it stops, saying so; started again with the same --journal it loses nothing."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        super().__init__(cause.errno, f"cannot write the journal {path}: {cause.strerror or cause}; the dispatcher "
+                                      f"stops (free the space and start it again with the same --journal: nothing "
+                                      f"is lost)")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -25,6 +25,7 @@ from dataclasses import replace
 import uvloop
 import zmq.asyncio
 
+from accel.aio import run_until_one_fails
 from accel.checkpoint import job_fields
 from accel.control.dispatch_config import DispatchConfig
 from accel.control.dispatcher import Dispatcher
@@ -112,7 +113,8 @@ class DispatchService:
                                    self.leases, access)
             server.update_gauges()
             self.ready.set()
-            await asyncio.gather(*serve_control(control, monitor, server, self.stop), self._until_done())
+            await run_until_one_fails([*serve_control(control, monitor, server, self.stop), self._until_done()],
+                                      self.stop)
         finally:
             control.close(0)
             if authenticator is not None:

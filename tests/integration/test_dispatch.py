@@ -187,3 +187,43 @@ def test_a_job_secret_another_user_planted_stops_dispatch_at_start_with_the_reas
         assert planted.read_text() == "ab" * 32 and os.listdir(taken) == []  # nothing adopted, nothing written
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KB tmpfs (root only: skipped elsewhere), unmounted after the test."""
+    where = tmp_path / "tiny"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_dispatcher_whose_journal_disk_fills_says_so_and_exits(manifest, log_dir, tiny_disk):
+    """The journal's disk fills mid-job: the dispatcher logs the journal's path with 'No space left on
+    device' and exits non-zero within seconds (it used to sit alive and silent, its control socket
+    closed, because a socket left open held the context's term())."""
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    journal, log = tiny_disk / "dispatch.journal", log_dir / "dispatch.log"
+    secret = tiny_disk / "dispatch.journal.key"
+    dispatcher = _dispatcher(manifest.uri, control, data, journal, log, extra=("--epochs", "50"))
+    assert wait_for(lambda: journal.exists() and secret.exists(), timeout=30), log.read_text()
+    filler = tiny_disk / "filler"
+    with open(filler, "wb", buffering=0) as out:  # fill the disk: the journal has the rest of its last page
+        try:
+            while True:
+                out.write(b"\0" * 4096)
+        except OSError:
+            pass
+    consumer, daemons, runner, result = _attached_job(control, data, secret, log_dir, rate=2000)
+    try:
+        code = dispatcher.wait(60)
+        assert code not in (0, None), log.read_text()[-3000:]
+        assert "No space left on device" in log.read_text() and str(journal) in log.read_text()
+    finally:
+        dispatcher.kill()
+        consumer.stop()
+        for d in daemons:
+            d.stop()
