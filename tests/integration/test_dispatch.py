@@ -209,21 +209,24 @@ def test_a_dispatcher_whose_journal_disk_fills_says_so_and_exits(manifest, log_d
     journal, log = tiny_disk / "dispatch.journal", log_dir / "dispatch.log"
     secret = tiny_disk / "dispatch.journal.key"
     dispatcher = _dispatcher(manifest.uri, control, data, journal, log, extra=("--epochs", "50"))
-    assert wait_for(lambda: journal.exists() and secret.exists(), timeout=30), log.read_text()
-    filler = tiny_disk / "filler"
-    with open(filler, "wb", buffering=0) as out:  # fill the disk: the journal has the rest of its last page
-        try:
-            while True:
-                out.write(b"\0" * 4096)
-        except OSError:
-            pass
-    consumer, daemons, runner, result = _attached_job(control, data, secret, log_dir, rate=2000)
+    consumer, daemons = None, []
     try:
+        assert wait_for(lambda: journal.exists() and secret.exists(), timeout=30), log.read_text()
+        filler = tiny_disk / "filler"
+        with open(filler, "wb", buffering=0) as out:  # fill the disk: the journal has the rest of its last page
+            try:
+                while True:
+                    out.write(b"\0" * 4096)
+            except OSError:
+                pass
+        consumer, daemons, runner, result = _attached_job(control, data, secret, log_dir, rate=2000)
         code = dispatcher.wait(60)
         assert code not in (0, None), log.read_text()[-3000:]
         assert "No space left on device" in log.read_text() and str(journal) in log.read_text()
     finally:
         dispatcher.kill()
-        consumer.stop()
+        dispatcher.wait()
+        if consumer is not None:
+            consumer.stop()
         for d in daemons:
             d.stop()
