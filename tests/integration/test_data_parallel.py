@@ -57,13 +57,15 @@ def _torchrun(manifest: Manifest, out: Path, port: int, ranks: int, *extra: str)
                             start_new_session=True)  # its ranks are killed with it, whatever ends the test
 
 
-def _kill_group(job: subprocess.Popen) -> None:
-    """torchrun and every rank it started (a hung rank would outlive a killed torchrun)."""
+def _kill_group(job: subprocess.Popen, out: Path) -> None:
+    """torchrun and every rank it started: torchrun starts each rank in a session of its own, so a hung
+    rank outlives its killed group; it is found by the output folder on its command line."""
     try:
         os.killpg(job.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     job.wait()
+    subprocess.run(["pkill", "-KILL", "-f", f"ddp_script.py .*--out {out}( |$)"], capture_output=True)
 
 
 def _batches_sent(daemon: Daemon) -> float:
@@ -120,7 +122,7 @@ def _run(manifest: Manifest, out: Path, port: int, ranks: int, fleet: Fleet, *ex
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        _kill_group(job)
+        _kill_group(job, out)
     log = (out / "torchrun.log").read_text()
     assert code == expect_code or (expect_code and code not in (0, None)), \
         f"torchrun exited {code}\n" + log[-3000:] + "\n" + fleet.logs()
