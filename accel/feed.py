@@ -25,6 +25,7 @@ from pipeline.job import JobConfig
 from pipeline.shards import Manifest
 
 FORMATS = ("torch", "numpy", "jax")
+WAKE_S = 0.5  # a main thread waiting for the next batch wakes this often (to see a Ctrl-C)
 
 
 class StepSource(Protocol):
@@ -120,7 +121,12 @@ class Feed:
     def _take(self) -> tuple[Scheduled, Batch] | EpochDone | None:
         if self._ahead is None:
             return self._produce()
-        item, error = self._ahead.get()
+        while True:
+            try:
+                item, error = self._ahead.get(timeout=WAKE_S)
+                break
+            except queue.Empty:  # wake now and then: Ctrl-C may land on another thread, and only a
+                continue  # main thread that wakes raises KeyboardInterrupt for it
         if error is not None:
             raise error
         return item  # type: ignore[return-value]  # what _produce made

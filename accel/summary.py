@@ -49,6 +49,7 @@ class Summary:
     rows_per_s: float = 0.0  # rows stepped per second after start-up: what the device consumed
     bytes_received: int = 0  # tensor bytes that crossed the wire
     time_boxed: bool = False  # stopped by max_seconds before the job was complete
+    interrupted: bool = False  # stopped by SIGINT (Ctrl-C) before the job was complete
     units_handed_back: int = 0  # units a worker process gave back while waiting for credit: nothing lost
     decode_on: DecodeOn = DecodeOn.HOST  # where JPEGs were decoded; ACCELERATOR: failures there are in `skipped`
     # what bounded the run after start-up (accel.bottleneck's rules over the whole run, not a window)
@@ -95,7 +96,8 @@ def job_totals(ranks: list[Summary]) -> Summary:
                    skipped=[s for r in ranks for s in r.skipped], hosts=max(r.hosts for r in ranks),
                    cores_needed=sum(r.cores_needed for r in ranks),  # each rank's device wants its own supply
                    cores_in_use=sum(r.cores_in_use for r in ranks),
-                   bottleneck=worst.bottleneck, bottleneck_detail=worst.bottleneck_detail)
+                   bottleneck=worst.bottleneck, bottleneck_detail=worst.bottleneck_detail,
+                   interrupted=any(r.interrupted for r in ranks))
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,17 @@ class _Loop:
         self.steady_from: Totals | None = None  # the counters after the first batch: the whole-run diagnosis
         self.sequences = self.tokens = 0
         self.time_boxed = False
+        self.interrupted = False  # SIGINT: the steps so far are summed up, not thrown away
 
     def run(self) -> None:
+        """Step until the job is done or time-boxed; a Ctrl-C (KeyboardInterrupt) ends it early, and the
+        summary covers what was stepped."""
+        try:
+            self._run()
+        except KeyboardInterrupt:
+            self.interrupted = True
+
+    def _run(self) -> None:
         rank = self.consumer
         job = rank.job
         feed = Feed(rank, format="numpy", overlap=rank.cfg.overlap, prepare=self.runner.prepare)
@@ -151,7 +160,8 @@ class _Loop:
             per_epoch_unique=books.per_epoch_unique, dataset=job.dataset,
             rank=consumer.rank, world_size=job.world_size, steps=p.batches,
             rows=p.rows, rows_per_s=p.rows / steady, bytes_received=books.bytes_received,
-            time_boxed=self.time_boxed, decode_on=job.decode_on, **self._text_fields(books.text, steady),
+            time_boxed=self.time_boxed, interrupted=self.interrupted, decode_on=job.decode_on,
+            **self._text_fields(books.text, steady),
             **_verdict_fields(verdict))
 
     def _text_fields(self, text: TextTotals, steady: float) -> dict[str, Any]:

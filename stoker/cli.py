@@ -277,7 +277,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         consumer.stop()
     print_summary(summary, args.json, spec, _transform_named(consumer.job.transform, consumer.job.transform_params))
-    return _nothing_delivered(summary)
+    return _exit_code_of(summary)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -291,13 +291,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     shard_cache_gb=args.shard_cache_gb)
     summaries = run_embedded(options.job_fields(args), cfg)
     print_summary(summaries, args.json, cfg.accel, _transform_named(args.transform, args.transform_params))
-    return _nothing_delivered(summaries)
+    return _exit_code_of(summaries)
 
 
-def _nothing_delivered(summaries: Summary | list[Summary]) -> int:
-    """2, with the line, when every sample was skipped; else 0."""
+def _exit_code_of(summaries: Summary | list[Summary]) -> int:
+    """130 when Ctrl-C ended the job (its summary is printed); 2, with the line, when every sample was
+    skipped; else 0."""
     from stoker.embedded import nothing_delivered
 
+    first = summaries if not isinstance(summaries, list) else summaries[0]
+    if first.interrupted:
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
     failure = nothing_delivered(summaries)
     if failure:
         print(f"stoker: error: {failure}", file=sys.stderr)

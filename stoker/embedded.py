@@ -173,7 +173,9 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
         consumer.stop()  # rank 0 waits here for the other ranks to finish
         done.set()
         _stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
-        summaries = [summary] + [_rank_summary(folder, rank) for rank in range(1, job.world_size)]
+        others = [_rank_summary(folder, rank) for rank in range(1, job.world_size)
+                  if not summary.interrupted or (folder / f"rank-{rank}.json").exists()]
+        summaries = [summary, *others]
     finally:
         done.set()
         _stop_daemons([d.proc for d in daemons], timeout_s=0.0)
@@ -292,6 +294,8 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     noun = kind.sample_noun
     procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
     who = f" to {len(ranks)} ranks" if len(ranks) > 1 else ""
+    if s.interrupted:
+        print("interrupted (Ctrl-C): the figures below cover what was stepped until then")
     print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
           f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s, "
           f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")

@@ -12,8 +12,9 @@ by position across the ranks and trades a held unit for an earlier pending one o
 (accel.control.dispatcher), so the batch the slowest rank needs next is always being made.
 
 SIGINT is ignored (the daemon coordinates shutdown); SIGTERM means drain: finish the batch
-in hand, say goodbye to the consumers and exit 0. The daemon hands unfinished units back. A
-process whose daemon dies stops too (workers.lifeline). A unit whose lease the consumer
+in hand, say goodbye to the consumers and exit. The daemon hands unfinished units back. A
+process whose daemon dies is killed (workers.lifeline: SIGKILL, which reaches it even inside C
+code). A unit whose lease the consumer
 refuses (it restarted, or forgot this sender) is handed back, and so is one whose rank's
 data socket says nothing for UNREACHABLE_S (a live consumer pings a waiting sender every
 few seconds): the rank is gone or cannot be reached, and the warning names its address.
@@ -85,7 +86,7 @@ class _Stop:
 
 def run_process(spec: ProcessSpec) -> int:
     """The child's main loop; returns its exit code."""
-    exit_with_parent(spec.parent_pid)
+    exit_with_parent(spec.parent_pid, signal.SIGKILL)  # stuck in a transform's C code, it would outlive its daemon
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     job = spec.job
     try:

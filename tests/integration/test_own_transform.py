@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -71,6 +72,18 @@ class Quitter(Tiny):
                 pass
             else:
                 os._exit(0)
+        return super().__call__(sample, rng, pixels)
+
+
+class StuckInC(Tiny):
+    """Never returns to Python from sample 20 on: the time limit's signal is blocked, as a call deep in
+    C code that never reaches the interpreter would leave it unheard."""
+
+    def __call__(self, sample, rng, pixels):
+        if sample.sample_id >= 20:
+            import signal
+            signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM}})
+            time.sleep(3600)
         return super().__call__(sample, rng, pixels)
 
 
@@ -271,12 +284,37 @@ def test_a_process_that_exits_0_before_the_job_is_finished_is_a_crash(own, manif
     assert sorted(recorder.trained) == every and recorder.repeats == 0 and summary.skipped_samples == 0
 
 
+def test_ctrl_c_ends_stoker_run_within_seconds_with_a_summary_while_a_transform_is_stuck_in_c(own, manifest):
+    """Every worker process is stuck inside a call that never returns to Python: Ctrl-C (SIGINT) ends
+    `stoker run` within seconds, exit 130, with the summary of what was stepped."""
+    run = subprocess.Popen([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--hosts", "1", "--procs",
+                            "1", "--transform", f"{MODULE}:StuckInC", "--no-progress", "--metrics-port", "-1",
+                            "--worker-metrics-port", "-1", "--data-bind", f"tcp://127.0.0.1:{free_port()}",
+                            "--control-bind", f"tcp://127.0.0.1:{free_port()}"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=_env(own["1.0"]),
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    try:
+        time.sleep(8)  # the job starts, steps a batch or so and sticks
+        assert run.poll() is None
+        interrupted = time.monotonic()
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        run.kill()
+    assert run.returncode == 130, out[-2000:] + err[-2000:]
+    assert "interrupted (Ctrl-C)" in out and "delivered " in out and "stoker: interrupted" in err
+    assert took < 20, f"Ctrl-C took {took:.0f} s"
+
+
 def test_a_job_whose_every_sample_is_skipped_fails_with_the_reasons(own, manifest, tmp_path):
     """Trained on nothing: `stoker run` exits 2 naming the skip reasons, and its summary does not blame
     the credit window (it used to exit 0 and advise raising --credit-window)."""
     result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--hosts", "1",
                              "--procs", "1", "--transform", f"{MODULE}:Refuser", "--no-progress", "--metrics-port",
-                             "-1", "--worker-metrics-port", "-1", "--json", str(tmp_path / "s.json")],
+                             "-1", "--worker-metrics-port", "-1", "--json", str(tmp_path / "s.json"),
+                             "--data-bind", f"tcp://127.0.0.1:{free_port()}",
+                             "--control-bind", f"tcp://127.0.0.1:{free_port()}"],
                             capture_output=True, text=True, timeout=180, env=_env(own["1.0"]))
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     line = f"stoker: error: nothing was delivered: all {manifest.num_samples} samples met were skipped as unusable"
