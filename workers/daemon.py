@@ -209,6 +209,8 @@ class WorkerDaemon:
                 if answer == "other_job":
                     self._other_job = True
             if self._other_job:
+                if not self._other_job_id:  # a process heard it first: ask which job, or run, it is
+                    self._heartbeat(children)
                 self._say_other_job(job)
                 left = True
                 break
@@ -225,7 +227,10 @@ class WorkerDaemon:
         return not left and not self._other_job and not self.stopping
 
     def _say_other_job(self, job: JobConfig) -> None:
-        if self._other_job_id in ("", job.job_id):
+        if not self._other_job_id:
+            log.warning("%s: the dispatcher at %s serves another job than %s, or another run of it, now: stopping "
+                        "this run's processes to register again", self.host_id, self.cfg.connect, job.job_id)
+        elif self._other_job_id == job.job_id:
             log.warning("%s: the dispatcher at %s runs job %s anew (a new run: it started again, or the job resumed "
                         "from a checkpoint): stopping this run's processes to join the new run", self.host_id,
                         self.cfg.connect, job.job_id)
