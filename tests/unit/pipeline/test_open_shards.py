@@ -17,7 +17,8 @@ def six(manifest, tmp_path_factory) -> Manifest:
 
     bad = reshard(manifest, tmp_path_factory.mktemp("six"), 20, edit=short)
     bad.shards[4].num_samples += 3  # the manifest says 20, the shard holds 17
-    return bad
+    bad.save(bad.uri)
+    return Manifest.load(bad.uri)
 
 
 def test_a_bad_shard_is_refused_once_and_answers_with_its_reason(six, tmp_path):
