@@ -14,6 +14,9 @@ and it is what a person writes by hand next to a systemd unit or in a ConfigMap.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from typing import Any
@@ -41,18 +44,37 @@ def key(option: Option) -> str:
     return option.flag.lstrip("-")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a settings file is a few lines; /dev/zero is not one
+
+
+def _regular_file(path: str, flags: int) -> int:
+    """Open `path` without blocking (a FIFO with no writer would wait for ever) and only if it is a
+    regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a folder)")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def read_file(path: str, options: list[Option]) -> dict[str, Any]:
     """The file's settings by field name; a name that is no option here, or one that is not to be
     set from a file, is refused."""
     try:
-        with open(path, "rb") as file:
-            table = tomllib.load(file)
+        with open(path, "rb", opener=_regular_file) as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise SettingError(f"--config {path}", f"over {MAX_CONFIG_BYTES} bytes: not a settings file")
+        table = tomllib.loads(data.decode())
     except OSError as exc:
         raise SettingError(f"--config {path}", exc.strerror or str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise SettingError(f"--config {path}", f"not TOML: {exc}") from None
     except UnicodeDecodeError:
         raise SettingError(f"--config {path}", "not TOML: not UTF-8 text") from None
+    except RecursionError:
+        raise SettingError(f"--config {path}", "not TOML this reader takes: nested too deeply") from None
     by_key = {key(o): o for o in options if o.setting}
     found = {}
     for name, value in table.items():

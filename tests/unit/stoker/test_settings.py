@@ -80,3 +80,27 @@ def test_a_missing_file_is_named():
 def test_the_environment_without_the_settings_keeps_everything_else():
     environ = {"STOKER_PROCS": "3", "STOKER_TO": "x", "STOKER_HOST": "h", "PATH": "/bin"}
     assert without_settings(environ, Demo) == {"STOKER_HOST": "h", "PATH": "/bin"}
+
+
+def test_a_config_that_is_a_fifo_a_device_a_flood_or_deeply_nested_is_one_line_at_once(tmp_path):
+    """A FIFO with no writer used to wait for ever, /dev/zero to fill memory, a deeply nested TOML to
+    raise a traceback: each is refused with one line naming the file."""
+    import os
+    import time
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(SettingError, match="fifo.toml: not a regular file"):
+        settled([], {}, str(fifo))
+    assert time.monotonic() - started < 5
+    with pytest.raises(SettingError, match="--config /dev/zero: not a regular file"):
+        settled([], {}, "/dev/zero")
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(SettingError, match="over 1048576 bytes"):
+        settled([], {}, str(big))
+    deep = tmp_path / "deep.toml"
+    deep.write_text("procs = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(SettingError, match="nested too deeply|not TOML"):
+        settled([], {}, str(deep))
