@@ -7,7 +7,7 @@ APT_PACKAGES := libjpeg62-turbo-dev zlib1g-dev prometheus systemd
 # pillow-simd compiles from source: build it for AVX2 where the CPU has it.
 SIMD_CC := $(shell grep -q avx2 /proc/cpuinfo 2>/dev/null && echo "cc -mavx2" || echo cc)
 
-.PHONY: setup run test lint bench protos lock clean docs
+.PHONY: setup run test lint bench soak protos lock clean docs
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks all
+
+# each restart-in-place and kill shape 10 times, half beside two busy loops (about 40 minutes)
+soak: setup
+	$(BIN)/python -m benchmarks soak
 
 protos: setup
 	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. stoker.proto

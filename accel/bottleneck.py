@@ -173,8 +173,11 @@ def read_status(metrics_url: str) -> dict:
         for sample in family.samples:
             values.setdefault(sample.name, {})[json.dumps(sample.labels, sort_keys=True)] = sample.value
     failure = next((json.loads(k)["reason"] for k, v in values.get("stoker_job_failed", {}).items() if v == 1), "")
-    if "stoker_bottleneck_info" not in values and failure:  # a `stoker dispatch` whose job failed
-        return {"stage": "failed", "failure": failure, "text": f"the job failed: {failure}"}
+    stalled = stall_lines(values)
+    if "stoker_bottleneck_info" not in values and (failure or stalled):  # a `stoker dispatch`'s metrics
+        lines = ([f"the job failed: {failure}"] if failure else []) + stalled
+        return {"stage": "failed" if failure else "stalled", "failure": failure, "stalled": stalled,
+                "text": "\n".join(lines)}
     if "stoker_bottleneck_info" not in values:
         raise ValueError(f"{metrics_url} is not a Stoker consumer's metrics (no stoker_bottleneck_info)")
     stage = next((json.loads(k)["stage"] for k, v in values["stoker_bottleneck_info"].items() if v == 1), "unknown")
@@ -192,14 +195,31 @@ def read_status(metrics_url: str) -> dict:
                   + (f" (+{more:.2f})" if stage in ("decode", "augment", "examples", "pack") else ""),
                   f"rows stepped so far: {rows:,.0f}",
                   "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
-    if failure:
-        text_lines.insert(0, f"the job failed: {failure}")
+    text_lines[:0] = ([f"the job failed: {failure}"] if failure else []) + stalled
     hosts = {json.loads(k)["host"]: {"rows": v} for k, v in values.get("stoker_consumer_host_rows_total", {}).items()}
     for k, v in values.get("stoker_consumer_host_credit_wait_seconds_total", {}).items():
         hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})["credit_wait_s"] = v
     return {"stage": stage, "stall_fraction": stall, "cores_in_use": in_use, "cores_needed": needed,
             "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "failure": failure,
-            "text": "\n".join(text_lines)}
+            "stalled": stalled, "text": "\n".join(text_lines)}
+
+
+WAIT_SHOWN_S = 5.0  # a rank's wait for its next batch is shown from this long on
+
+
+def stall_lines(values: dict[str, dict[str, float]]) -> list[str]:
+    """The stall watchdog's figures (accel.control.watchdog), in words: which rank waits for a batch,
+    and, past --stall-report, what each process that holds a unit of its stream is doing."""
+    holders = [(json.loads(k), v) for k, v in values.get("stoker_stall_holder_seconds", {}).items()]
+    waiting = sorted(((json.loads(k)["rank"], v) for k, v in values.get("stoker_rank_waiting_seconds", {}).items()),
+                     key=lambda item: -item[1])
+    lines = [f"rank {rank} has waited {seconds:.0f} s for its next batch" for rank, seconds in waiting
+             if seconds >= WAIT_SHOWN_S or (seconds > 0 and any(h["rank"] == rank for h, _ in holders))]
+    for h, seconds in holders:
+        doing = h["phase"] + (f" sample {h['sample']}" if h["sample"] else "")
+        lines.append(f"  rank {h['rank']}'s unit {h['unit']}: held by {h['process']} (host {h['host']}), "
+                     f"{doing} for {seconds:.0f} s")
+    return lines
 
 
 def watch_frame(old: dict | None, new: dict, seconds: float) -> str:

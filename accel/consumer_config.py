@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accel.control.dispatch_config import control_bind, host_timeout, lease_timeout
+from accel.control.dispatch_config import control_bind, host_timeout, lease_timeout, stall_report, stall_timeout
 from protos.exposure import check_exposure
 
 METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
@@ -40,6 +40,8 @@ class ConsumerConfig:
         "flag": "--no-overlap"})
     host_timeout_s: float = host_timeout()
     lease_timeout_s: float = lease_timeout()
+    stall_report_s: float = stall_report()
+    stall_timeout_s: float = stall_timeout()
     dispatcher: str | None = field(default=None, metadata={  # None: the dispatcher runs in this process
         "help": "attach to a `stoker dispatch` at this endpoint instead of running one here", "metavar": "ENDPOINT",
         "check": "endpoint"})

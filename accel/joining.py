@@ -22,6 +22,7 @@ from accel.control.local import Closing, ControlSocket, InProcessDispatcher
 from accel.control.metrics import ControlMetrics
 from accel.control.remote import NotAConsumer, RankRefused, RemoteDispatcher, attach
 from accel.control.server import AccessPolicy
+from accel.control.watchdog import StallBounds
 from pipeline.job import JobConfig
 from pipeline.job_wire import job_from_proto, job_to_proto
 from pipeline.plan import EpochPlan
@@ -136,4 +137,5 @@ def dispatcher_for(cfg: ConsumerConfig, joined: Joined, plan: EpochPlan, start: 
                           remote_consumers=job.world_size > 1)
     return InProcessDispatcher(dispatcher, ControlSocket(cfg.control_bind, cfg.advertise_host, keys, access),
                                functools.partial(job_to_proto, job), services.metrics, services.leases, me.consumer_id,
-                               Closing(rank_wait_s=cfg.rank_wait_s, linger_s=cfg.finish_linger_s))
+                               Closing(rank_wait_s=cfg.rank_wait_s, linger_s=cfg.finish_linger_s),
+                               StallBounds(cfg.stall_report_s, cfg.stall_timeout_s))

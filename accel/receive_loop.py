@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -77,6 +78,7 @@ class ReceiveLoop:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._waiting_since: float | None = None  # a thread waits in next() on an empty queue since then
 
     @property
     def started(self) -> bool:
@@ -123,7 +125,7 @@ class ReceiveLoop:
             self.data_endpoint = advertised(bind(data, self.socket.bind, "data"), self.socket.advertise_host)
             receiver = self.receiver = self.receiver_on(data)
             tasks += [pump(data, receiver.handle, self.stopping), self._sweep_senders(receiver)]
-            tasks += self.dispatcher.open(ctx, self.data_endpoint, self.on_job_failed, self.stopping)
+            tasks += self.dispatcher.open(ctx, self.data_endpoint, self.on_job_failed, self.stopping, self.waited_s)
             tasks.append(self._feed_watchdog())
             self._ready.set()
             await run_until_one_fails(tasks, self.stopping)
@@ -167,14 +169,24 @@ class ReceiveLoop:
         """The next released batch or epoch end, or END (raising the error the stream ended with)."""
         while True:
             try:
-                item = self.queue.get(timeout=0.5)
+                item = self.queue.get_nowait() if self._waiting_since is None else self.queue.get(timeout=0.5)
             except queue.Empty:
                 if self._thread is not None and not self._thread.is_alive():
+                    self._waiting_since = None
                     return END
+                if self._waiting_since is None:
+                    self._waiting_since = time.monotonic()
                 continue
+            self._waiting_since = None
             if item is END and self._error is not None:
                 raise self._error
             return item
+
+    def waited_s(self) -> float:
+        """How long the rank has waited for its next batch (0: it is not waiting): what its heartbeats
+        tell the dispatcher's stall watchdog."""
+        since = self._waiting_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def call_soon(self, callback: Callable[..., object], *args: object) -> None:
         """Run `callback(*args)` on the loop, without waiting."""

@@ -2,7 +2,8 @@
 ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel,
 transform_contract, transform_example) or all of them.
 
-`gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`)."""
+`gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
+alone, never in `all` (about 40 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`."""
 
 import os
 import sys
@@ -18,6 +19,7 @@ from benchmarks import (
     overlap,
     ratio,
     restart_index,
+    soak,
     spine,
     suite,
     text,
@@ -32,10 +34,14 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
               "transform_example": transform_example.main}
 
+ALONE = {"soak": soak.main}  # never part of `all`
+
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if name in ALONE:
+        raise SystemExit(ALONE[name]())
     if name != "all" and name not in BENCHMARKS:
-        raise SystemExit(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)} or all")
+        raise SystemExit(f"unknown benchmark {name!r}; choose from {', '.join([*BENCHMARKS, *ALONE])} or all")
     for chosen in BENCHMARKS if name == "all" else [name]:
         os.sched_setaffinity(0, range(os.cpu_count() or 1))  # each benchmark pins itself
         BENCHMARKS[chosen]()

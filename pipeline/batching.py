@@ -19,6 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
+from pipeline import activity
+from pipeline.activity import Phase
 from pipeline.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
 from pipeline.deadline import CallLimit, TransformTimeout
 from pipeline.image_layout import DecodeOn
@@ -217,13 +219,14 @@ class _Sample:
 
 
 def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, batch_size: int,
-                 seed: int) -> Iterator[ImageBatch]:
+                 seed: int, skip: Mapping[int, str] | None = None) -> Iterator[ImageBatch]:
     """Every batch of `unit`: its rows in their seeded order, cut every `batch_size` rows (they may
     come from several shards: `reader_of(shard index)` gives a reader, or why the shard is
     unusable). An unusable image leaves its batch a row short, so a unit always gives
     ceil(size / batch_size) batches (at least one, possibly empty, marked last), cut as
     `pipeline.plan.batch_bounds` says. A `work` with `batch_rows(count)` (HostTransform) has each sample
-    copied into its batch as soon as it is made, and its payload let go."""
+    copied into its batch as soon as it is made, and its payload let go. `skip`: sample id -> why it
+    is not even read (it killed the processes that transformed it), skipped like an unusable one."""
     rows = unit.rows(seed)
     bounds = batch_bounds(len(rows), batch_size)
     batch_rows: Callable[[int], BatchRows] | None = getattr(work, "batch_rows", None)
@@ -233,20 +236,26 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
         skipped: list[tuple[int, str, str]] = []
         filling = batch_rows(stop - start) if batch_rows is not None else None
         with limit:  # the transform's time limit, set once for the batch, off again before it is sent
-            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling)
+            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling, skip or {})
         yield _assemble(work, samples, skipped, index, index == len(bounds) - 1, filling)
 
 
 def _prepare_batch(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, seed: int,
                    rows: list[tuple[int, int, int]], samples: list[_Sample], skipped: list[tuple[int, str, str]],
-                   filling: BatchRows | None) -> None:
-    """Each of a batch's rows made into `samples`, or into `skipped` with the reason."""
+                   filling: BatchRows | None, skip: Mapping[int, str]) -> None:
+    """Each of a batch's rows made into `samples`, or into `skipped` with the reason. What the process
+    does is noted (pipeline.activity) sample by sample, for its daemon."""
     for shard, row, sample_id in rows:
+        if sample_id in skip:
+            skipped.append((sample_id, f"shard {shard} row {row}", skip[sample_id]))
+            continue
+        activity.note(Phase.READING, unit.unit_id, sample_id)
         reader = reader_of(shard)
         if isinstance(reader, str):
             skipped.append((sample_id, f"shard {shard} row {row}", reader))
             continue
         sample = Sample(sample_id, reader.key(row), reader.label(row), reader.jpeg(row))
+        activity.note(Phase.TRANSFORMING, unit.unit_id, sample_id)
         try:
             prepared = work.prepare(sample, sample_random(seed, unit.epoch, sample_id), reader.restarts(row))
         except DecodeError as exc:

@@ -259,16 +259,32 @@ class Attached(_message.Message):
     def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ..., lease_key: _Optional[bytes] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("host_id", "worker_ids", "job_id", "run_id")
+    __slots__ = ("host_id", "worker_ids", "job_id", "run_id", "activity")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVITY_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
     job_id: str
     run_id: str
-    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+    activity: _containers.RepeatedCompositeFieldContainer[ProcessActivity]
+    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ..., run_id: _Optional[str] = ..., activity: _Optional[_Iterable[_Union[ProcessActivity, _Mapping]]] = ...) -> None: ...
+
+class ProcessActivity(_message.Message):
+    __slots__ = ("worker_id", "phase", "unit_id", "sample_id", "for_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    FOR_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    phase: str
+    unit_id: int
+    sample_id: int
+    for_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., phase: _Optional[str] = ..., unit_id: _Optional[int] = ..., sample_id: _Optional[int] = ..., for_s: _Optional[float] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("host_id", "worker_id", "holding", "job_id", "run_id")
@@ -297,7 +313,7 @@ class Segment(_message.Message):
     def __init__(self, shard_index: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., first_sample_id: _Optional[int] = ...) -> None: ...
 
 class WorkUnit(_message.Message):
-    __slots__ = ("unit_id", "epoch", "lease_token", "segments", "rank", "position", "data_endpoint")
+    __slots__ = ("unit_id", "epoch", "lease_token", "segments", "rank", "position", "data_endpoint", "skip")
     UNIT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +321,7 @@ class WorkUnit(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIELD_NUMBER: _ClassVar[int]
     unit_id: int
     epoch: int
     lease_token: bytes
@@ -312,21 +329,24 @@ class WorkUnit(_message.Message):
     rank: int
     position: int
     data_endpoint: str
-    def __init__(self, unit_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_token: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., rank: _Optional[int] = ..., position: _Optional[int] = ..., data_endpoint: _Optional[str] = ...) -> None: ...
+    skip: _containers.RepeatedCompositeFieldContainer[SkippedSample]
+    def __init__(self, unit_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_token: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., rank: _Optional[int] = ..., position: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., skip: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("host_id", "worker_ids", "reason", "unit_ids", "run_id")
+    __slots__ = ("host_id", "worker_ids", "reason", "unit_ids", "run_id", "crashed_sample")
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     UNIT_IDS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CRASHED_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     host_id: str
     worker_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     unit_ids: _containers.RepeatedScalarFieldContainer[int]
     run_id: str
-    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., unit_ids: _Optional[_Iterable[int]] = ..., run_id: _Optional[str] = ...) -> None: ...
+    crashed_sample: int
+    def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., unit_ids: _Optional[_Iterable[int]] = ..., run_id: _Optional[str] = ..., crashed_sample: _Optional[int] = ...) -> None: ...
 
 class Attach(_message.Message):
     __slots__ = ("consumer_id", "rank", "data_endpoint", "world_size")
@@ -341,16 +361,18 @@ class Attach(_message.Message):
     def __init__(self, consumer_id: _Optional[str] = ..., rank: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("unit_ids", "batches", "received", "redo")
+    __slots__ = ("unit_ids", "batches", "received", "redo", "waiting_s")
     UNIT_IDS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
     REDO_FIELD_NUMBER: _ClassVar[int]
+    WAITING_S_FIELD_NUMBER: _ClassVar[int]
     unit_ids: _containers.RepeatedScalarFieldContainer[int]
     batches: _containers.RepeatedScalarFieldContainer[int]
     received: _containers.RepeatedScalarFieldContainer[int]
     redo: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ..., batches: _Optional[_Iterable[int]] = ..., received: _Optional[_Iterable[int]] = ..., redo: _Optional[_Iterable[int]] = ...) -> None: ...
+    waiting_s: float
+    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ..., batches: _Optional[_Iterable[int]] = ..., received: _Optional[_Iterable[int]] = ..., redo: _Optional[_Iterable[int]] = ..., waiting_s: _Optional[float] = ...) -> None: ...
 
 class EpochSteps(_message.Message):
     __slots__ = ("epoch", "rank", "batches")
@@ -487,7 +509,7 @@ class ControlReply(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
 
 class JobStats(_message.Message):
-    __slots__ = ("pending", "leased", "done", "hosts_alive", "releases", "handed_back", "failure")
+    __slots__ = ("pending", "leased", "done", "hosts_alive", "releases", "handed_back", "failure", "stall")
     PENDING_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
@@ -495,6 +517,7 @@ class JobStats(_message.Message):
     RELEASES_FIELD_NUMBER: _ClassVar[int]
     HANDED_BACK_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    STALL_FIELD_NUMBER: _ClassVar[int]
     pending: int
     leased: int
     done: int
@@ -502,4 +525,5 @@ class JobStats(_message.Message):
     releases: int
     handed_back: int
     failure: str
-    def __init__(self, pending: _Optional[int] = ..., leased: _Optional[int] = ..., done: _Optional[int] = ..., hosts_alive: _Optional[int] = ..., releases: _Optional[int] = ..., handed_back: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
+    stall: str
+    def __init__(self, pending: _Optional[int] = ..., leased: _Optional[int] = ..., done: _Optional[int] = ..., hosts_alive: _Optional[int] = ..., releases: _Optional[int] = ..., handed_back: _Optional[int] = ..., failure: _Optional[str] = ..., stall: _Optional[str] = ...) -> None: ...

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.kinds import kind_of
 from stoker import __version__, cli_experiments, cli_prepare, configured, options, settings
-from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least
+from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least, procs
 from stoker.options import (
     ACCELERATOR,
     CONSUMER_SOCKETS,
@@ -147,7 +147,8 @@ def _add_run(sub) -> None:
     run.add_argument("--images", type=int_at_least(10), default=2000, help="size of the generated default image set")
     run.add_argument("--hosts", type=POSITIVE, default=2, help="worker daemons, one per emulated host "
                                                                 "(default %(default)s)")
-    run.add_argument("--procs", type=POSITIVE, default=1, help="decode processes per host")
+    run.add_argument("--procs", type=procs, default=1, help="decode processes per host (at most 4 per core, "
+                     "8 on any host)")
     run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
                      help="host i serves on this + i (default 9561; -1: none)")
     options.refused(run, "--keys", "stoker run starts its worker daemons here, over loopback, without keys; for CURVE "
@@ -424,6 +425,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if job_command and args.drop_last and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
+    if job_command and args.stall_timeout_s and args.stall_report_s >= args.stall_timeout_s:
+        parser.error(f"{command}: argument --stall-report: {args.stall_report_s:g} s is not below --stall-timeout "
+                     f"{args.stall_timeout_s:g} s: the job would fail before anyone was told why")
     if command == "worker":
         _settle_worker(parser, args)
     if command == "run":

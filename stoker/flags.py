@@ -133,6 +133,16 @@ def host_id(text: str) -> str:
 
 host_id.__name__ = "host id"
 
+
+def procs(text: str) -> int:
+    """Decode processes per host: 1 up to workers.worker_config.most_procs()."""
+    from workers.worker_config import most_procs
+
+    return int_at_least(1, most_procs())(text)
+
+
+procs.__name__ = "procs"
+
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 SEED = int_at_least(0, 2**64 - 1)  # the wire's seed is a uint64
@@ -146,5 +156,5 @@ CHECKS: dict[str, Callable[[str], object]] = {
     "positive": POSITIVE, "non-negative": NON_NEGATIVE, "seconds": SECONDS, "above-zero": SECONDS, "fraction": FRACTION,
     "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
     "transform-timeout": float_in(0.0, 86400.0), "seq-len": int_at_least(8), "endpoint": endpoint, "seed": SEED,
-    "host-id": host_id,
+    "host-id": host_id, "procs": procs, "seconds-or-never": float_in(0.0, 7 * 86400.0, low_open=False),
 }

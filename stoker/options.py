@@ -86,7 +86,8 @@ def _consumer_sockets() -> argparse.ArgumentParser:
 def _control_socket() -> argparse.ArgumentParser:
     parent = _group("control socket")
     p = parent.add_argument_group("control: the dispatcher's socket and the hosts that lease from it")
-    add_options(p, ConsumerConfig, ("control_bind", "advertise_host", "host_timeout_s", "lease_timeout_s"))
+    add_options(p, ConsumerConfig, ("control_bind", "advertise_host", "host_timeout_s", "lease_timeout_s",
+                                    "stall_report_s", "stall_timeout_s"))
     return parent
 
 

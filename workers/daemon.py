@@ -28,6 +28,7 @@ import time
 import zmq
 from prometheus_client import multiprocess
 
+from pipeline.activity import ActivitySlot, Phase
 from pipeline.job import JobConfig
 from pipeline.job_wire import job_from_proto
 from pipeline.shard_cache import CacheConfig
@@ -40,7 +41,7 @@ from protos.sd_notify import Notifier
 from workers.lifeline import exit_with_parent, parent_alive
 from workers.metrics import WorkerMetrics, serve_multiprocess
 from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_OTHER_JOB, ProcessSpec, process_main
-from workers.worker_config import WorkerConfig
+from workers.worker_config import WorkerConfig, most_procs
 
 log = logging.getLogger("stoker.worker")
 
@@ -60,12 +61,14 @@ class _Child:
         self.started = 0.0
         self.crashes = 0  # in a row, each within STEADY_S of its start
         self.restart_at: float | None = None  # a crashed process waiting for its back-off
+        self.activity: ActivitySlot | None = None  # what its process is doing (pipeline.activity), one per index
 
 
 class WorkerDaemon:
     def __init__(self, cfg: WorkerConfig) -> None:
-        if cfg.procs < 1:
-            raise ValueError("--procs must be at least 1")
+        if not 1 <= cfg.procs <= most_procs():
+            raise ValueError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
+                             f"not {cfg.procs}")
         check_exposure([cfg.metrics_addr], bool(cfg.keys), cfg.insecure,
                        risk="read this host's metrics")
         self.cfg = cfg
@@ -169,8 +172,11 @@ class WorkerDaemon:
         child.restart_at = None
         child.started = time.monotonic()
         worker_id = self._worker_id(child)
+        if child.activity is None:
+            child.activity = ActivitySlot(self.mp)
+        child.activity.set(Phase.IDLE)
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache,
-                           self._run_id)
+                           self._run_id, child.activity)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
         return child.process
@@ -266,10 +272,16 @@ class WorkerDaemon:
             return
         worker_id = self._worker_id(child)
         how = ("exited 0 before the job was finished (something in it called exit(): the transform, or a library "
-               "it uses)") if proc.exitcode == 0 else f"died with exit code {proc.exitcode}"
+               "it uses)") if proc.exitcode == 0 else f"died ({_exit_name(proc.exitcode)})"
+        last = child.activity.read() if child.activity is not None else None
+        crashed_sample = None
+        if last is not None and last.phase == Phase.TRANSFORMING:
+            crashed_sample = last.sample_id
+            how += f" while transforming sample {crashed_sample} of unit {last.unit_id}"
         log.warning("%s: process %s (pid %s) %s; handing its units back and restarting", self.host_id, worker_id,
                     proc.pid, how)
-        self._release([worker_id], f"process exit {proc.exitcode}")
+        self._release([worker_id], f"process exit {_exit_name(proc.exitcode).removeprefix('exit code ')}",
+                      crashed_sample)
         self.metrics.restarts.inc()
         if job_finished:
             child.finished = True
@@ -284,11 +296,17 @@ class WorkerDaemon:
 
     def _heartbeat(self, children: list[_Child]) -> str | None:
         """Tell the dispatcher we are alive; returns its answer's kind, None if unanswered."""
-        ids = [self._worker_id(c) for c in children if not c.finished]
+        live = [c for c in children if not c.finished]
+        beat = pb.Heartbeat(host_id=self.host_id, worker_ids=[self._worker_id(c) for c in live], job_id=self._job_id,
+                            run_id=self._run_id)
+        for child in live:
+            if child.activity is not None and child.restart_at is None:
+                now = child.activity.read()
+                beat.activity.add(worker_id=self._worker_id(child), phase=now.name, unit_id=max(now.unit_id, 0),
+                                  sample_id=now.sample_id, for_s=now.for_s)
         try:
-            reply = self.client.request(pb.ControlRequest(heartbeat=pb.Heartbeat(
-                host_id=self.host_id, worker_ids=ids, job_id=self._job_id, run_id=self._run_id)), give_up_after_s=5.0,
-                should_stop=lambda: self.stopping)
+            reply = self.client.request(pb.ControlRequest(heartbeat=beat), give_up_after_s=5.0,
+                                        should_stop=lambda: self.stopping)
         except DispatcherUnreachable as exc:
             if not self.stopping:
                 log.warning("%s: heartbeat unanswered: %s", self.host_id, exc)
@@ -297,12 +315,16 @@ class WorkerDaemon:
             self._other_job_id = reply.other_job.job_id
         return reply.WhichOneof("kind")
 
-    def _release(self, worker_ids: list[str], reason: str) -> None:
+    def _release(self, worker_ids: list[str], reason: str, crashed_sample: int | None = None) -> None:
+        """Hand the units of `worker_ids` (all: the host's) back; `crashed_sample`: the process died
+        transforming it (the dispatcher skips a sample that did so twice)."""
+        release = pb.Release(host_id=self.host_id, worker_ids=worker_ids, reason=reason,
+                             # a whole host's release holds in any run (it drains); a process's, only in its run
+                             run_id=self._run_id if worker_ids else "")
+        if crashed_sample is not None:
+            release.crashed_sample = crashed_sample
         try:
-            # a whole host's release holds in any run (it drains); a process's, only in the run it worked in
-            self.client.request(pb.ControlRequest(release=pb.Release(
-                host_id=self.host_id, worker_ids=worker_ids, reason=reason,
-                run_id=self._run_id if worker_ids else "")), give_up_after_s=5.0)
+            self.client.request(pb.ControlRequest(release=release), give_up_after_s=5.0)
         except DispatcherUnreachable as exc:
             log.warning("%s: could not hand units back (%s); the dispatcher re-leases them when our "
                         "heartbeats stop", self.host_id, exc)
@@ -323,3 +345,13 @@ class WorkerDaemon:
         if release:
             self._release([], "host draining")
             log.info("%s: drained", self.host_id)
+
+
+def _exit_name(exitcode: int | None) -> str:
+    """`exit code 3`, or the signal that killed it by name (`SIGSEGV`)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from pipeline import activity
+from pipeline.activity import ActivitySlot, Phase
 from pipeline.job import JobConfig
 from pipeline.plan import Unit
 from pipeline.shard_cache import CacheConfig
@@ -73,6 +75,7 @@ class ProcessSpec:
     curve: ClientKeys | None = None  # this host's CURVE keys, when the service uses them
     cache: CacheConfig | None = None  # this host's shard cache (None: the environment's)
     run_id: str = ""  # the run of the job its daemon registered with: a dispatcher in another answers OtherJob
+    activity_slot: ActivitySlot | None = None  # where it notes what it does, for its daemon (pipeline.activity)
 
 
 class _Stop:
@@ -87,6 +90,7 @@ class _Stop:
 def run_process(spec: ProcessSpec) -> int:
     """The child's main loop; returns its exit code."""
     exit_with_parent(spec.parent_pid, signal.SIGKILL)  # stuck in a transform's C code, it would outlive its daemon
+    activity.install(spec.activity_slot)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     job = spec.job
     try:
@@ -173,6 +177,7 @@ class _LeaseLoop:
     # ---- leasing ---------------------------------------------------------------------------
     def _lease(self) -> str:
         spec = self.spec
+        activity.note(Phase.LEASING)
         reply = self.control.request(pb.ControlRequest(lease=pb.LeaseRequest(
             host_id=spec.host_id, worker_id=spec.worker_id, holding=[w.unit.unit_id for w in self.works.values()],
             job_id=spec.job.job_id, run_id=spec.run_id)), should_stop=self.stop)
@@ -199,7 +204,8 @@ class _LeaseLoop:
             traded.sender.end_unit()
         sender = self._sender_for(leased.data_endpoint)
         sender.start_unit(Lease(unit.unit_id, leased.lease_token))
-        self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit)))
+        skip = {s.sample_id: s.reason for s in leased.skip}
+        self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit, skip)))
 
     def _hand_back(self, work: _Work, reason: str) -> None:
         self.works.pop(work.unit.rank, None)
@@ -263,6 +269,7 @@ class _LeaseLoop:
     def _wait(self, seconds: float) -> None:
         """Wait on every sender's socket at once (credit, pings, refusals), up to `seconds`."""
         started = time.perf_counter()
+        activity.note(Phase.WAITING_FOR_CREDIT if self.works else Phase.IDLE)
         if self.senders:
             poller = zmq.Poller()
             for sender in self.senders.values():
@@ -317,6 +324,7 @@ def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSend
     header.stages.wait_for_credit = waited
     header.stages.send = time.perf_counter() - framing_from
     header.created_unix = time.time()
+    activity.note(Phase.SENDING, unit.unit_id)
     # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12; it has one on 3.11
     nbytes = sender.send(header, frames, should_stop=stop)  # type: ignore[arg-type]
     metrics.batches.inc()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,7 +45,9 @@ class Outgoing:
 
 
 class BatchSource(Protocol):
-    def batches(self, unit: Unit) -> Iterator[Outgoing]: ...
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None) -> Iterator[Outgoing]:
+        """`skip`: sample id -> why it is skipped unread (it killed the processes that transformed it)."""
+        ...
 
 
 def transform_of(job: JobConfig) -> ImageTransform:
@@ -75,9 +77,9 @@ class ImageSource:
         self.work = sample_work(self.transform, self.decoder, job.decode_on, job.transform, job.transform_timeout_s)
         self.shards = OpenShards(manifest, ShardCache(cache or CacheConfig.from_env()))
 
-    def batches(self, unit: Unit) -> Iterator[Outgoing]:
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None) -> Iterator[Outgoing]:
         with self.shards.holding(s.shard_index for s in unit.segments):
-            for batch in unit_batches(self.shards.reader, unit, self.work, self.job.batch_size, self.job.seed):
+            for batch in unit_batches(self.shards.reader, unit, self.work, self.job.batch_size, self.job.seed, skip):
                 header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last,
                                  batch.batch_index)
                 header.stages.decode = batch.decode_s
@@ -125,7 +127,8 @@ class TextSource:
                 self.shards[index] = f"unreadable shard: {exc}"
         return self.shards[index]
 
-    def batches(self, unit: Unit) -> Iterator[Outgoing]:
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None) -> Iterator[Outgoing]:
+        """`skip` is not used: text has no user transform that could kill the process."""
         for batch in unit_text_batches(self._shard, unit, self.cfg, self.job.seed, self.job.batch_size):
             header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
             header.stages.examples = batch.examples_s

@@ -22,8 +22,8 @@ class WorkerConfig:
         "help": "dispatcher endpoint, e.g. tcp://10.0.0.5:5561", "flag": "--dispatcher", "metavar": "ENDPOINT",
         "check": "endpoint"})
     procs: int = field(default=1, metadata={
-        "help": "decode processes on this host, about one per core given to Stoker (default %(default)s)",
-        "check": "positive"})
+        "help": "decode processes on this host, about one per core given to Stoker (default %(default)s; at most "
+                "4 per core of the host, and 8 on any host)", "check": "procs"})
     host_id: str = field(default="", metadata={
         "help": "this host's name to the dispatcher, in its metrics and logs: up to 200 letters, digits and . _ - : "
                 "@ + (default: HOSTNAME-PID)", "check": "host-id"})
@@ -60,3 +60,10 @@ class WorkerConfig:
         suffix = f"-{os.getpid()}"
         name = "".join(c if HOST_ID_CHARS.fullmatch(c) else "_" for c in socket.gethostname()) or "host"
         return name[:MAX_HOST_ID - len(suffix)] + suffix
+
+
+def most_procs() -> int:
+    """The most decode processes a daemon starts: 4 per core it may run on (8 at least). Each holds
+    its own interpreter, decoder and shard readers (about 100 MB); hundreds of them on a few cores
+    add memory and switching, not throughput, and the host ran out of memory starting them."""
+    return max(8, 4 * len(os.sched_getaffinity(0)))

@@ -32,6 +32,21 @@ def lease_timeout() -> Any:
                 "for a transform that hangs (default %(default)s)", "flag": "--lease-timeout", "check": "seconds"})
 
 
+def stall_report() -> Any:
+    """How long a rank may wait for a batch before the dispatcher says who holds it (accel.control.watchdog)."""
+    return field(default=60.0, metadata={
+        "help": "seconds a rank may wait for its next batch before the dispatcher logs which process holds what it "
+                "waits for, and what that process is doing (default %(default)s)", "flag": "--stall-report",
+        "check": "seconds"})
+
+
+def stall_timeout() -> Any:
+    """How long a rank may wait for a batch before the job fails with that line; 0: for ever."""
+    return field(default=300.0, metadata={
+        "help": "seconds a rank may wait for its next batch before the job fails, naming who held it (default "
+                "%(default)s; 0: wait for ever)", "flag": "--stall-timeout", "check": "seconds-or-never"})
+
+
 @dataclass(frozen=True)
 class DispatchConfig:
     control_bind: str = control_bind()
@@ -40,6 +55,8 @@ class DispatchConfig:
         "help": "append-only journal; restart with it to continue", "metavar": "PATH"})
     host_timeout_s: float = host_timeout()
     lease_timeout_s: float = lease_timeout()
+    stall_report_s: float = stall_report()
+    stall_timeout_s: float = stall_timeout()
     metrics_port: int | None = field(default=9559, metadata={  # 9560 is the consumer, 9561 + i `stoker run`'s workers
         "help": "/metrics port (default %(default)s; -1: none)", "check": "metrics-port", "off": -1})
     metrics_addr: str = field(default="127.0.0.1", metadata={

@@ -27,6 +27,8 @@ from protos.leases import HANDED_BACK, SHORT_UNIT, TRADED
 
 SCAN_PAST = 64  # pending units a lease may pass over (ranks the asking process holds) before it says wait
 AVOID_S = 5.0  # a unit redone because its leaseholder ended it short goes to another host first, this long
+POISON_CRASHES = 2  # a sample whose transform killed this many processes is skipped from then on
+CRASHES_KEPT = 4096  # samples whose crashes are counted at once: a flood of random crashes cannot grow it
 MAKE_AHEAD_UNITS = 16  # units of the next epoch made per lease: ~0.1 ms, the epoch ready well before it is due
 
 
@@ -53,6 +55,7 @@ class DispatcherStats:
     releases: int  # units taken from a lost host or a stale lease and leased again
     handed_back: int = 0  # units a worker process gave back, traded for an earlier one or unsendable (nothing lost)
     failure: str = ""  # why the job failed (a worker refused it); "" while it goes on
+    stall: str = ""  # which rank waits for a batch, and who holds what it waits for (accel.control.watchdog)
 
 
 @dataclass
@@ -89,8 +92,11 @@ class Dispatcher:
     _batches: dict[int, int] = field(init=False, default_factory=dict)  # unit -> batches it gave (acked)
     _received: dict[int, Unit] = field(init=False, default_factory=dict)  # all batches at their rank, not yet acked
     _stream_batches: dict[int, dict[int, int]] = field(init=False, default_factory=dict)  # epoch -> rank -> batches
+    _crashes: dict[int, int] = field(init=False, default_factory=dict)  # sample id -> processes it killed
+    _poison: dict[int, str] = field(init=False, default_factory=dict)  # sample id -> why it is skipped unread
     total_units: int = field(init=False)
     failure: str = field(init=False, default="")  # the first refusal: the job is over, not finished
+    stall: str = field(init=False, default="")  # the stall watchdog's line while a rank waits (accel.control.server)
 
     def __post_init__(self) -> None:
         per_epoch = self.plan.units_per_epoch
@@ -402,6 +408,46 @@ class Dispatcher:
                 self.on_release(reason, len(lost))
         return len(lost)
 
+    # ---- samples that kill their process ----------------------------------------------------
+    def sample_crashed(self, sample_id: int, how: str) -> bool:
+        """A worker process died transforming `sample_id` (`how`: its host, process and exit). The
+        second such death makes the sample poison: every lease of its unit skips it from then on
+        (one death may be bad luck, an OOM kill elsewhere; two are the sample). True then."""
+        if sample_id in self._poison:
+            return False
+        count = self._crashes.get(sample_id, 0) + 1
+        if count < POISON_CRASHES:
+            if len(self._crashes) >= CRASHES_KEPT:
+                self._crashes.pop(next(iter(self._crashes)))
+            self._crashes[sample_id] = count
+            return False
+        self._crashes.pop(sample_id, None)
+        self._poison[sample_id] = f"the transform killed {POISON_CRASHES} worker processes on it (last: {how})"
+        return True
+
+    def skips_of(self, sample_id: int) -> str:
+        """Why a poison sample is skipped ("" for one that is not)."""
+        return self._poison.get(sample_id, "")
+
+    def skips_for(self, unit: Unit) -> dict[int, str]:
+        """The unit's poison samples, and why each is skipped."""
+        return {sample_id: why for sample_id, why in self._poison.items()
+                if any(g.first_sample_id + g.start <= sample_id < g.first_sample_id + g.stop for g in unit.segments)}
+
+    # ---- what holds a rank's stream (the stall watchdog's question) ----------------------------
+    def leases_of_rank(self, rank: int) -> list[Lease]:
+        """The units of `rank` leased now, in its stream's order."""
+        return sorted((lease for lease in self._leased.values() if lease.unit.rank == rank),
+                      key=lambda lease: _lease_key(lease.unit))
+
+    def open_units_of_rank(self, rank: int) -> tuple[int, Unit | None]:
+        """How many of `rank`'s units in the loaded epochs are pending (neither leased nor done), and
+        its earliest pending one."""
+        pending = {item[3]: item for item in self._pending if item[4].rank == rank and item[3] in self._pending_ids
+                   and item[3] not in self._leased and not self._is_done(item[3])}  # the heap may hold one twice
+        first = min(pending.values(), key=lambda item: item[:4], default=None)
+        return len(pending), first[4] if first else None
+
     def _hold(self, lease: Lease) -> None:
         self._leased[lease.unit.unit_id] = lease
         self._avoid.pop(lease.unit.unit_id, None)
@@ -442,7 +488,7 @@ class Dispatcher:
         done = self._done_whole + len(self._done)
         in_flight = len(self._leased) + len(self._received)
         return DispatcherStats(self.total_units - done - in_flight, in_flight, done, len(self._hosts), self._releases,
-                               self._handed_back, self.failure)
+                               self._handed_back, self.failure, self.stall)
 
 
 def _lease_key(unit: Unit) -> tuple[int, int, int]:

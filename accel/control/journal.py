@@ -17,9 +17,11 @@ before the units go back to the queue).
 A crash can stop a write anywhere. Every answer waits for its lines' fsync, so a torn last line
 (and anything after the last newline) records nothing anyone was told: opening the journal cuts
 it off before appending, and a journal whose header never became a whole line is made anew.
-A new journal and a compacted one come into place by rename, whole. One dispatcher at a time:
-the journal is locked (flock on `PATH.lock`, released by the kernel when its holder dies),
-because two would lease the same units twice.
+A new journal and a compacted one come into place by rename, whole. One dispatcher at a time,
+because two would lease the same units twice: the journal's own file is locked (flock, released
+by the kernel when its holder dies), and a compacted one is locked before it is renamed into
+place, so whatever file the path names is held; deleting a file cannot undo that (`PATH.lock`,
+held too, says which pid holds the journal, and keeps two dispatchers from creating one at once).
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class Journal:
         """`lease_key`: used for a new journal; a replayed one keeps its own."""
         self.path = Path(path)
         self._lock = _lock(self.path)
+        self._held: int | None = None  # the journal file's own lock (an open descriptor of it)
         try:
+            self._held = _lock_journal(self.path)
             self.replayed: Replayed | None = _recover(self.path)
             if self.replayed is not None:
                 theirs = {k: v for k, v in self.replayed.job.items() if k != "job_id"}
@@ -69,13 +73,13 @@ class Journal:
             self.lease_key = lease_key
             self._header = {"job": self.replayed.job if self.replayed else job, "lease_key": lease_key.hex()}
             if self.replayed is None:
-                self._put_in_place([self._header])
+                self._hold(self._put_in_place([self._header]))
             self._file = open(self.path, "a")
         except OSError as exc:
-            os.close(self._lock)
+            self._unlock()
             raise OSError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from exc
         except BaseException:
-            os.close(self._lock)
+            self._unlock()
             raise
         self._dirty = False
         self.compactions = 0  # since this process opened it
@@ -116,7 +120,7 @@ class Journal:
         leaves the old journal or the new one."""
         self._file.close()
         try:
-            self._put_in_place([self._header, {"snapshot": snapshot}])
+            self._hold(self._put_in_place([self._header, {"snapshot": snapshot}]))
         except OSError as exc:  # the old journal stands, whole: keep it open for close() and say why
             self._file = open(self.path, "a")
             raise JournalWriteError(self.path, exc) from exc
@@ -124,10 +128,25 @@ class Journal:
         self._dirty = False
         self.compactions += 1
 
-    def _put_in_place(self, events: list[dict]) -> None:
+    def _hold(self, fd: int) -> None:
+        """The journal file is now the one `fd` locks: let the lock of the one it replaced go."""
+        if self._held is not None:
+            os.close(self._held)
+        self._held = fd
+
+    def _unlock(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+        os.close(self._lock)
+
+    def _put_in_place(self, events: list[dict]) -> int:
         """Write `events` as the whole journal: beside it, fsync'd, owner-only (it holds the lease
-        key), then renamed over it and the rename made durable."""
+        key), locked, then renamed over it and the rename made durable. Returns the descriptor that
+        holds the new file's lock (the caller keeps it: `_hold`)."""
         fd, staged = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")  # O_EXCL, 0600
+        held = os.dup(fd)  # one open file: its lock outlives `out` below
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file nobody else has seen yet
         try:
             with os.fdopen(fd, "w") as out:
                 for event in events:
@@ -137,8 +156,10 @@ class Journal:
             os.replace(staged, self.path)
         except BaseException:
             Path(staged).unlink(missing_ok=True)
+            os.close(held)
             raise
         _fsync_folder(self.path.parent)
+        return held
 
     def close(self) -> None:
         if self._file.closed:
@@ -147,7 +168,7 @@ class Journal:
             self.sync()
             self._file.close()
         finally:
-            os.close(self._lock)
+            self._unlock()
 
 
 def _lock(path: Path) -> int:
@@ -172,6 +193,32 @@ def _lock(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _lock_journal(path: Path) -> int | None:
+    """Lock the journal file itself (None: there is none yet); JournalInUse when a dispatcher holds it.
+    The lock is the file's, not the path's: a journal compacted meanwhile is another file, so the path
+    must still name the file locked, else the new one is tried."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None  # none yet; or a path that is no journal of ours, which _recover names
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalInUse(f"the journal {path} is in use by another dispatcher (its lock file was removed, "
+                               f"but the journal itself is held); two dispatchers on one journal would lease the "
+                               f"same units twice") from None
+        try:
+            here = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            here = None
+        held = os.fstat(fd)
+        if here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)
 
 
 def _recover(path: Path) -> Replayed | None:

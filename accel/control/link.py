@@ -42,10 +42,11 @@ class DispatcherLink(Protocol):
         ...
 
     def open(self, ctx: zmq.asyncio.Context, data_endpoint: str, on_failure: Callable[[str], None],
-             stop: threading.Event) -> list[Coroutine[Any, Any, None]]:
+             stop: threading.Event, waited_s: Callable[[], float]) -> list[Coroutine[Any, Any, None]]:
         """Bind or connect now (a port in use raises here), with the rank's data socket bound at
         `data_endpoint`; the coroutines returned run on the rank's event loop until `stop`.
-        `on_failure(reason)`: the job failed (a worker refused it)."""
+        `on_failure(reason)`: the job failed (a worker refused it, or it stalled). `waited_s()`: how
+        long the rank has waited for its next batch, told to the dispatcher's stall watchdog."""
         ...
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from accel.control.dispatcher import Dispatcher, DispatcherStats
 from accel.control.link import CloseWait
 from accel.control.metrics import ControlMetrics
 from accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
+from accel.control.watchdog import StallBounds
 from protos import stoker_pb2 as pb
 from protos.curve import ServerKeys
 from protos.endpoints import advertised
@@ -49,8 +50,10 @@ class Closing:
 
 class InProcessDispatcher:
     def __init__(self, dispatcher: Dispatcher, socket: ControlSocket, job_spec: Callable[[str], pb.JobSpec],
-                 metrics: ControlMetrics, leases: LeaseSigner, consumer_id: str, closing: Closing) -> None:
+                 metrics: ControlMetrics, leases: LeaseSigner, consumer_id: str, closing: Closing,
+                 stall: StallBounds | None = None) -> None:
         """`job_spec(data_endpoint)`: the job as the control socket hands it out."""
+        self.stall = stall
         self.dispatcher = dispatcher
         self.socket = socket
         self.job_spec = job_spec
@@ -72,21 +75,23 @@ class InProcessDispatcher:
         return self.dispatcher.finished
 
     def open(self, ctx: zmq.asyncio.Context, data_endpoint: str, on_failure: Callable[[str], None],
-             stop: threading.Event) -> list[Coroutine[Any, Any, None]]:
+             stop: threading.Event, waited_s: Callable[[], float]) -> list[Coroutine[Any, Any, None]]:
         control, monitor, bound = bind_control(ctx, self.socket.keys, self.socket.bind)
         self._sockets = [control]  # the monitor closes with its coroutine (serve_control)
         self._endpoint = advertised(bound, self.socket.advertise_host)
         self.dispatcher.attach_rank(0, data_endpoint, self.consumer_id)
         server = self.server = ControlServer(control, self.dispatcher, self.job_spec(data_endpoint), self.metrics,
-                                             self.leases, self.socket.access)
+                                             self.leases, self.socket.access, self.stall)
         server.on_failure = on_failure
         server.update_gauges()
-        return [*serve_control(control, monitor, server, stop), self._heard(stop)]
+        return [*serve_control(control, monitor, server, stop), self._heard(stop, server, waited_s)]
 
-    async def _heard(self, stop: threading.Event) -> None:
-        """Rank 0 is alive while its loop runs (well within the host timeout)."""
+    async def _heard(self, stop: threading.Event, server: ControlServer, waited_s: Callable[[], float]) -> None:
+        """Rank 0 is alive while its loop runs (well within the host timeout), and says how long it has
+        waited for a batch, as a rank elsewhere does with its heartbeats."""
         while not stop.is_set():
             self.dispatcher.rank_heard(0, self.consumer_id)
+            server.watchdog.rank_waiting(0, waited_s())
             await asyncio.sleep(min(1.0, self.dispatcher.host_timeout_s / 4))
 
     def close(self) -> None:

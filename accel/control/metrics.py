@@ -32,6 +32,16 @@ class ControlMetrics:
         self.failure = Gauge("stoker_job_failed", "1 once the job has failed, labelled with why: the first "
                              "refusal, in one line (host and reason); no sample while it goes on", ["reason"],
                              registry=r)
+        self.rank_waiting = Gauge("stoker_rank_waiting_seconds", "How long each rank has waited for its next batch "
+                                  "(0: it is not waiting; the stall watchdog reports past --stall-report)", ["rank"],
+                                  registry=r)
+        self.stall_holders = Gauge("stoker_stall_holder_seconds",
+                                   "While a rank has waited past --stall-report: each process that holds a unit of "
+                                   "its stream, and how long it has been in its phase (leasing, reading, transforming, "
+                                   "sending, waiting for credit; sample: the one it reads or transforms)",
+                                   ["rank", "unit", "host", "process", "phase", "sample"], registry=r)
+        self.poison_samples = Counter("stoker_dispatcher_poison_samples", "Samples skipped from then on because the "
+                                      "transform killed two worker processes on them", registry=r)
         self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
                                        "Control messages dropped as malformed or not allowed to the sender's role",
                                        ["reason"], registry=r)

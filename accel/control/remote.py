@@ -31,6 +31,7 @@ from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.consumer")
 HEARTBEAT_S = 1.0
+STALL_SAY_EVERY_S = 60.0
 
 
 class NotAConsumer(PermissionError):
@@ -92,6 +93,8 @@ class RemoteDispatcher:
         self._redo: set[int] = set()  # units whose leaseholder ended them short, to have made again
         self.finished = False  # every unit of the job is done (the dispatcher said so)
         self.on_failure: Callable[[str], None] = lambda reason: None  # the dispatcher says the job failed
+        self.waited_s: Callable[[], float] = lambda: 0.0  # how long the rank has waited for a batch
+        self._stall_said_at = 0.0  # loop time the dispatcher's stall line was last logged here
         self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._sock: zmq.asyncio.Socket | None = None
         self._in_flight = 0
@@ -126,10 +129,11 @@ class RemoteDispatcher:
         return self.endpoint
 
     def open(self, ctx: zmq.asyncio.Context, data_endpoint: str, on_failure: Callable[[str], None],
-             stop: threading.Event) -> list[Coroutine[Any, Any, None]]:
+             stop: threading.Event, waited_s: Callable[[], float]) -> list[Coroutine[Any, Any, None]]:
         """Attach (again, now with the data endpoint) and ack from the rank's event loop."""
         self.data_endpoint = data_endpoint
         self.on_failure = on_failure
+        self.waited_s = waited_s
         return [self.run(ctx, stop)]
 
     def close(self) -> None:
@@ -165,7 +169,8 @@ class RemoteDispatcher:
                     reply = await self.call(pb.ControlRequest(ack=pb.Ack(unit_ids=list(batch),
                                                                          batches=list(batch.values()),
                                                                          received=sorted(received),
-                                                                         redo=sorted(redo))), stop)
+                                                                         redo=sorted(redo),
+                                                                         waiting_s=self.waited_s())), stop)
                     self._in_flight = 0
                     if reply is None:
                         self._unsent.update(batch)
@@ -174,11 +179,12 @@ class RemoteDispatcher:
                         continue
                     self._acked |= set(batch)
                     if reply.HasField("stats"):
-                        failed_before = self._job_stats.failure
+                        failed_before, stalled_before = self._job_stats.failure, bool(self._job_stats.stall)
                         self._job_stats = DispatcherStats(**{name: getattr(reply.stats, name)
                                                              for name in DispatcherStats.__dataclass_fields__})
                         if self._job_stats.failure and not failed_before:
                             self.on_failure(self._job_stats.failure)
+                        self._say_stall(stalled_before, now)
                     next_beat = now + HEARTBEAT_S
                     if reply.WhichOneof("kind") == "finished":
                         self.finished = True
@@ -186,6 +192,14 @@ class RemoteDispatcher:
         finally:
             if self._sock is not None:
                 self._sock.close(0)
+
+    def _say_stall(self, stalled_before: bool, now: float) -> None:
+        """Log the dispatcher's stall line here too (where this rank's user looks): when a stall begins,
+        then once a minute while it lasts."""
+        line = self._job_stats.stall
+        if line and (not stalled_before or now - self._stall_said_at >= STALL_SAY_EVERY_S):
+            log.error("rank %d: stalled: %s", self.rank, line)
+            self._stall_said_at = now
 
     async def call(self, request: pb.ControlRequest, stop: threading.Event,
                    reply_timeout_s: float = 2.0) -> pb.ControlReply | None:

@@ -35,6 +35,7 @@ import zmq.asyncio
 from accel.aio import pump_batches
 from accel.control.dispatcher import Dispatcher, RankError
 from accel.control.metrics import ControlMetrics
+from accel.control.watchdog import StallBounds, Watchdog
 from pipeline.unit_wire import unit_to_proto
 from protos import stoker_pb2 as pb
 from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
@@ -80,7 +81,8 @@ _REFUSED = {"not_worker": "this key is not allow-listed as a worker",
 
 class ControlServer:
     def __init__(self, socket: zmq.Socket, dispatcher: Dispatcher, job: pb.JobSpec,
-                 metrics: ControlMetrics, leases: LeaseSigner, access: AccessPolicy) -> None:
+                 metrics: ControlMetrics, leases: LeaseSigner, access: AccessPolicy,
+                 stall: StallBounds | None = None) -> None:
         self.socket = socket
         self.dispatcher = dispatcher
         self.job = job
@@ -105,6 +107,8 @@ class ControlServer:
         # This run of the job: a job resumed in place keeps its id but not this, so what a daemon still
         # holds from the run before (processes, leases, connections to ranks that died) is told apart.
         self.run_id = secrets.token_hex(8)
+        self.watchdog = Watchdog(stall or StallBounds(), dispatcher.clock)
+        self._stall_said_at: float | None = None  # when the stall line was last logged
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -187,6 +191,7 @@ class ControlServer:
             d.heartbeat(request.heartbeat.host_id)
             if self._other_run(request.heartbeat.job_id, request.heartbeat.run_id):
                 return self._other_job()
+            self.watchdog.heard_host(request.heartbeat.host_id, request.heartbeat.activity)
             return self._finished(request.heartbeat.host_id) if d.over else pb.ControlReply(ok=pb.Ok())
         if kind == "lease":
             lease = request.lease
@@ -199,13 +204,18 @@ class ControlServer:
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
             token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)
-            return pb.ControlReply(unit=unit_to_proto(unit, token, d.endpoint(unit.rank) or ""))
+            leased = unit_to_proto(unit, token, d.endpoint(unit.rank) or "")
+            for sample_id, why in d.skips_for(unit).items():
+                leased.skip.add(sample_id=sample_id, reason=why)
+            return pb.ControlReply(unit=leased)
         if kind == "release":
             r = request.release
             if self._other_run("", r.run_id):  # units of a run that is over: they mean nothing here
                 return self._other_job()
             if r.reason == UNREACHABLE:
                 self._report_unreachable(r.host_id, list(r.unit_ids))
+            if r.HasField("crashed_sample"):
+                self._sample_crashed(r)
             count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None,
                               caller.name if self.access.keyed else None)
             log.info("host %s released %d units (%s)", r.host_id, count, _printable(r.reason))
@@ -229,6 +239,7 @@ class ControlServer:
             return pb.ControlReply(error=pb.Error(message="attach first"))
         d.rank_heard(*rank)
         if kind == "ack":
+            self.watchdog.rank_waiting(rank[0], request.ack.waiting_s)
             for unit_id in request.ack.received:
                 d.received(unit_id)
             for unit_id in request.ack.redo:
@@ -265,17 +276,30 @@ class ControlServer:
                       "--data-bind / --advertise-host)", host_id[:MAX_NAME], unit.rank,
                       self.dispatcher.endpoint(unit.rank))
 
+    def _sample_crashed(self, release: pb.Release) -> None:
+        """A worker process died transforming a sample: the second time, the sample is skipped from then on."""
+        sample_id = release.crashed_sample
+        worker = _printable((release.worker_ids[0] if release.worker_ids else release.host_id)[:MAX_NAME])
+        how = f"{worker}, {_printable(release.reason[:100])}"
+        log.error("worker process %s died transforming sample %d", how, sample_id)
+        if self.dispatcher.sample_crashed(sample_id, how):
+            self.metrics.poison_samples.inc()
+            log.error("sample %d is skipped from now on: %s", sample_id, self.dispatcher.skips_of(sample_id))
+
     def _refused(self, refusal: pb.Refusal) -> pb.ControlReply:
         """A worker cannot run the job as pinned: the job fails, with its line, everywhere it is watched."""
         if refusal.job_id and refusal.job_id != self.job.job_id:
             return self._other_job()
         self.metrics.refusals.inc()
-        line = f"host {refusal.host_id[:MAX_NAME]} refused the job: {_printable(refusal.reason[:1000])}"
+        self._fail(f"host {refusal.host_id[:MAX_NAME]} refused the job: {_printable(refusal.reason[:1000])}")
+        return pb.ControlReply(ok=pb.Ok())
+
+    def _fail(self, line: str) -> None:
+        """The job fails with `line`, everywhere it is watched: the log, the metric, every rank."""
         if self.dispatcher.fail(line):
             log.error("the job fails: %s", line)
             self.metrics.failure.labels(reason=line).set(1)
             self.on_failure(line)
-        return pb.ControlReply(ok=pb.Ok())
 
     def _host_id_taken(self, host_id: str, peer: bytes) -> str:
         """Why `peer` may not speak as the daemon of `host_id` ("": it may, and is now heard as it): another
@@ -359,9 +383,37 @@ class ControlServer:
                       "without it (restart every rank from the last state_dict)", rank, self.dispatcher.host_timeout_s)
         self._silent_reported = silent
         self.metrics.ranks_silent.set(len(silent))
+        self._watch_stalls()
         if self.dispatcher.journal is not None:
             self.dispatcher.journal.sync()  # the releases of expired hosts
         self.update_gauges()
+
+    def _watch_stalls(self) -> None:
+        """Say who holds what a waiting rank needs (pace: once per report bound), and fail the job once
+        it has waited the second bound for units that are pending or leased (accel.control.watchdog)."""
+        d, bounds = self.dispatcher, self.watchdog.bounds
+        for rank, seconds in self.watchdog.waited().items():
+            self.metrics.rank_waiting.labels(rank=str(rank)).set(seconds)
+        for rank in set(range(d.plan.world_size)) - set(self.watchdog.waited()):
+            self.metrics.rank_waiting.labels(rank=str(rank)).set(0)
+        stall = None if d.over else self.watchdog.check(d)
+        self.metrics.stall_holders.clear()
+        if stall is None:
+            d.stall, self._stall_said_at = "", None
+            return
+        line = _printable(stall.line)
+        d.stall = line
+        for h in stall.holders:
+            self.metrics.stall_holders.labels(rank=str(h.rank), unit=str(h.unit_id), host=_printable(h.host_id),
+                                              process=_printable(h.worker_id), phase=h.phase,
+                                              sample=str(h.sample_id) if h.sample_id >= 0 else "").set(h.for_s)
+        now = d.clock()
+        if bounds.fail_s and stall.waited_s >= bounds.fail_s and stall.has_work:
+            self._fail(f"no batch for {stall.waited_s:.0f} s (--stall-timeout {bounds.fail_s:g}): {line}")
+        elif self._stall_said_at is None or now - self._stall_said_at >= bounds.report_s:
+            self._stall_said_at = now
+            log.error("stalled: %s%s", line, f" (the job fails at {bounds.fail_s:g} s: --stall-timeout)"
+                      if bounds.fail_s and stall.has_work else "")
 
     def update_gauges(self) -> None:
         journal = self.dispatcher.journal

@@ -32,6 +32,7 @@ from accel.control.dispatcher import Dispatcher
 from accel.control.journal import Journal
 from accel.control.metrics import ControlMetrics
 from accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
+from accel.control.watchdog import StallBounds
 from pipeline.job import JobConfig
 from pipeline.job_wire import job_to_proto
 from pipeline.shards import Manifest
@@ -72,6 +73,7 @@ class DispatchService:
                                      on_release=lambda reason, n: self.metrics.releases.labels(reason=reason).inc(n),
                                      planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
         self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
+        self.stall = StallBounds(cfg.stall_report_s, cfg.stall_timeout_s)  # a bad pair fails here, at start
         self.endpoint = ""
         self.stop = threading.Event()
         self.ready = threading.Event()
@@ -110,7 +112,7 @@ class DispatchService:
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
                                   remote_consumers=True)
             server = ControlServer(control, self.dispatcher, job_to_proto(self.job), self.metrics,
-                                   self.leases, access)
+                                   self.leases, access, self.stall)
             server.update_gauges()
             self.ready.set()
             await run_until_one_fails([*serve_control(control, monitor, server, self.stop), self._until_done()],

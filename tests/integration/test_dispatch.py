@@ -30,13 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dispatcher(manifest_uri: str, control: str, data: str, journal, log_path,
-                extra: tuple[str, ...] = (), crash: tuple[int, str] | None = None) -> subprocess.Popen:
+                extra: tuple[str, ...] = (), crash: tuple[int, str] | None = None,
+                host_timeout: tuple[str, ...] = ("--host-timeout", "3")) -> subprocess.Popen:
     """`stoker dispatch`; with `crash` = (n, kind) it SIGKILLs itself at its n-th journal write point
-    of that kind (tests/journal_crash.py)."""
+    of that kind (tests/journal_crash.py). `host_timeout=()`: the default."""
     launcher = ["tests.journal_crash", str(crash[0]), crash[1], "--"] if crash else ["stoker"]
     cmd = [sys.executable, "-m", *launcher, "--log-level", "INFO", "dispatch", "--data", manifest_uri,
            "--journal", str(journal), "--control-bind", control, "--metrics-port", "-1",
-           "--host-timeout", "3", "--epochs", "2", "--batch-size", "16", "--unit-batches", "2",
+           *host_timeout, "--epochs", "2", "--batch-size", "16", "--unit-batches", "2",
            "--job-secret", f"{journal}.key", *extra]
     return subprocess.Popen(cmd, stdout=open(log_path, "a"), stderr=subprocess.STDOUT, cwd=ROOT,
                             env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"})
@@ -130,6 +131,41 @@ def test_a_dispatcher_restarted_from_its_compacted_journal_finishes_the_job_exac
     assert summary.hosts == 2  # counted from the batches, also when the dispatcher is elsewhere
     log = (log_dir / "dispatch.log").read_text()
     assert "continuing from" in log and f"{done_before} units done" in log
+
+
+def test_a_dispatcher_down_past_the_daemons_leave_after_goes_on_within_seconds_of_its_restart(manifest, log_dir):
+    """At the defaults (--leave-after 30, --host-timeout 10, --lease-timeout 600): the dispatcher is killed
+    mid-epoch and stays down 35 s, so the daemons leave the job and stop their processes. Restarted from
+    its journal, the leases of those processes go back to the queue when their hosts register again, and
+    the job finishes exactly once within seconds (it used to wait for the lease timeout: no step for
+    150 s and more)."""
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    journal, log = log_dir / "dispatch.journal", log_dir / "dispatch.log"
+    first = _dispatcher(manifest.uri, control, data, journal, log, host_timeout=())
+    consumer, daemons, runner, result = _attached_job(control, data, log_dir / "dispatch.journal.key", log_dir,
+                                                      rate=60)
+    second = None
+    try:
+        assert wait_for(lambda: journal.exists() and len(replay(journal).done) >= 2, timeout=60)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert wait_for(lambda: all("leaving job" in d.output() for d in daemons), timeout=60), \
+            "\n".join(d.output()[-2000:] for d in daemons)
+        time.sleep(35 - 30)  # down 35 s in all
+        second = _dispatcher(manifest.uri, control, data, journal, log, host_timeout=())
+        restarted = time.monotonic()
+        runner.join(120)
+        took = time.monotonic() - restarted
+        assert not runner.is_alive() and "summary" in result, log.read_text()[-3000:]
+        assert [d.wait(timeout=60) for d in daemons] == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    finally:
+        consumer.stop()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert_exactly_once(result["summary"], manifest.num_samples, 2)
+    left = 2 * manifest.num_samples / 60  # the whole job at the consumer's rate, an upper bound of what was left
+    assert took < left + 20, f"the job took {took:.0f} s after the restart (at most {left:.0f} s of steps were left)"
 
 
 def test_with_keys_only_a_consumer_key_attaches_to_a_separate_dispatcher(manifest, log_dir, tmp_path):

@@ -33,6 +33,10 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["train", "--data", "x", "--host-timeout", "0"], "--host-timeout"),
     (["train", "--data", "x", "--data-bind", "tcp://0.0.0.0:5560"], "--data-bind"),
     (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--procs", "0"], "--procs"),
+    (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--procs", "300"], "--procs"),  # 86 tracebacks, 0 samples
+    (["run", "--procs", "300"], "--procs"),
+    (["run", "--stall-report", "60", "--stall-timeout", "30"], "--stall-report"),
+    (["dispatch", "--data", "x", "--stall-timeout", "-1"], "--stall-timeout"),
     (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--metrics-addr", "0.0.0.0"], "--metrics-addr"),
     (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--shard-cache-gb", "0"], "--shard-cache-gb"),
     (["run", "--shard-cache-gb", "-2"], "--shard-cache-gb"),
@@ -55,6 +59,18 @@ def test_a_shard_cache_limit_from_the_environment_is_checked_as_the_flag_is():
                             capture_output=True, text=True, timeout=10, env=env)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "stoker: error: worker: $STOKER_SHARD_CACHE_GB: must be a number > 0 (GB) and at most 1e+06, not 'lots' "
+        "(see stoker --help)"]
+
+
+def test_a_process_count_from_the_environment_is_checked_as_the_flag_is():
+    """$STOKER_PROCS=300 on a host of a few cores: refused at once (it used to start them, run out of memory
+    and print 86 tracebacks for 0 samples)."""
+    env = {**os.environ, "STOKER_PROCS": "300"}
+    result = subprocess.run([sys.executable, "-m", "stoker", "worker", "--dispatcher", "tcp://127.0.0.1:1"],
+                            capture_output=True, text=True, timeout=10, env=env)
+    most = max(8, 4 * len(os.sched_getaffinity(0)))
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"stoker: error: worker: $STOKER_PROCS: must be an integer >= 1 and at most {most}, not '300' "
         "(see stoker --help)"]
 
 

@@ -206,7 +206,7 @@ def test_a_process_that_crashes_at_start_up_is_restarted_with_back_off(manifest,
         assert wait_for(lambda: "crashed 4 time(s) in a row; restarting it in 2.0 s" in daemon.output(), timeout=40), \
             daemon.output()[-3000:]
         time.sleep(1.0)  # letting half the back-off pass is the test: no fifth start comes in it
-        assert daemon.output().count("died with exit code") == 4
+        assert daemon.output().count("died (exit code") == 4
     finally:
         daemon.stop()
         stop.set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,16 @@ class StuckInC(Tiny):
             import signal
             signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM}})
             time.sleep(3600)
+        return super().__call__(sample, rng, pixels)
+
+
+class Segfaulter(Tiny):
+    """Kills its process (a real SIGSEGV, as a C extension's bug would) on sample 11, every time."""
+
+    def __call__(self, sample, rng, pixels):
+        if sample.sample_id == 11:
+            import ctypes
+            ctypes.string_at(0)
         return super().__call__(sample, rng, pixels)
 
 
@@ -282,6 +293,56 @@ def test_a_process_that_exits_0_before_the_job_is_finished_is_a_crash(own, manif
     assert (tmp_path / "quit").exists() and "exited 0 before the job was finished" in daemons[0].output()
     every = [(e, s) for e in range(2) for s in range(manifest.num_samples)]
     assert sorted(recorder.trained) == every and recorder.repeats == 0 and summary.skipped_samples == 0
+
+
+def test_a_transform_that_kills_its_process_on_one_sample_has_it_named_skipped_and_counted(own, manifest, log_dir):
+    """A segfault on sample 11: the daemon names the sample, the second death makes the dispatcher skip it
+    in every lease from then on, and the job ends with every other sample once per epoch (it used to stop
+    for good after a few dozen crashes, naming nothing)."""
+    recorder = Recorder()
+    _, summary = _run_on_two_hosts(own, manifest, log_dir, recorder, "Segfaulter")
+    every_other = [(e, s) for e in range(2) for s in range(manifest.num_samples) if s != 11]
+    assert sorted(recorder.trained) == every_other and recorder.repeats == 0
+    assert summary.skipped_samples == 2 and {entry["sample_id"] for entry in summary.skipped} == {11}
+    assert all(entry["reason"].startswith("the transform killed 2 worker processes on it (last: host")
+               and entry["reason"].endswith(", process exit SIGSEGV)")
+               for entry in summary.skipped)
+    logs = "".join(Path(f).read_text() for f in log_dir.glob("*.log"))
+    assert "died (SIGSEGV) while transforming sample 11 of unit" in logs
+
+
+def test_a_job_with_a_transform_stuck_in_c_says_who_holds_what_then_fails_with_that_line(own, manifest, tmp_path):
+    """No silent hang: past --stall-report the log, the metrics and `stoker status` say which process holds
+    the unit the rank waits for and which sample it is transforming; past --stall-timeout the job fails with
+    that line (the bounds are shortened here; their defaults are 60 s and 300 s)."""
+    metrics = free_port()
+    run = subprocess.Popen([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--hosts", "1", "--procs",
+                            "1", "--transform", f"{MODULE}:StuckInC", "--no-progress", "--metrics-port", str(metrics),
+                            "--worker-metrics-port", "-1", "--data-bind", f"tcp://127.0.0.1:{free_port()}",
+                            "--control-bind", f"tcp://127.0.0.1:{free_port()}", "--stall-report", "4",
+                            "--stall-timeout", "25", "--json", str(tmp_path / "s.json")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(own["1.0"]))
+    try:
+        status: dict = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and run.poll() is None and not any("held by" in line for line in
+                                                                              status.get("stalled", [])):
+            time.sleep(1)
+            try:
+                status = read_status(f"http://127.0.0.1:{metrics}/metrics")
+            except (OSError, ValueError):
+                continue
+        out, err = run.communicate(timeout=90)
+    finally:
+        run.kill()
+    held = [line for line in status.get("stalled", []) if "held by" in line]
+    stuck = re.search(r"held by host0/p0\.\d+ \(host host0\), transforming sample (\d+) for \d+ s", "".join(held))
+    assert stuck and int(stuck[1]) >= 20, status  # StuckInC sticks from sample 20 on
+    assert "rank 0 has waited" in status["text"]
+    assert run.returncode == 2, out[-2000:] + err[-3000:]
+    assert "stalled: rank 0 has waited" in err and "is held by host0/p0." in err
+    assert "no batch for" in err and "(--stall-timeout 25)" in err and f", transforming sample {stuck[1]} for" in err
+    assert "no batch for" in json.loads((tmp_path / "s.json").read_text())["failed"]
 
 
 def test_ctrl_c_ends_stoker_run_within_seconds_with_a_summary_while_a_transform_is_stuck_in_c(own, manifest):

@@ -54,7 +54,7 @@ class FakeDispatcher:
         return len({unit for unit, _ in self.acks}) == self.total_units
 
     def open(self, ctx: object, data_endpoint: str, on_failure: Callable[[str], None],
-             stop: threading.Event) -> list:
+             stop: threading.Event, waited_s: Callable[[], float]) -> list:
         self.data_endpoint, self.on_failure = data_endpoint, on_failure
         return []
 
@@ -115,7 +115,8 @@ class InlineLoop(ReceiveLoop):
         self.messages = []
         self.receiver = self.receiver_on(RecordingSocket())  # type: ignore[arg-type]
         self.data_endpoint = "tcp://127.0.0.1:2"
-        self.dispatcher.open(None, self.data_endpoint, self.on_job_failed, self.stopping)  # type: ignore[arg-type]
+        self.dispatcher.open(None, self.data_endpoint, self.on_job_failed, self.stopping,
+                             self.waited_s)  # type: ignore[arg-type]
 
     @property
     def started(self) -> bool:

@@ -235,3 +235,17 @@ def test_a_process_holding_a_unit_the_dispatcher_took_back_is_not_held_to_it(man
     d.release("h", None, "host_timeout")
     again = d.lease("h", "w", holding=[unit.unit_id])  # its claim is stale: the unit is simply pending
     assert again.unit_id == unit.unit_id
+
+
+def test_a_sample_that_killed_two_processes_is_skipped_in_every_lease_of_its_unit_from_then_on(manifest):
+    d = attached(EpochPlan(manifest, 32, 2, 0))
+    unit = d.lease("h0", "h0/p0.1")
+    sample = int(unit.sample_ids()[3])
+    assert not d.sample_crashed(sample, "h0/p0.1, process exit SIGSEGV")  # once may be bad luck
+    assert d.skips_for(unit) == {}
+    assert d.sample_crashed(sample, "h1/p0.1, process exit SIGSEGV")
+    assert not d.sample_crashed(sample, "h1/p0.2, process exit SIGSEGV")  # already skipped: said once
+    why = "the transform killed 2 worker processes on it (last: h1/p0.1, process exit SIGSEGV)"
+    assert d.skips_for(unit) == {sample: why} and d.skips_of(sample) == why
+    other = d.lease("h0", "h0/p0.1")
+    assert d.skips_for(other) == {}

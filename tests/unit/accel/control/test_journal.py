@@ -266,3 +266,32 @@ def test_a_second_dispatcher_on_the_same_journal_is_refused_until_the_first_dies
         holder.kill()
         holder.wait()
     Journal(path, JOB, KEY).close()  # the kernel dropped the dead holder's lock
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_a_dispatcher_whose_lock_file_was_removed_still_holds_the_journal(tmp_path, compacted):
+    """`rm j.lock` while a dispatcher runs (a clean-up script, a user): a second dispatcher is refused all
+    the same, before and after a compaction replaced the journal's file (it used to start, and both leased
+    the same units)."""
+    path = tmp_path / "j"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from accel.control.journal import Journal
+        j = Journal({str(path)!r}, {JOB!r}, {KEY!r})
+        j.lease(1, "h0", "h0/p0.1")
+        j.sync()
+        if {compacted!r}:
+            j.compact({{"done_below": 0, "done": [1], "batches": {{}}, "leases": []}})
+        print("open", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[4])
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        (tmp_path / "j.lock").unlink()
+        with pytest.raises(JournalInUse, match="its lock file was removed, but the journal itself is held"):
+            Journal(path, JOB, KEY)
+        assert replay(path).done == ({1} if compacted else set())  # the refused one wrote nothing
+    finally:
+        holder.kill()
+        holder.wait()
+    Journal(path, JOB, KEY).close()  # the kernel dropped the dead holder's locks

@@ -40,7 +40,7 @@ def test_it_binds_the_control_socket_attaches_rank_zero_and_waits_for_the_ranks_
     assert list(link.close_waits(stream_done=True)) == []  # never served: nothing to wait for
     ctx = zmq.asyncio.Context()
     try:
-        tasks = link.open(ctx, "tcp://127.0.0.1:7", lambda reason: None, threading.Event())
+        tasks = link.open(ctx, "tcp://127.0.0.1:7", lambda reason: None, threading.Event(), lambda: 0.0)
         for task in tasks:
             task.close()  # not run here
         assert link.control_endpoint.startswith("tcp://127.0.0.1:")
