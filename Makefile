@@ -50,7 +50,7 @@ lint: setup
 bench: setup
 	$(BIN)/python -m benchmarks all
 
-# each restart-in-place and kill shape 10 times, half beside two busy loops (about 40 minutes)
+# each restart-in-place and kill shape 10 times, half beside two busy loops (about 20 minutes)
 soak: setup
 	$(BIN)/python -m benchmarks soak
 

@@ -3,7 +3,7 @@ ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, 
 transform_contract, transform_example) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
-alone, never in `all` (about 40 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`."""
+alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`."""
 
 import os
 import sys

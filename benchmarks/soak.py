@@ -37,11 +37,13 @@ from pathlib import Path
 
 from benchmarks.common import free_port
 from benchmarks.report import header, write_results
-from stoker.datasets import default_imagenet
+from pipeline.prepare import PrepareConfig, prepare_imagenet
+from pipeline.synth import SynthConfig, generate
 
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "tests" / "ddp_script.py"
 IMAGES = 157  # divides by neither the world size nor the batch size: ranks' streams differ
+CLASSES = 4  # the script's linear model has 4 outputs
 RANKS = 3
 COMMON = ("--model", "linear", "--batch-size", "8", "--epochs", "3")
 CRASH_TIMEOUT_S = 180.0
@@ -147,6 +149,13 @@ def _longest_gap(launched: float, steps: list[dict]) -> float:
     return max(b - a for a, b in zip(times, times[1:], strict=False))
 
 
+def make_data(folder: Path) -> str:
+    """The job's images: synthetic JPEGs of CLASSES classes, prepared into shards; the manifest's path."""
+    generate(folder / "raw", SynthConfig(images=IMAGES, classes=CLASSES), processes=2, progress=False)
+    prepared = prepare_imagenet(folder / "raw", folder / "shards", PrepareConfig(progress=False, processes=2))
+    return prepared.manifest.uri
+
+
 def soak_once(manifest: str, shape: Shape, busy: bool, logs: Path) -> dict:
     """One run of a shape: crash, then resume; its verdict and the longest gap after the restart."""
     out = Path(tempfile.mkdtemp(prefix=f"soak-{shape.name}-", dir=logs))
@@ -183,7 +192,7 @@ def soak_once(manifest: str, shape: Shape, busy: bool, logs: Path) -> dict:
 def main() -> None:
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     logs = Path(tempfile.mkdtemp(prefix="stoker-soak-"))
-    manifest = str(default_imagenet(IMAGES, logs / "data", progress=False))
+    manifest = make_data(logs / "data")
     result = header("soak", "torch", "pyzmq")
     result |= {"runs_per_shape": runs, "shapes": {}, "logs": str(logs)}
     rows = []

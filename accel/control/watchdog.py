@@ -26,7 +26,7 @@ from accel.control.dispatcher import Dispatcher
 from protos import stoker_pb2 as pb
 
 HOLDERS_NAMED = 3  # processes named in a line; the metric has them all
-MAX_PROCESSES = 65536  # processes whose activity is kept: heartbeats under made-up host ids cannot grow it
+MAX_HOSTS = 65536  # hosts whose processes' activity is kept: heartbeats under made-up host ids cannot grow it
 STALE_S = 30.0  # a rank or process not heard from this long is left out (the rank is dead: another line says so)
 
 
@@ -76,9 +76,8 @@ class Stall:
 
 @dataclass
 class _Heard:
-    activity: pb.ProcessActivity
-    host_id: str
-    at: float
+    at: float  # when its daemon's heartbeat said it
+    processes: dict[str, pb.ProcessActivity]  # worker id -> what it does
 
 
 @dataclass
@@ -86,7 +85,7 @@ class Watchdog:
     bounds: StallBounds = field(default_factory=StallBounds)
     clock: Callable[[], float] = field(default=lambda: 0.0)
     _started: float = field(init=False)
-    _processes: dict[str, _Heard] = field(init=False, default_factory=dict)  # worker id -> what it does
+    _hosts: dict[str, _Heard] = field(init=False, default_factory=dict)  # host -> what its processes do
     _waiting: dict[int, tuple[float, float]] = field(init=False, default_factory=dict)  # rank -> (since, heard at)
 
     def __post_init__(self) -> None:
@@ -94,13 +93,8 @@ class Watchdog:
 
     def heard_host(self, host_id: str, activity: Iterable[pb.ProcessActivity]) -> None:
         """A daemon's heartbeat: what its processes do now (its processes not named are gone)."""
-        now = self.clock()
-        for worker_id in [w for w, heard in self._processes.items() if heard.host_id == host_id]:
-            del self._processes[worker_id]
-        for item in activity:
-            if len(self._processes) >= MAX_PROCESSES:
-                break
-            self._processes[item.worker_id] = _Heard(item, host_id, now)
+        if host_id in self._hosts or len(self._hosts) < MAX_HOSTS:
+            self._hosts[host_id] = _Heard(self.clock(), {item.worker_id: item for item in activity})
 
     def rank_waiting(self, rank: int, waiting_s: float) -> None:
         """A rank's heartbeat: it has waited `waiting_s` for its next batch (0: it is not waiting)."""
@@ -140,9 +134,9 @@ class Watchdog:
         return Stall(rank, waited_s, holders, line, has_work=bool(holders) or first is not None)
 
     def _holder(self, rank: int, unit_id: int, host_id: str, worker_id: str) -> Holder:
-        heard = self._processes.get(worker_id)
+        heard = self._hosts.get(host_id)
         now = self.clock()
-        if heard is None or now - heard.at > STALE_S:
+        a = heard.processes.get(worker_id) if heard is not None and now - heard.at <= STALE_S else None
+        if heard is None or a is None:
             return Holder(rank, unit_id, host_id, worker_id, "unknown", -1, 0.0)
-        a = heard.activity
         return Holder(rank, unit_id, host_id, worker_id, a.phase, a.sample_id, a.for_s + (now - heard.at), a.unit_id)
