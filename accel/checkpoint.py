@@ -240,10 +240,11 @@ def model_path(path: str | Path) -> Path:
     return Path(f"{path}.model.pt")
 
 
-def save_all(consumer, path: str | Path) -> None:
+def save_all(consumer, path: str | Path, answer_timeout_s: float | None = None) -> None:
     """The model (when the accelerator has one) first, then the data position, at one step boundary:
-    a crash between the two leaves a data position that is not ahead of the model."""
-    state = consumer.state_dict()
+    a crash between the two leaves a data position that is not ahead of the model. `answer_timeout_s`:
+    the longest to wait for the dispatcher's answer (None: the consumer's default)."""
+    state = consumer.state_dict() if answer_timeout_s is None else consumer.state_dict(answer_timeout_s)
     accelerator = consumer.accelerator
     if isinstance(accelerator, Stateful):
         import torch

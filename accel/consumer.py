@@ -30,7 +30,7 @@ from accel.control.remote import NotAConsumer, RankRefused
 from accel.joining import LinkServices, Member, dispatcher_for, join
 from accel.ledger import Ledger
 from accel.metrics import ConsumerMetrics
-from accel.receive_loop import END, DataSocket, ReceiveLoop
+from accel.receive_loop import ANSWER_TIMEOUT_S, END, DataSocket, ReceiveLoop
 from accel.receiver import Receiver
 from accel.schema import batch_bytes, schema_of
 from accel.stepping import StepFactory, given
@@ -208,7 +208,8 @@ class Consumer:
                                                       for r in range(self.job.world_size))
         waited_from = time.monotonic()
         while True:
-            steps = self.loop.wait_for(self.dispatcher.epoch_steps(epoch, self.rank, batches, self.loop.stopping))
+            steps = self.loop.wait_for(self.dispatcher.epoch_steps(epoch, self.rank, batches, self.loop.stopping),
+                                       f"how many steps epoch {epoch} has on every rank")
             if steps is not None:
                 return steps
             if self.loop.stopping.is_set() or (self.loop.started and not self.loop.alive):
@@ -248,13 +249,16 @@ class Consumer:
         return train(self, on_step=on_step, procs_per_host=procs_per_host, max_seconds=max_seconds)
 
     # ---- checkpoints ----------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The job's data position after the steps taken so far, for every rank (see accel.checkpoint)."""
+    def state_dict(self, answer_timeout_s: float = ANSWER_TIMEOUT_S) -> dict:
+        """The job's data position after the steps taken so far, for every rank (see accel.checkpoint);
+        the dispatcher, which knows where the other ranks stand, must answer within `answer_timeout_s`."""
         epoch, step = self.position
         if epoch >= self.job.epochs:
             ranks = [(0, 0)] * self.job.world_size
         else:
-            found = self.loop.wait_for(self.dispatcher.position(epoch, step, self.loop.stopping))
+            found = self.loop.wait_for(self.dispatcher.position(epoch, step, self.loop.stopping),
+                                       f"where every rank stands after step {step} of epoch {epoch} (for a state_dict)",
+                                       answer_timeout_s)
             if found is None:
                 raise RuntimeError("stopped before the dispatcher said where the ranks stand")
             ranks = found

@@ -122,7 +122,7 @@ def dispatcher_for(cfg: ConsumerConfig, joined: Joined, plan: EpochPlan, start: 
         mine = sum(len(plan.rank_units(e, me.rank)) for e in range(job.epochs))
         return RemoteDispatcher(cfg.dispatcher, me.consumer_id, mine, me.client_keys, joined.credential,
                                 done_before=done, rank=me.rank, world_size=job.world_size,
-                                linger_s=cfg.finish_linger_s)
+                                linger_s=cfg.finish_linger_s, start=_start_of(start, me.rank))
     if me.rank != 0:
         raise RankRefused(f"rank {me.rank} attaches to rank 0's dispatcher: give its endpoint (--dispatcher)")
     dispatcher = Dispatcher(plan, cfg.host_timeout_s, cfg.lease_timeout_s, on_release=services.on_release,
@@ -139,3 +139,9 @@ def dispatcher_for(cfg: ConsumerConfig, joined: Joined, plan: EpochPlan, start: 
                                functools.partial(job_to_proto, job), services.metrics, services.leases, me.consumer_id,
                                Closing(rank_wait_s=cfg.rank_wait_s, linger_s=cfg.finish_linger_s),
                                StallBounds(cfg.stall_report_s, cfg.stall_timeout_s))
+
+
+def _start_of(start: checkpoint.Position, rank: int) -> pb.StartPosition:
+    """Where `rank` starts its stream, as the dispatcher is told when the rank attaches."""
+    units, batches = start.ranks[rank] if rank < len(start.ranks) else (0, 0)
+    return pb.StartPosition(epoch=start.epoch, step=start.step, units=units, batches=batches)

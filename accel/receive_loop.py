@@ -40,6 +40,11 @@ from protos.sockets import router
 from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 END = object()  # the end of the rank's stream
+ANSWER_TIMEOUT_S = 30.0  # the longest a rank waits for the dispatcher's answer to a question
+
+
+class DispatcherSilent(RuntimeError):
+    """The dispatcher did not answer a question in time; the message says which."""
 T = TypeVar("T")
 
 
@@ -120,13 +125,19 @@ class ReceiveLoop:
         data = router(ctx, MAX_FRAME_BYTES + (1 << 20), keys, receive_hwm=10_000)
         tasks: list[Coroutine[Any, Any, None]] = []
         try:
-            if keys:
-                tasks.append(count_handshakes(monitor_handshakes(data), self.metrics.auth, self.stopping))
-            self.data_endpoint = advertised(bind(data, self.socket.bind, "data"), self.socket.advertise_host)
-            receiver = self.receiver = self.receiver_on(data)
-            tasks += [pump(data, receiver.handle, self.stopping), self._sweep_senders(receiver)]
-            tasks += self.dispatcher.open(ctx, self.data_endpoint, self.on_job_failed, self.stopping, self.waited_s)
-            tasks.append(self._feed_watchdog())
+            try:
+                if keys:
+                    tasks.append(count_handshakes(monitor_handshakes(data), self.metrics.auth, self.stopping))
+                self.data_endpoint = advertised(bind(data, self.socket.bind, "data"), self.socket.advertise_host)
+                receiver = self.receiver = self.receiver_on(data)
+                tasks += [pump(data, receiver.handle, self.stopping), self._sweep_senders(receiver)]
+                tasks += self.dispatcher.open(ctx, self.data_endpoint, self.on_job_failed, self.stopping,
+                                              self.waited_s)
+                tasks.append(self._feed_watchdog())
+            except BaseException:  # a port in use: the coroutines made so far never run; close them, unwarned
+                for coroutine in tasks:
+                    coroutine.close()
+                raise
             self._ready.set()
             await run_until_one_fails(tasks, self.stopping)
         finally:
@@ -207,10 +218,23 @@ class ReceiveLoop:
         self._loop.call_soon_threadsafe(call)
         return result.result(timeout=10)
 
-    def wait_for(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run `coroutine` on the loop and return its result."""
+    def wait_for(self, coroutine: Coroutine[Any, Any, T], what: str, timeout_s: float = ANSWER_TIMEOUT_S) -> T:
+        """Run `coroutine` (a question to the dispatcher: `what`, for the error) on the loop and return its
+        result; waits in short slices, so a Ctrl-C is seen, and at most `timeout_s`, then says what it
+        waited for (DispatcherSilent)."""
         assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    return future.result(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+                except concurrent.futures.TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise DispatcherSilent(f"no answer from the dispatcher in {timeout_s:.0f} s to {what} (it is "
+                                               f"down, frozen or unreachable)") from None
+        finally:
+            future.cancel()
 
     def stop(self) -> None:
         self.stopping.set()

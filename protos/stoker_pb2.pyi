@@ -349,16 +349,30 @@ class Release(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., unit_ids: _Optional[_Iterable[int]] = ..., run_id: _Optional[str] = ..., crashed_sample: _Optional[int] = ...) -> None: ...
 
 class Attach(_message.Message):
-    __slots__ = ("consumer_id", "rank", "data_endpoint", "world_size")
+    __slots__ = ("consumer_id", "rank", "data_endpoint", "world_size", "start")
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
     consumer_id: str
     rank: int
     data_endpoint: str
     world_size: int
-    def __init__(self, consumer_id: _Optional[str] = ..., rank: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., world_size: _Optional[int] = ...) -> None: ...
+    start: StartPosition
+    def __init__(self, consumer_id: _Optional[str] = ..., rank: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., world_size: _Optional[int] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ...) -> None: ...
+
+class StartPosition(_message.Message):
+    __slots__ = ("epoch", "step", "units", "batches")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    UNITS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    step: int
+    units: int
+    batches: int
+    def __init__(self, epoch: _Optional[int] = ..., step: _Optional[int] = ..., units: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("unit_ids", "batches", "received", "redo", "waiting_s")

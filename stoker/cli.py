@@ -274,11 +274,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
         summary = consumer.run(on_step=on_step, max_seconds=args.max_seconds)
         progress.close(consumer)
         if args.checkpoint:
-            checkpoint.save_all(consumer, args.checkpoint)
+            try:  # after a Ctrl-C, a dispatcher that does not answer at once is not waited on for long
+                checkpoint.save_all(consumer, args.checkpoint, INTERRUPTED_ANSWER_S if summary.interrupted else None)
+            except RuntimeError as exc:
+                if not summary.interrupted:
+                    raise
+                print(f"stoker train: interrupted; the checkpoint was not saved: {exc}", file=sys.stderr)
     finally:
         consumer.stop()
     print_summary(summary, args.json, spec, _transform_named(consumer.job.transform, consumer.job.transform_params))
     return _exit_code_of(summary)
+
+
+INTERRUPTED_ANSWER_S = 5.0  # Ctrl-C: the checkpoint waits this long for the dispatcher, then the summary comes
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)  # by crashes in a row
 HOST_ID_TAKEN_GIVE_UP_S = 6.0  # refused as a second daemon of a live host id this long: exit (the first lives)
 FINISHED_GRACE_S = 2.0  # after the job is finished, processes still busy (nothing left to do) are stopped
 STEADY_S = 10.0  # a process that ran this long resets its crash count
+STOPPED_KILL_S = 5.0  # a process stopped (SIGSTOP, a debugger) this long is killed: its units are redone elsewhere
 
 
 class _Child:
@@ -62,6 +63,7 @@ class _Child:
         self.crashes = 0  # in a row, each within STEADY_S of its start
         self.restart_at: float | None = None  # a crashed process waiting for its back-off
         self.activity: ActivitySlot | None = None  # what its process is doing (pipeline.activity), one per index
+        self.stopped_since: float | None = None  # its process was seen stopped (state T) since then
 
 
 class WorkerDaemon:
@@ -204,6 +206,7 @@ class WorkerDaemon:
                 self.stopping = True
                 break
             for child in children:
+                self._kill_if_frozen(child)
                 self._reap(child, job, finished_at is not None)
             if finished_at is None and time.monotonic() >= next_beat:  # once finished, nobody listens any more
                 answer = self._heartbeat(children)
@@ -243,6 +246,26 @@ class WorkerDaemon:
         else:
             log.warning("%s: the dispatcher at %s serves another job than %s now (the job was started again): "
                         "leaving it to register for that one", self.host_id, self.cfg.connect, job.job_id)
+
+    def _kill_if_frozen(self, child: _Child) -> None:
+        """A process stopped (SIGSTOP, SIGTSTP, a debugger's stop) holds its units and sends nothing, while
+        this daemon heartbeats for it: past STOPPED_KILL_S it is killed, so its units are re-leased at once
+        (its connections close) and it restarts like any crashed process."""
+        proc = child.process
+        if proc is None or child.finished or child.restart_at is not None or proc.pid is None:
+            return
+        if not _stopped(proc.pid):
+            child.stopped_since = None
+            return
+        now = time.monotonic()
+        if child.stopped_since is None:
+            child.stopped_since = now
+        elif now - child.stopped_since >= STOPPED_KILL_S:
+            log.warning("%s: process %s (pid %s) has been stopped (SIGSTOP or a debugger) for %.0f s while holding "
+                        "its units; killing it so that they are redone", self.host_id, self._worker_id(child),
+                        proc.pid, now - child.stopped_since)
+            child.stopped_since = None
+            proc.kill()
 
     def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
@@ -355,3 +378,12 @@ def _exit_name(exitcode: int | None) -> str:
         except ValueError:
             return f"signal {-exitcode}"
     return f"exit code {exitcode}"
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped (state T or t in /proc/PID/stat); False when it cannot be read."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] in ("T", "t")

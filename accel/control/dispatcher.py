@@ -92,6 +92,8 @@ class Dispatcher:
     _batches: dict[int, int] = field(init=False, default_factory=dict)  # unit -> batches it gave (acked)
     _received: dict[int, Unit] = field(init=False, default_factory=dict)  # all batches at their rank, not yet acked
     _stream_batches: dict[int, dict[int, int]] = field(init=False, default_factory=dict)  # epoch -> rank -> batches
+    _started: dict[int, str] = field(init=False, default_factory=dict)  # rank -> the consumer whose start position
+    # was applied (rewind_rank): its re-attaches, after a reconnect, change nothing
     _crashes: dict[int, int] = field(init=False, default_factory=dict)  # sample id -> processes it killed
     _poison: dict[int, str] = field(init=False, default_factory=dict)  # sample id -> why it is skipped unread
     total_units: int = field(init=False)
@@ -238,6 +240,53 @@ class Dispatcher:
         ranks[r][1] batches after them (the counts of those units need not be known one by one)."""
         for rank, (units, batches) in enumerate(ranks):
             self._prefix[(epoch, rank)] = (units, step - batches)
+
+    def rewind_rank(self, rank: int, consumer_id: str, epoch: int, step: int, units: int, batches: int) -> int:
+        """A new consumer of `rank` starts at `step` of `epoch`, having consumed its stream's first
+        `units` units of that epoch and `batches` batches after them (its checkpoint; (0, 0, 0, 0)
+        without one). Whatever of that rank's stream is done here past that point was stepped by a
+        consumer whose steps are lost (it crashed after its last checkpoint): it goes back to the
+        queue, so the rank gets it again, in order. Applied once per consumer (a re-attach after a
+        reconnect changes nothing). Returns the units put back. RankError when that would need the
+        batch counts of text units of epochs this dispatcher no longer keeps."""
+        if self._started.get(rank) == consumer_id:
+            return 0
+        per = self.plan.units_per_epoch
+        if not per or epoch >= self.plan.epochs:
+            self._started[rank] = consumer_id
+            return 0
+        if self._done_below > (epoch + 1) * per and self.planned_batches is None:
+            raise RankError(f"rank {rank} starts in epoch {epoch}, but this dispatcher has finished epoch "
+                            f"{self._done_below // per - 1} and no longer knows the batch counts of text units before "
+                            f"it: start the dispatcher again without its journal to continue from the checkpoint")
+        while self._done_below > epoch * per:  # unfold whole epochs done back into ids, to take some back
+            closed = self._done_below // per - 1
+            ids = [u.unit_id for u in self.plan.units(closed)]
+            self._done_below -= per
+            self._done_whole -= len(ids)
+            self._done.update(ids)
+            self._done_in_epoch[closed] = len(ids)
+        undone = 0
+        for e in sorted(k for k in self._done_in_epoch if k >= epoch):
+            for unit in self.plan.rank_units(e, rank)[units if e == epoch else 0:]:
+                if unit.unit_id not in self._done:
+                    continue
+                self._done.discard(unit.unit_id)
+                self._done_in_epoch[e] -= 1
+                self._batches.pop(unit.unit_id, None)
+                undone += 1
+            if not self._done_in_epoch[e]:
+                del self._done_in_epoch[e]
+        for e in [k for k in self._stream_batches if k >= epoch]:
+            self._stream_batches[e].pop(rank, None)  # it reports its stream's batches again
+        self._prefix[(epoch, rank)] = (units, step - batches)
+        if undone:  # make the epochs again from `epoch` on: a unit neither done, leased, received nor pending
+            self._loaded, self._making = epoch, None  # goes back in the heap (_load); the rest are skipped
+            self._fill()
+        self._started[rank] = consumer_id
+        if undone and self.journal is not None:
+            self.journal.compact(self.snapshot())  # the journal has no event that undoes an ack
+        return undone
 
     def endpoint(self, rank: int) -> str | None:
         return self._endpoints.get(rank)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -31,6 +33,8 @@ from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.consumer")
 HEARTBEAT_S = 1.0
+RANK_TAKEN = "is already taken by consumer"  # accel.control.dispatcher's refusal of a held rank
+_HOLDER_SILENT = re.compile(r"heard from ([0-9.]+) s ago")
 STALL_SAY_EVERY_S = 60.0
 
 
@@ -42,26 +46,47 @@ class RankRefused(ValueError):
     """The dispatcher will not give us this rank (taken, out of range, another world size)."""
 
 
+def _attach_once(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential: bytes, timeout_s: float,
+                 rank: int, world_size: int) -> pb.ControlReply:
+    ctx = zmq.Context()
+    client = ControlClient(ctx, endpoint, consumer_id, curve=curve)
+    try:
+        return client.request(pb.ControlRequest(attach=pb.Attach(consumer_id=consumer_id, rank=rank,
+                                                                 world_size=world_size),
+                                                job_credential=credential), give_up_after_s=timeout_s)
+    except DispatcherUnreachable as exc:
+        raise ConnectionError(f"no dispatcher at {endpoint}: {exc}") from exc
+    finally:
+        client.close()
+        ctx.term()
+
+
 class _Reattach(Exception):
     """The dispatcher does not know this connection (it restarted): attach again."""
 
 
 def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential: bytes = b"",
            timeout_s: float = 60.0, rank: int = 0, world_size: int = 0) -> tuple[pb.JobSpec, bytes]:
-    """Ask the dispatcher for its job and lease key (retrying while it starts)."""
-    ctx = zmq.Context()
-    client = ControlClient(ctx, endpoint, consumer_id, curve=curve)
-    try:
-        reply = client.request(pb.ControlRequest(attach=pb.Attach(consumer_id=consumer_id, rank=rank,
-                                                                  world_size=world_size),
-                                                 job_credential=credential), give_up_after_s=timeout_s)
-    except DispatcherUnreachable as exc:
-        raise ConnectionError(f"no dispatcher at {endpoint}: {exc}") from exc
-    finally:
-        client.close()
-        ctx.term()
-    if reply.WhichOneof("kind") == "error":
-        message = reply.error.message
+    """Ask the dispatcher for its job and lease key (retrying while it starts). A rank still held by the
+    consumer before this one (it crashed moments ago and the job was started again at once) is asked
+    for again until that consumer has been silent for the dispatcher's host timeout, up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    silent_before: tuple[float, float] | None = None  # (when asked, the holder's silence then)
+    while True:
+        reply = _attach_once(endpoint, consumer_id, curve, credential, max(1.0, deadline - time.monotonic()), rank,
+                             world_size)
+        message = reply.error.message if reply.WhichOneof("kind") == "error" else ""
+        silent = _HOLDER_SILENT.search(message) if RANK_TAKEN in message else None
+        if silent is None or time.monotonic() >= deadline:
+            break
+        now, seconds = time.monotonic(), float(silent[1])
+        if silent_before is not None and seconds < silent_before[1] + (now - silent_before[0]) - 1.0:
+            break  # heard from again meanwhile: the holder lives
+        if silent_before is None:
+            log.warning("rank %d: %s; waiting for it to fall silent (a run that crashed moments ago?)", rank, message)
+            silent_before = (now, seconds)
+        time.sleep(1.5)
+    if message:
         if message.startswith("only the job's consumer"):
             raise NotAConsumer(f"the dispatcher at {endpoint} refused to attach this consumer: {message}")
         raise RankRefused(f"the dispatcher at {endpoint} refused rank {rank}: {message}")
@@ -75,7 +100,7 @@ class RemoteDispatcher:
 
     def __init__(self, endpoint: str, consumer_id: str, total_units: int, curve: ClientKeys | None,
                  credential: bytes = b"", done_before: frozenset[int] = frozenset(), rank: int = 0,
-                 world_size: int = 1, linger_s: float = 3.0) -> None:
+                 world_size: int = 1, linger_s: float = 3.0, start: pb.StartPosition | None = None) -> None:
         """`total_units`: this rank's units of the whole job; `linger_s`: how long a closing rank
         waits for its last acks to reach the dispatcher."""
         self.endpoint = endpoint
@@ -86,6 +111,7 @@ class RemoteDispatcher:
         self.rank = rank
         self.world_size = world_size
         self.linger_s = linger_s
+        self.start = start or pb.StartPosition()  # where this rank starts: the dispatcher takes back what is past it
         self.data_endpoint = ""  # set once the rank's data socket is bound
         self._acked: set[int] = set(done_before)
         self._unsent: dict[int, int] = {}  # unit -> its batches
@@ -230,7 +256,7 @@ class RemoteDispatcher:
         self._sock = sock
         attached = await self._exchange(pb.ControlRequest(attach=pb.Attach(
             consumer_id=self.consumer_id, rank=self.rank, data_endpoint=self.data_endpoint,
-            world_size=self.world_size)), timeout_s)
+            world_size=self.world_size, start=self.start)), timeout_s)
         if attached is None:
             sock.close(0)
             self._sock = None

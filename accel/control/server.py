@@ -229,6 +229,10 @@ class ControlServer:
             except RankError as exc:
                 log.error("refused consumer %s as rank %d: %s", attach.consumer_id, attach.rank, exc)
                 return pb.ControlReply(error=pb.Error(message=str(exc)))
+            if attach.HasField("start"):
+                error = self._start_rank(attach)
+                if error:
+                    return pb.ControlReply(error=pb.Error(message=error))
             self._consumers[peer] = (attach.rank, attach.consumer_id)
             self._silent_reported.discard(attach.rank)
             if attach.data_endpoint:
@@ -261,6 +265,22 @@ class ControlServer:
             ranks = d.position(request.position.epoch, request.position.step)
             return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
         return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
+
+    def _start_rank(self, attach: pb.Attach) -> str:
+        """A rank's consumer says where it starts: what this dispatcher counts done past that goes back to the
+        queue (accel.control.dispatcher.Dispatcher.rewind_rank); the refusal's line, or ""."""
+        start = attach.start
+        try:
+            count = self.dispatcher.rewind_rank(attach.rank, attach.consumer_id, start.epoch, start.step, start.units,
+                                                start.batches)
+        except RankError as exc:
+            log.error("refused consumer %s as rank %d: %s", _printable(attach.consumer_id[:MAX_NAME]), attach.rank, exc)
+            return str(exc)
+        if count:
+            log.warning("rank %d starts at step %d of epoch %d (its checkpoint): %d of its units done since then go "
+                        "back to the queue (a consumer that stepped them crashed after its last checkpoint)",
+                        attach.rank, start.step, start.epoch, count)
+        return ""
 
     def _report_unreachable(self, host_id: str, unit_ids: list[int]) -> None:
         """A host cannot reach a rank's data socket: say so here too (once per host and rank), where

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -166,6 +167,98 @@ def test_a_dispatcher_down_past_the_daemons_leave_after_goes_on_within_seconds_o
     assert_exactly_once(result["summary"], manifest.num_samples, 2)
     left = 2 * manifest.num_samples / 60  # the whole job at the consumer's rate, an upper bound of what was left
     assert took < left + 20, f"the job took {took:.0f} s after the restart (at most {left:.0f} s of steps were left)"
+
+
+def test_a_rank_of_a_separate_dispatcher_killed_and_run_again_at_once_continues_from_its_checkpoint(
+        manifest, log_dir, tmp_path):
+    """`stoker train --dispatcher` (checkpoint every 5 steps) is SIGKILLed mid-job and the same command runs
+    again at once, while `stoker dispatch` and a worker daemon (defaults) run on. The dispatcher counted done
+    what the dead consumer stepped after its checkpoint; the new consumer says where it starts, and those units
+    come back, in order: the job finishes, every step after the checkpoint taken once. (It used to deadlock:
+    the rank waited for a unit the dispatcher called done, silent for 60 s; and the new consumer was refused
+    for 10 s as a second holder of rank 0.)"""
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    journal, log = log_dir / "dispatch.journal", log_dir / "dispatch.log"
+    dispatch = _dispatcher(manifest.uri, control, data, journal, log, host_timeout=(), extra=("--epochs", "4"))
+    secret, state = log_dir / "dispatch.journal.key", tmp_path / "ck.json"
+    assert wait_for(secret.exists, timeout=30)
+    daemon = Daemon(control, "host0", 1, log_dir, once=False)
+
+    def train(json_path, rate: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "stoker", "train", "--dispatcher", control, "--job-secret",
+                                 str(secret), "--data-bind", data, "--metrics-port", "-1", "--accel", "simulated",
+                                 "--rate", str(rate), "--checkpoint", str(state), "--checkpoint-every", "8", "--resume",
+                                 str(state), "--no-progress", "--json", str(json_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+    first = second = None
+    try:
+        first = train(tmp_path / "first.json", rate=40)  # 2.5 steps a second
+        assert wait_for(lambda: _checkpointed(state), timeout=90), first.stdout
+        time.sleep(2.2)  # about 5 steps past the checkpoint at step 8, before the next at 16: units acked
+        first.kill()
+        first.wait(10)
+        saved = json.loads(state.read_text())
+        started = time.monotonic()
+        second = train(tmp_path / "second.json", rate=200)
+        out, _ = second.communicate(timeout=180)
+        took = time.monotonic() - started
+    finally:
+        for proc in (first, second, dispatch):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        daemon.stop()
+    assert second.returncode == 0, out[-3000:] + log.read_text()[-3000:]
+    summary = json.loads((tmp_path / "second.json").read_text())
+    steps_per_epoch = manifest.num_samples // 16
+    left = (4 * steps_per_epoch - (saved["epoch"] * steps_per_epoch + saved["step"])) * 16
+    assert summary["samples"] == summary["unique_samples"] == left, summary
+    said = "\n".join(line for line in log.read_text().splitlines() if "released" not in line)
+    assert "of its units done since then go back to the queue" in said, f"{saved}\n{said[-3000:]}\n{out[-2000:]}"
+    assert took < 4 * manifest.num_samples / 200 + 40, f"the second run took {took:.0f} s"
+
+
+def test_ctrl_c_ends_a_rank_whose_dispatcher_is_frozen_within_seconds_saying_what_it_could_not_do(
+        manifest, log_dir, tmp_path):
+    """`stoker dispatch` SIGSTOPped under a running `stoker train --dispatcher --checkpoint`: Ctrl-C ends the
+    run within seconds, exit 130 with its summary, and says the checkpoint could not be saved and why (it used
+    to wait 30 s, then exit 2 with an empty `stoker: error: `)."""
+    control, data = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    journal, log = log_dir / "dispatch.journal", log_dir / "dispatch.log"
+    dispatch = _dispatcher(manifest.uri, control, data, journal, log, extra=("--epochs", "40"))
+    secret = log_dir / "dispatch.journal.key"
+    assert wait_for(secret.exists, timeout=30)
+    daemon = Daemon(control, "host0", 1, log_dir)
+    train = subprocess.Popen([sys.executable, "-m", "stoker", "train", "--dispatcher", control, "--job-secret",
+                              str(secret), "--data-bind", data, "--metrics-port", "-1", "--accel", "simulated",
+                              "--rate", "100", "--checkpoint", str(tmp_path / "ck.json"), "--no-progress"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    try:
+        time.sleep(6)  # stepping
+        assert train.poll() is None
+        dispatch.send_signal(signal.SIGSTOP)
+        time.sleep(3)
+        interrupted = time.monotonic()
+        train.send_signal(signal.SIGINT)
+        out, err = train.communicate(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        dispatch.send_signal(signal.SIGCONT)
+        for proc in (train, dispatch):
+            if proc.poll() is None:
+                proc.kill()
+        daemon.stop()
+    assert train.returncode == 130, out[-2000:] + err[-2000:]
+    assert "interrupted (Ctrl-C)" in out and "the checkpoint was not saved: no answer from the dispatcher in 5 s" in err
+    assert took < 20, f"Ctrl-C took {took:.0f} s"
+
+
+def _checkpointed(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return False
 
 
 def test_with_keys_only_a_consumer_key_attaches_to_a_separate_dispatcher(manifest, log_dir, tmp_path):

@@ -211,6 +211,7 @@ def test_every_port_in_use_is_named_at_once_by_stoker_train(manifest, flag):
                                  *(x for kv in flags.items() for x in kv)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr[-2000:]
     assert str(port) in result.stderr and "in use" in result.stderr and "Traceback" not in result.stderr
+    assert "never awaited" not in result.stderr  # the coroutines made before the bind failed are closed
     assert time.monotonic() - started < 30
 
 

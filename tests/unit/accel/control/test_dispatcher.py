@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from accel.control.dispatcher import Dispatcher
+from accel.control.dispatcher import Dispatcher, RankError
 from accel.control.journal import Journal
 from accel.ledger import InvalidBatch, Ledger, ShortUnit, Step
 from pipeline.plan import EpochPlan
@@ -249,3 +249,35 @@ def test_a_sample_that_killed_two_processes_is_skipped_in_every_lease_of_its_uni
     assert d.skips_for(unit) == {sample: why} and d.skips_of(sample) == why
     other = d.lease("h0", "h0/p0.1")
     assert d.skips_for(other) == {}
+
+
+def test_a_new_consumer_starting_behind_the_dispatcher_gets_what_was_done_past_its_start_again(manifest):
+    """A rank attached to a `stoker dispatch` crashed after its checkpoint; the dispatcher counts done what
+    the dead consumer stepped since. The restarted consumer's start takes those units back, in order, also
+    from an epoch the dispatcher had closed; its re-attach after a reconnect changes nothing."""
+    plan = EpochPlan(manifest, 16, 2, 0)  # units of 16 rows, 2 epochs
+    d = attached(plan, planned_batches=lambda unit: 1)
+    stream0 = [u.unit_id for u in plan.rank_units(0, 0)]
+    done = []
+    while len(done) < len(stream0) + 2:  # all of epoch 0 (closed into a count) and two units of epoch 1
+        unit = d.lease("h0", "h0/p0.1")
+        d.ack(unit.unit_id, 1)
+        done.append(unit.unit_id)
+    assert d.rewind_rank(0, "c2", 0, 3, 3, 0) == len(stream0) - 3 + 2
+    again = [d.lease("h0", "h0/p0.1").unit_id for _ in range(len(stream0) - 3)]
+    assert again == stream0[3:]  # the rest of epoch 0, in its stream's order
+    assert d.rewind_rank(0, "c2", 0, 3, 3, 0) == 0  # the same consumer again (a reconnect): nothing
+    assert not d.finished and d.stats().done == 3
+    for unit_id in again:
+        d.ack(unit_id, 1)
+    while (unit := d.lease("h0", "h0/p0.1")) is not None:
+        d.ack(unit.unit_id, 1)
+    assert d.finished
+
+
+def test_a_text_job_too_far_ahead_of_the_consumers_start_is_refused_with_what_to_do(manifest):
+    d = attached(EpochPlan(manifest, 16, 3, 0))  # text: no planned_batches
+    while (unit := d.lease("h0", "h0/p0.1")) is not None and unit.epoch < 2:
+        d.ack(unit.unit_id, 1)
+    with pytest.raises(RankError, match="start the dispatcher again without its journal"):
+        d.rewind_rank(0, "c2", 0, 0, 0, 0)
