@@ -111,7 +111,10 @@ class RemoteDispatcher:
         self.rank = rank
         self.world_size = world_size
         self.linger_s = linger_s
-        self.start = start or pb.StartPosition()  # where this rank starts: the dispatcher takes back what is past it
+        # where this rank starts, told with its first attach only: the dispatcher takes back what it counts done
+        # past it. A re-attach (the dispatcher restarted from its journal, this consumer lives on) says nothing:
+        # what the journal holds as done, this consumer stepped
+        self.start: pb.StartPosition | None = start or pb.StartPosition()
         self.data_endpoint = ""  # set once the rank's data socket is bound
         self._acked: set[int] = set(done_before)
         self._unsent: dict[int, int] = {}  # unit -> its batches
@@ -261,6 +264,7 @@ class RemoteDispatcher:
             sock.close(0)
             self._sock = None
             return False
+        self.start = None
         return True
 
     async def _exchange(self, request: pb.ControlRequest, timeout_s: float) -> pb.ControlReply | None:
