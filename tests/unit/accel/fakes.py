@@ -143,7 +143,7 @@ class InlineLoop(ReceiveLoop):
     def call(self, read: Callable[[], object]) -> object:  # type: ignore[override]
         return read()
 
-    def wait_for(self, coroutine):  # type: ignore[no-untyped-def]
+    def wait_for(self, coroutine, what: str = "", timeout_s: float = 0.0):  # type: ignore[no-untyped-def]
         return asyncio.new_event_loop().run_until_complete(coroutine)
 
     def join(self, timeout_s: float = 5.0) -> None:
