@@ -90,3 +90,12 @@ def test_bounds_that_cannot_work_are_refused(report, timeout):
     with pytest.raises(ValueError):
         StallBounds(report, timeout)
     assert StallBounds(60, 0).fail_s == 0  # 0: wait for ever
+
+
+def test_the_defaults_users_run_with_are_the_documented_ones():
+    from accel.consumer_config import ConsumerConfig
+    from accel.control.dispatch_config import DispatchConfig
+
+    assert StallBounds() == StallBounds(report_s=60.0, fail_s=300.0)
+    for config in (ConsumerConfig(), DispatchConfig()):
+        assert (config.stall_report_s, config.stall_timeout_s) == (60.0, 300.0)
