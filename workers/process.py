@@ -238,6 +238,7 @@ class _LeaseLoop:
             self.works.pop(work.unit.rank, None)
             work.sender.end_unit()
             self.metrics.units.inc()
+            self.lease_after = 0.0  # room for a unit of that rank now: ask at once, not after LEASE_AGAIN_S
 
     def _refused(self, work: _Work, exc: LeaseRefused) -> None:
         log.warning("%s: unit %d: %s; handing it back", self.spec.worker_id, work.unit.unit_id, exc)

@@ -69,9 +69,13 @@ def test_killing_a_host_mid_epoch_loses_nothing(manifest, lab):
 
 
 def test_a_cut_link_is_healed_and_the_host_rejoins(manifest, lab):
-    state = _up(manifest, "--epochs", "2", "--accel", "simulated", "--rate", "25")
-    total = 2 * manifest.num_samples
-    assert wait_for(lambda: _metric(state, "stoker_consumer_samples_total") > 0.2 * total, timeout=60)
+    # long enough that units are still pending at the cut: while any are, every process holds one (it
+    # leases the next as soon as it has sent one), so the cut host has leases to lose. (With 2 epochs the
+    # consumer's queue had taken in every unit early, and the cut host could hold none.)
+    state = _up(manifest, "--epochs", "4", "--accel", "simulated", "--rate", "40")
+    total = 4 * manifest.num_samples
+    assert wait_for(lambda: _metric(state, "stoker_consumer_samples_total") > 0.1 * total, timeout=60)
+    assert _metric(state, "stoker_dispatcher_units{state=pending}") >= 3
     cluster.cut("h2")
     assert wait_for(lambda: _metric(state, "stoker_dispatcher_workers_alive") == 2, timeout=30)
     time.sleep(2)  # longer than the lease timeout
@@ -79,7 +83,7 @@ def test_a_cut_link_is_healed_and_the_host_rejoins(manifest, lab):
     assert wait_for(lambda: _metric(state, "stoker_dispatcher_workers_alive") == 3, timeout=30)  # rejoined
     summary = cluster.wait(timeout_s=120)
     assert summary["samples"] == summary["unique_samples"] == total  # redone units: nothing twice, nothing lost
-    assert summary["per_epoch_unique"] == [manifest.num_samples] * 2
+    assert summary["per_epoch_unique"] == [manifest.num_samples] * 4
     assert summary["units_released"] >= 1  # the cut host's leases went to the others
     # (whether any of its batches arrive late, to be dropped as duplicates, depends on where the cut
     # caught it: it may have had nothing in flight)
