@@ -1,22 +1,24 @@
 """Live bottleneck diagnosis: which stage bounds a running job, and how many worker cores it needs.
 
 The consumer samples its cumulative counters once a second and compares the newest sample
-with the one WINDOW_S earlier. The rules, in order:
+with the one WINDOW_S earlier. The workers report their stages in CPU seconds and their waits
+in wall seconds (protos StageSeconds), so the rules hold on a host that other work shares:
 
 - the device waits less than STALL_OK of the time: **compute** bounds the job;
 - the device waits while received batches sit in the prefetch queue: the consumer's own
   conversion/copy cannot keep up: **device_copy**;
-- the device waits and the workers are busy (they rarely wait for credit): the workers'
-  largest stage (**decode** or **augment**; text: **examples** or **pack**) bounds it;
-- the device waits and so do the workers (for credit): batches are in flight. When a
-  batch's transit from worker to consumer takes longer than half the device's cycle per
-  batch, the link is full: **wire**; otherwise credit comes back too slowly: **credit**.
+- the workers waited CONTENDED of their runnable time for a core: **throttled** when most of
+  that was under a cgroup CPU quota, else **contention** (other processes took the CPU);
+- the workers wait STORAGE_WAIT of their time for shard reads: **storage**;
+- the workers are busy (CPU) WORKERS_BUSY of their time: they are short of cores, and their
+  largest stage (**decode**, **augment** or **read**; text: **examples** or **pack**) is named;
+- else batches wait in transit or for credit: when a batch's transit from worker to consumer
+  takes longer than half the device's cycle per batch, the link is full: **wire**; otherwise
+  credit comes back too slowly: **credit**.
 
-Cores: workers report the seconds their stages took (as wall time in the worker process,
-so one unthrottled process is one core). Rows per busy second is their supply rate; the
-device's rate when fed is rows per step second; `cores_needed` = demand / supply is how
-many busy worker processes (at their present CPU share) keep the device from waiting, and
-`cores_in_use` is how many are busy now.
+Cores: rows per CPU-second of the workers is what one core supplies; the device's rate when fed
+is rows per step second; `cores_needed` = demand / supply, and `cores_in_use` is the workers'
+CPU seconds per second now. Both are cores, wherever the workers ran and whatever shared them.
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
-STAGES = ("decode", "augment", "examples", "pack", "wire", "credit", "device_copy", "compute", "unknown")
+from accel.cost import cores_text
+
+WORK_STAGES = ("decode", "augment", "read", "examples", "pack")
+STAGES = (*WORK_STAGES, "contention", "throttled", "storage", "wire", "credit", "device_copy", "compute", "unknown")
 WINDOW_S = 5.0
 STALL_OK = 0.05  # below this stall fraction the device is the bottleneck
 WORKERS_BUSY = 0.7  # above this busy share the workers are the bottleneck
+CONTENDED = 0.2  # workers that waited this share of their runnable time for a core are starved of CPU
+STORAGE_WAIT = 0.3  # workers that wait this share of their time for reads wait for storage
 
 
 @dataclass
@@ -49,8 +56,13 @@ class Totals:
     received_batches: int = 0
     transit_s: float = 0.0  # summed over received batches: worker sent -> consumer received
     wait_for_credit_s: float = 0.0  # summed over worker processes
-    work_s: dict[str, float] = field(default_factory=dict)  # worker stages: decode, augment, send, ...
+    work_s: dict[str, float] = field(default_factory=dict)  # worker stages in CPU seconds: decode, augment, send, ...
     queue_depth: int = 0
+    cpu_s: float = 0.0  # the worker processes' whole CPU (0: not reported; the stages' sum stands in)
+    cpu_wait_s: float = 0.0  # workers runnable without a core, over the batches where that was measured
+    throttled_wait_s: float = 0.0  # ... of which under a throttling cgroup CPU quota
+    cpu_wait_batches: int = 0  # batches whose CPU wait was measured
+    read_wait_s: float = 0.0  # workers waiting for reads beyond their CPU
 
 
 @dataclass
@@ -61,6 +73,7 @@ class Diagnosis:
     cores_needed: float
     shares: dict[str, float]  # per-stage seconds over the window, per second of wall time
     detail: str
+    cpu_wait_fraction: float | None = None  # of the workers' runnable time, waiting for a core; None: not measured
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -72,8 +85,11 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     if wall <= 0 or batches < 2:
         return Diagnosis("unknown", 0.0, 0.0, 0.0, {}, "not enough steps yet to judge")
     work = {k: new.work_s.get(k, 0.0) - old.work_s.get(k, 0.0) for k in new.work_s}
-    busy = sum(work.values())
+    busy = new.cpu_s - old.cpu_s or sum(work.values())
     waiting = new.wait_for_credit_s - old.wait_for_credit_s
+    cpu_wait = new.cpu_wait_s - old.cpu_wait_s
+    read_wait = new.read_wait_s - old.read_wait_s
+    measured = new.cpu_wait_batches > old.cpu_wait_batches
     stall = (new.stall_s - old.stall_s) / wall
     step = new.step_s - old.step_s
     rows = new.rows - old.rows
@@ -81,29 +97,44 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     transit = (new.transit_s - old.transit_s) / received
     cycle = wall / batches  # device seconds per batch
     demand = rows / step if step > 0 else 0.0  # rows/s the device takes when fed
-    supply_per_core = rows / busy if busy > 0 else 0.0
+    supply_per_core = rows / busy if busy > 0 else 0.0  # rows per CPU-second
     cores_in_use = busy / wall
     cores_needed = demand / supply_per_core if supply_per_core else 0.0
-    shares = {**{k: v / wall for k, v in work.items()}, "wait_for_credit": waiting / wall, "stall": stall,
-              "step": step / wall, "copy": (new.copy_s - old.copy_s) / wall, "transit_per_batch_s": transit}
-    busy_share = busy / (busy + waiting) if busy + waiting > 0 else 0.0
+    contended = cpu_wait / (busy + cpu_wait) if measured and busy + cpu_wait > 0 else None
+    shares = {**{k: v / wall for k, v in work.items()}, "cpu": busy / wall, "wait_for_credit": waiting / wall,
+              "cpu_wait": cpu_wait / wall, "read_wait": read_wait / wall, "stall": stall, "step": step / wall,
+              "copy": (new.copy_s - old.copy_s) / wall, "transit_per_batch_s": transit}
+    worker_time = busy + waiting + cpu_wait + read_wait
+    busy_share = busy / worker_time if worker_time > 0 else 0.0
+    device = f"the device waits {100 * stall:.0f}% of the time"
     if stall < STALL_OK:
         stage, detail = "compute", f"the device waits {100 * stall:.1f}% of the time"
     elif new.queue_depth > 0 and old.queue_depth > 0:
-        stage, detail = "device_copy", (f"the device waits {100 * stall:.0f}% of the time while batches "
-                                        f"queue on the consumer: conversion/copy is the limit")
+        stage, detail = "device_copy", f"{device} while batches queue on the consumer: conversion/copy is the limit"
+    elif contended is not None and contended >= CONTENDED:
+        quota = new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait
+        stage = "throttled" if quota else "contention"
+        detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core: "
+                  + ("their cgroup's CPU quota throttled them (raise the quota)" if quota else
+                     "other processes on their hosts take the CPU (give the workers cores of their own)"))
+    elif worker_time > 0 and read_wait / worker_time >= STORAGE_WAIT:
+        stage, detail = "storage", (f"{device}; workers wait for shard reads {100 * read_wait / worker_time:.0f}% "
+                                    f"of their time: storage is the limit (a faster store, the shard cache, or "
+                                    f"more processes to overlap the reads)")
     elif busy_share >= WORKERS_BUSY:
-        stage = max((k for k in ("decode", "augment", "examples", "pack") if k in work), key=work.__getitem__)
-        detail = (f"the device waits {100 * stall:.0f}% of the time; workers are busy {100 * busy_share:.0f}% "
-                  f"of theirs, most in {stage}")
+        stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
+        detail = (f"{device}; workers are busy {100 * busy_share:.0f}% of their time (CPU), most in {stage}: they are "
+                  f"short of cores ({cores_needed:.2f} needed, {cores_in_use:.2f} busy)")
     elif transit > 0.5 * cycle:
-        stage, detail = "wire", (f"the device waits {100 * stall:.0f}%; a batch takes {transit:.3f} s in transit "
-                                 f"against a {cycle:.3f} s device cycle: the link is full")
+        stage, detail = "wire", (f"{device}; a batch takes {transit:.3f} s in transit against a {cycle:.3f} s "
+                                 f"device cycle: the link is full")
     else:
-        stage, detail = "credit", (f"the device waits {100 * stall:.0f}% and workers wait for credit "
-                                   f"{100 * (1 - busy_share):.0f}% of their time with a short transit: "
-                                   f"raise --credit-window")
-    return Diagnosis(stage, stall, cores_in_use, cores_needed, shares, detail)
+        credit_share = waiting / worker_time if worker_time > 0 else 0.0
+        stage, detail = "credit", (f"{device} and workers wait for credit {100 * credit_share:.0f}% of "
+                                   f"their time with a short transit: raise --credit-window")
+    if contended is None and stage != "compute":
+        detail += " (the workers' wait for a core is not measured on their hosts)"
+    return Diagnosis(stage, stall, cores_in_use, cores_needed, shares, detail, contended)
 
 
 class BottleneckMonitor:
@@ -116,10 +147,15 @@ class BottleneckMonitor:
         self.latest = Diagnosis("unknown", 0.0, 0.0, 0.0, {}, "starting")
         self.info = Gauge("stoker_bottleneck_info", "1 for the stage that bounds throughput now, 0 for the others",
                           ["stage"], registry=registry)
-        self.needed = Gauge("stoker_cores_needed", "Busy worker processes (cores at their present CPU share) that "
-                                                   "would keep the device from waiting", registry=registry)
-        self.in_use = Gauge("stoker_cores_in_use", "Busy worker processes now (worker stage seconds per second)",
+        self.needed = Gauge("stoker_cores_needed", "Host cores (in CPU time, wherever the workers run) that would "
+                                                   "keep the device from waiting", registry=registry)
+        self.in_use = Gauge("stoker_cores_in_use", "Host cores the workers use now (their CPU seconds per second)",
                             registry=registry)
+        self.cpu_wait = Gauge("stoker_cpu_wait_fraction", "Share of the workers' runnable time they waited for a core "
+                              "(CPU taken by other processes or a quota), over the window", registry=registry)
+        self.cpu_wait_measured = Gauge("stoker_cpu_wait_measured", "1 where the workers' hosts report their wait "
+                                       "for a core (schedstat); 0: stoker_cpu_wait_fraction is not measured",
+                                       registry=registry)
         self.stall = Gauge("stoker_stall_fraction", f"Share of the last {window_s:.0f} s the device waited for input",
                            registry=registry)
         self.shares = Gauge("stoker_stage_share", "Seconds per second of wall time, by stage, over the window",
@@ -142,6 +178,8 @@ class BottleneckMonitor:
         self._set(d.stage)
         self.needed.set(d.cores_needed)
         self.in_use.set(d.cores_in_use)
+        self.cpu_wait_measured.set(0 if d.cpu_wait_fraction is None else 1)
+        self.cpu_wait.set(d.cpu_wait_fraction or 0.0)
         self.stall.set(d.stall_fraction)
         for name, value in d.shares.items():
             if name != "transit_per_batch_s":
@@ -158,6 +196,18 @@ class BottleneckMonitor:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+ADVICE = {
+    "compute": "the device is the limit: the hosts keep it fed",
+    "device_copy": "the consumer's own conversion/copy is the limit",
+    "contention": "other processes on the workers' hosts take their CPU: give the workers cores of their own",
+    "throttled": "a cgroup CPU quota throttles the workers: raise the quota",
+    "storage": "the workers wait for shard reads: a faster store, the shard cache, or more processes",
+    "wire": "the link is full",
+    "credit": "workers wait for credit with a short transit: raise --credit-window",
+    **{stage: f"the workers are short of cores, most busy in {stage}" for stage in WORK_STAGES},
+}
 
 
 def read_status(metrics_url: str) -> dict:
@@ -189,17 +239,25 @@ def read_status(metrics_url: str) -> dict:
     needed, in_use, stall = one("stoker_cores_needed"), one("stoker_cores_in_use"), one("stoker_stall_fraction")
     rows = one("stoker_consumer_samples_total")
     more = max(0.0, needed - in_use)
-    text_lines = [f"bottleneck: {stage}",
+    measured = one("stoker_cpu_wait_measured") == 1
+    cpu_wait = one("stoker_cpu_wait_fraction") if measured else None
+    text_lines = [f"bottleneck: {stage}" + (f" ({ADVICE[stage]})" if stage in ADVICE else ""),
                   f"device stall over the last {WINDOW_S:.0f} s: {100 * stall:.1f}%",
-                  f"worker cores busy: {in_use:.2f}; needed to feed the device: {needed:.2f}"
-                  + (f" (+{more:.2f})" if stage in ("decode", "augment", "examples", "pack") else ""),
+                  f"worker cores busy (CPU time): {cores_text(in_use)}; needed to feed the device: {cores_text(needed)}"
+                  + (f" (+{cores_text(more)})" if stage in WORK_STAGES else ""),
+                  "workers waited for a core " + ("(not measured: their hosts give no schedstat)" if cpu_wait is None
+                                                  else f"{100 * cpu_wait:.0f}% of their runnable time"),
                   f"rows stepped so far: {rows:,.0f}",
                   "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
     text_lines[:0] = ([f"the job failed: {failure}"] if failure else []) + stalled
     hosts = {json.loads(k)["host"]: {"rows": v} for k, v in values.get("stoker_consumer_host_rows_total", {}).items()}
-    for k, v in values.get("stoker_consumer_host_credit_wait_seconds_total", {}).items():
-        hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})["credit_wait_s"] = v
+    for metric, key in (("stoker_consumer_host_credit_wait_seconds_total", "credit_wait_s"),
+                        ("stoker_consumer_host_cpu_seconds_total", "cpu_s"),
+                        ("stoker_consumer_host_cpu_wait_seconds_total", "cpu_wait_s")):
+        for k, v in values.get(metric, {}).items():
+            hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})[key] = v
     return {"stage": stage, "stall_fraction": stall, "cores_in_use": in_use, "cores_needed": needed,
+            "cpu_wait_fraction": cpu_wait,
             "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "failure": failure,
             "stalled": stalled, "text": "\n".join(text_lines)}
 
@@ -228,10 +286,15 @@ def watch_frame(old: dict | None, new: dict, seconds: float) -> str:
         return (now - before) / seconds if old is not None and seconds > 0 else 0.0
 
     lines = [f"rows/s: {rate(new['rows'], old['rows'] if old else 0):,.0f}   stall: {100 * new['stall_fraction']:.1f}%"
-             f"   bottleneck: {new['stage']}   worker cores busy {new['cores_in_use']:.2f}, needed "
-             f"{new['cores_needed']:.2f}", f"{'host':<24} {'rows/s':>10} {'credit wait s/s':>16}"]
+             f"   bottleneck: {new['stage']}   worker cores busy {cores_text(new['cores_in_use'])}, needed "
+             f"{cores_text(new['cores_needed'])}",
+             f"{'host':<24} {'rows/s':>10} {'CPU s/s':>8} {'core wait s/s':>14} {'credit wait s/s':>16}"]
     for host, now in sorted(new["hosts"].items()):
         before = (old or {}).get("hosts", {}).get(host, {})
-        lines.append(f"{host[:24]:<24} {rate(now['rows'], before.get('rows', 0.0)):>10,.0f} "
-                     f"{rate(now.get('credit_wait_s', 0.0), before.get('credit_wait_s', 0.0)):>16.2f}")
+
+        def per_s(key: str, now: dict = now, before: dict = before) -> float:
+            return rate(now.get(key, 0.0), before.get(key, 0.0))
+
+        lines.append(f"{host[:24]:<24} {per_s('rows'):>10,.0f} {per_s('cpu_s'):>8.2f} {per_s('cpu_wait_s'):>14.2f} "
+                     f"{per_s('credit_wait_s'):>16.2f}")
     return "\n".join(lines)

@@ -147,7 +147,11 @@ class Consumer:
                       batches=p.batches, received_batches=stages.batches if stages else 0,
                       transit_s=stages.transit if stages else 0.0,
                       wait_for_credit_s=stages.wait_for_credit if stages else 0.0, work_s=work,
-                      queue_depth=self.queue.qsize())
+                      queue_depth=self.queue.qsize(), cpu_s=stages.cpu if stages else 0.0,
+                      cpu_wait_s=stages.cpu_wait if stages else 0.0,
+                      throttled_wait_s=stages.throttled_wait if stages else 0.0,
+                      cpu_wait_batches=stages.cpu_wait_batches if stages else 0,
+                      read_wait_s=stages.read_wait if stages else 0.0)
 
     def books(self) -> Books:
         """What the books hold once every step handed back so far is settled (for the summary)."""

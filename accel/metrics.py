@@ -30,6 +30,13 @@ class ConsumerMetrics(ControlMetrics):
                                  "(hosts that proved a lease)", ["host"], registry=r)
         self.host_credit_wait = Counter("stoker_consumer_host_credit_wait_seconds", "Seconds the host's processes "
                                         "waited for credit before the batches they sent here", ["host"], registry=r)
+        self.host_cpu = Counter("stoker_consumer_host_cpu_seconds", "CPU seconds the host's worker processes spent "
+                                "making the batches they sent here (every thread: their whole cost)", ["host"],
+                                registry=r)
+        self.host_cpu_wait = Counter("stoker_consumer_host_cpu_wait_seconds", "Seconds the host's worker processes "
+                                     "were runnable without a core while making the batches they sent here "
+                                     "(schedstat run delay: other processes or a CPU quota took the CPU)", ["host"],
+                                     registry=r)
         self.duplicates = Counter("stoker_consumer_duplicates_dropped",
                                   "Samples dropped because their batch was already delivered", registry=r)
         self.frames_dropped = Counter("stoker_consumer_frames_dropped",

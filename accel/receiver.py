@@ -31,12 +31,13 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
 from accel.batch import ReceivedBatch
+from accel.cost import RateSpread
 from accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
 from accel.metrics import ConsumerMetrics
 from accel.schema import BatchSchema
@@ -91,15 +92,25 @@ class _Peer:
 
 @dataclass
 class StageTotals:
+    """What the workers' batches reported, added up: stages in CPU seconds, waits in wall seconds
+    (protos StageSeconds), and what the consumer saw of them."""
+
     decode: float = 0.0
     augment: float = 0.0
+    read: float = 0.0
     send: float = 0.0
-    wait_for_credit: float = 0.0
     examples: float = 0.0
     pack: float = 0.0
+    cpu: float = 0.0  # the worker processes' whole CPU (stages and all between them)
+    wait_for_credit: float = 0.0
+    read_wait: float = 0.0  # reads beyond their CPU time: storage
+    cpu_wait: float = 0.0  # runnable without a core, over the batches where it was measured
+    throttled_wait: float = 0.0  # ... of which in batches made while a cgroup CPU quota throttled them
+    cpu_wait_batches: int = 0  # batches whose CPU wait was measured
     receive: float = 0.0
     transit: float = 0.0  # worker sent -> consumer received, summed over batches (one clock in the lab)
     batches: int = 0
+    per_core: RateSpread = field(default_factory=RateSpread)  # rows per CPU-second, chunk by chunk
 
 
 @dataclass
@@ -319,13 +330,17 @@ class Receiver:
         self.metrics.host_rows.labels(host=peer.host_id).inc(header.rows or samples)
         self.metrics.host_credit_wait.labels(host=peer.host_id).inc(header.stages.wait_for_credit)
         self.bytes_received += nbytes
-        stages = header.stages
-        self.stages.decode += stages.decode
-        self.stages.augment += stages.augment
-        self.stages.send += stages.send
-        self.stages.wait_for_credit += stages.wait_for_credit
-        self.stages.examples += stages.examples
-        self.stages.pack += stages.pack
+        stages, totals = header.stages, self.stages
+        for name in ("decode", "augment", "read", "send", "examples", "pack", "cpu", "wait_for_credit", "read_wait"):
+            setattr(totals, name, getattr(totals, name) + getattr(stages, name))
+        if stages.cpu_wait_measured:
+            totals.cpu_wait += stages.cpu_wait
+            totals.cpu_wait_batches += 1
+            if stages.throttled:
+                totals.throttled_wait += stages.cpu_wait
+            self.metrics.host_cpu_wait.labels(host=peer.host_id).inc(stages.cpu_wait)
+        self.metrics.host_cpu.labels(host=peer.host_id).inc(stages.cpu)
+        totals.per_core.add(header.rows or samples, stages.cpu)
         self.stages.transit += max(0.0, time.time() - header.created_unix) if header.created_unix else 0.0
         self.stages.batches += 1
         if header.HasField("text"):

@@ -55,8 +55,11 @@ class Summary:
     # what bounded the run after start-up (accel.bottleneck's rules over the whole run, not a window)
     bottleneck: str = "unknown"
     bottleneck_detail: str = ""
-    cores_needed: float = 0.0  # busy worker processes (at their CPU share here) that keep the device fed
-    cores_in_use: float = 0.0  # ... that were busy, on average
+    cores_needed: float = 0.0  # host cores (CPU time) that keep this run's device fed, over the last window
+    cores_in_use: float = 0.0  # ... that the workers used then
+    per_core_rate: float = 0.0  # rows per CPU-second of the worker processes, over the whole run
+    per_core_spread: list[float] = field(default_factory=list)  # [10th, 90th percentile] over the run's chunks
+    cpu_wait_fraction: float | None = None  # of the workers' runnable time, waiting for a core; None: not measured
     # text only (None for images): BERT examples and tokens stepped, and padding as sent
     sequences: int | None = None
     sequences_per_s: float | None = None
@@ -95,9 +98,21 @@ def job_totals(ranks: list[Summary]) -> Summary:
                    stall_fraction=worst.stall_fraction, elapsed_s=max(r.elapsed_s for r in ranks),
                    skipped=[s for r in ranks for s in r.skipped], hosts=max(r.hosts for r in ranks),
                    cores_needed=sum(r.cores_needed for r in ranks),  # each rank's device wants its own supply
-                   cores_in_use=sum(r.cores_in_use for r in ranks),
+                   cores_in_use=sum(r.cores_in_use for r in ranks), **_cpu_totals(ranks),
                    bottleneck=worst.bottleneck, bottleneck_detail=worst.bottleneck_detail,
                    interrupted=any(r.interrupted for r in ranks))
+
+
+def _cpu_totals(ranks: list[Summary]) -> dict[str, Any]:
+    """The job's rate per CPU-second (rows over the workers' CPU, every rank), the widest of the ranks'
+    spreads, and its wait for a core (None when a rank's was not measured)."""
+    cpu = sum(r.stage_seconds.get("cpu", 0.0) for r in ranks)
+    waited = sum(r.stage_seconds.get("cpu_wait", 0.0) for r in ranks)
+    spreads = [r.per_core_spread for r in ranks if r.per_core_spread]
+    measured = all(r.cpu_wait_fraction is not None for r in ranks) and cpu + waited > 0
+    return dict(per_core_rate=sum(r.rows for r in ranks) / cpu if cpu > 0 else 0.0,
+                per_core_spread=[min(s[0] for s in spreads), max(s[1] for s in spreads)] if spreads else [],
+                cpu_wait_fraction=waited / (cpu + waited) if measured else None)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
 ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel,
-transform_contract, transform_example) or all of them.
+transform_contract, transform_example, stability) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
 alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`."""
@@ -21,6 +21,7 @@ from benchmarks import (
     restart_index,
     soak,
     spine,
+    stability,
     suite,
     text,
     transform_contract,
@@ -32,7 +33,7 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "control_plane": control_plane.main, "journal_store": journal_store.main,
               "dct_scale": dct_scale.main, "restart_index": restart_index.main,
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
-              "transform_example": transform_example.main}
+              "transform_example": transform_example.main, "stability": stability.main}
 
 ALONE = {"soak": soak.main}  # never part of `all`
 

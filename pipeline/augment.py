@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import math
 import random
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import numpy as np
 from PIL import Image
 
+from pipeline.cpu_clock import stage_clock
 from pipeline.transforms import Crop, Output
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def decode_augment(
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
     if decoder in ("auto", "crop") and _jpegcrop is not None:
-        started = time.perf_counter()
+        started = stage_clock()
         try:
             width, height, _, colorspace, _ = _jpegcrop.header(jpeg)
         except ValueError as exc:
@@ -242,7 +242,7 @@ def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.R
                                                                   restarts)
     except ValueError as exc:
         raise DecodeError(str(exc)) from exc
-    decoded = time.perf_counter()
+    decoded = stage_clock()
     region = Image.frombuffer("RGBX", (region_w, region_h), pixels, "raw", "RGBX", 0, 1)  # no copy
     out = region.resize((transform.crop_size, transform.crop_size), Image.Resampling.BILINEAR,
                         box=(box[0] - x, box[1] - y, box[2] - x, box[3] - y))
@@ -250,7 +250,7 @@ def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.R
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     side = transform.crop_size
     array = np.frombuffer(out.tobytes("raw", "RGB"), dtype=np.uint8).reshape(side, side, 3)
-    return DecodedSample(array, decoded - started, time.perf_counter() - decoded, path)
+    return DecodedSample(array, decoded - started, stage_clock() - decoded, path)
 
 
 def _decode_pillow(
@@ -260,7 +260,7 @@ def _decode_pillow(
     draft: bool,
 ) -> DecodedSample:
     """pillow-simd: the whole image at the draft scale, then the box resized."""
-    started = time.perf_counter()
+    started = stage_clock()
     try:
         image = Image.open(io.BytesIO(jpeg))
         if image.format != "JPEG":
@@ -274,7 +274,7 @@ def _decode_pillow(
         raise
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ...
         raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
-    decoded = time.perf_counter()
+    decoded = stage_clock()
     sx, sy = image.size[0] / width, image.size[1] / height
     box = (crop.left * sx, crop.top * sy, (crop.left + crop.width) * sx, (crop.top + crop.height) * sy)
     out = image.resize((transform.crop_size, transform.crop_size), Image.Resampling.BILINEAR, box=box)
@@ -282,13 +282,13 @@ def _decode_pillow(
         out = out.convert("RGB")
     if crop.flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)  # Pillow flips 4-byte pixels far faster than numpy
-    return DecodedSample(np.asarray(out), decoded - started, time.perf_counter() - decoded)
+    return DecodedSample(np.asarray(out), decoded - started, stage_clock() - decoded)
 
 
 def decode_whole(data: bytes | memoryview) -> tuple[np.ndarray, float]:
     """The whole image as RGB pixels (H, W, 3) uint8, and the seconds it took: what a transform
     that takes "pixels" gets. Any format pillow-simd reads; DecodeError when it reads none."""
-    started = time.perf_counter()
+    started = stage_clock()
     try:
         image: Image.Image = Image.open(io.BytesIO(data))
         image.load()
@@ -297,4 +297,4 @@ def decode_whole(data: bytes | memoryview) -> tuple[np.ndarray, float]:
         pixels = np.asarray(image)
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ...
         raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
-    return pixels, time.perf_counter() - started
+    return pixels, stage_clock() - started

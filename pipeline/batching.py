@@ -22,6 +22,7 @@ import numpy as np
 from pipeline import activity
 from pipeline.activity import Phase
 from pipeline.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
+from pipeline.cpu_clock import stage_clock
 from pipeline.deadline import CallLimit, TransformTimeout
 from pipeline.image_layout import DecodeOn
 from pipeline.plan import Unit, batch_bounds
@@ -77,7 +78,7 @@ class HostTransform:
             pixels, decode_s = decode_whole(sample.data)
         else:
             pixels, decode_s = None, 0.0
-        started = time.perf_counter()
+        started = stage_clock()
         armed = self.limit.begin()
         try:
             out = transform(sample, rng, pixels)
@@ -88,7 +89,7 @@ class HostTransform:
         finally:
             self.limit.end(armed)
         check_outputs(self.name, self.declared, out)
-        return Prepared(out, decode_s, resize_s + time.perf_counter() - started, path)
+        return Prepared(out, decode_s, resize_s + stage_clock() - started, path)
 
     def tensors(self, payloads: list) -> dict[str, np.ndarray]:
         """Each declared output's rows, written into one array per output."""
@@ -148,10 +149,10 @@ class ShipEncoded:
 
     def prepare(self, sample: Sample, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
         """The transcoded JPEG is a plain baseline one to DALI; its index stays here."""
-        started = time.perf_counter()
+        started = stage_clock()
         width, height = jpeg_size(sample.data)  # raises DecodeError for a broken header
         crop = pixel_window(self.transform.crop(width, height, rng), width, height)
-        return Prepared((sample.data, crop), 0.0, time.perf_counter() - started)
+        return Prepared((sample.data, crop), 0.0, stage_clock() - started)
 
     def tensors(self, payloads: list[tuple[bytes | memoryview, Crop]]) -> dict[str, np.ndarray]:
         ends = np.cumsum([len(jpeg) for jpeg, _ in payloads], dtype=np.int64)
@@ -197,6 +198,8 @@ class ImageBatch:
     decode_times: list[float] = field(default_factory=list)  # seconds, per sample
     augment_times: list[float] = field(default_factory=list)
     decode_paths: list[str] = field(default_factory=list)  # per sample, pipeline.augment.DECODE_PATHS
+    read_s: float = 0.0  # CPU seconds reading the samples (and opening or fetching their shards)
+    read_wait_s: float = 0.0  # those reads' wall seconds beyond their CPU time: waiting for storage
 
     @property
     def images(self) -> np.ndarray:
@@ -234,15 +237,27 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
     for index, (start, stop) in enumerate(bounds):
         samples: list[_Sample] = []
         skipped: list[tuple[int, str, str]] = []
+        reads = ReadTimes()
         filling = batch_rows(stop - start) if batch_rows is not None else None
         with limit:  # the transform's time limit, set once for the batch, off again before it is sent
-            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling, skip or {})
-        yield _assemble(work, samples, skipped, index, index == len(bounds) - 1, filling)
+            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling, skip or {},
+                           reads)
+        batch = _assemble(work, samples, skipped, index, index == len(bounds) - 1, filling)
+        batch.read_s, batch.read_wait_s = reads.cpu_s, max(0.0, reads.wall_s - reads.cpu_s)
+        yield batch
+
+
+@dataclass
+class ReadTimes:
+    """A batch's reads, by both clocks: their CPU is a stage's cost, the wall time beyond it is storage."""
+
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
 
 
 def _prepare_batch(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, seed: int,
                    rows: list[tuple[int, int, int]], samples: list[_Sample], skipped: list[tuple[int, str, str]],
-                   filling: BatchRows | None, skip: Mapping[int, str]) -> None:
+                   filling: BatchRows | None, skip: Mapping[int, str], reads: ReadTimes) -> None:
     """Each of a batch's rows made into `samples`, or into `skipped` with the reason. What the process
     does is noted (pipeline.activity) sample by sample, for its daemon."""
     for shard, row, sample_id in rows:
@@ -250,11 +265,14 @@ def _prepare_batch(reader_of: Callable[[int], ShardReader | str], unit: Unit, wo
             skipped.append((sample_id, f"shard {shard} row {row}", skip[sample_id]))
             continue
         activity.note(Phase.READING, unit.unit_id, sample_id)
+        cpu_from, wall_from = stage_clock(), time.perf_counter()
         reader = reader_of(shard)
         if isinstance(reader, str):
             skipped.append((sample_id, f"shard {shard} row {row}", reader))
             continue
         sample = Sample(sample_id, reader.key(row), reader.label(row), reader.jpeg(row))
+        reads.cpu_s += stage_clock() - cpu_from
+        reads.wall_s += time.perf_counter() - wall_from
         activity.note(Phase.TRANSFORMING, unit.unit_id, sample_id)
         try:
             prepared = work.prepare(sample, sample_random(seed, unit.epoch, sample_id), reader.restarts(row))

@@ -98,7 +98,7 @@ def _text_layout(job: LaidOutJob) -> BatchLayout:
 # in MLPerf v1.0 logs; 2.75 M is the default. The published ratios are quoted in the same issue.
 IMAGENET_TRAIN_IMAGES = 1_281_167
 IMAGENET = DatasetKind("imagenet", sample_noun="samples", row_noun="images", progress_unit="img",
-                       stages=("decode", "augment"), one_row_per_sample=True, encoded_images=True, text=False,
+                       stages=("read", "decode", "augment"), one_row_per_sample=True, encoded_images=True, text=False,
                        model_family=ModelFamily.RESNET50, layout=_image_layout,
                        workload=Workload(IMAGENET_TRAIN_IMAGES * 40,
                                          "ResNet-50: 40 epochs of 1,281,167 images (MLPerf reference range 35-44)"),

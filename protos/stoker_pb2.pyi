@@ -19,20 +19,32 @@ class FrameSpec(_message.Message):
     def __init__(self, tensor: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class StageSeconds(_message.Message):
-    __slots__ = ("decode", "augment", "wait_for_credit", "send", "examples", "pack")
+    __slots__ = ("decode", "augment", "wait_for_credit", "send", "examples", "pack", "read", "read_wait", "cpu", "cpu_wait", "cpu_wait_measured", "throttled")
     DECODE_FIELD_NUMBER: _ClassVar[int]
     AUGMENT_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_CREDIT_FIELD_NUMBER: _ClassVar[int]
     SEND_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     PACK_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    READ_WAIT_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    CPU_WAIT_FIELD_NUMBER: _ClassVar[int]
+    CPU_WAIT_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    THROTTLED_FIELD_NUMBER: _ClassVar[int]
     decode: float
     augment: float
     wait_for_credit: float
     send: float
     examples: float
     pack: float
-    def __init__(self, decode: _Optional[float] = ..., augment: _Optional[float] = ..., wait_for_credit: _Optional[float] = ..., send: _Optional[float] = ..., examples: _Optional[float] = ..., pack: _Optional[float] = ...) -> None: ...
+    read: float
+    read_wait: float
+    cpu: float
+    cpu_wait: float
+    cpu_wait_measured: bool
+    throttled: bool
+    def __init__(self, decode: _Optional[float] = ..., augment: _Optional[float] = ..., wait_for_credit: _Optional[float] = ..., send: _Optional[float] = ..., examples: _Optional[float] = ..., pack: _Optional[float] = ..., read: _Optional[float] = ..., read_wait: _Optional[float] = ..., cpu: _Optional[float] = ..., cpu_wait: _Optional[float] = ..., cpu_wait_measured: _Optional[bool] = ..., throttled: _Optional[bool] = ...) -> None: ...
 
 class TextStats(_message.Message):
     __slots__ = ("sequences", "real_tokens", "token_slots", "unpacked_token_slots", "masked_tokens", "random_next")

@@ -1,4 +1,4 @@
-"""`stoker calibrate`: what one host core supplies, measured here in under a minute.
+"""`stoker calibrate`: what one host core supplies, measured here in under a minute, in CPU time.
 
 One process pinned to one core runs the worker's own batch making, without sockets: images
 through a transform as a worker runs it (`HostTransform`: the built-in MLPerf train crop at
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from pipeline.batching import HostTransform, unit_batches
+from pipeline.cpu_clock import stage_clock
 from pipeline.job import JOB_DEFAULTS
 from pipeline.plan import EpochPlan
 from pipeline.shards import Manifest, ShardReader
@@ -35,18 +36,20 @@ DEFAULT_TRANSFORM = "train"  # what `stoker run` runs by default: MLPerf's rando
 
 
 def _timed(batches, seconds: float, count) -> float:
-    """Rate of `count(batch)` over `seconds` of batches (the first batch is warm-up)."""
+    """Rate of `count(batch)` per CPU-second of this process over `seconds` of CPU time (the first
+    batch is warm-up). CPU time, as the workers count their cost: other work on the host slows the
+    clock, not the CPU a batch takes, so the rate is the transform's and not the neighbours'."""
     started, made = None, 0
     for batch in batches:
         if started is None:
-            started = time.perf_counter()
+            started = stage_clock()
             continue
         made += count(batch)
-        if time.perf_counter() - started >= seconds:
+        if stage_clock() - started >= seconds:
             break
     if not made or started is None:  # (made counts only after started is set)
         raise ValueError("the data set is too small to calibrate on (fewer than two batches)")
-    return made / (time.perf_counter() - started)
+    return made / (stage_clock() - started)
 
 
 def _epochs(manifest: Manifest, unit_size: int):
@@ -75,10 +78,11 @@ def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_T
     return _timed(batches(), seconds, lambda b: len(b.sample_ids))
 
 
-def wikipedia_rate(manifest: Manifest, seconds: float, seq_len: int = 512) -> float:
+def wikipedia_rate(manifest: Manifest, seconds: float, seq_len: int = 512, pack: bool = False) -> float:
+    """BERT sequences per CPU-second at `seq_len` (one per row, as the profiles count them; `pack`: packed)."""
     vocab = Vocab.load(manifest.relative_uri(manifest.vocab))
     specials = Specials.of(vocab)
-    cfg = TextConfig(seq_len=seq_len)
+    cfg = TextConfig(seq_len=seq_len, pack=pack)
     sources = [TextUnitSource(read_doc_shard(manifest.shard_uri(i), manifest.shards[i], vocab.size), cfg,
                               specials, 0) for i in range(len(manifest.shards))]
 
@@ -101,9 +105,9 @@ def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRAN
     first = next(iter(resolved.transform.outputs.values()))
     decoded = "decode + " if resolved.transform.takes != "bytes" else ""
     what = f"{decoded}{transform_key(transform, params)} to {first.dtype}{list(first.shape)}, one core"
-    return {"per_core_rate": rate, "unit": "images/s", "what": what, "transform": transform,
-            "params": params, "version": resolved.version, "data": manifest, "machine": _machine(),
-            "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
+    return {"per_core_rate": rate, "unit": "images per CPU-second", "clock": "cpu", "what": what,
+            "transform": transform, "params": params, "version": resolved.version, "data": manifest,
+            "machine": _machine(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
 
 
 def _pinned(measure):
@@ -134,8 +138,8 @@ def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | 
         train = transform_entry(imagenet, seconds)
         return {"imagenet": {**train, "what": "decode + random resized crop + flip to 224 px, one core"},
                 "wikipedia": {"per_core_rate": wikipedia_rate(Manifest.load(wikipedia), seconds),
-                              "unit": "sequences/s", "what": "BERT examples at length 512, one sequence per row, one "
-                                                             "core"}}
+                              "unit": "sequences per CPU-second", "clock": "cpu",
+                              "what": "BERT examples at length 512, one sequence per row, one core"}}
 
     measured = _pinned(measure)
     result = load(out) if out is not None else {}
@@ -153,6 +157,14 @@ def calibrate_transform(imagenet: str, transform: str, params: str = "", seconds
     result["transforms"] = {**result.get("transforms", {}), transform_key(transform, params): entry}
     _write(out, result)
     return entry
+
+
+def rate_text(entry: dict) -> str:
+    """An entry's per-core rate in words; one written before rates were CPU time says it is wall clock."""
+    if entry.get("clock") == "cpu":
+        return f"{entry['per_core_rate']:,.0f} {entry['unit']}"
+    return (f"{entry['per_core_rate']:,.0f} {entry.get('unit', 'images/s')} per core (wall clock: measured before "
+            f"`stoker calibrate` counted CPU time; calibrate again for a figure other work on the host does not move)")
 
 
 def transform_rate(calibration: dict, transform: str, params: str = "", where: str = "the calibration") -> dict:

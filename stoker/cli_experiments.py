@@ -111,26 +111,26 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stoker.calibrate import calibrate, calibrate_transform
+    from stoker.calibrate import calibrate, calibrate_transform, rate_text
     from stoker.datasets import default_imagenet, default_wikipedia
 
     if args.transform is not None:
         r = calibrate_transform(args.data or str(default_imagenet()), args.transform, args.transform_params,
                                 args.seconds, args.out)
-        print(f"{args.transform}: {r['per_core_rate']:,.0f} {r['unit']} per core ({r['what']}; {r['version']})")
+        print(f"{args.transform}: {rate_text(r)} ({r['what']}; {r['version']})")
         print(f"written to {args.out}")
         return 0
     result = calibrate(str(default_imagenet()), str(default_wikipedia()), args.seconds, args.out)
     for name in ("imagenet", "wikipedia"):
         r = result[name]
-        print(f"{name}: {r['per_core_rate']:,.0f} {r['unit']} per core ({r['what']})")
+        print(f"{name}: {rate_text(r)} ({r['what']})")
     print(f"written to {args.out}")
     return 0
 
 
 def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict[str, float]:
     """Each dataset's rate from the sweeps or the calibration; images at the --transform asked for."""
-    from stoker.calibrate import load, transform_rate
+    from stoker.calibrate import load, rate_text, transform_rate
     from stoker.sweep import load_points, per_core_rate
 
     if args.sweep:
@@ -156,7 +156,7 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
         if dataset == "imagenet":
             entry = transform_rate(data, args.plan_transform or "train", args.plan_transform_params, str(path))
             if args.plan_transform:
-                print(f"transform {_asked(args)}: {entry['per_core_rate']:,.0f} images/s per core, calibrated with "
+                print(f"transform {_asked(args)}: {rate_text(entry)}, calibrated with "
                       f"{entry.get('version', 'an unrecorded version')} on {entry.get('when', '?')}")
         elif dataset not in data:
             raise ValueError(f"{path} has no {dataset} rate: run `stoker calibrate` (both datasets), or pass "

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from accel.accelerators import AccelSpec
 from accel.consumer import Consumer
 from accel.consumer_config import ConsumerConfig, rank_metrics_port
+from accel.cost import cores_text
 from accel.summary import Summary, job_totals
 from pipeline.image_layout import DecodeOn
 from pipeline.job import JobConfig
@@ -218,51 +219,51 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
             proc.kill()
 
 
-def feeding(data: Summary, accel: AccelSpec | None) -> dict | None:
-    """How many host cores the run's device needed, and for a profile what a full-size system of
-    that kind would need (the per-core rate is this machine's). None for the null device, which
-    never computes: its stall is the data path's ceiling, not a device's need."""
-    if accel is None or accel.kind == "null" or data.bottleneck == "unknown":
+def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> dict | None:
+    """The run's one answer to "how many host cores does this accelerator need": the accelerator's
+    rate (a profile's full-size system; the simulated device's rate; else what this run's device
+    took per step second) over the rows one host core made per CPU-second in this run (every rank;
+    CPU time, so a host shared with other work gives the same figure), with that rate's spread
+    over the run. None for the null device (it never computes) or when no worker CPU was reported."""
+    if accel is None or accel.kind == "null" or s.per_core_rate <= 0:
         return None
-    found = {"device": accel.kind, "rows_per_s": data.rows_per_s, "cores_needed": data.cores_needed,
-             "cores_in_use": data.cores_in_use}
-    if accel.kind == "simulated" and accel.profile:
-        from accel.profiles import profile_rate
-
-        found |= {"system": accel.profile, "scale": accel.scale,
-                  "system_rate": profile_rate(accel.profile, data.dataset),
-                  "cores_per_system": data.cores_needed / accel.scale}
-    return found
-
-
-def transform_cores(ranks: list[Summary], accel: AccelSpec | None, transform: str) -> dict | None:
-    """Host cores the job's image transform needs per accelerator: the accelerator's rate (a profile's
-    full-size system; else what this run's device took per step second) over what one busy worker
-    core made in this run (rows over the worker stages' seconds, all ranks). None where no transform
-    ran on the hosts or the device never computes (null)."""
-    first = ranks[0]
-    if (not transform or accel is None or accel.kind == "null" or kind_of(first.dataset).text
-            or first.decode_on != DecodeOn.HOST):
-        return None
-    stages = (*kind_of(first.dataset).stages, "send")
-    busy = sum(r.stage_seconds.get(stage, 0.0) for r in ranks for stage in stages)
-    rows = sum(r.rows for r in ranks)
+    first = s.ranks[0] if s.ranks else s
     step = first.stage_seconds.get("step", 0.0)
-    if busy <= 0 or rows <= 0:
-        return None
     if accel.kind == "simulated" and accel.profile:
         from accel.profiles import profile_rate
 
-        name, rate = f"a full-size {accel.profile}", profile_rate(accel.profile, first.dataset)
+        name, rate = f"a full-size {accel.profile}", profile_rate(accel.profile, s.dataset)
     elif accel.kind == "simulated" and accel.rate:
         name, rate = "the simulated device", accel.rate
     elif step > 0:
         name, rate = f"this {accel.model} step on {accel.device}", first.rows / step
     else:
         return None
-    per_core = rows / busy
-    return {"transform": transform, "accelerator": name, "accelerator_rate": rate, "per_core_rate": per_core,
-            "cores_needed": rate / per_core}
+    kind = kind_of(s.dataset)
+    answer = {"accelerator": name, "accelerator_rate": rate, "unit": "rows/s" if kind.text else f"{kind.row_noun}/s",
+              "per_core_rate": s.per_core_rate, "per_core_spread": s.per_core_spread,
+              "cores_needed": rate / s.per_core_rate, "cpu_wait_fraction": s.cpu_wait_fraction,
+              "transform": None if kind.text else transform or None, "decode_on": s.decode_on}
+    if kind.text and s.sequences is not None and s.rows:
+        answer["sequences_per_row"] = s.sequences / s.rows  # packing: what a row of the rate holds
+    return answer
+
+
+def cores_line(answer: dict) -> str:
+    """The closing line for `cores_answer`: the figure, the two rates it divides, the spread, what made it."""
+    unit = answer["unit"]
+    noun = unit.removesuffix("/s")
+    spread = answer["per_core_spread"]
+    on_host = answer["decode_on"] == DecodeOn.HOST
+    made = ("" if not answer["transform"] else f"transform {answer['transform']}" if on_host
+            else "encoded images shipped (decoding on the accelerator)")
+    details = [f"{answer['accelerator_rate']:,.0f} {unit} over {answer['per_core_rate']:,.0f} {noun} per CPU-second"
+               + (f" (10-90% of the run: {spread[0]:,.0f}-{spread[1]:,.0f})" if spread else "")]
+    if "sequences_per_row" in answer:
+        details.append(f"packing puts {answer['sequences_per_row']:.2f} sequences in a row of the rate")
+    if made:
+        details.append(made)
+    return f"host cores needed for {answer['accelerator']}: {cores_text(answer['cores_needed'])} ({'; '.join(details)})"
 
 
 def nothing_delivered(summaries: Summary | list[Summary]) -> str | None:
@@ -281,8 +282,8 @@ def nothing_delivered(summaries: Summary | list[Summary]) -> str | None:
 def print_summary(summaries: Summary | list[Summary], json_path: str | None, accel: AccelSpec | None = None,
                   transform: str = "") -> None:
     """The closing lines (one per rank, then the job's, when there are several) and the JSON (the
-    summary, with the feeding and transform figures printed here); the last line says how many
-    host cores `transform` (the job's, as named) needs per accelerator."""
+    summary, with the cores answer printed here under `cores`); the last line says how many host
+    cores the accelerator needs with `transform` (the job's, as named), in CPU time."""
     ranks = [summaries] if isinstance(summaries, Summary) else summaries
     if len(ranks) > 1:
         for r in ranks:
@@ -304,30 +305,28 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
           + (f" (handed back while waiting for credit, nothing lost: {s.units_handed_back})"
              if s.units_handed_back else ""))
     if s.tokens is not None:
-        print(f"text: {s.sequences} sequences in {s.rows} rows, {s.sequences_per_s:.0f} sequences/s, "
+        packing = f" ({s.sequences / s.rows:.2f} per row: packed)" if s.rows and s.sequences else ""
+        print(f"text: {s.sequences} sequences in {s.rows} rows{packing}, {s.sequences_per_s:.0f} sequences/s, "
               f"{s.tokens_per_s:.0f} tokens/s; padding {100 * (s.padding_fraction or 0.0):.1f}% as sent, "
               f"{100 * (s.padding_fraction_before_packing or 0.0):.1f}% with one sequence per row")
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
-    print(f"stage seconds: {stages}")
-    fed = data["feeding"] = feeding(s, accel)
+    print(f"stage seconds (the workers' in CPU time, waits in wall time): {stages}")
     unit = kind.row_noun
     if accel is not None and accel.kind == "null":
         print("device: null (it never computes, so the stall is the data path's ceiling, not what a device "
               "needs; `stoker run`'s default feeds a simulated A100 at 1/10 scale)")
     elif s.samples == 0:
         print("bottleneck: none measured (nothing was delivered)")
-    elif fed is not None:
+    elif s.bottleneck != "unknown":
         print(f"bottleneck: {s.bottleneck} ({s.bottleneck_detail})")
-        line = (f"host cores to feed it: {fed['cores_needed']:.2f} worker processes at their CPU share here "
-                f"keep this device fed ({fed['cores_in_use']:.2f} were busy, on average)")
-        if "system" in fed:
-            line += (f"; a full-size {fed['system']} ({fed['system_rate']:,.0f} {unit}/s, run here at "
-                     f"{fed['scale']:g} scale) needs about {fed['cores_per_system']:.1f} such cores")
-        print(line)
-    cores = data["transform_cores"] = transform_cores(ranks, accel, transform)
-    if cores is not None:
-        print(f"host cores needed for {cores['accelerator']} ({cores['accelerator_rate']:,.0f} {unit}/s): "
-              f"{cores['cores_needed']:.1f} (transform {transform}, {cores['per_core_rate']:,.0f} {unit}/s per core)")
+    if s.per_core_rate > 0:
+        waited = ("not measured here (no schedstat)" if s.cpu_wait_fraction is None
+                  else f"{100 * s.cpu_wait_fraction:.1f}% of their runnable time")
+        print(f"worker CPU: {cores_text(s.cores_in_use)} cores busy on average, {s.per_core_rate:,.0f} "
+              f"{'rows' if kind.text else unit} per CPU-second; they waited for a core {waited}")
+    answer = data["cores"] = cores_answer(s, accel, transform)
+    if answer is not None:
+        print(cores_line(answer))
     failure = nothing_delivered(ranks)
     if failure:
         data["failed"] = failure

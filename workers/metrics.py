@@ -8,6 +8,8 @@ from collections import Counter as Tally
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
+from pipeline.cpu_clock import BatchCost
+
 IMAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256)
 
 
@@ -55,7 +57,26 @@ class WorkerMetrics:
                                       "or unreadable", ["reason"], registry=r)
         self.processes = Gauge("stoker_worker_processes", "Live worker processes", multiprocess_mode="livesum",
                                registry=r)
+        self.cpu_seconds = Counter("stoker_worker_cpu_seconds", "CPU seconds of the worker processes (every thread), "
+                                   "counted as each batch is sent: what making the batches cost", registry=r)
+        self.cpu_wait_seconds = Counter("stoker_worker_cpu_wait_seconds", "Seconds the worker processes were "
+                                        "runnable but had no core (schedstat run delay: CPU taken by other "
+                                        "processes or by a CPU quota)", registry=r)
+        self.cpu_wait_measured = Gauge("stoker_worker_cpu_wait_measured", "1 where the kernel gives the worker "
+                                       "processes' run delay (schedstat), 0 where the CPU wait is not measured",
+                                       multiprocess_mode="min", registry=r)
+        self.throttled_batches = Counter("stoker_worker_throttled_batches", "Batches made while the processes' "
+                                         "cgroup CPU quota throttled them", registry=r)
 
+
+    def count_cpu(self, cost: BatchCost) -> None:
+        """One sent batch's cost (pipeline.cpu_clock)."""
+        self.cpu_seconds.inc(cost.cpu_s)
+        self.cpu_wait_measured.set(0 if cost.cpu_wait_s is None else 1)
+        if cost.cpu_wait_s is not None:
+            self.cpu_wait_seconds.inc(cost.cpu_wait_s)
+        if cost.throttled:
+            self.throttled_batches.inc()
 
     def count_shard_events(self, events: Tally[str]) -> None:
         """pipeline.open_shards' events (the shard cache's, and shards refused) as these metrics."""

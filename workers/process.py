@@ -32,6 +32,7 @@ import zmq
 
 from pipeline import activity
 from pipeline.activity import ActivitySlot, Phase
+from pipeline.cpu_clock import CpuAccount, stage_clock
 from pipeline.job import JobConfig
 from pipeline.plan import Unit
 from pipeline.shard_cache import CacheConfig
@@ -153,6 +154,7 @@ class _LeaseLoop:
         self.works: dict[int, _Work] = {}  # rank -> the unit of it in hand
         self.lease_after = 0.0  # monotonic time before which no lease is asked for
         self.waited = 0.0  # seconds waited for credit since the last batch sent
+        self.cpu = CpuAccount()  # the process's CPU, run delay and throttling, batch by batch
 
     def run(self) -> int:
         while not self.stop():
@@ -226,7 +228,7 @@ class _LeaseLoop:
         batch = next(work.batches, None)
         if batch is not None:
             try:
-                _send_batch(self.spec, work.unit, batch, work.sender, self.metrics, self.waited, self.stop)
+                _send_batch(self.spec, work.unit, batch, work.sender, self.metrics, self.waited, self.stop, self.cpu)
             except LeaseRefused as exc:
                 if isinstance(exc, SendTimedOut):
                     self.metrics.sends_timed_out.inc()
@@ -313,17 +315,23 @@ def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> in
 
 
 def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSender, metrics: WorkerMetrics,
-                waited: float, stop: Callable[[], bool]) -> None:
+                waited: float, stop: Callable[[], bool], account: CpuAccount) -> None:
     """Frame one batch and send it under the credit its rank granted (`waited`: seconds the process
     waited for credit before it, reported in the header). A rank whose connection is gone raises
     SendTimedOut after the sender's deadline, sooner when `stop` says the process is stopping."""
-    framing_from = time.perf_counter()
+    framing_from = stage_clock()
     header = batch.header
     header.job_id, header.worker_id = spec.job.job_id, spec.worker_id
     header.epoch, header.unit_id = unit.epoch, unit.unit_id
     frames = encode_tensors(header, batch.tensors, checksum=spec.job.checksum)
-    header.stages.wait_for_credit = waited
-    header.stages.send = time.perf_counter() - framing_from
+    stages = header.stages
+    stages.wait_for_credit = waited
+    stages.send = stage_clock() - framing_from
+    cost = account.take()  # the process's CPU since its batch before: this one's whole cost
+    stages.cpu, stages.throttled = cost.cpu_s, cost.throttled
+    stages.cpu_wait_measured = cost.cpu_wait_s is not None
+    stages.cpu_wait = cost.cpu_wait_s or 0.0
+    metrics.count_cpu(cost)
     header.created_unix = time.time()
     activity.note(Phase.SENDING, unit.unit_id)
     # numpy's stubs give ndarray its buffer protocol (__buffer__) only from Python 3.12; it has one on 3.11

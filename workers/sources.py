@@ -84,6 +84,8 @@ class ImageSource:
                                  batch.batch_index)
                 header.stages.decode = batch.decode_s
                 header.stages.augment = batch.augment_s
+                header.stages.read = batch.read_s
+                header.stages.read_wait = batch.read_wait_s
                 tensors = {**batch.tensors, "label": batch.labels} if batch.sample_ids else {}
                 events = self.shards.take_events()  # shards fetched, evicted or refused for this batch
 

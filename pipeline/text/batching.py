@@ -10,12 +10,12 @@ the last batch.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.cpu_clock import stage_clock
 from pipeline.plan import Unit, batch_bounds
 from pipeline.seeds import ReseededRng, derived_rng
 from pipeline.text.docs import DocShard
@@ -102,11 +102,11 @@ def unit_text_batches(source_of: Callable[[int], TextUnitSource | str], unit: Un
                       batch_size: int) -> Iterator[TextBatch]:
     """Every batch of a unit: its sequences packed (or one per row), the rows shuffled and cut
     into batches of `batch_size` rows; each document is listed in the first batch that holds it."""
-    started = time.perf_counter()
+    started = stage_clock()
     sequences, skipped = unit_sequences(source_of, unit, seed)
-    made = time.perf_counter()
+    made = stage_clock()
     rows = _rows(unit, sequences, cfg, seed)
-    packed = time.perf_counter()
+    packed = stage_clock()
     claimed: set[int] = set()
     bounds = batch_bounds(len(rows), batch_size)
     count = len(bounds)
@@ -115,9 +115,9 @@ def unit_text_batches(source_of: Callable[[int], TextUnitSource | str], unit: Un
         flat = [seq for row in chunk for seq in row]
         doc_ids = list(dict.fromkeys(s.doc_id for s in flat if s.doc_id not in claimed))
         claimed.update(doc_ids)
-        build_from = time.perf_counter()
+        build_from = stage_clock()
         tensors = assemble(chunk, cfg)
-        assemble_s = time.perf_counter() - build_from
+        assemble_s = stage_clock() - build_from
         last = index == count - 1
         real = sum(len(s) for s in flat)
         yield TextBatch(

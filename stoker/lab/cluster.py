@@ -31,6 +31,7 @@ from stoker.lab.system import (
     can_use_namespaces,
     cgroup_pids,
     cpu_cgroup_dir,
+    enter_netns,
     link_exists,
     make_cpu_cgroup,
     netns_list,
@@ -384,18 +385,22 @@ def _member(state: LabState, name: str) -> Member:
 
 
 def _spawn(cmd: list[str], netns: str | None, cgroup: Path | None, log_path: Path) -> int:
-    """Start a process in its own session, namespace and cgroup; its pid."""
+    """Start a process in its own session, network namespace and cgroup; its pid. The namespace is
+    entered with setns, not `ip netns exec`, which mounts a sysfs of its own over /sys and so hides
+    /sys/fs/cgroup: a worker must see its cgroup's cpu.stat, as it does in a container, to tell a CPU
+    quota from other processes taking its cores (pipeline.cpu_clock)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
 
-    def enter_cgroup() -> None:  # in the child, before exec: its children inherit the group
+    def enter() -> None:  # in the child, before exec: its children inherit the group and the namespace
         if cgroup is not None:
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        if netns is not None:
+            enter_netns(netns)
 
-    full = (["ip", "netns", "exec", netns] if netns else []) + cmd
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(full, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=enter_cgroup, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=enter, env=env)
     return proc.pid
 
 

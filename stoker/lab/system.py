@@ -98,3 +98,22 @@ def cgroup_pids(path: Path) -> list[int]:
         except OSError:
             continue
     return sorted(set(pids))
+
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` keeps its namespaces
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling process into the network namespace `ip netns add` made as `name` (setns(2);
+    Python 3.11 has no os.setns)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(NETNS_DIR / name, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)

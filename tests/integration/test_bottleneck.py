@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -60,6 +61,26 @@ def test_status_names_decode_when_one_worker_core_feeds_a_fast_device(manifest, 
                                                   capture_output=True, text=True, timeout=30).stdout
 
 
+def test_status_names_contention_when_other_processes_take_the_workers_cores(manifest, run_job):
+    """The job of the test above, beside a busy loop per core: the same worker is now starved of CPU,
+    which is no reason to raise the credit window or to count it as the transform's cost."""
+    consumer = consumer_for(manifest.uri, epochs=100, accel=SimulatedAccelerator(20_000), image_size=224)
+    job = run_job(consumer, hosts=1)
+    url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        _steady_window(consumer, job)  # a whole window beside the loops
+        status = _settled_status(url, job.thread.is_alive)
+    finally:
+        for loop in busy:
+            loop.kill()
+            loop.wait(10)
+    print(status["text"])
+    assert status["stage"] == "contention", status["text"]
+    assert status["cpu_wait_fraction"] > 0.2 and "for a core" in status["text"]
+    assert "--credit-window" not in status["text"]
+
+
 def test_status_names_compute_when_the_device_is_slow(manifest, run_job):
     # 14 epochs of 160 rows at 120 rows/s: ~19 s, room for start-up, a full window and two readings
     consumer = consumer_for(manifest.uri, epochs=14, accel=SimulatedAccelerator(120), image_size=112)
@@ -107,5 +128,25 @@ def test_status_names_the_wire_when_a_host_link_is_throttled(manifest, tmp_path,
         print(status["text"])
         assert status["stage"] == "wire", status["text"]
         assert status["stall_fraction"] > 0.5
+    finally:
+        cluster.down()
+
+
+@pytest.mark.skipif(can_use_namespaces() is not None, reason=f"needs network namespaces: {can_use_namespaces()}")
+def test_status_names_the_quota_when_a_cgroup_throttles_the_workers(manifest, tmp_path, monkeypatch):
+    """A worker host in the lab with a quarter of a core (a cgroup CPU quota) feeding a fast device."""
+    monkeypatch.setenv("STOKER_LAB_DIR", str(tmp_path / "lab"))
+    cluster.down()
+    try:
+        state = cluster.Lab(cluster.LabConfig(hosts=1, cores_per_host=0.25)).up(
+            ["--data", manifest.uri, "--batch-size", "16", "--epochs", "20", "--accel", "simulated", "--rate", "2000"])
+        assert wait_for(lambda: scrape_url(state.consumer.metrics).get("stoker_consumer_samples_total", 0) > 0,
+                        timeout=60)
+        time.sleep(WINDOW_S)
+        status = _settled_status(state.consumer.metrics, lambda: cluster.alive(state.consumer.pid), timeout=90)
+        print(status["text"])
+        assert status["stage"] == "throttled", status["text"]
+        assert status["cpu_wait_fraction"] > 0.5 and "quota" in status["text"]
+        assert 0.15 < status["cores_in_use"] < 0.3  # a quarter of a core, in CPU time
     finally:
         cluster.down()

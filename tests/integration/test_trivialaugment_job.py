@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from accel.cost import cores_text
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trivialaugment"
 NAME = "stoker_trivialaugment:TrivialAugmentWide"
 
@@ -28,9 +30,10 @@ def test_a_run_with_the_example_ends_with_the_cores_it_needs(manifest, tmp_path)
     summary = json.loads(out.read_text())
     assert summary["samples"] == summary["unique_samples"] == manifest.num_samples
     assert summary["bytes_received"] >= manifest.num_samples * 96 * 96 * 3  # 96 px images crossed the wire
-    cores = summary["transform_cores"]
+    cores = summary["cores"]
     assert cores["transform"] == f'{NAME} {{"size": 96}}' and cores["accelerator_rate"] == 2500
     assert cores["cores_needed"] == pytest.approx(2500 / cores["per_core_rate"])
-    assert result.stdout.strip().splitlines()[-2] == (
-        f"host cores needed for a full-size a100 (2,500 images/s): {cores['cores_needed']:.1f} "
-        f"(transform {NAME} {{\"size\": 96}}, {cores['per_core_rate']:,.0f} images/s per core)")
+    assert result.stdout.strip().splitlines()[-2].startswith(
+        f"host cores needed for a full-size a100: {cores_text(cores['cores_needed'])} (2,500 images/s over "
+        f"{cores['per_core_rate']:,.0f} images per CPU-second")
+    assert result.stdout.strip().splitlines()[-2].endswith(f'; transform {NAME} {{"size": 96}})')

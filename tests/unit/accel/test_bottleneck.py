@@ -8,11 +8,12 @@ from accel.bottleneck import Totals, diagnose
 
 
 def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,
-            rows=6400) -> tuple[Totals, Totals]:
+            rows=6400, cpu_wait=0.0, throttled=0.0, read_wait=0.0, measured=True) -> tuple[Totals, Totals]:
     """Ten seconds of a job: counters at the start (all zero) and at the end."""
     end = Totals(at=10.0, stall_s=stall_s, step_s=step_s, rows=rows, batches=batches, received_batches=batches,
                  transit_s=transit * batches, wait_for_credit_s=wait, work_s={"decode": decode, "augment": augment},
-                 queue_depth=queue)
+                 queue_depth=queue, cpu_s=decode + augment, cpu_wait_s=cpu_wait, throttled_wait_s=throttled,
+                 cpu_wait_batches=batches if measured else 0, read_wait_s=read_wait)
     return Totals(at=0.0, work_s={"decode": 0.0, "augment": 0.0}, queue_depth=queue), end
 
 
@@ -42,3 +43,27 @@ def test_batches_queued_on_a_waiting_device_point_at_its_own_conversion():
 
 def test_too_few_samples_to_judge_say_so():
     assert diagnose(*_window(batches=1)).stage == "unknown"
+
+
+def test_workers_that_wait_for_a_core_are_starved_not_short_of_credit_or_cores():
+    # busy 10 s and runnable-but-waiting 10 s: half their runnable time went to other processes
+    d = diagnose(*_window(stall_s=6.0, step_s=4.0, decode=8.0, augment=2.0, wait=0.2, cpu_wait=10.0))
+    assert d.stage == "contention" and d.cpu_wait_fraction == pytest.approx(0.5)
+    assert "waited 50% of their time for a core" in d.detail and "credit" not in d.detail
+    quota = diagnose(*_window(stall_s=6.0, step_s=4.0, decode=8.0, augment=2.0, cpu_wait=10.0, throttled=9.0))
+    assert quota.stage == "throttled" and "quota" in quota.detail
+
+
+def test_a_little_waiting_for_a_core_leaves_the_busy_workers_short_of_cores():
+    d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, wait=0.5, cpu_wait=2.0))
+    assert d.stage == "decode" and "short of cores" in d.detail
+
+
+def test_workers_waiting_for_reads_name_storage():
+    assert diagnose(*_window(stall_s=6.0, step_s=4.0, decode=3.0, augment=1.0, read_wait=6.0)).stage == "storage"
+
+
+def test_a_wait_for_a_core_that_was_not_measured_is_said_so_not_taken_as_none():
+    d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, measured=False))
+    assert d.cpu_wait_fraction is None and "not measured" in d.detail
+    assert diagnose(*_window(stall_s=0.1, measured=False)).detail == "the device waits 1.0% of the time"

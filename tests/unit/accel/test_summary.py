@@ -36,7 +36,7 @@ def test_the_json_round_trip_keeps_every_figure_and_ignores_what_a_printer_added
     rank = _rank(1, 60, 0.3)
     data = json.loads(json.dumps(rank.as_dict()))
     assert "ranks" not in data
-    assert Summary.from_dict({**data, "feeding": {"cores_needed": 1}}) == rank
+    assert Summary.from_dict({**data, "cores": {"cores_needed": 1}}) == rank
     job = job_totals([_rank(0, 100, 0.1), rank])
     again = Summary.from_dict(json.loads(json.dumps(job.as_dict())))
     assert again == job and again.ranks[1] == rank

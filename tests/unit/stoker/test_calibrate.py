@@ -43,7 +43,7 @@ def test_calibrate_measures_both_datasets_on_units_that_span_shards(manifest, wi
     result = calibrate(manifest.uri, wiki_manifest.uri, seconds=0.5, out=out)
     assert result["imagenet"]["per_core_rate"] > 0 and result["wikipedia"]["per_core_rate"] > 0
     written = json.loads(out.read_text())
-    assert written["imagenet"]["unit"] == "images/s"
+    assert (written["imagenet"]["unit"], written["imagenet"]["clock"]) == ("images per CPU-second", "cpu")
     assert (written["imagenet"]["transform"], written["imagenet"]["params"]) == ("train", "")
     assert written["imagenet"]["version"].startswith("stoker ")
     assert set(written["transforms"]) == {"eval", "train"} and written["transforms"]["eval"]["per_core_rate"] == 5.0

@@ -1,4 +1,4 @@
-"""stoker/embedded.py: the closing line of `stoker run`, host cores per accelerator for the job's transform.
+"""stoker/embedded.py: the closing lines of `stoker run`, one host-cores answer per accelerator, in CPU time.
 (The run itself: tests/integration/test_exactly_once.py and test_data_parallel.py.)"""
 
 from __future__ import annotations
@@ -6,45 +6,64 @@ from __future__ import annotations
 import pytest
 
 from accel.accelerators import AccelSpec
-from accel.summary import Summary
-from stoker.embedded import print_summary, transform_cores
+from accel.summary import Summary, job_totals
+from stoker.embedded import cores_answer, print_summary
 
 
-def _rank(rows: int = 2000, decode: float = 3.0, augment: float = 1.0, step: float = 8.0, **more) -> Summary:
-    return Summary(samples=rows, unique_samples=rows, duplicates_dropped=0, epochs=1, elapsed_s=9.0, startup_s=1.0,
-                   delivered_samples_per_s=250.0, stall_fraction=0.0, batches=1, hosts=2, procs_per_host=1,
-                   skipped_samples=0, skipped=[], frames_dropped={}, units_released=0, rows=rows,
-                   stage_seconds={"decode": decode, "augment": augment, "send": 0.0, "wait_for_credit": 4.0,
-                                  "receive": 0.1, "copy": 0.0, "step": step, "stall": 0.0}, **more)
+def _rank(rows: int = 2000, cpu: float = 4.0, step: float = 8.0, **more) -> Summary:
+    fields = dict(samples=rows, unique_samples=rows, duplicates_dropped=0, epochs=1, elapsed_s=9.0, startup_s=1.0,
+                  delivered_samples_per_s=250.0, stall_fraction=0.0, batches=1, hosts=2, procs_per_host=1,
+                  skipped_samples=0, skipped=[], frames_dropped={}, units_released=0, rows=rows,
+                  stage_seconds={"decode": 0.75 * cpu, "augment": 0.2 * cpu, "send": 0.0, "cpu": cpu,
+                                 "wait_for_credit": 4.0, "cpu_wait": 0.0, "receive": 0.1, "copy": 0.0, "step": step,
+                                 "stall": 0.0},
+                  per_core_rate=rows / cpu if cpu else 0.0, cpu_wait_fraction=0.0)
+    return Summary(**{**fields, **more})
 
 
-def test_cores_are_the_accelerators_rate_over_what_one_busy_worker_core_made():
-    # 2,000 images over 4 s of decode + augment: 500 per core; a full-size a100 takes 2,500/s
-    found = transform_cores([_rank()], AccelSpec("simulated", profile="a100", scale=0.1), "trivialaugment")
-    assert found == {"transform": "trivialaugment", "accelerator": "a full-size a100", "accelerator_rate": 2500,
-                     "per_core_rate": 500, "cores_needed": 5}
-    rate = transform_cores([_rank()], AccelSpec("simulated", rate=300), "train")
+def test_cores_are_the_accelerators_rate_over_the_rows_one_cpu_second_made():
+    # 2,000 images over 4 CPU-seconds: 500 per CPU-second; a full-size a100 takes 2,500/s
+    found = cores_answer(_rank(), AccelSpec("simulated", profile="a100", scale=0.1), "trivialaugment")
+    assert (found["accelerator"], found["accelerator_rate"], found["per_core_rate"], found["cores_needed"]) == \
+        ("a full-size a100", 2500, 500, 5)
+    assert found["unit"] == "images/s" and found["transform"] == "trivialaugment"
+    rate = cores_answer(_rank(), AccelSpec("simulated", rate=300), "train")
     assert (rate["accelerator"], rate["cores_needed"]) == ("the simulated device", pytest.approx(0.6))
-    torch = transform_cores([_rank(step=4.0)], AccelSpec("torch", model="resnet50", device="cuda"), "train")
+    torch = cores_answer(_rank(step=4.0), AccelSpec("torch", model="resnet50", device="cuda"), "train")
     assert torch["accelerator"] == "this resnet50 step on cuda" and torch["accelerator_rate"] == 500  # rows/step s
 
 
-def test_ranks_pool_their_rows_and_worker_seconds_and_the_accelerator_is_one_ranks():
-    ranks = [_rank(rows=1000, decode=1.0, augment=1.0), _rank(rows=1000, decode=1.5, augment=0.5)]
-    found = transform_cores(ranks, AccelSpec("simulated", profile="h100"), "train")
+def test_ranks_pool_their_rows_and_worker_cpu_and_the_accelerator_is_one_ranks():
+    job = job_totals([_rank(rows=1000, cpu=2.5), _rank(rows=1000, cpu=1.5)])
+    assert job.per_core_rate == 500  # 2,000 rows over 4 CPU-seconds, not the mean of 400 and 667
+    found = cores_answer(job, AccelSpec("simulated", profile="h100"), "train")
     assert (found["per_core_rate"], found["accelerator_rate"], found["cores_needed"]) == (500, 7000, 14)
 
 
-def test_no_line_where_no_transform_ran_on_the_hosts_or_the_device_never_computes():
-    assert transform_cores([_rank()], AccelSpec("null"), "train") is None
-    assert transform_cores([_rank(decode_on="accelerator")], AccelSpec("simulated", rate=300), "train") is None
-    assert transform_cores([_rank(dataset="wikipedia")], AccelSpec("simulated", rate=300), "train") is None
-    assert transform_cores([_rank(rows=0)], AccelSpec("simulated", rate=300), "train") is None
+def test_a_wait_for_a_core_not_measured_on_one_rank_is_not_measured_for_the_job():
+    assert job_totals([_rank(), _rank(cpu_wait_fraction=None)]).cpu_wait_fraction is None
+    waited = _rank(stage_seconds={**_rank().stage_seconds, "cpu": 3.0, "cpu_wait": 1.0})
+    assert job_totals([waited, _rank()]).cpu_wait_fraction == pytest.approx(1.0 / 8.0)
 
 
-def test_the_run_ends_with_the_transforms_cores(capsys):
-    summary = _rank(bottleneck="compute", bottleneck_detail="waits 0%", rows_per_s=250.0, cores_needed=0.5,
-                    cores_in_use=0.5)
+def test_no_answer_where_the_device_never_computes_or_no_worker_cpu_came():
+    assert cores_answer(_rank(), AccelSpec("null"), "train") is None
+    assert cores_answer(_rank(cpu=0.0), AccelSpec("simulated", rate=300), "train") is None
+
+
+def test_text_answers_in_rows_and_says_how_many_sequences_packing_puts_in_one():
+    text = _rank(dataset="wikipedia", rows=1000, sequences=1270)
+    found = cores_answer(text, AccelSpec("simulated", profile="a100"), "")
+    assert found["unit"] == "rows/s" and found["sequences_per_row"] == pytest.approx(1.27)
+
+
+@pytest.mark.parametrize(("cores", "shown"), [(0.04, "0.04"), (0.0043, "0.0043"), (0.5, "0.5"), (4.04, "4.0"),
+                                              (37.4, "37")])
+def test_the_run_ends_with_one_cores_figure_sized_to_its_value(capsys, cores, shown):
+    summary = _rank(rows=2500, cpu=cores, bottleneck="compute", bottleneck_detail="waits 0%",
+                    rows_per_s=250.0, per_core_spread=[480.0, 520.0])
     print_summary([summary], None, AccelSpec("simulated", profile="a100", scale=0.1), 'mine:Aug {"size":176}')
-    assert capsys.readouterr().out.splitlines()[-1] == ("host cores needed for a full-size a100 (2,500 images/s): "
-                                                        '5.0 (transform mine:Aug {"size":176}, 500 images/s per core)')
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if "cores needed" in line] == [lines[-1]]  # one figure, and only one
+    assert lines[-1].startswith(f"host cores needed for a full-size a100: {shown} (2,500 images/s over ")
+    assert lines[-1].endswith('per CPU-second (10-90% of the run: 480-520); transform mine:Aug {"size":176})')

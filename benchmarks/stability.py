@@ -1,0 +1,155 @@
+"""Stable under neighbours: `stoker calibrate` and `stoker run` beside two busy loops against the same
+commands on a quiet host, for the built-in crop, the TrivialAugment example and BERT packed.
+
+Each figure is a rate per CPU-second (the workers' and the calibration's own clock), measured
+`repeats` times quiet and `repeats` times beside one busy loop per core, alternating; the medians
+are compared. The wall-clock rate of the same calibrations is printed beside them: it is what
+the neighbours take, and what a rate by the clock would have reported. The figures go to
+benchmarks/results/stability.{json,md}.
+
+    python -m benchmarks stability [REPEATS]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from benchmarks.report import header, write_results
+from benchmarks.transform_example import EXAMPLE
+from pipeline.shards import Manifest
+from stoker.calibrate import imagenet_rate, wikipedia_rate
+from stoker.datasets import default_imagenet, default_wikipedia
+
+SECONDS = 4.0  # CPU-seconds per calibration
+AGREE = 0.10  # the goal: busy within 10% of quiet
+TRIVIALAUGMENT = ("stoker_trivialaugment:TrivialAugmentWide", '{"size": 176}')
+
+
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """`count` processes that spin for ever (one per core: every core is shared), killed on the way out."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait(10)
+
+
+def _clocked(measure: Callable[[], float]) -> tuple[float, float]:
+    """(rate per CPU-second, the same by the wall clock) of one calibration."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    rate = measure()
+    return rate, rate * (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
+def _pinned(measure: Callable[[], float]) -> Callable[[], float]:
+    def run() -> float:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(before)})  # as `stoker calibrate` runs
+        try:
+            return measure()
+        finally:
+            os.sched_setaffinity(0, before)
+    return run
+
+
+def calibrations(imagenet: Manifest, wikipedia: Manifest) -> dict[str, Callable[[], float]]:
+    sys.path.insert(0, str(EXAMPLE))
+    return {"mlperf crop 224": _pinned(lambda: imagenet_rate(imagenet, SECONDS)),
+            "trivialaugment 176": _pinned(lambda: imagenet_rate(imagenet, SECONDS, *TRIVIALAUGMENT)),
+            "bert 512 packed": _pinned(lambda: wikipedia_rate(wikipedia, SECONDS, pack=True))}
+
+
+def runs() -> dict[str, list[str]]:
+    """`stoker run` arguments of each case (the default device: a simulated A100 at 1/10 scale; text whole)."""
+    return {"mlperf crop 224": ["--epochs", "1"],
+            "trivialaugment 176": ["--epochs", "1", "--transform", TRIVIALAUGMENT[0],
+                                   "--transform-params", TRIVIALAUGMENT[1]],
+            "bert 512 packed": ["--dataset", "wikipedia", "--pack", "--seq-len", "512", "--epochs", "1"]}
+
+
+def run_rate(args: list[str]) -> dict:
+    """One `stoker run`: its rows per CPU-second and how long its workers waited for a core."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "summary.json"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run([sys.executable, "-m", "stoker", "run", *args, "--no-progress", "--json", str(out),
+                               "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                               "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                              capture_output=True, text=True, timeout=900, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"stoker run {' '.join(args)} failed: {done.stderr[-2000:]}")
+        summary = json.loads(out.read_text())
+    return {"per_core_rate": summary["per_core_rate"], "cpu_wait_fraction": summary["cpu_wait_fraction"],
+            "rows_per_s": summary["rows_per_s"]}
+
+
+def _compare(quiet: list[float], busy: list[float]) -> dict:
+    q, b = statistics.median(quiet), statistics.median(busy)
+    return {"quiet": quiet, "busy": busy, "quiet_median": q, "busy_median": b, "busy_over_quiet": b / q,
+            "agrees": abs(b / q - 1) <= AGREE}
+
+
+def main(repeats: int = 3) -> dict:
+    loops = os.cpu_count() or 2
+    imagenet, wikipedia = Manifest.load(str(default_imagenet())), Manifest.load(str(default_wikipedia()))
+    result: dict = {**header("stability", "pillow-simd", "torch"), "repeats": repeats, "busy_loops": loops,
+                    "calibrate_seconds": SECONDS, "calibrate": {}, "run": {}}
+    for name, measure in calibrations(imagenet, wikipedia).items():
+        found: dict[str, list[tuple[float, float]]] = {"quiet": [], "busy": []}
+        for _ in range(repeats):
+            found["quiet"].append(_clocked(measure))
+            with busy_loops(loops):
+                found["busy"].append(_clocked(measure))
+        entry = _compare([cpu for cpu, _ in found["quiet"]], [cpu for cpu, _ in found["busy"]])
+        entry["wall"] = _compare([wall for _, wall in found["quiet"]], [wall for _, wall in found["busy"]])
+        result["calibrate"][name] = entry
+        print(f"calibrate {name}: {entry['quiet_median']:,.0f} quiet, {entry['busy_median']:,.0f} busy per CPU-second "
+              f"({entry['busy_over_quiet']:.3f}); by the clock {entry['wall']['busy_over_quiet']:.3f}", flush=True)
+    for name, args in runs().items():
+        measured: dict[str, list[dict]] = {"quiet": [], "busy": []}
+        for _ in range(repeats):
+            measured["quiet"].append(run_rate(args))
+            with busy_loops(loops):
+                measured["busy"].append(run_rate(args))
+        entry = _compare([m["per_core_rate"] for m in measured["quiet"]],
+                         [m["per_core_rate"] for m in measured["busy"]])
+        entry["cpu_wait_fraction"] = {k: [m["cpu_wait_fraction"] for m in v] for k, v in measured.items()}
+        result["run"][name] = entry
+        print(f"run {name}: {entry['quiet_median']:,.0f} quiet, {entry['busy_median']:,.0f} busy rows per CPU-second "
+              f"({entry['busy_over_quiet']:.3f})", flush=True)
+    write_results("stability", result, markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Made by `python -m benchmarks stability` ({result['repeats']} quiet and {result['repeats']} busy runs "
+             f"each, alternating; busy: {result['busy_loops']} spinning processes, one per core), "
+             f"{result['when']}, {result['machine']}. Rates per CPU-second, medians.", "",
+             "| command | case | quiet | beside busy loops | busy / quiet | by the wall clock: busy / quiet |",
+             "|---|---|---:|---:|---:|---:|"]
+    for name, e in result["calibrate"].items():
+        lines.append(f"| `stoker calibrate` | {name} | {e['quiet_median']:,.0f} | {e['busy_median']:,.0f} | "
+                     f"{e['busy_over_quiet']:.3f} | {e['wall']['busy_over_quiet']:.3f} |")
+    for name, e in result["run"].items():
+        waits = ", ".join(f"{100 * statistics.median(v):.0f}%" for v in e["cpu_wait_fraction"].values()
+                          if all(x is not None for x in v))
+        lines.append(f"| `stoker run` | {name} | {e['quiet_median']:,.0f} | {e['busy_median']:,.0f} | "
+                     f"{e['busy_over_quiet']:.3f} | (waited for a core: {waits}) |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)

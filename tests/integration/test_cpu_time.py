@@ -1,0 +1,57 @@
+"""Costs in CPU time hold beside other work: a calibration beside a busy loop per core agrees with the same
+calibration on a quiet host (medians of three), where the rate by the clock does not; and a `stoker run`'s
+workers say how long they waited for a core. Busy loops are real spinning processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.stability import AGREE, _clocked, _pinned, busy_loops
+from stoker.calibrate import imagenet_rate, wikipedia_rate
+
+SECONDS = 0.8  # CPU-seconds per calibration: long enough to cover many scheduler slices
+
+
+def _quiet_and_busy(measure) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    quiet, busy = [], []
+    for _ in range(3):
+        quiet.append(_clocked(measure))
+        with busy_loops(os.cpu_count() or 2):
+            busy.append(_clocked(measure))
+    return quiet, busy
+
+
+def _median_ratio(quiet: list[float], busy: list[float]) -> float:
+    return statistics.median(busy) / statistics.median(quiet)
+
+
+@pytest.mark.parametrize("case", ["mlperf crop", "bert packed"])
+def test_a_calibration_per_cpu_second_holds_beside_busy_loops(manifest, wiki_manifest, case):
+    measure = _pinned((lambda: imagenet_rate(manifest, SECONDS)) if case == "mlperf crop"
+                      else (lambda: wikipedia_rate(wiki_manifest, SECONDS, seq_len=128, pack=True)))
+    quiet, busy = _quiet_and_busy(measure)
+    wall = _median_ratio([w for _, w in quiet], [w for _, w in busy])
+    assert wall < 0.8, f"the busy loops took no CPU from the calibration (by the clock {wall:.2f}): it shows nothing"
+    cpu = _median_ratio([c for c, _ in quiet], [c for c, _ in busy])
+    assert abs(cpu - 1) <= AGREE, f"per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f})"
+
+
+def test_a_runs_workers_say_how_long_they_waited_for_a_core_beside_busy_loops(manifest, tmp_path):
+    out = tmp_path / "summary.json"
+    with busy_loops(os.cpu_count() or 2):
+        done = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "2",
+                               "--batch-size", "16", "--json", str(out), "--no-progress", "--accel", "null",
+                               "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                               "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                              capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(out.read_text())
+    # two worker processes, a consumer and two spinning loops on two cores: the workers wait for a core
+    assert summary["cpu_wait_fraction"] > 0.2, summary["stage_seconds"]
+    assert summary["per_core_rate"] > 100 and "waited for a core" in done.stdout
