@@ -167,6 +167,20 @@ def rate_text(entry: dict) -> str:
             f"`stoker calibrate` counted CPU time; calibrate again for a figure other work on the host does not move)")
 
 
+def calibration_notes(entry: dict, calibration: dict, where: str) -> list[str]:
+    """What a plan from this entry should say about it: a rate measured on another machine kind (its
+    cores may be faster or slower than these), or by the wall clock (it measured the neighbours too)."""
+    notes = []
+    machine = entry.get("machine") or calibration.get("machine")
+    if machine and machine != _machine():
+        notes.append(f"{where} was measured on {machine}, not on this machine ({_machine()}): its per-core rate "
+                     f"is that machine's; calibrate on a worker host of the kind you plan for")
+    if entry.get("clock") != "cpu":
+        notes.append(f"{where}'s rate {entry['per_core_rate']:,.0f} is by the wall clock (measured before `stoker "
+                     f"calibrate` counted CPU time): other work on that host moved it; calibrate again")
+    return notes
+
+
 def transform_rate(calibration: dict, transform: str, params: str = "", where: str = "the calibration") -> dict:
     """The entry of `transform` in a calibration; ValueError saying how to measure it when there is none."""
     key = transform_key(transform, params)

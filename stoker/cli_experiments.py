@@ -130,7 +130,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict[str, float]:
     """Each dataset's rate from the sweeps or the calibration; images at the --transform asked for."""
-    from stoker.calibrate import load, rate_text, transform_rate
+    from stoker.calibrate import calibration_notes, load, rate_text, transform_rate
     from stoker.sweep import load_points, per_core_rate
 
     if args.sweep:
@@ -163,6 +163,8 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
                              "--per-core-rate")
         else:
             entry = data[dataset]
+        for line in calibration_notes(entry, data, str(path)):
+            print(f"note: {line}")
         rates[dataset] = entry["per_core_rate"]
     return rates
 

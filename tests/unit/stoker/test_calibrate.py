@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.transforms import Output
-from stoker.calibrate import calibrate, calibrate_transform, transform_rate
+from stoker.calibrate import _machine, calibrate, calibrate_transform, calibration_notes, transform_rate
 from stoker.planning import transform_key
 
 
@@ -69,3 +69,13 @@ def test_a_transform_is_measured_with_its_name_parameters_and_version_and_added_
 def test_parameters_name_a_rate_whatever_their_spelling():
     assert transform_key("t", '{"b": 1, "a": 2}') == transform_key("t", '{"a":2,"b":1}') == 't {"a":2,"b":1}'
     assert transform_key("train") == transform_key("train", "") == "train"
+
+
+def test_a_plan_says_when_its_calibration_is_another_machines_or_by_the_wall_clock():
+    here = calibration_notes({"per_core_rate": 900.0, "clock": "cpu", "machine": _machine()}, {}, "cal.json")
+    assert here == []
+    elsewhere = calibration_notes({"per_core_rate": 900.0, "clock": "cpu"}, {"machine": "aarch64 neoverse-v2"},
+                                  "cal.json")
+    assert len(elsewhere) == 1 and "measured on aarch64 neoverse-v2, not on this machine" in elsewhere[0]
+    old = calibration_notes({"per_core_rate": 900.0, "machine": _machine()}, {}, "cal.json")
+    assert len(old) == 1 and "wall clock" in old[0]
