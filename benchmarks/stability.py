@@ -34,10 +34,15 @@ AGREE = 0.10  # the goal: busy within 10% of quiet
 TRIVIALAUGMENT = ("stoker_trivialaugment:TrivialAugmentWide", '{"size": 176}')
 
 
+SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+
+
 @contextlib.contextmanager
 def busy_loops(count: int) -> Iterator[None]:
-    """`count` processes that spin for ever (one per core: every core is shared), killed on the way out."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """`count` processes that spin for ever, loop i pinned to core i (so with one per core every core is
+    shared, whatever the load balancer would do), killed on the way out."""
+    cores = sorted(os.sched_getaffinity(0))
+    loops = [subprocess.Popen([sys.executable, "-c", SPIN, str(cores[i % len(cores)])]) for i in range(count)]
     try:
         time.sleep(0.5)
         yield

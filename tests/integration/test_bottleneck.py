@@ -12,6 +12,7 @@ import pytest
 
 from accel.accelerators import SimulatedAccelerator
 from accel.bottleneck import WINDOW_S
+from benchmarks.stability import busy_loops
 from stoker.lab import cluster
 from stoker.lab.system import can_use_namespaces
 from tests.helpers import consumer_for, scrape_url, wait_for
@@ -67,14 +68,9 @@ def test_status_names_contention_when_other_processes_take_the_workers_cores(man
     consumer = consumer_for(manifest.uri, epochs=100, accel=SimulatedAccelerator(20_000), image_size=224)
     job = run_job(consumer, hosts=1)
     url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
-    try:
+    with busy_loops(os.cpu_count() or 2):
         _steady_window(consumer, job)  # a whole window beside the loops
         status = _settled_status(url, job.thread.is_alive)
-    finally:
-        for loop in busy:
-            loop.kill()
-            loop.wait(10)
     print(status["text"])
     assert status["stage"] == "contention", status["text"]
     assert status["cpu_wait_fraction"] > 0.2 and "for a core" in status["text"]

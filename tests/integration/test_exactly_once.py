@@ -43,9 +43,13 @@ def test_two_hosts_deliver_every_sample_exactly_once_and_metrics_agree(manifest,
     assert metrics["stoker_consumer_samples_total"] == summary.samples
     assert any(0 < v < summary.samples for v in seen_during), seen_during  # scraped mid-run
     assert metrics["stoker_dispatcher_units{state=done}"] == consumer.dispatcher.total_units
-    assert set(summary.stage_seconds) == {"decode", "augment", "send", "wait_for_credit", "receive", "copy", "step",
-                                          "stall"}
-    assert summary.stage_seconds["decode"] > 0 and summary.stage_seconds["step"] > 0
+    stages = summary.stage_seconds
+    assert set(stages) == {"read", "decode", "augment", "send", "cpu", "wait_for_credit", "read_wait", "cpu_wait",
+                           "receive", "copy", "step", "stall"}
+    assert stages["decode"] > 0 and stages["step"] > 0
+    # the workers' whole CPU covers their stages (and what lies between them: leasing, polling, sockets)
+    assert stages["read"] + stages["decode"] + stages["augment"] + stages["send"] <= stages["cpu"]
+    assert summary.per_core_rate == pytest.approx(summary.rows / stages["cpu"])
 
 
 def test_worker_metrics_aggregate_their_processes(manifest, run_job, log_dir):
