@@ -142,14 +142,15 @@ def main(repeats: int = 3) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"Made by `python -m benchmarks stability` ({result['repeats']} quiet and {result['repeats']} busy runs "
              f"each, alternating; busy: {result['busy_loops']} spinning processes, one per core), "
-             f"{result['when']}, {result['machine']}. Rates per CPU-second, medians.", "",
+             f"{result['when']}, {result['machine']}; "
+             + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ". Rates per CPU-second, medians.", "",
              "| command | case | quiet | beside busy loops | busy / quiet | by the wall clock: busy / quiet |",
              "|---|---|---:|---:|---:|---:|"]
     for name, e in result["calibrate"].items():
         lines.append(f"| `stoker calibrate` | {name} | {e['quiet_median']:,.0f} | {e['busy_median']:,.0f} | "
                      f"{e['busy_over_quiet']:.3f} | {e['wall']['busy_over_quiet']:.3f} |")
     for name, e in result["run"].items():
-        waits = ", ".join(f"{100 * statistics.median(v):.0f}%" for v in e["cpu_wait_fraction"].values()
+        waits = ", ".join(f"{k} {100 * statistics.median(v):.0f}%" for k, v in e["cpu_wait_fraction"].items()
                           if all(x is not None for x in v))
         lines.append(f"| `stoker run` | {name} | {e['quiet_median']:,.0f} | {e['busy_median']:,.0f} | "
                      f"{e['busy_over_quiet']:.3f} | (waited for a core: {waits}) |")
