@@ -12,9 +12,10 @@ in wall seconds (protos StageSeconds), so the rules hold on a host that other wo
 - the workers wait STORAGE_WAIT of their time for shard reads: **storage**;
 - the workers are busy (CPU) WORKERS_BUSY of their time: they are short of cores, and their
   largest stage (**decode**, **augment** or **read**; text: **examples** or **pack**) is named;
-- else batches wait in transit or for credit: when a batch's transit from worker to consumer
-  takes longer than half the device's cycle per batch, the link is full: **wire**; otherwise
-  credit comes back too slowly: **credit**.
+- else batches wait in transit or for credit: when batches queue on the link (a batch's transit
+  from worker to consumer exceeds the quickest batch's by more than half the device's cycle per
+  batch), the link is full: **wire**; otherwise the link only takes its latency and the credit
+  window does not cover it: **credit**.
 
 Cores: rows per CPU-second of the workers is what one core supplies; the device's rate when fed
 is rows per step second; `cores_needed` = demand / supply, and `cores_in_use` is the workers'
@@ -55,6 +56,7 @@ class Totals:
     batches: int = 0  # stepped
     received_batches: int = 0
     transit_s: float = 0.0  # summed over received batches: worker sent -> consumer received
+    min_transit_s: float = float("inf")  # the quickest batch so far: latency with nothing queued on the link
     wait_for_credit_s: float = 0.0  # summed over worker processes
     work_s: dict[str, float] = field(default_factory=dict)  # worker stages in CPU seconds: decode, augment, send, ...
     queue_depth: int = 0
@@ -95,6 +97,9 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     rows = new.rows - old.rows
     received = max(new.received_batches - old.received_batches, 1)
     transit = (new.transit_s - old.transit_s) / received
+    # time queued behind other batches: transit beyond the quickest batch's, which is the link's latency
+    # (and, between hosts, the clocks' offset, which the difference cancels)
+    queued = max(0.0, transit - new.min_transit_s) if new.min_transit_s != float("inf") else transit
     cycle = wall / batches  # device seconds per batch
     demand = rows / step if step > 0 else 0.0  # rows/s the device takes when fed
     supply_per_core = rows / busy if busy > 0 else 0.0  # rows per CPU-second
@@ -125,13 +130,15 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
         stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
         detail = (f"{device}; workers are busy {100 * busy_share:.0f}% of their time (CPU), most in {stage}: they are "
                   f"short of cores ({cores_needed:.2f} needed, {cores_in_use:.2f} busy)")
-    elif transit > 0.5 * cycle:
-        stage, detail = "wire", (f"{device}; a batch takes {transit:.3f} s in transit against a {cycle:.3f} s "
-                                 f"device cycle: the link is full")
+    elif queued > 0.5 * cycle:
+        stage, detail = "wire", (f"{device}; batches queue on the link: a batch takes {transit:.3f} s in transit, "
+                                 f"{queued:.3f} s more than the quickest, against a {cycle:.3f} s device cycle: "
+                                 f"the link is full")
     else:
         credit_share = waiting / worker_time if worker_time > 0 else 0.0
-        stage, detail = "credit", (f"{device} and workers wait for credit {100 * credit_share:.0f}% of "
-                                   f"their time with a short transit: raise --credit-window")
+        stage, detail = "credit", (f"{device} and workers wait for credit {100 * credit_share:.0f}% of their time; "
+                                   f"batches do not queue on the link (transit {transit:.3f} s, the link's latency): "
+                                   f"raise --credit-window")
     if contended is None and stage != "compute":
         detail += " (the workers' wait for a core is not measured on their hosts)"
     return Diagnosis(stage, stall, cores_in_use, cores_needed, shares, detail, contended)
@@ -205,7 +212,7 @@ ADVICE = {
     "throttled": "a cgroup CPU quota throttles the workers: raise the quota",
     "storage": "the workers wait for shard reads: a faster store, the shard cache, or more processes",
     "wire": "the link is full",
-    "credit": "workers wait for credit with a short transit: raise --credit-window",
+    "credit": "workers wait for credit and batches do not queue on the link: raise --credit-window",
     **{stage: f"the workers are short of cores, most busy in {stage}" for stage in WORK_STAGES},
 }
 

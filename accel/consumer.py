@@ -146,6 +146,7 @@ class Consumer:
         return Totals(at=time.monotonic(), stall_s=p.stall_s, step_s=p.step_s, copy_s=p.copy_s, rows=p.rows,
                       batches=p.batches, received_batches=stages.batches if stages else 0,
                       transit_s=stages.transit if stages else 0.0,
+                      min_transit_s=stages.min_transit if stages else float("inf"),
                       wait_for_credit_s=stages.wait_for_credit if stages else 0.0, work_s=work,
                       queue_depth=self.queue.qsize(), cpu_s=stages.cpu if stages else 0.0,
                       cpu_wait_s=stages.cpu_wait if stages else 0.0,

@@ -246,3 +246,59 @@ def sample_of(reader, row: int):
     from pipeline.transforms import Sample
 
     return Sample(row, reader.key(row), reader.label(row), reader.jpeg(row))
+
+
+class DelayProxy:
+    """A TCP relay that holds every chunk `delay_s` before passing it on, both ways: a far link, made
+    in user space because this machine's kernel has no sch_netem for `tc netem delay`. `routes`:
+    (listen host, port) -> (target host, port), each with its own delay. An asyncio loop on a thread."""
+
+    def __init__(self, routes: dict[tuple[str, int], tuple[tuple[str, int], float]]) -> None:
+        import asyncio
+
+        self.routes = routes
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="delay-proxy", daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10), "the delay proxy did not start"
+
+    def _serve(self) -> None:
+        import asyncio
+
+        async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
+            held: asyncio.Queue = asyncio.Queue()
+
+            async def deliver() -> None:
+                while (item := await held.get()) is not None:
+                    due, data = item
+                    await asyncio.sleep(max(0.0, due - self.loop.time()))
+                    writer.write(data)
+                    await writer.drain()
+                writer.close()
+
+            sending = asyncio.ensure_future(deliver())
+            while data := await reader.read(1 << 16):
+                held.put_nowait((self.loop.time() + delay_s, data))
+            held.put_nowait(None)
+            await sending
+
+        def relay(target: tuple[str, int], delay_s: float):
+            async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                up_reader, up_writer = await asyncio.open_connection(*target)
+                await asyncio.gather(pump(reader, up_writer, delay_s), pump(up_reader, writer, delay_s),
+                                     return_exceptions=True)
+            return handle
+
+        async def start() -> None:
+            for (host, port), (target, delay_s) in self.routes.items():
+                await asyncio.start_server(relay(target, delay_s), host, port)
+            self.ready.set()
+
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

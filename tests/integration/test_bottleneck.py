@@ -12,10 +12,13 @@ import pytest
 
 from accel.accelerators import SimulatedAccelerator
 from accel.bottleneck import WINDOW_S
+from accel.consumer import Consumer, ConsumerConfig
+from accel.stepping import given
 from benchmarks.stability import busy_loops
+from pipeline.job import JobConfig
 from stoker.lab import cluster
 from stoker.lab.system import can_use_namespaces
-from tests.helpers import consumer_for, scrape_url, wait_for
+from tests.helpers import DelayProxy, consumer_for, scrape_url, wait_for
 
 
 def _status(metrics_url: str) -> dict:
@@ -126,6 +129,35 @@ def test_status_names_the_wire_when_a_host_link_is_throttled(manifest, tmp_path,
         assert status["stall_fraction"] > 0.5
     finally:
         cluster.down()
+
+
+def test_status_names_credit_when_a_far_link_outlasts_a_small_credit_window(manifest, run_job):
+    """100 ms each way on the data link and two batches of credit per process: the link is idle most of the
+    time, batches never queue on it, and only a larger window helps. A batch spends half the device cycle
+    this leaves in transit, which the rule before took for a full link. (The delay is a user-space relay on
+    127.0.0.2, the address the consumer advertises: this kernel has no sch_netem for `tc netem`.)"""
+    far = "127.0.0.2"
+    cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0,
+                         advertise_host=far, credit_window=2)
+    job_cfg = JobConfig(manifest_uri=manifest.uri, epochs=100, batch_size=16, unit_batches=2, image_size=64)
+    consumer = Consumer(cfg, job_cfg, given(SimulatedAccelerator(2_000)))
+    job = run_job(consumer, hosts=1, start_workers=False)
+    assert wait_for(lambda: consumer.data_endpoint != "", timeout=30)
+    data_port = int(consumer.data_endpoint.rsplit(":", 1)[1])
+    control_port = int(consumer.control_endpoint.rsplit(":", 1)[1])
+    proxy = DelayProxy({(far, data_port): (("127.0.0.1", data_port), 0.1),
+                        (far, control_port): (("127.0.0.1", control_port), 0.0)})
+    try:
+        job.start_workers()
+        url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
+        _steady_window(consumer, job)
+        status = _settled_status(url, job.thread.is_alive)
+    finally:
+        job.close()
+        proxy.close()
+    print(status["text"])
+    assert status["stage"] == "credit", status["text"]
+    assert status["stall_fraction"] > 0.5 and "--credit-window" in status["text"]
 
 
 @pytest.mark.skipif(can_use_namespaces() is not None, reason=f"needs network namespaces: {can_use_namespaces()}")

@@ -8,12 +8,13 @@ from accel.bottleneck import Totals, diagnose
 
 
 def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,
-            rows=6400, cpu_wait=0.0, throttled=0.0, read_wait=0.0, measured=True) -> tuple[Totals, Totals]:
+            rows=6400, cpu_wait=0.0, throttled=0.0, read_wait=0.0, measured=True,
+            min_transit=float("inf")) -> tuple[Totals, Totals]:
     """Ten seconds of a job: counters at the start (all zero) and at the end."""
     end = Totals(at=10.0, stall_s=stall_s, step_s=step_s, rows=rows, batches=batches, received_batches=batches,
                  transit_s=transit * batches, wait_for_credit_s=wait, work_s={"decode": decode, "augment": augment},
                  queue_depth=queue, cpu_s=decode + augment, cpu_wait_s=cpu_wait, throttled_wait_s=throttled,
-                 cpu_wait_batches=batches if measured else 0, read_wait_s=read_wait)
+                 cpu_wait_batches=batches if measured else 0, read_wait_s=read_wait, min_transit_s=min_transit)
     return Totals(at=0.0, work_s={"decode": 0.0, "augment": 0.0}, queue_depth=queue), end
 
 
@@ -35,6 +36,14 @@ def test_idle_workers_tell_a_full_link_from_slow_credit_by_transit_time():
     # 100 batches in 10 s: a 0.1 s device cycle. 0.3 s in transit: the link is full.
     assert diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, transit=0.3)).stage == "wire"
     assert diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, transit=0.002)).stage == "credit"
+
+
+def test_a_long_transit_that_does_not_queue_is_the_links_latency_and_credit_must_cover_it():
+    # every batch takes 0.3 s, none longer than the quickest: latency (a far link), not a full one
+    latency = diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, transit=0.3, min_transit=0.29))
+    assert latency.stage == "credit" and "--credit-window" in latency.detail
+    # the quickest took 0.05 s and the rest queue behind each other for 0.25 s more: the link is full
+    assert diagnose(*_window(stall_s=6.0, step_s=4.0, wait=20.0, transit=0.3, min_transit=0.05)).stage == "wire"
 
 
 def test_batches_queued_on_a_waiting_device_point_at_its_own_conversion():
