@@ -92,7 +92,7 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     cpu_wait = new.cpu_wait_s - old.cpu_wait_s
     read_wait = new.read_wait_s - old.read_wait_s
     measured = new.cpu_wait_batches > old.cpu_wait_batches
-    stall = (new.stall_s - old.stall_s) / wall
+    stall = min(1.0, (new.stall_s - old.stall_s) / wall)  # a wait that began before the window counts once
     step = new.step_s - old.step_s
     rows = new.rows - old.rows
     received = max(new.received_batches - old.received_batches, 1)

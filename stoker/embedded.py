@@ -319,10 +319,15 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
         print("bottleneck: none measured (nothing was delivered)")
     elif s.bottleneck != "unknown":
         print(f"bottleneck: {s.bottleneck} ({s.bottleneck_detail})")
+    if accel is not None and accel.kind == "null" or s.bottleneck == "unknown":
+        # the null device never computes, and too short a run gives no steady window: no need to size
+        data["cores_needed"] = data["cores_in_use"] = None
     if s.per_core_rate > 0:
         waited = ("not measured here (no schedstat)" if s.cpu_wait_fraction is None
                   else f"{100 * s.cpu_wait_fraction:.1f}% of their runnable time")
-        print(f"worker CPU: {cores_text(s.cores_in_use)} cores busy on average, {s.per_core_rate:,.0f} "
+        cpu = sum(r.stage_seconds.get("cpu", 0.0) for r in ranks)
+        busy = cpu / max(s.elapsed_s - s.startup_s, 1e-9)  # the whole run's average, every rank's workers
+        print(f"worker CPU: {cores_text(busy)} cores busy on average, {s.per_core_rate:,.0f} "
               f"{'rows' if kind.text else unit} per CPU-second; they waited for a core {waited}")
     answer = data["cores"] = cores_answer(s, accel, transform)
     if answer is not None:

@@ -76,3 +76,7 @@ def test_a_wait_for_a_core_that_was_not_measured_is_said_so_not_taken_as_none():
     d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, measured=False))
     assert d.cpu_wait_fraction is None and "not measured" in d.detail
     assert diagnose(*_window(stall_s=0.1, measured=False)).detail == "the device waits 1.0% of the time"
+
+
+def test_a_wait_that_began_before_the_window_never_makes_the_stall_exceed_the_window():
+    assert diagnose(*_window(stall_s=10.05, step_s=0.0, decode=20.0, augment=5.0)).stall_fraction == 1.0

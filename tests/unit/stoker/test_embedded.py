@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from accel.accelerators import AccelSpec
@@ -67,3 +69,16 @@ def test_the_run_ends_with_one_cores_figure_sized_to_its_value(capsys, cores, sh
     assert [line for line in lines if "cores needed" in line] == [lines[-1]]  # one figure, and only one
     assert lines[-1].startswith(f"host cores needed for a full-size a100: {shown} (2,500 images/s over ")
     assert lines[-1].endswith('per CPU-second (10-90% of the run: 480-520); transform mine:Aug {"size":176})')
+
+
+def test_the_null_device_and_a_run_too_short_to_judge_size_nothing_in_the_json(tmp_path, capsys):
+    out = tmp_path / "summary.json"
+    print_summary([_rank(bottleneck="compute", cores_needed=8650.9, cores_in_use=0.4)], str(out), AccelSpec("null"))
+    data = json.loads(out.read_text())
+    assert data["cores_needed"] is None and data["cores"] is None  # a device that never computes needs nothing
+    print_summary([_rank(cores_needed=0.0, cores_in_use=0.0)], str(out), AccelSpec("simulated", rate=5))
+    data = json.loads(out.read_text())
+    assert data["bottleneck"] == "unknown" and data["cores_needed"] is None  # not 0.0
+    assert data["cores"]["cores_needed"] == pytest.approx(5 / 500)
+    busy = [line for line in capsys.readouterr().out.splitlines() if line.startswith("worker CPU: ")]
+    assert busy[-1].startswith("worker CPU: 0.5 cores busy on average")  # 4 CPU-seconds over 8 s, not the window's 0
