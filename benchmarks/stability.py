@@ -26,6 +26,7 @@ from pathlib import Path
 from benchmarks.report import header, write_results
 from benchmarks.transform_example import EXAMPLE
 from pipeline.shards import Manifest
+from stoker.calibrate import _pinned as pinned
 from stoker.calibrate import imagenet_rate, wikipedia_rate
 from stoker.datasets import default_imagenet, default_wikipedia
 
@@ -60,14 +61,8 @@ def _clocked(measure: Callable[[], float]) -> tuple[float, float]:
 
 
 def _pinned(measure: Callable[[], float]) -> Callable[[], float]:
-    def run() -> float:
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, {min(before)})  # as `stoker calibrate` runs
-        try:
-            return measure()
-        finally:
-            os.sched_setaffinity(0, before)
-    return run
+    """`measure` to run on one core, as `stoker calibrate` runs it."""
+    return lambda: pinned(measure)
 
 
 def calibrations(imagenet: Manifest, wikipedia: Manifest) -> dict[str, Callable[[], float]]:
