@@ -156,7 +156,8 @@ class _Loop:
             skipped=[asdict(s) for s in books.skipped], frames_dropped=books.frames_dropped,
             units_released=books.dispatch.releases, units_handed_back=books.dispatch.handed_back,
             stage_seconds={**work, "send": stages.send, "cpu": stages.cpu, "wait_for_credit": stages.wait_for_credit,
-                           "read_wait": stages.read_wait, "cpu_wait": stages.cpu_wait, "receive": stages.receive,
+                           "read_wait": stages.read_wait, "cpu_wait": stages.cpu_wait,
+                           "throttled_wait": stages.throttled_wait, "receive": stages.receive,
                            "copy": p.copy_s, "step": p.step_s, "stall": p.stall_s},
             per_core_rate=stages.per_core.rate, per_core_spread=list(stages.per_core.spread() or ()),
             cpu_wait_fraction=(stages.cpu_wait / (stages.cpu + stages.cpu_wait)

@@ -11,15 +11,17 @@ rewrites the block of docs/ratio.md between `<!-- ratio:begin -->` and `<!-- rat
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from stoker.sweep import knee, load_points, per_core_rate
+from stoker.sweep import TIME_TO_TRAIN_PLOT, knee, load_points, per_core_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = ROOT / "benchmarks" / "results" / "sweeps"
+PICTURE = ROOT / "docs" / "time_to_train.png"  # the sweeps' side-by-side plot, kept with the page that shows it
 
 
 def _stoker(*args: str) -> str:
@@ -38,6 +40,7 @@ def main() -> None:
         print(f"sweep {dataset}: {seconds[dataset]:.0f} s", flush=True)
     plan = _stoker("plan", "--sweep", str(SWEEPS / "imagenet"), str(SWEEPS / "wikipedia"),
                    "--compare", "ipu-pod16,dgx-a100", "--json", str(SWEEPS / "plan.json"))
+    shutil.copyfile(SWEEPS / TIME_TO_TRAIN_PLOT, PICTURE)
     points = {d: load_points(SWEEPS / d) for d in ("imagenet", "wikipedia")}
     knees = {d: knee(p) for d, p in points.items()}
     rates = {d: per_core_rate(p) for d, p in points.items()}
@@ -55,6 +58,10 @@ def main() -> None:
                   f"cores per IPU-POD16), and the projected time-to-train falls until the knee and is flat after "
                   f"it. Per-core rates read from the host-bound points: {rates['imagenet']:,.0f} img/s and "
                   f"{rates['wikipedia']:,.0f} seq/s.", ""]
+    lines += ["Both sweeps in one picture (`stoker sweep` writes it beside the sweep folders, "
+              "`benchmarks/results/sweeps/time_to_train.png`): time-to-train of the full-size system against host "
+              "cores per system, measured points and the model drawn from each sweep's per-core rate, the knee "
+              "marked.", "", "![time-to-train against host cores per accelerator](time_to_train.png)", ""]
     lines += ["`stoker plan --sweep benchmarks/results/sweeps/imagenet benchmarks/results/sweeps/wikipedia "
               "--compare ipu-pod16,dgx-a100`:", "", "```", plan.strip(), "```"]
     page = ROOT / "docs" / "ratio.md"

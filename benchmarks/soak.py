@@ -189,8 +189,7 @@ def soak_once(manifest: str, shape: Shape, busy: bool, logs: Path) -> dict:
             loop.wait()
 
 
-def main() -> None:
-    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+def main(runs: int = 10) -> None:
     logs = Path(tempfile.mkdtemp(prefix="stoker-soak-"))
     manifest = make_data(logs / "data")
     result = header("soak", "torch", "pyzmq")

@@ -1,9 +1,11 @@
 """`stoker calibrate`: what one host core supplies, measured here in under a minute, in CPU time.
 
-One process pinned to one core runs the worker's own batch making, without sockets: images
-through a transform as a worker runs it (`HostTransform`: the built-in MLPerf train crop at
-224 px by default, or the one `--transform` names), and BERT examples at length 512 (one
-sequence per row, as the profiles' BERT rates count them). `stoker plan` turns these per-core
+One process pinned to one core runs the worker's own batch making: images through a transform
+as a worker runs it (`HostTransform`: the built-in MLPerf train crop at 224 px by default, or
+the one `--transform` names), and BERT examples at length 512 (one sequence per row, as the
+profiles' BERT rates count them, and packed). Each batch is framed and sent over a CURVE
+connection to a sink process on another core, as a worker sends it (stoker.wire_cost): the
+framing, the encryption and the kernel's TCP work are a worker's CPU too. `stoker plan` turns these per-core
 rates into cores, hosts, time-to-train and cost.
 
 The file keeps one image rate per transform, with its name, parameters and version, because a
@@ -13,10 +15,12 @@ plans with X's rate. A measurement replaces only its own entries, so one file co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.batching import HostTransform, unit_batches
@@ -30,8 +34,11 @@ from pipeline.text.examples import Specials, TextConfig
 from pipeline.text.vocab import Vocab
 from pipeline.transforms import parse_params, resolve
 from stoker.planning import transform_key
+from stoker.wire_cost import WireSink
 
 BATCH = 64
+SENT = "framed and sent over CURVE, "  # what a rate measured with the wire says it counts
+PACKED = "wikipedia_packed"  # the calibration's entry for BERT with --pack (`stoker plan --pack`)
 DEFAULT_TRANSFORM = "train"  # what `stoker run` runs by default: MLPerf's random-resized crop + flip at 224 px
 
 
@@ -60,8 +67,10 @@ def _epochs(manifest: Manifest, unit_size: int):
         epoch += 1
 
 
-def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "") -> float:
-    """Images/s of `transform` (a name as `--transform` takes it) on the calling core."""
+def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "",
+                  wire: bool = True) -> float:
+    """Images per CPU-second of `transform` (a name as `--transform` takes it) on the calling core;
+    `wire`: each batch also framed and sent over CURVE as a worker sends it (stoker.wire_cost)."""
     readers: dict[int, ShardReader] = {}
     work = HostTransform(resolve(transform, parse_params(params)).transform, name=transform,
                          timeout_s=JOB_DEFAULTS["transform_timeout_s"])  # as a worker runs it
@@ -71,26 +80,63 @@ def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_T
             readers[shard] = manifest.open_shard(shard)
         return readers[shard]
 
-    def batches():
+    def batches(sink: WireSink | None):
         for unit in _epochs(manifest, BATCH * 4):
-            yield from unit_batches(reader_of, unit, work, BATCH, 0)
+            for batch in unit_batches(reader_of, unit, work, BATCH, 0):
+                if sink is not None:
+                    sink.send({**batch.tensors, "label": batch.labels}, len(batch.sample_ids))
+                yield batch
 
-    return _timed(batches(), seconds, lambda b: len(b.sample_ids))
+    with _wire(wire) as sink:
+        return _timed(batches(sink), seconds, lambda b: len(b.sample_ids))
 
 
-def wikipedia_rate(manifest: Manifest, seconds: float, seq_len: int = 512, pack: bool = False) -> float:
+@contextlib.contextmanager
+def _wire(wire: bool) -> Iterator[WireSink | None]:
+    """A sink for the batches to be sent to, on another core than the calling one; None without `wire`."""
+    if not wire:
+        yield None
+        return
+    with WireSink(core=min(os.sched_getaffinity(0))) as sink:
+        yield sink
+
+
+def wikipedia_rate(manifest: Manifest, seconds: float, seq_len: int = 512, pack: bool = False,
+                   wire: bool = True) -> float:
     """BERT sequences per CPU-second at `seq_len` (one per row, as the profiles count them; `pack`: packed)."""
+    return wikipedia_entry(manifest, seconds, seq_len, pack, wire)["per_core_rate"]
+
+
+def wikipedia_entry(manifest: Manifest, seconds: float, seq_len: int = 512, pack: bool = False,
+                    wire: bool = True) -> dict:
+    """wikipedia_rate's figure with what it measured and the sequences a row carried (1 unpacked): the
+    plan counts sequences, a device steps rows."""
     vocab = Vocab.load(manifest.relative_uri(manifest.vocab))
     specials = Specials.of(vocab)
     cfg = TextConfig(seq_len=seq_len, pack=pack)
     sources = [TextUnitSource(read_doc_shard(manifest.shard_uri(i), manifest.shards[i], vocab.size), cfg,
                               specials, 0) for i in range(len(manifest.shards))]
 
-    def batches():
+    def batches(sink: WireSink | None):
         for unit in _epochs(manifest, 256):
-            yield from unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH)
+            for batch in unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH):
+                if sink is not None:
+                    sink.send(batch.tensors, batch.rows)
+                yield batch
 
-    return _timed(batches(), seconds, lambda b: b.sequences)
+    made = {"rows": 0, "sequences": 0}
+
+    def count(batch) -> int:
+        made["rows"] += batch.rows
+        made["sequences"] += batch.sequences
+        return batch.sequences
+
+    with _wire(wire) as sink:
+        rate = _timed(batches(sink), seconds, count)
+    packing = "packed" if pack else "one sequence per row"
+    return {"per_core_rate": rate, "unit": "sequences per CPU-second", "clock": "cpu",
+            "sequences_per_row": made["sequences"] / max(made["rows"], 1),
+            "what": f"BERT examples at length {seq_len}, {packing}, {SENT if wire else ''}one core"}
 
 
 def _machine() -> str:
@@ -104,7 +150,7 @@ def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRAN
     rate = imagenet_rate(Manifest.load(manifest), seconds, transform, params)
     first = next(iter(resolved.transform.outputs.values()))
     decoded = "decode + " if resolved.transform.takes != "bytes" else ""
-    what = f"{decoded}{transform_key(transform, params)} to {first.dtype}{list(first.shape)}, one core"
+    what = f"{decoded}{transform_key(transform, params)} to {first.dtype}{list(first.shape)}, {SENT}one core"
     return {"per_core_rate": rate, "unit": "images per CPU-second", "clock": "cpu", "what": what,
             "transform": transform, "params": params, "version": resolved.version, "data": manifest,
             "machine": _machine(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
@@ -136,10 +182,9 @@ def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | 
     core; written to `out` as JSON, keeping the rates of other transforms already in it."""
     def measure() -> dict:
         train = transform_entry(imagenet, seconds)
-        return {"imagenet": {**train, "what": "decode + random resized crop + flip to 224 px, one core"},
-                "wikipedia": {"per_core_rate": wikipedia_rate(Manifest.load(wikipedia), seconds),
-                              "unit": "sequences per CPU-second", "clock": "cpu",
-                              "what": "BERT examples at length 512, one sequence per row, one core"}}
+        text = Manifest.load(wikipedia)
+        return {"imagenet": {**train, "what": f"decode + random resized crop + flip to 224 px, {SENT}one core"},
+                "wikipedia": wikipedia_entry(text, seconds), PACKED: wikipedia_entry(text, seconds, pack=True)}
 
     measured = _pinned(measure)
     result = load(out) if out is not None else {}

@@ -63,7 +63,7 @@ def add_parsers(sub) -> None:
     cal.add_argument("--data", help="--transform: the image manifest to measure on (default: the generated set)")
 
     plan = sub.add_parser("plan", help="cores, hosts, time-to-train and performance per dollar for a system")
-    plan.add_argument("--system", default="dgx-a100", help="ipu-pod16, ipu-pod64, dgx-a100, a100, h100")
+    plan.add_argument("--system", default="dgx-a100", help="ipu-pod16, ipu-pod64, dgx-a100, a100, h100, h200, b200")
     plan.add_argument("--compare", help="comma-separated systems, e.g. ipu-pod16,dgx-a100 (last is the baseline)")
     plan.add_argument("--dataset", choices=("imagenet", "wikipedia", "both"),
                       help="default both; imagenet alone with --transform")
@@ -80,7 +80,18 @@ def add_parsers(sub) -> None:
     plan.add_argument("--host-price", type=PRICE, help="US$ per host server (default 25,000: an assumption)")
     plan.add_argument("--accel-price", type=PRICE, help="US$ for the system (default: its list price, if known)")
     plan.add_argument("--samples", type=SECONDS, help="samples to train (default: MLPerf's, see stoker/planning.py)")
+    plan.add_argument("--pack", action="store_true",
+                      help="wikipedia: BERT with packed rows (the calibration's packed rate; --check runs --pack)")
+    check = plan.add_argument_group("--check: run the prediction in the lab (root, namespaces and CPU quotas)")
+    check.add_argument("--check", action="store_true",
+                       help="run the job on one lab host with exactly the cores the plan's rate says, then 80%% of "
+                            "them, and report the measured stall beside the predicted one (one dataset, one system)")
+    check.add_argument("--check-cores", type=SECONDS,
+                       help="the cores K the lab host gets (default 1 for imagenet, 0.5 for wikipedia)")
+    check.add_argument("--check-seconds", type=SECONDS, default=20.0, help="steady seconds per point (default 20)")
+    check.add_argument("--data", help="--check: the manifest to run on (default: the dataset's generated set)")
     json_option(plan, "the plans")
+    plan.set_defaults(samples_per_row=None)  # set from the calibration's packed entry
 
     status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics")
     status.add_argument("--metrics", default="http://127.0.0.1:9560/metrics", help="the consumer's /metrics URL")
@@ -111,7 +122,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stoker.calibrate import calibrate, calibrate_transform, rate_text
+    from stoker.calibrate import PACKED, calibrate, calibrate_transform, rate_text
     from stoker.datasets import default_imagenet, default_wikipedia
 
     if args.transform is not None:
@@ -121,7 +132,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"written to {args.out}")
         return 0
     result = calibrate(str(default_imagenet()), str(default_wikipedia()), args.seconds, args.out)
-    for name in ("imagenet", "wikipedia"):
+    for name in ("imagenet", "wikipedia", PACKED):
         r = result[name]
         print(f"{name}: {rate_text(r)} ({r['what']})")
     print(f"written to {args.out}")
@@ -130,7 +141,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict[str, float]:
     """Each dataset's rate from the sweeps or the calibration; images at the --transform asked for."""
-    from stoker.calibrate import calibration_notes, load, rate_text, transform_rate
+    from stoker.calibrate import PACKED, calibration_notes, load, rate_text, transform_rate
     from stoker.sweep import load_points, per_core_rate
 
     if args.sweep:
@@ -158,11 +169,13 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
             if args.plan_transform:
                 print(f"transform {_asked(args)}: {rate_text(entry)}, calibrated with "
                       f"{entry.get('version', 'an unrecorded version')} on {entry.get('when', '?')}")
-        elif dataset not in data:
-            raise ValueError(f"{path} has no {dataset} rate: run `stoker calibrate` (both datasets), or pass "
-                             "--per-core-rate")
         else:
-            entry = data[dataset]
+            name = PACKED if args.pack else dataset
+            if name not in data:
+                raise ValueError(f"{path} has no {name} rate: run `stoker calibrate` (both datasets, packed and "
+                                 "not), or pass --per-core-rate")
+            entry = data[name]
+            args.samples_per_row = entry.get("sequences_per_row", 1.0)
         for line in calibration_notes(entry, data, str(path)):
             print(f"note: {line}")
         rates[dataset] = entry["per_core_rate"]
@@ -188,10 +201,25 @@ def _plan_datasets(args: argparse.Namespace) -> tuple[str, ...]:
     return ("imagenet", "wikipedia") if args.dataset == "both" else ("imagenet",)
 
 
+def _check_flags(args: argparse.Namespace, datasets: tuple[str, ...]) -> None:
+    """What --check and --pack cannot do, refused before anything runs."""
+    if args.pack and "wikipedia" not in datasets:
+        raise ValueError("--pack packs BERT rows: plan --dataset wikipedia")
+    if not args.check:
+        if args.check_cores or args.data:
+            raise ValueError("--check-cores and --data belong to --check")
+        return
+    if len(datasets) != 1:
+        raise ValueError("--check runs one job: give --dataset imagenet or --dataset wikipedia")
+    if args.compare:
+        raise ValueError("--check checks the per-core rate, the same for every system: leave out --compare")
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from stoker.planning import DEFAULT_HOST_PRICE, PlanInput, compare, describe, make_plan
+    from stoker.planning import DEFAULT_HOST_PRICE, PlanInput, compare, decode_note, describe, make_plan
 
     datasets = _plan_datasets(args)
+    _check_flags(args, datasets)
     rates = {d: args.per_core_rate for d in datasets} if args.per_core_rate else _per_core_rates(args, datasets)
     systems = args.compare.split(",") if args.compare else [args.system]
     out = []
@@ -205,11 +233,36 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                      samples=args.samples, transform=transform)) for s in systems]
         for plan in plans:
             print(describe(plan))
+            if dataset == "imagenet":
+                print(f"  decode on the accelerator: {decode_note(plan.system)}")
         if len(plans) > 1:
             print(compare(plans))
         out += [p.as_dict() for p in plans]
+    if args.check:
+        checked = _check(args, datasets[0], rates[datasets[0]])
+        out = [{**plan, "check": checked} for plan in out]
     emit_json(args.json, out, "plans")
     return 0
+
+
+def _check(args: argparse.Namespace, dataset: str, rate: float) -> dict:
+    from stoker.datasets import default_manifest
+    from stoker.plan_check import CheckConfig, describe, run_check
+
+    spr = 1.0
+    if dataset == "wikipedia" and args.pack:
+        if args.samples_per_row is None:
+            raise ValueError("--check --pack takes the sequences per row from the calibration's packed rate: "
+                             "plan from `stoker calibrate`'s file, not --per-core-rate or --sweep")
+        spr = args.samples_per_row
+    cfg = CheckConfig(dataset=dataset, per_core_rate=rate, data=args.data or str(default_manifest(dataset)),
+                      stall_target=args.stall_target, cores=args.check_cores, seconds=args.check_seconds,
+                      samples_per_row=spr, transform=args.plan_transform or "train",
+                      transform_params=args.plan_transform_params,
+                      train_args=("--pack",) if args.pack and dataset == "wikipedia" else ())
+    result = run_check(cfg)
+    print(describe(result))
+    return result.as_dict()
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -65,7 +65,8 @@ def _accelerator() -> argparse.ArgumentParser:
     p.add_argument("--accel", choices=("null", "simulated", "torch"),
                    help="train: null; run: simulated, --profile a100 at --scale 0.1; null: the data path's ceiling")
     p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
-    p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, ipu-pod16, ipu-pod64")
+    p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, h200, b200, "
+                                     "ipu-pod16, ipu-pod64 (sources: accel/profiles.py, docs/ratio.md)")
     p.add_argument("--scale", type=float_in(0.0, 1.0),
                    help="shrink a --profile rate (default 1; run: 0.1 for images, 1 for text)")
     p.add_argument("--lr", type=SECONDS, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from accel.profiles import profile_rate
+from accel.profiles import PROFILES, profile_rate
 from pipeline.kinds import kind_of
 from pipeline.transforms import parse_params
 
@@ -35,7 +35,9 @@ SYSTEMS = {s.name: s for s in (
     System("dgx-a100", "a100", 8, 300_000, 128,
            "NVIDIA DGX A100: ~$300,000 (quoted in the planning issue), 8 A100s and 2 x 64-core AMD EPYC 7742"),
     System("a100", "a100", 1, None, 0, "one A100; give --accel-price"),
-    System("h100", "h100", 1, None, 0, "one H100; give --accel-price"),
+    System("h100", "h100", 1, None, 0, "one H100 SXM; give --accel-price"),
+    System("h200", "h200", 1, None, 0, "one H200; give --accel-price"),
+    System("b200", "b200", 1, None, 0, "one B200; give --accel-price"),
 )}
 
 # An assumption, not a quote: a dual-socket x86 server with 64 cores and no accelerators.
@@ -103,6 +105,11 @@ def make_plan(inp: PlanInput) -> Plan:
                 stall_fraction=1 - delivered / accel_rate, time_to_train_h=samples / delivered / 3600,
                 price=price, host_cost=extra_hosts * inp.host_price,
                 samples_per_s_per_kdollar=None if price is None else 1000 * delivered / price, transform=inp.transform)
+
+
+def decode_note(system: str) -> str:
+    """What moving JPEG decode to the system's accelerators would change for the host (accel.profiles)."""
+    return PROFILES[SYSTEMS[system].profile].decode_on_accelerator
 
 
 def describe(plan: Plan) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from accel.bottleneck import CONTENDED
 from accel.profiles import profile_rate
 from pipeline.files import write_atomically
 from pipeline.kinds import kind_of
@@ -30,6 +31,10 @@ from stoker.planning import transform_key
 log = logging.getLogger("stoker.sweep")
 
 KNEE_STALL = 0.02  # the knee: the fewest cores whose stall fraction is below this
+# A point whose workers waited this share of their runnable time for a core beyond their own quota's
+# throttling (other work on the machine took it) measured the neighbours: marked, and left out of the knee
+# and the per-core rate (accel.bottleneck.CONTENDED).
+DISTURBED = CONTENDED
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class SweepConfig:
     ranks: int = 1  # the profile's system as this many data-parallel ranks, each 1/ranks of its rate
     transform: str = "train"  # the job's image transform (`stoker train --transform`), its JSON parameters
     transform_params: str = ""
+    rate: float | None = None  # rows/s of the simulated device instead of the profile's (`stoker plan --check`)
+    need_quotas: bool = False  # refuse a lab without CPU quotas instead of warning
 
     def __post_init__(self) -> None:
         if kind_of(self.dataset).text and (self.transform, self.transform_params) != ("train", ""):
@@ -67,7 +74,7 @@ class SweepConfig:
 
     @property
     def effective_scale(self) -> float:
-        if self.real_step:
+        if self.real_step or self.rate is not None:
             return 1.0  # a real step is measured at its own size
         return self.scale if self.scale is not None else kind_of(self.dataset).small_scale.sweep
 
@@ -98,6 +105,14 @@ class Point:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     transform: str = "train"  # points written before transforms were named ran the built-in train crop
     transform_params: str = ""
+    # of the workers' runnable time, waiting for a core their quota allowed them (taken by other work);
+    # None: not measured (no schedstat, or a point written before it was)
+    contention: float | None = None
+    sequences_per_row: float = 1.0  # text packed: the sequences one row carries (samples per row)
+
+    @property
+    def disturbed(self) -> bool:
+        return self.contention is not None and self.contention >= DISTURBED
 
     @property
     def key(self) -> str:
@@ -116,7 +131,16 @@ class Point:
     def time_to_train_h(self) -> float:
         """Projected for the full-size system fed like this point: its samples to train (stoker.planning)
         over the delivered rate with the scale undone."""
-        return kind_of(self.dataset).workload.samples / max(self.rows_per_s / self.scale, 1e-9) / 3600
+        delivered = self.rows_per_s * self.sequences_per_row / self.scale
+        return kind_of(self.dataset).workload.samples / max(delivered, 1e-9) / 3600
+
+
+def contention_of(stage_seconds: dict[str, float]) -> float | None:
+    """The wait for a core that no quota explains, over the workers' runnable time (None: not measured)."""
+    cpu, waited = stage_seconds.get("cpu", 0.0), stage_seconds.get("cpu_wait")
+    if waited is None or cpu + waited <= 0:
+        return None
+    return max(0.0, waited - stage_seconds.get("throttled_wait", 0.0)) / (cpu + waited)
 
 
 def point_key(dataset: str, hosts: int, cores: float, procs: int) -> str:
@@ -141,10 +165,15 @@ def load_points(out: Path) -> list[Point]:
 def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manifest: str) -> Point:
     """One lab: up, the time-boxed job, its summary and the hosts' CPU, down (also on failure)."""
     from stoker.lab import cluster
+    from stoker.lab.system import LabError
 
     scale = cfg.effective_scale
-    device = [] if cfg.real_step else ["--accel", "simulated", "--profile", cfg.profile,
-                                       "--scale", str(scale / cfg.ranks)]  # each rank is its share of the system
+    if cfg.real_step:
+        device: list[str] = []
+    elif cfg.rate is not None:
+        device = ["--accel", "simulated", "--rate", str(cfg.rate / cfg.ranks)]
+    else:  # each rank is its share of the system
+        device = ["--accel", "simulated", "--profile", cfg.profile, "--scale", str(scale / cfg.ranks)]
     train = ["--data", manifest, "--dataset", cfg.dataset, *device, "--epochs", "1000",
              "--batch-size", str(cfg.batch_size), "--max-seconds", str(cfg.seconds), "--seq-len", str(cfg.seq_len),
              *cfg.transform_args, *cfg.train_args]
@@ -152,6 +181,9 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
                                         ranks=cfg.ranks))
     try:
         state = lab.up(train)
+        if not state.cgroups and cfg.need_quotas:
+            raise LabError(f"no CPU quotas in this lab ({state.note.lstrip('; ') or 'no cgroup'}): the check needs "
+                           "them; run as root on a host with cgroups (stoker lab)")
         if not state.cgroups:
             log.warning("no CPU quotas in this lab (%s): --cores-per-host does not limit the hosts, so the "
                         "points differ only in hosts and processes; run as root for quotas", state.note.lstrip("; "))
@@ -163,13 +195,18 @@ def measure_point(cfg: SweepConfig, hosts: int, cores: float, procs: int, manife
     elapsed = summary["elapsed_s"]
     steady = max(elapsed - summary["startup_s"], 1e-9)
     return Point(dataset=cfg.dataset, hosts=hosts, cores_per_host=cores, procs=procs, total_cores=hosts * cores,
-                 profile="real step" if cfg.real_step else cfg.profile, scale=scale,
-                 accel_rate=0.0 if cfg.real_step else profile_rate(cfg.profile, cfg.dataset, scale),
+                 profile="real step" if cfg.real_step else f"{cfg.rate:g} rows/s" if cfg.rate else cfg.profile,
+                 scale=scale, accel_rate=0.0 if cfg.real_step else cfg.rate or profile_rate(cfg.profile, cfg.dataset,
+                                                                                          scale),
                  rows_per_s=summary["rows_per_s"], stall_fraction=summary["stall_fraction"], cpu_seconds=cpu,
                  cores_used=cpu / elapsed, bytes_received=summary["bytes_received"],
                  wire_mb_per_s=summary["bytes_received"] / steady / 1e6, elapsed_s=elapsed,
                  startup_s=summary["startup_s"], stage_seconds=summary["stage_seconds"], transform=cfg.transform,
-                 transform_params=cfg.transform_params)
+                 transform_params=cfg.transform_params,
+                 contention=contention_of(summary["stage_seconds"]) if summary.get("cpu_wait_fraction") is not None
+                 else None,
+                 sequences_per_row=summary["sequences"] / summary["rows"] if summary.get("sequences") and
+                 summary.get("rows") else 1.0)
 
 
 def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
@@ -191,6 +228,11 @@ def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
         for hosts, cores, procs in todo:
             bar.set_postfix_str(f"{hosts} host(s) x {cores:g} core(s) x {procs} proc(s)")
             point = measure(cfg, hosts, cores, procs, manifest)
+            if point.disturbed:
+                log.warning("%s: the workers waited %.0f%% of their runnable time for a core their quota allowed "
+                            "(other work on this machine): the point is marked disturbed and left out of the knee; "
+                            "delete its line from %s and rerun to measure it again", point.key,
+                            100 * (point.contention or 0), cfg.out / "points.jsonl")
             sink.write(json.dumps(asdict(point)) + "\n")
             sink.flush()
             done[point.key] = point
@@ -200,20 +242,22 @@ def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
 
 
 def knee(points: list[Point], stall: float = KNEE_STALL) -> Point | None:
-    """The point with the fewest host cores whose stall fraction is below `stall`."""
-    fed = [p for p in points if p.stall_fraction < stall]
+    """The point with the fewest host cores whose stall fraction is below `stall` (disturbed points left out)."""
+    fed = [p for p in points if p.stall_fraction < stall and not p.disturbed]
     return min(fed, key=lambda p: (p.total_cores, p.hosts)) if fed else None
 
 
 def per_core_rate(points: list[Point]) -> float | None:
-    """Rows/s one host core supplies, from the host-bound points (stall above 10%)."""
-    bound = [p.rows_per_s / p.total_cores for p in points if p.stall_fraction > 0.10]
+    """Rows/s one host core supplies, from the host-bound points (stall above 10%), undisturbed ones. A
+    point's cores are its CPU quota: CPU-seconds per second, so this is rows per CPU-second of quota."""
+    bound = [p.rows_per_s / p.total_cores for p in points if p.stall_fraction > 0.10 and not p.disturbed]
     return sorted(bound)[len(bound) // 2] if bound else None
 
 
 # ---- outputs ---------------------------------------------------------------------------------
 
 _COLUMNS = [f.name for f in fields(Point) if f.name != "stage_seconds"]
+TIME_TO_TRAIN_PLOT = "time_to_train.png"  # beside the sweep folders: every sweep under the same parent
 
 
 def write_outputs(points: list[Point], out: Path) -> list[Path]:
@@ -226,6 +270,7 @@ def write_outputs(points: list[Point], out: Path) -> list[Path]:
     columns = {name: [getattr(p, name) for p in points] for name in _COLUMNS}
     columns["cores_per_system"] = [p.cores_per_system for p in points]
     columns["time_to_train_h"] = [p.time_to_train_h for p in points]
+    columns["disturbed"] = [p.disturbed for p in points]
     for name in stages:
         columns[f"stage_{name}_s"] = [p.stage_seconds.get(name, 0.0) for p in points]
     table = pa.table(columns)
@@ -233,7 +278,8 @@ def write_outputs(points: list[Point], out: Path) -> list[Path]:
     pacsv.write_csv(table, out / "sweep.csv")
     write_atomically(out / "sweep.md", markdown(points))
     plot(points, out / "sweep.png")
-    return [out / name for name in ("sweep.parquet", "sweep.csv", "sweep.md", "sweep.png")]
+    both = plot_time_to_train(out.resolve().parent, out.resolve().parent / TIME_TO_TRAIN_PLOT)
+    return [out / name for name in ("sweep.parquet", "sweep.csv", "sweep.md", "sweep.png")] + ([both] if both else [])
 
 
 def markdown(points: list[Point]) -> str:
@@ -249,6 +295,8 @@ def markdown(points: list[Point]) -> str:
              f"host CPU used (cores) | wire MB/s | time-to-train, full size |", "|---|---|---|---|---|---|---|---|"]
     for p in points:
         mark = " **knee**" if k is not None and p.key == k.key else ""
+        if p.disturbed:
+            mark += f" (disturbed: {100 * (p.contention or 0):.0f}% wait for a core)"
         lines.append(f"| {p.hosts} x {p.cores_per_host:g} x {p.procs}{mark} | {p.total_cores:g} | "
                      f"{p.cores_per_system:,.2f} | {p.rows_per_s:,.0f} | {100 * p.stall_fraction:.1f}% | "
                      f"{p.cores_used:.2f} | {p.wire_mb_per_s:.1f} | {p.time_to_train_h:.2f} h |")
@@ -256,6 +304,12 @@ def markdown(points: list[Point]) -> str:
     lines.append(f"Knee (fewest host cores with stall < {100 * KNEE_STALL:.0f}%): "
                  + (f"{k.total_cores:g} cores here, {k.cores_per_system:,.2f} {_per_system(k)}."
                     if k else "not reached on this grid."))
+    disturbed = [p for p in points if p.disturbed]
+    if disturbed:
+        lines.append(f"{len(disturbed)} point(s) marked disturbed: their workers waited {100 * DISTURBED:.0f}% or "
+                     "more of their runnable time for a core their quota allowed (other work on the machine took "
+                     "it). They are left out of the knee and the per-core rate; remove their lines from "
+                     "points.jsonl and rerun the sweep on a quieter host to measure them again.")
     return "\n".join(lines) + "\n"
 
 
@@ -286,6 +340,10 @@ def plot(points: list[Point], path: Path) -> None:
     stall_ax.axhline(100 * KNEE_STALL, color="grey", linestyle=":", label=f"{100 * KNEE_STALL:.0f}% stall")
     stall_ax.set_ylabel("accelerator stall (%)")
     time_ax.plot(x, [p.time_to_train_h for p in by_cores], "o-", color="tab:purple", label="projected")
+    disturbed = [p for p in by_cores if p.disturbed]
+    if disturbed:
+        stall_ax.plot([p.cores_per_system for p in disturbed], [100 * p.stall_fraction for p in disturbed], "kx",
+                      markersize=10, label="disturbed (left out)")
     time_ax.set_ylabel(f"time-to-train of the full {first.profile} (h)")
     k = knee(points)
     for ax in (rate_ax, stall_ax, time_ax):
@@ -298,3 +356,76 @@ def plot(points: list[Point], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def model_time_to_train_h(dataset: str, accel_rate: float, per_core: float, cores: float,
+                          samples_per_row: float = 1.0) -> float:
+    """stoker.planning's model: a full-size system consuming `accel_rate` rows/s when fed, given `cores`
+    host cores of `per_core` rows/s each, trains in samples / (min(accel_rate, cores * per_core) x
+    samples per row)."""
+    delivered = min(accel_rate, cores * per_core) * samples_per_row
+    return kind_of(dataset).workload.samples / max(delivered, 1e-9) / 3600
+
+
+def plot_time_to_train(parent: Path, path: Path) -> Path | None:
+    """One picture of every sweep folder under `parent`: time-to-train against host cores per full-size
+    system, ResNet-50 (imagenet) and BERT (wikipedia) side by side, measured points and the model drawn
+    from the sweep's per-core rate, the knee marked. None when no folder there holds points."""
+    sweeps = sorted((points for folder in sorted(parent.iterdir()) if folder.is_dir()
+                     for points in [load_points(folder)] if points), key=lambda ps: ps[0].dataset)
+    if not sweeps:
+        return None
+    from accel.accelerators import require
+
+    require("matplotlib", "stoker sweep's plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted({ps[0].dataset for ps in sweeps})
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 4.5), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets, strict=True):
+        for points in (ps for ps in sweeps if ps[0].dataset == dataset):
+            _draw_sweep(ax, points)
+        first = next(ps for ps in sweeps if ps[0].dataset == dataset)[0]
+        model = kind_of(dataset).model_family
+        ax.set_title(f"{model} on {dataset}, vs {first.profile}" if first.accel_rate else f"{model}, a real step")
+        ax.set_xlabel(f"host cores {_per_system(first)}")
+        ax.set_ylabel("time-to-train, full size (h)")
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle("Time-to-train against host cores per accelerator (measured at small scale, the scale undone)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _draw_sweep(ax, points: list[Point]) -> None:
+    """One sweep's measured points, its model line and its knee on a time-to-train axis."""
+    first = points[0]
+    name = "" if kind_of(first.dataset).text or first.transform_named == "train" else f" ({first.transform_named})"
+    kept = sorted((p for p in points if not p.disturbed), key=lambda p: p.cores_per_system)
+    line = ax.plot([p.cores_per_system for p in kept], [p.time_to_train_h for p in kept], "o",
+                   label=f"measured{name}")[0]
+    gone = [p for p in points if p.disturbed]
+    if gone:
+        ax.plot([p.cores_per_system for p in gone], [p.time_to_train_h for p in gone], "x", color="black",
+                label="disturbed (left out)")
+    rate = per_core_rate(points)
+    if rate and first.accel_rate:
+        full = first.accel_rate / first.scale
+        xs = sorted({p.cores_per_system for p in points} | {(1 - KNEE_STALL) * full / rate})
+        grid = [xs[0] * (xs[-1] * 1.5 / xs[0]) ** (i / 60) for i in range(61)]
+        ax.plot(grid, [model_time_to_train_h(first.dataset, full, rate, c, first.sequences_per_row) for c in grid],
+                "-",
+                color=line.get_color(), alpha=0.6, label=f"model: {rate:,.0f} per core{name}")
+        knee_cores = (1 - KNEE_STALL) * full / rate
+        ax.axvline(knee_cores, color=line.get_color(), linestyle=":",
+                   label=f"model knee{name}: {knee_cores:.3g} cores ({100 * KNEE_STALL:.0f}% stall)")
+    k = knee(points)
+    if k is not None:
+        ax.plot([k.cores_per_system], [k.time_to_train_h], "*", markersize=14, color=line.get_color(),
+                label=f"first fed point{name}: {k.cores_per_system:.3g} cores")

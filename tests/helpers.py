@@ -251,12 +251,16 @@ def sample_of(reader, row: int):
 class DelayProxy:
     """A TCP relay that holds every chunk `delay_s` before passing it on, both ways: a far link, made
     in user space because this machine's kernel has no sch_netem for `tc netem delay`. `routes`:
-    (listen host, port) -> (target host, port), each with its own delay. An asyncio loop on a thread."""
+    (listen host, port) -> (target host, port), each with its own delay. `bytes_per_s`: each
+    connection's chunks also leave no faster than this, each way (a slow store). An asyncio loop on a
+    thread."""
 
-    def __init__(self, routes: dict[tuple[str, int], tuple[tuple[str, int], float]]) -> None:
+    def __init__(self, routes: dict[tuple[str, int], tuple[tuple[str, int], float]],
+                 bytes_per_s: float | None = None) -> None:
         import asyncio
 
         self.routes = routes
+        self.bytes_per_s = bytes_per_s
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, name="delay-proxy", daemon=True)
@@ -278,8 +282,13 @@ class DelayProxy:
                 writer.close()
 
             sending = asyncio.ensure_future(deliver())
+            free_at = 0.0  # when the rate limit lets the next chunk leave
             while data := await reader.read(1 << 16):
-                held.put_nowait((self.loop.time() + delay_s, data))
+                due = max(self.loop.time() + delay_s, free_at)
+                if self.bytes_per_s:
+                    free_at = due + len(data) / self.bytes_per_s
+                    due = free_at
+                held.put_nowait((due, data))
             held.put_nowait(None)
             await sending
 

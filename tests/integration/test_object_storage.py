@@ -246,3 +246,32 @@ def test_the_cache_limit_holds_with_two_processes_fetching_at_once(s3, sixteen, 
     assert 0 < most[0] <= cache.cfg.limit_bytes and cache.usage() <= cache.cfg.limit_bytes
     assert "over its limit" not in run.stderr
     assert len([p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]) < len(sixteen.shards)
+
+
+def test_a_slow_store_is_named_storage_by_the_bottleneck(s3, sixteen, tmp_path):
+    """The bucket behind a relay that passes 2 MB/s, and a shard cache that keeps only what one process
+    has open: every unit fetches its shard again from the slow store. The workers spend most of their
+    time waiting on those reads, and the run's bottleneck says storage, not the workers' cores."""
+    from pipeline.open_shards import IDLE_KEEP
+    from tests.helpers import DelayProxy
+
+    uri = _upload(s3, sixteen, "slow")
+    gb = (1 + IDLE_KEEP) * max(s.num_bytes for s in sixteen.shards) / (1 << 30)
+    port = free_port()
+    proxy = DelayProxy({("127.0.0.1", port): (("127.0.0.1", int(s3.rsplit(":", 1)[1])), 0.0)}, bytes_per_s=2e6)
+    out = tmp_path / "summary.json"
+    try:
+        run, _ = _stoker(_env(f"http://127.0.0.1:{port}", tmp_path), "run", "--data", uri, "--epochs", "2",
+                         "--hosts", "1", "--procs", "1", "--shard-cache-gb", repr(gb), "--batch-size", "8",
+                         "--unit-batches", "2", "--image-size", "32", "--accel", "null", "--no-progress", "--json",
+                         str(out), "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                         "--metrics-port", "-1", "--worker-metrics-port", "-1")
+    finally:
+        proxy.close()
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["samples"] == summary["unique_samples"] == 2 * sixteen.num_samples
+    stages = summary["stage_seconds"]
+    assert stages["read_wait"] > 2 * stages["cpu"], stages  # the reads waited on the store, not on a core
+    assert summary["bottleneck"] == "storage", summary["bottleneck_detail"]
+    assert "storage is the limit" in summary["bottleneck_detail"]

@@ -95,3 +95,32 @@ def test_plan_from_a_sweep_refuses_one_of_another_transform(tmp_path):
     assert refused.returncode == 2 and f"{folder} swept transform trivialaugment, not train" in refused.stderr
     taken = _plan("--sweep", str(folder), "--transform", "trivialaugment", "--system", "a100")
     assert taken.returncode == 0 and "at 125 images/s per core" in taken.stdout
+
+
+def test_plan_check_and_pack_are_refused_where_they_cannot_work(tmp_path):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"imagenet": {"per_core_rate": 850}, "wikipedia": {"per_core_rate": 15_000}}))
+    for args, why in ((["--check"], "--check runs one job"),
+                      (["--check", "--dataset", "imagenet", "--compare", "a100,h100"], "leave out --compare"),
+                      (["--pack", "--dataset", "imagenet"], "--pack packs BERT rows"),
+                      (["--dataset", "imagenet", "--check-cores", "1"], "belong to --check"),
+                      (["--dataset", "wikipedia", "--pack"], "has no wikipedia_packed rate"),
+                      (["--dataset", "wikipedia", "--pack", "--check", "--per-core-rate", "900"],
+                       "sequences per row from the calibration")):
+        out = _plan("--calibration", str(cal), *args) if "--per-core-rate" not in args else _plan(*args)
+        assert out.returncode != 0 and why in out.stderr, (args, out.stderr)
+    # a packed rate is planned in sequences, as the accelerator counts them
+    cal.write_text(json.dumps({"wikipedia_packed": {"per_core_rate": 20_000, "sequences_per_row": 1.3}}))
+    out = _plan("--calibration", str(cal), "--dataset", "wikipedia", "--pack", "--system", "b200")
+    assert out.returncode == 0 and "at 20,000 sequences/s per core" in out.stdout, out.stderr
+
+
+def test_every_profile_names_its_source_and_what_decoding_on_the_accelerator_changes():
+    from accel.profiles import PROFILES
+    from stoker.planning import SYSTEMS
+
+    assert {"h100", "h200", "b200"} <= set(PROFILES) and {"h200", "b200"} <= set(SYSTEMS)
+    for profile in PROFILES.values():
+        assert profile.source and profile.decode_on_accelerator, profile.name
+    assert all(PROFILES[name].rates for name in ("h100", "h200", "b200"))
+    assert PROFILES["b200"].rates == {f: 2 * r for f, r in PROFILES["h100"].rates.items()}

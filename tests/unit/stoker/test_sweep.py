@@ -83,3 +83,39 @@ def test_points_written_before_transforms_were_named_are_the_train_crops(tmp_pat
     del row["transform"], row["transform_params"]
     (tmp_path / "points.jsonl").write_text(json.dumps(row) + "\n")
     assert load_points(tmp_path)[0].transform_named == "train"
+
+
+def test_a_disturbed_point_is_marked_and_left_out_of_the_knee_and_the_rate(tmp_path):
+    cfg = SweepConfig(out=tmp_path / "imagenet", hosts=(1, 2), cores_per_host=(0.5, 1.0))
+    points = run_sweep(cfg, "unused", progress=False, measure=_fake)
+    # the 2-core point waited 35% of its time for a core its quota allowed: it measured the neighbours
+    points = [replace(p, contention=0.35) if p.total_cores == 2.0 else replace(p, contention=0.01) for p in points]
+    assert [p.disturbed for p in points] == [False, False, False, True]
+    assert knee(points) is None  # the only fed point was disturbed
+    assert per_core_rate([replace(p, rows_per_s=50.0, contention=0.5) for p in points[:1]] + points[1:3]) == \
+        pytest.approx(800)  # the disturbed 0.5-core point's 100 rows/s per core is not averaged in
+    text = markdown(points)
+    assert "(disturbed: 35% wait for a core)" in text and "1 point(s) marked disturbed" in text
+
+
+def test_contention_is_the_wait_no_quota_explains():
+    from stoker.sweep import contention_of
+
+    assert contention_of({"cpu": 6.0, "cpu_wait": 4.0, "throttled_wait": 3.0}) == pytest.approx(0.1)
+    assert contention_of({"cpu": 6.0, "cpu_wait": 4.0}) == pytest.approx(0.4)
+    assert contention_of({"cpu": 6.0}) is None  # not measured: no schedstat on this host
+
+
+def test_the_time_to_train_plot_puts_both_models_side_by_side(tmp_path):
+    from stoker.sweep import TIME_TO_TRAIN_PLOT, model_time_to_train_h
+
+    for dataset in ("imagenet", "wikipedia"):
+        cfg = SweepConfig(out=tmp_path / dataset, dataset=dataset, hosts=(1, 2), cores_per_host=(0.5, 1.0))
+        paths = write_outputs(run_sweep(cfg, "unused", progress=False, measure=_fake), cfg.out)
+    assert paths[-1] == tmp_path / TIME_TO_TRAIN_PLOT and paths[-1].read_bytes()[:4] == b"\x89PNG"
+    # the model: host-bound below the knee (time falls as 1 / cores), flat at the device's rate above it
+    fed, half = (model_time_to_train_h("imagenet", 10_000, 800, c) for c in (20, 6.25))
+    assert fed == pytest.approx(model_time_to_train_h("imagenet", 10_000, 800, 40))
+    assert half == pytest.approx(2 * fed)
+    assert model_time_to_train_h("wikipedia", 1000, 100, 20, samples_per_row=1.25) == pytest.approx(
+        model_time_to_train_h("wikipedia", 1000, 100, 20) / 1.25)
