@@ -45,7 +45,7 @@ def test_two_hosts_deliver_every_sample_exactly_once_and_metrics_agree(manifest,
     assert metrics["stoker_dispatcher_units{state=done}"] == consumer.dispatcher.total_units
     stages = summary.stage_seconds
     assert set(stages) == {"read", "decode", "augment", "send", "cpu", "wait_for_credit", "read_wait", "cpu_wait",
-                           "receive", "copy", "step", "stall"}
+                           "throttled_wait", "receive", "copy", "step", "stall"}
     assert stages["decode"] > 0 and stages["step"] > 0
     # the workers' whole CPU covers their stages (and what lies between them: leasing, polling, sockets)
     assert stages["read"] + stages["decode"] + stages["augment"] + stages["send"] <= stages["cpu"]
