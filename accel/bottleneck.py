@@ -8,7 +8,8 @@ in wall seconds (protos StageSeconds), so the rules hold on a host that other wo
 - the device waits while received batches sit in the prefetch queue: the consumer's own
   conversion/copy cannot keep up: **device_copy**;
 - the workers waited CONTENDED of their runnable time for a core: **throttled** when most of
-  that was under a cgroup CPU quota, else **contention** (other processes took the CPU);
+  that was under a cgroup CPU quota, else **contention** (other processes took the CPU), unless
+  they waited longer still for shard reads;
 - the workers wait STORAGE_WAIT of their time for shard reads: **storage**;
 - the workers are busy (CPU) WORKERS_BUSY of their time: they are short of cores, and their
   largest stage (**decode**, **augment** or **read**; text: **examples** or **pack**) is named;
@@ -112,17 +113,19 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     worker_time = busy + waiting + cpu_wait + read_wait
     busy_share = busy / worker_time if worker_time > 0 else 0.0
     device = f"the device waits {100 * stall:.0f}% of the time"
+    # a slow store beside busy neighbours: both waits are real, and the longer one is what bounds the job
+    storage_bound = worker_time > 0 and read_wait / worker_time >= STORAGE_WAIT
     if stall < STALL_OK:
         stage, detail = "compute", f"the device waits {100 * stall:.1f}% of the time"
     elif new.queue_depth > 0 and old.queue_depth > 0:
         stage, detail = "device_copy", f"{device} while batches queue on the consumer: conversion/copy is the limit"
-    elif contended is not None and contended >= CONTENDED:
+    elif contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait):
         quota = new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait
         stage = "throttled" if quota else "contention"
         detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core: "
                   + ("their cgroup's CPU quota throttled them (raise the quota)" if quota else
                      "other processes on their hosts take the CPU (give the workers cores of their own)"))
-    elif worker_time > 0 and read_wait / worker_time >= STORAGE_WAIT:
+    elif storage_bound:
         stage, detail = "storage", (f"{device}; workers wait for shard reads {100 * read_wait / worker_time:.0f}% "
                                     f"of their time: storage is the limit (a faster store, the shard cache, or "
                                     f"more processes to overlap the reads)")

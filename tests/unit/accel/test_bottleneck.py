@@ -72,6 +72,16 @@ def test_workers_waiting_for_reads_name_storage():
     assert diagnose(*_window(stall_s=6.0, step_s=4.0, decode=3.0, augment=1.0, read_wait=6.0)).stage == "storage"
 
 
+def test_a_slow_store_beside_busy_neighbours_is_storage_while_the_reads_wait_the_longer():
+    # busy 1 s, waiting for a core 1 s (half their runnable time), waiting on reads 8 s: a core of their own
+    # would win back a tenth of their time, a faster store most of it
+    mixed = diagnose(*_window(stall_s=9.0, step_s=1.0, decode=0.8, augment=0.2, cpu_wait=1.0, read_wait=8.0))
+    assert mixed.stage == "storage" and mixed.cpu_wait_fraction == pytest.approx(0.5)
+    # the same wait for a core with reads that wait less than it: contention
+    assert diagnose(*_window(stall_s=9.0, step_s=1.0, decode=0.8, augment=0.2, cpu_wait=5.0,
+                             read_wait=4.0)).stage == "contention"
+
+
 def test_a_wait_for_a_core_that_was_not_measured_is_said_so_not_taken_as_none():
     d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, measured=False))
     assert d.cpu_wait_fraction is None and "not measured" in d.detail
