@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from types import TracebackType
 
 import numpy as np
@@ -48,6 +49,19 @@ while True:
 """
 
 
+def _unpin_other_threads() -> None:
+    """zmq's I/O thread is born with its creator's affinity: one core, when a calibration pins itself.
+    A worker's I/O thread runs on any core beside its main thread, so let this one do the same; sharing
+    the calibrated core made every batch two context switches and cold caches beside busy neighbours."""
+    me = threading.get_native_id()
+    for name in os.listdir("/proc/self/task"):
+        if int(name) != me:
+            try:
+                os.sched_setaffinity(int(name), range(os.cpu_count() or 1))  # the kernel keeps the allowed ones
+            except OSError:
+                pass  # a thread that has just ended
+
+
 class SinkError(RuntimeError):
     """The sink did not start or stopped taking batches."""
 
@@ -73,6 +87,7 @@ class WireSink:
         self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = server_public, public, secret
         self.sock.sndhwm, self.sock.sndtimeo, self.sock.linger = HWM, int(SEND_S * 1000), 0
         self.sock.connect(f"tcp://127.0.0.1:{port}")
+        _unpin_other_threads()
         return self
 
     def _port(self) -> int:

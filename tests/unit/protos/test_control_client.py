@@ -56,8 +56,9 @@ def test_an_unanswered_request_is_sent_again_under_its_id_and_a_stale_reply_is_s
         client = ControlClient(ctx, endpoint, "host0/daemon", reply_timeout_s=0.3)
         reply = client.request(pb.ControlRequest(register=pb.Register(host_id="host0")), give_up_after_s=10)
         assert reply.error.message == "answer to try 2"
-        first, second = server.seen
-        assert first.request_id == second.request_id == reply.request_id  # the same request, so answered once
+        # the same request every try, so answered once; on a loaded host the second answer can outlast the
+        # 0.3 s wait too and a third try goes out, whose late answer the next request must skip
+        assert len(server.seen) >= 2 and {r.request_id for r in server.seen} == {reply.request_id}
         next_reply = client.request(pb.ControlRequest(register=pb.Register(host_id="host0")), give_up_after_s=10)
         assert next_reply.request_id == reply.request_id + 1
         client.close()
