@@ -53,6 +53,19 @@ def busy_loops(count: int) -> Iterator[None]:
             loop.wait(10)
 
 
+def fixed_work_rate(seconds: float = 0.3) -> float:
+    """Rounds of a fixed piece of interpreter work per CPU-second of the calling thread. No CPU clock
+    sees what a busy hyperthread sibling or a lower all-core clock takes from a core; a fixed amount
+    of work shows it: quiet and busy rates of this loop differ by what the hardware lost, not by the
+    time the neighbours took."""
+    started, rounds = time.thread_time(), 0
+    while time.thread_time() - started < seconds:
+        table = {i: i * i for i in range(500)}
+        sum(v for k, v in table.items() if k % 3)
+        rounds += 1
+    return rounds / (time.thread_time() - started)
+
+
 def _clocked(measure: Callable[[], float]) -> tuple[float, float]:
     """(rate per CPU-second, the same by the wall clock) of one calibration."""
     cpu, wall = time.process_time(), time.perf_counter()
@@ -107,6 +120,14 @@ def main(repeats: int = 3) -> dict:
     imagenet, wikipedia = Manifest.load(str(default_imagenet())), Manifest.load(str(default_wikipedia()))
     result: dict = {**header("stability", "pillow-simd", "torch"), "repeats": repeats, "busy_loops": loops,
                     "calibrate_seconds": SECONDS, "calibrate": {}, "run": {}}
+    hardware: dict[str, list[float]] = {"quiet": [], "busy": []}
+    for _ in range(repeats):
+        hardware["quiet"].append(pinned(fixed_work_rate))
+        with busy_loops(loops):
+            hardware["busy"].append(pinned(fixed_work_rate))
+    result["fixed_work"] = _compare(hardware["quiet"], hardware["busy"])
+    print(f"a fixed interpreter loop: busy / quiet {result['fixed_work']['busy_over_quiet']:.3f} per CPU-second "
+          "(what the hardware itself lost beside the loops)", flush=True)
     for name, measure in calibrations(imagenet, wikipedia).items():
         found: dict[str, list[tuple[float, float]]] = {"quiet": [], "busy": []}
         for _ in range(repeats):
@@ -149,6 +170,10 @@ def markdown(result: dict) -> str:
                           if all(x is not None for x in v))
         lines.append(f"| `stoker run` | {name} | {e['quiet_median']:,.0f} | {e['busy_median']:,.0f} | "
                      f"{e['busy_over_quiet']:.3f} | (waited for a core: {waits}) |")
+    if "fixed_work" in result:
+        e = result["fixed_work"]
+        lines.append(f"| (the hardware) | a fixed interpreter loop, rounds | {e['quiet_median']:,.0f} | "
+                     f"{e['busy_median']:,.0f} | {e['busy_over_quiet']:.3f} | |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,11 @@
 """Costs in CPU time hold beside other work: a calibration beside a busy loop per core agrees with the same
 calibration on a quiet host (medians of three), where the rate by the clock does not; and a `stoker run`'s
-workers say how long they waited for a core. Busy loops are real spinning processes."""
+workers say how long they waited for a core. Busy loops are real spinning processes.
+
+What a busy hyperthread sibling or a lower all-core clock takes from a core, no CPU clock sees: a fixed
+loop of interpreter work, measured beside each calibration, shows what the hardware lost, and the
+calibration may fall that far and no further (on the machines we develop on it loses nothing; a CI
+host once lost about a tenth on the BERT case, twice, where the crop held)."""
 
 from __future__ import annotations
 
@@ -12,18 +17,19 @@ import sys
 
 import pytest
 
-from benchmarks.stability import AGREE, _clocked, _pinned, busy_loops
+from benchmarks.stability import AGREE, _clocked, _pinned, busy_loops, fixed_work_rate
 from stoker.calibrate import imagenet_rate, wikipedia_rate
 
 SECONDS = 0.8  # CPU-seconds per calibration: long enough to cover many scheduler slices
 
 
-def _quiet_and_busy(measure) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def _quiet_and_busy(measure) -> tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]:
+    """(rate per CPU-second, by the clock, the fixed loop's rate) of three calibrations each way, alternating."""
     quiet, busy = [], []
     for _ in range(3):
-        quiet.append(_clocked(measure))
+        quiet.append((*_clocked(measure), _pinned(fixed_work_rate)()))
         with busy_loops(os.cpu_count() or 2):
-            busy.append(_clocked(measure))
+            busy.append((*_clocked(measure), _pinned(fixed_work_rate)()))
     return quiet, busy
 
 
@@ -36,10 +42,13 @@ def test_a_calibration_per_cpu_second_holds_beside_busy_loops(manifest, wiki_man
     measure = _pinned((lambda: imagenet_rate(manifest, SECONDS)) if case == "mlperf crop"
                       else (lambda: wikipedia_rate(wiki_manifest, SECONDS, seq_len=128, pack=True)))
     quiet, busy = _quiet_and_busy(measure)
-    wall = _median_ratio([w for _, w in quiet], [w for _, w in busy])
+    wall = _median_ratio([w for _, w, _ in quiet], [w for _, w, _ in busy])
     assert wall < 0.8, f"the busy loops took no CPU from the calibration (by the clock {wall:.2f}): it shows nothing"
-    cpu = _median_ratio([c for c, _ in quiet], [c for c, _ in busy])
-    assert abs(cpu - 1) <= AGREE, f"per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f})"
+    cpu = _median_ratio([c for c, _, _ in quiet], [c for c, _, _ in busy])
+    hardware = _median_ratio([h for _, _, h in quiet], [h for _, _, h in busy])
+    assert min(1.0, hardware) - AGREE <= cpu <= 1 + AGREE, (
+        f"per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f}; a fixed loop of interpreter work "
+        f"{hardware:.3f}, what the hardware itself lost)")
 
 
 def test_a_runs_workers_say_how_long_they_waited_for_a_core_beside_busy_loops(manifest, tmp_path):
