@@ -1,6 +1,6 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
 ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel,
-transform_contract, transform_example, stability, plan_check) or all of them.
+transform_contract, transform_example, stability, plan_check, foreign) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
 alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`."""
@@ -12,6 +12,7 @@ from benchmarks import (
     control_plane,
     data_parallel,
     dct_scale,
+    foreign,
     ingest,
     journal_store,
     loader,
@@ -35,13 +36,13 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "dct_scale": dct_scale.main, "restart_index": restart_index.main,
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
               "transform_example": transform_example.main, "stability": stability.main,
-              "plan_check": plan_check.main}
+              "plan_check": plan_check.main, "foreign": foreign.main}
 
 ALONE = {"soak": soak.main}  # never part of `all`
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"
-    counts = [int(a) for a in sys.argv[2:]]  # `soak RUNS`, `stability REPEATS`, `plan_check REPEATS`
+    counts = [int(a) for a in sys.argv[2:]]  # `soak RUNS`, `stability REPEATS`, `plan_check REPEATS`, `foreign ROUNDS`
     if name in ALONE:
         raise SystemExit(ALONE[name](*counts))
     if name != "all" and name not in BENCHMARKS:
