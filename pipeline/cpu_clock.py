@@ -14,6 +14,7 @@ wait is reported as not measured, never as zero.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,44 @@ def run_delay_s(schedstat: Path = Path("/proc/thread-self/schedstat")) -> float 
     runnable time it waited means what it says (a sum over the process's threads would count a
     throttled period once per idle helper thread). None where the kernel does not say."""
     try:
-        return int(schedstat.read_bytes().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
+        return _run_delay(schedstat.read_bytes())
+    except OSError:
         return None
+
+
+def _run_delay(schedstat: bytes) -> float | None:
+    try:
+        return int(schedstat.split()[1]) / 1e9
+    except (IndexError, ValueError):
+        return None
+
+
+class _KernelFile:
+    """A /proc or /sys file kept open and read again from its start (os.pread): a worker reads two of
+    them per batch, and opening each anew cost about 1% of a text worker's CPU. The fd of
+    /proc/thread-self/... stays the opening thread's. `read()` is None once the file fails."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.fd: int | None = None
+        if path is not None:
+            try:
+                self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.fd = None
+
+    def read(self) -> bytes | None:
+        if self.fd is None:
+            return None
+        try:
+            return os.pread(self.fd, 4096, 0)
+        except OSError:
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _cgroup_cpu_stat() -> Path | None:
@@ -58,12 +94,21 @@ def throttled_periods(stat: Path | None) -> int | None:
     if stat is None:
         return None
     try:
-        for line in stat.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "nr_throttled":
-                return int(value)
-    except (OSError, ValueError):
+        return _nr_throttled(stat.read_bytes())
+    except OSError:
         return None
+
+
+def _nr_throttled(stat: bytes | None) -> int | None:
+    if stat is None:
+        return None
+    for line in stat.decode(errors="replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "nr_throttled":
+            try:
+                return int(value)
+            except ValueError:
+                return None
     return None
 
 
@@ -82,15 +127,24 @@ class CpuAccount:
     was made), so the batches it sends add up to all of its CPU, leasing and waiting for credit included."""
 
     def __init__(self) -> None:
-        self._stat = _cgroup_cpu_stat()
-        self._cpu = stage_clock()
-        self._delay = run_delay_s()
-        self._throttled = throttled_periods(self._stat)
+        """Made by the thread that makes the batches: its run delay is the one read."""
+        self._schedstat = _KernelFile(Path("/proc/thread-self/schedstat"))
+        self._stat = _KernelFile(_cgroup_cpu_stat())
+        self._cpu, self._delay, self._throttled = self._now()
+
+    def _now(self) -> tuple[float, float | None, int | None]:
+        schedstat = self._schedstat.read()
+        return (stage_clock(), _run_delay(schedstat) if schedstat is not None else None,
+                _nr_throttled(self._stat.read()))
 
     def take(self) -> BatchCost:
-        cpu, delay, throttled = stage_clock(), run_delay_s(), throttled_periods(self._stat)
+        cpu, delay, throttled = self._now()
         cost = BatchCost(cpu - self._cpu,
                          delay - self._delay if delay is not None and self._delay is not None else None,
                          throttled is not None and self._throttled is not None and throttled > self._throttled)
         self._cpu, self._delay, self._throttled = cpu, delay, throttled
         return cost
+
+    def close(self) -> None:
+        self._schedstat.close()
+        self._stat.close()

@@ -1,12 +1,14 @@
 """`stoker calibrate`: what one host core supplies, measured here in under a minute, in CPU time.
 
-One process pinned to one core runs the worker's own batch making: images through a transform
-as a worker runs it (`HostTransform`: the built-in MLPerf train crop at 224 px by default, or
-the one `--transform` names), and BERT examples at length 512 (one sequence per row, as the
-profiles' BERT rates count them, and packed). Each batch is framed and sent over a CURVE
-connection to a sink process on another core, as a worker sends it (stoker.wire_cost): the
-framing, the encryption and the kernel's TCP work are a worker's CPU too. `stoker plan` turns these per-core
-rates into cores, hosts, time-to-train and cost.
+One process pinned to one core makes batches with a worker's own source (workers.sources: the
+same reads, decode, transform, headers and metrics): images through the built-in MLPerf train
+crop at 224 px by default, or the transform `--transform` names, and BERT examples at length 512
+(one sequence per row, as the profiles' BERT rates count them, and packed). Each batch is framed
+and sent over a CURVE connection to a sink process on another core, as a worker sends it
+(stoker.wire_cost): the framing, the encryption and the kernel's TCP work are a worker's CPU
+too. What it leaves out is the worker's lease loop (leases, credit, waits), a few percent of a
+text worker (docs/ratio.md). `stoker plan` turns these per-core rates into cores, hosts,
+time-to-train and cost.
 
 The file keeps one image rate per transform, with its name, parameters and version, because a
 team's own augmentation can cost several times the built-in crop: `stoker plan --transform X`
@@ -23,20 +25,20 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.cpu_clock import stage_clock
-from pipeline.job import JOB_DEFAULTS
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardReader
-from pipeline.text.batching import TextUnitSource, unit_text_batches
-from pipeline.text.docs import read_doc_shard
-from pipeline.text.examples import Specials, TextConfig
-from pipeline.text.vocab import Vocab
+from prometheus_client import CollectorRegistry
+
+from pipeline.cpu_clock import CpuAccount, stage_clock
+from pipeline.job import JOB_DEFAULTS, JobConfig
+from pipeline.shards import Manifest
+from pipeline.text.examples import TextConfig
 from pipeline.transforms import parse_params, resolve
 from stoker.planning import transform_key
 from stoker.wire_cost import WireSink
+from workers.metrics import WorkerMetrics
+from workers.sources import Outgoing, make_source
 
 BATCH = 64
+EPOCHS = 1_000_000  # of a job whose batches are timed for some seconds: more than any time box reaches
 SENT = "framed and sent over CURVE, "  # what a rate measured with the wire says it counts
 PACKED = "wikipedia_packed"  # the calibration's entry for BERT with --pack (`stoker plan --pack`)
 DEFAULT_TRANSFORM = "train"  # what `stoker run` runs by default: MLPerf's random-resized crop + flip at 224 px
@@ -59,36 +61,40 @@ def _timed(batches, seconds: float, count) -> float:
     return made / (stage_clock() - started)
 
 
-def _epochs(manifest: Manifest, unit_size: int):
-    """Units of as many epochs as the time box needs."""
-    epoch = 0
-    while True:
-        yield from EpochPlan(manifest, unit_size, epoch + 1, 0).units(epoch)
-        epoch += 1
+def _worker_batches(manifest: Manifest, job: JobConfig, sink: WireSink | None) -> Iterator[Outgoing]:
+    """The batches a worker process makes of `job` (its own source, workers.sources), each framed and
+    sent to `sink` as the worker sends it, its CPU taken and its metrics counted as there: one way
+    to make a batch, so that the calibration costs what a worker costs. As many epochs as asked for."""
+    source = make_source(manifest, job)
+    plan = job.plan(manifest)
+    metrics = WorkerMetrics(CollectorRegistry())
+    account = CpuAccount()
+    try:
+        for epoch in range(job.epochs):
+            for unit in plan.units(epoch):
+                for batch in source.batches(unit):
+                    if sink is not None:
+                        sink.send(batch.header, batch.tensors)
+                    account.take()
+                    batch.observe(metrics)
+                    yield batch
+    finally:
+        account.close()
+
+
+def _job(manifest: Manifest, **fields) -> JobConfig:
+    """A job as `stoker run` would make it, with batches of BATCH and epochs enough for any time box."""
+    return JobConfig(manifest_uri=manifest.uri, batch_size=BATCH, epochs=EPOCHS, **fields)
 
 
 def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "",
                   wire: bool = True) -> float:
     """Images per CPU-second of `transform` (a name as `--transform` takes it) on the calling core;
     `wire`: each batch also framed and sent over CURVE as a worker sends it (stoker.wire_cost)."""
-    readers: dict[int, ShardReader] = {}
-    work = HostTransform(resolve(transform, parse_params(params)).transform, name=transform,
-                         timeout_s=JOB_DEFAULTS["transform_timeout_s"])  # as a worker runs it
-
-    def reader_of(shard: int) -> ShardReader:
-        if shard not in readers:
-            readers[shard] = manifest.open_shard(shard)
-        return readers[shard]
-
-    def batches(sink: WireSink | None):
-        for unit in _epochs(manifest, BATCH * 4):
-            for batch in unit_batches(reader_of, unit, work, BATCH, 0):
-                if sink is not None:
-                    sink.send({**batch.tensors, "label": batch.labels}, len(batch.sample_ids))
-                yield batch
-
+    job = _job(manifest, transform=transform, transform_params=params,
+               transform_timeout_s=JOB_DEFAULTS["transform_timeout_s"])
     with _wire(wire) as sink:
-        return _timed(batches(sink), seconds, lambda b: len(b.sample_ids))
+        return _timed(_worker_batches(manifest, job, sink), seconds, lambda b: len(b.header.sample_ids))
 
 
 @contextlib.contextmanager
@@ -111,28 +117,16 @@ def wikipedia_entry(manifest: Manifest, seconds: float, seq_len: int = 512, pack
                     wire: bool = True) -> dict:
     """wikipedia_rate's figure with what it measured and the sequences a row carried (1 unpacked): the
     plan counts sequences, a device steps rows."""
-    vocab = Vocab.load(manifest.relative_uri(manifest.vocab))
-    specials = Specials.of(vocab)
-    cfg = TextConfig(seq_len=seq_len, pack=pack)
-    sources = [TextUnitSource(read_doc_shard(manifest.shard_uri(i), manifest.shards[i], vocab.size), cfg,
-                              specials, 0) for i in range(len(manifest.shards))]
-
-    def batches(sink: WireSink | None):
-        for unit in _epochs(manifest, 256):
-            for batch in unit_text_batches(sources.__getitem__, unit, cfg, 0, BATCH):
-                if sink is not None:
-                    sink.send(batch.tensors, batch.rows)
-                yield batch
-
+    job = _job(manifest, dataset="wikipedia", text=TextConfig(seq_len=seq_len, pack=pack))
     made = {"rows": 0, "sequences": 0}
 
-    def count(batch) -> int:
-        made["rows"] += batch.rows
-        made["sequences"] += batch.sequences
-        return batch.sequences
+    def count(batch: Outgoing) -> int:
+        made["rows"] += batch.header.rows
+        made["sequences"] += batch.header.text.sequences
+        return batch.header.text.sequences
 
     with _wire(wire) as sink:
-        rate = _timed(batches(sink), seconds, count)
+        rate = _timed(_worker_batches(manifest, job, sink), seconds, count)
     packing = "packed" if pack else "one sequence per row"
     return {"per_core_rate": rate, "unit": "sequences per CPU-second", "clock": "cpu",
             "sequences_per_row": made["sequences"] / max(made["rows"], 1),

@@ -22,6 +22,7 @@ import zmq
 
 from protos import stoker_pb2 as pb
 from protos.framing import encode_tensors
+from workers.sender import COPY_BELOW
 
 START_S = 30.0  # for the sink to say its port
 SEND_S = 10.0  # for one batch to leave
@@ -86,6 +87,7 @@ class WireSink:
         public, secret = zmq.curve_keypair()
         self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = server_public, public, secret
         self.sock.sndhwm, self.sock.sndtimeo, self.sock.linger = HWM, int(SEND_S * 1000), 0
+        self.sock.copy_threshold = COPY_BELOW  # as a worker's data socket
         self.sock.connect(f"tcp://127.0.0.1:{port}")
         _unpin_other_threads()
         return self
@@ -105,14 +107,15 @@ class WireSink:
             raise SinkError(f"the calibration's sink did not start (it said {line!r})")
         return int(line)
 
-    def send(self, tensors: dict[str, np.ndarray], rows: int) -> None:
-        """Frame `tensors` as a worker does and send them; raises SinkError past SEND_S."""
+    def send(self, header: pb.BatchHeader, tensors: dict[str, np.ndarray]) -> None:
+        """Frame a batch as a worker does (its header's frames filled in, inside a DataMessage) and send
+        it; raises SinkError past SEND_S."""
         assert self.sock is not None, "use WireSink as a context manager"
-        header = pb.BatchHeader(rows=rows)
         frames = encode_tensors(header, tensors, checksum=self.checksum)
+        message = pb.DataMessage(batch=header).SerializeToString()
         try:
             # numpy's stubs give ndarray its buffer protocol only from Python 3.12; it has one on 3.11
-            self.sock.send_multipart([header.SerializeToString(), *frames], copy=False)  # type: ignore[list-item]
+            self.sock.send_multipart([message, *frames], copy=False)  # type: ignore[list-item]
         except zmq.Again:
             raise SinkError(f"the calibration's sink took no batch for {SEND_S:g} s") from None
 

@@ -290,6 +290,7 @@ class _LeaseLoop:
         for sender in self.senders.values():
             sender.close()
         self.control.close()
+        self.cpu.close()
         self.ctx.term()
 
 

@@ -49,3 +49,18 @@ def test_throttling_is_read_from_the_cgroups_cpu_stat(tmp_path):
     assert throttled_periods(stat) == 29
     stat.write_text("usage_usec 10\n")
     assert throttled_periods(stat) is None
+
+
+def test_a_kernel_file_is_read_again_from_its_start_and_a_missing_one_says_none(tmp_path):
+    from pipeline.cpu_clock import _KernelFile
+
+    stat = tmp_path / "cpu.stat"
+    stat.write_text("nr_periods 10\nnr_throttled 3\n")
+    kept = _KernelFile(stat)
+    assert kept.read() == b"nr_periods 10\nnr_throttled 3\n"
+    stat.write_text("nr_periods 11\nnr_throttled 4\n")  # the same file, rewritten in place
+    assert kept.read() == b"nr_periods 11\nnr_throttled 4\n"
+    kept.close()
+    assert kept.read() is None
+    assert _KernelFile(tmp_path / "absent").read() is None
+    assert _KernelFile(None).read() is None

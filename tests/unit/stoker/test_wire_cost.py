@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from protos import stoker_pb2 as pb
 from stoker import wire_cost
 from stoker.wire_cost import SinkError, WireSink
 
@@ -20,7 +21,7 @@ def test_sending_costs_the_sender_cpu_and_the_sink_takes_every_batch():
     with WireSink() as sink:
         started = time.process_time()
         for _ in range(40):
-            sink.send(_batch(), 64)
+            sink.send(pb.BatchHeader(rows=64), _batch())
         spent = time.process_time() - started
     assert spent > 0.01  # framing, encryption and TCP: CPU of this process (its zmq I/O thread included)
     assert sink.sink is None  # closed: the sink process is gone
@@ -34,5 +35,5 @@ def test_a_sink_that_stops_taking_batches_is_reported_within_the_deadline(monkey
         sink.sink.wait(10)
         started = time.monotonic()
         for _ in range(1000):  # the queue and the socket buffers fill, then a send waits out the deadline
-            sink.send(_batch(), 64)
+            sink.send(pb.BatchHeader(rows=64), _batch())
     assert time.monotonic() - started < 30
