@@ -22,6 +22,7 @@ such cuts (resumed at 8 ranks, then at 6, then at 7 in one epoch) is applied in 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -32,6 +33,7 @@ from pipeline.seeds import derived_rng
 from pipeline.shards import Manifest
 
 _UNIT_ORDER_KEY = "unit-order"
+_CACHE_LOCK = threading.Lock()  # every plan's epoch cache: trims are rare and quick, one lock serves all
 
 
 @dataclass(frozen=True)
@@ -247,9 +249,12 @@ class EpochPlan:
         return self._keep(epoch, tuple(self._make_units(epoch))) if found is None else found
 
     def _keep(self, epoch: int, units: tuple[Unit, ...]) -> tuple[Unit, ...]:
-        self._cache[epoch] = units
-        while len(self._cache) > 4:
-            del self._cache[min(self._cache)]
+        """Under _CACHE_LOCK: a consumer's receive loop and its training thread both ask a plan for units,
+        and trimming the cache iterates it (min) while the other thread may insert."""
+        with _CACHE_LOCK:
+            self._cache[epoch] = units
+            while len(self._cache) > 4:
+                del self._cache[min(self._cache)]
         return units
 
     def units_stepwise(self, epoch: int) -> Iterator[Unit]:

@@ -9,6 +9,7 @@ host once lost about a tenth on the BERT case, twice, where the crop held)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -51,16 +52,39 @@ def test_a_calibration_per_cpu_second_holds_beside_busy_loops(manifest, wiki_man
         f"{hardware:.3f}, what the hardware itself lost)")
 
 
-def test_a_runs_workers_say_how_long_they_waited_for_a_core_beside_busy_loops(manifest, tmp_path):
-    out = tmp_path / "summary.json"
-    with busy_loops(os.cpu_count() or 2):
-        done = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "2",
-                               "--batch-size", "16", "--json", str(out), "--no-progress", "--accel", "null",
-                               "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
-                               "--metrics-port", "-1", "--worker-metrics-port", "-1"],
-                              capture_output=True, text=True, timeout=180)
+def _run(manifest, out) -> tuple[dict, str]:
+    """One `stoker run` of two epochs at its defaults but for a device that never steps: (its summary, stdout)."""
+    done = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "2",
+                           "--batch-size", "16", "--json", str(out), "--no-progress", "--accel", "null",
+                           "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                           "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
-    summary = json.loads(out.read_text())
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_a_runs_workers_say_how_long_they_waited_for_a_core_beside_busy_loops(manifest, tmp_path):
+    with busy_loops(os.cpu_count() or 2):
+        summary, stdout = _run(manifest, tmp_path / "summary.json")
     # two worker processes, a consumer and two spinning loops on two cores: the workers wait for a core
     assert summary["cpu_wait_fraction"] > 0.2, summary["stage_seconds"]
-    assert summary["per_core_rate"] > 100 and "waited for a core" in done.stdout
+    assert summary["per_core_rate"] > 100 and "waited for a core" in stdout
+
+
+def test_a_runs_rate_per_cpu_second_holds_beside_busy_loops(manifest, tmp_path):
+    """`stoker run`'s per-core rate (rows per CPU-second of its workers) beside a busy loop per core agrees
+    with a quiet run's, medians of three, alternating; by the clock the busy runs take far longer."""
+    runs: dict[str, list[tuple[float, float, float]]] = {"quiet": [], "busy": []}
+    for index in range(3):
+        for kind in ("quiet", "busy"):
+            with busy_loops(os.cpu_count() or 2) if kind == "busy" else contextlib.nullcontext():
+                summary, _ = _run(manifest, tmp_path / f"{kind}{index}.json")
+                runs[kind].append((summary["per_core_rate"], summary["rows_per_s"], _pinned(fixed_work_rate)()))
+    quiet, busy = runs["quiet"], runs["busy"]
+    wall = _median_ratio([w for _, w, _ in quiet], [w for _, w, _ in busy])
+    assert wall < 0.8, f"the busy loops took no CPU from the runs (by the clock {wall:.2f}): it shows nothing"
+    cpu = _median_ratio([c for c, _, _ in quiet], [c for c, _, _ in busy])
+    hardware = _median_ratio([h for _, _, h in quiet], [h for _, _, h in busy])
+    assert min(1.0, hardware) - AGREE <= cpu <= 1 + AGREE, (
+        f"per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f}; a fixed loop of interpreter work "
+        f"{hardware:.3f}): {runs}")

@@ -1,5 +1,8 @@
 """The epoch plan (one stream per rank) and whole-batch building from a unit."""
 
+import sys
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -187,3 +190,33 @@ def test_a_job_resumed_at_other_world_sizes_steps_every_sample_of_the_epoch_once
         assert sorted(stepped + left) == expected
     assert plan.units(epoch + 1) == EpochPlan(manifest, batch * unit_batches, 3, 7, worlds[-1], batch,
                                               drop_last).units(epoch + 1)  # later epochs: the new world size's
+
+
+def test_a_plan_asked_for_units_from_two_threads_keeps_its_cache_whole(manifest):
+    """A consumer's receive loop and its training thread share one plan. Two threads keeping epochs in its
+    cache at once (each keep trims it to four: the oldest found, then deleted) raise nothing, and the plan
+    still answers every epoch with its own units."""
+    plan = EpochPlan(manifest, 16, 50_000, 7)
+    failures: list[BaseException] = []
+
+    def keep(epochs: range) -> None:
+        try:
+            for epoch in epochs:
+                plan._keep(epoch, ())
+        except BaseException as exc:  # noqa: BLE001 - the thread's failure is the test's
+            failures.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter will: a race shows
+    try:
+        threads = [threading.Thread(target=keep, args=(range(start, 50_000, 2),)) for start in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish in 120 s"
+    assert not failures, failures
+    assert len(plan._cache) <= 4
+    assert list(plan.units(3)) == list(EpochPlan(manifest, 16, 50_000, 7).units(3))
