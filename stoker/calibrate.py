@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import time
@@ -161,8 +162,29 @@ def _pinned(measure):
 
 
 def load(path: Path) -> dict:
-    """A calibration file, or an empty one where there is none yet."""
-    return json.loads(path.read_text()) if path.exists() else {}
+    """A calibration file, or an empty one where there is none yet; ValueError naming the file when it
+    cannot be read or is not a calibration (a JSON object)."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it as a calibration ({exc.__class__.__name__}: {exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not a calibration (not JSON: {exc}); run `stoker calibrate` again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a calibration (a JSON object of rates, not {type(data).__name__}); "
+                         "run `stoker calibrate` again")
+    return data
+
+
+def checked_rate(entry: object, name: str, where: str) -> float:
+    """An entry's per_core_rate, a finite positive number; ValueError naming the file and entry otherwise."""
+    rate = entry.get("per_core_rate") if isinstance(entry, dict) else None
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"{where}: {name}'s per_core_rate is {rate!r}, not a positive number; run `stoker "
+                         "calibrate` again, or pass --per-core-rate")
+    return float(rate)
 
 
 def _write(out: Path | None, result: dict) -> None:
@@ -223,11 +245,12 @@ def calibration_notes(entry: dict, calibration: dict, where: str) -> list[str]:
 def transform_rate(calibration: dict, transform: str, params: str = "", where: str = "the calibration") -> dict:
     """The entry of `transform` in a calibration; ValueError saying how to measure it when there is none."""
     key = transform_key(transform, params)
-    found = calibration.get("transforms", {}).get(key)
+    kept = calibration.get("transforms", {})
+    found = kept.get(key) if isinstance(kept, dict) else None
     if found is None and key == DEFAULT_TRANSFORM and "imagenet" in calibration:
         found = calibration["imagenet"]  # written before rates were kept per transform: the train crop at 224
     if found is None:
-        known = ", ".join(sorted(calibration.get("transforms", {}))) or "none"
+        known = ", ".join(sorted(kept)) if isinstance(kept, dict) and kept else "none"
         given = f" --transform-params '{parse_params(params)}'" if parse_params(params) else ""
         command = "stoker calibrate" if key == DEFAULT_TRANSFORM else f"stoker calibrate --transform {transform}{given}"
         raise ValueError(f"{where} has no rate for transform {key} (it has: {known}); measure one on a worker host "

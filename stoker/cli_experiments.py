@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from stoker.flags import POSITIVE, SECONDS, float_in
@@ -141,7 +142,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict[str, float]:
     """Each dataset's rate from the sweeps or the calibration; images at the --transform asked for."""
-    from stoker.calibrate import PACKED, calibration_notes, load, rate_text, transform_rate
+    from stoker.calibrate import PACKED, calibration_notes, checked_rate, load, rate_text, transform_rate
     from stoker.sweep import load_points, per_core_rate
 
     if args.sweep:
@@ -164,6 +165,7 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
         raise ValueError(f"{path} does not exist: run `stoker calibrate` first, or pass --sweep DIR or --per-core-rate")
     data, rates = load(path), {}
     for dataset in datasets:
+        name = dataset
         if dataset == "imagenet":
             entry = transform_rate(data, args.plan_transform or "train", args.plan_transform_params, str(path))
             if args.plan_transform:
@@ -176,9 +178,9 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
                                  "not), or pass --per-core-rate")
             entry = data[name]
             args.samples_per_row = entry.get("sequences_per_row", 1.0)
+        rates[dataset] = checked_rate(entry, name if dataset != "imagenet" else _asked(args), str(path))
         for line in calibration_notes(entry, data, str(path)):
             print(f"note: {line}")
-        rates[dataset] = entry["per_core_rate"]
     return rates
 
 
@@ -201,6 +203,9 @@ def _plan_datasets(args: argparse.Namespace) -> tuple[str, ...]:
     return ("imagenet", "wikipedia") if args.dataset == "both" else ("imagenet",)
 
 
+MIN_CHECK_CORES = 0.01  # a CFS quota of 1 ms per 100 ms period, the kernel's least
+
+
 def _check_flags(args: argparse.Namespace, datasets: tuple[str, ...]) -> None:
     """What --check and --pack cannot do, refused before anything runs."""
     if args.pack and "wikipedia" not in datasets:
@@ -213,6 +218,11 @@ def _check_flags(args: argparse.Namespace, datasets: tuple[str, ...]) -> None:
         raise ValueError("--check runs one job: give --dataset imagenet or --dataset wikipedia")
     if args.compare:
         raise ValueError("--check checks the per-core rate, the same for every system: leave out --compare")
+    if args.check_cores is not None:
+        free = (os.cpu_count() or 1) - 1  # the lab's consumer and simulated device run beside the host under test
+        if not MIN_CHECK_CORES <= args.check_cores <= free:
+            raise ValueError(f"--check-cores {args.check_cores:g}: the lab can give a host {MIN_CHECK_CORES:g} to "
+                             f"{free} core(s) here ({os.cpu_count()} cores, one kept for the consumer)")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -332,6 +332,9 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     answer = data["cores"] = cores_answer(s, accel, transform)
     if answer is not None:
         print(cores_line(answer))
+        if data.get("cores_needed") is not None:  # one figure per question: the answer's, at this run's scale
+            scale = accel.scale if accel is not None and accel.profile else 1.0
+            data["cores_needed"] = answer["cores_needed"] * scale * len(ranks)
     failure = nothing_delivered(ranks)
     if failure:
         data["failed"] = failure

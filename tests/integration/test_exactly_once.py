@@ -270,6 +270,8 @@ def test_stoker_run_cli_writes_the_summary(manifest, tmp_path):
     assert (cores["transform"], cores["accelerator"], cores["accelerator_rate"]) == ("train", "a full-size a100", 2500)
     assert cores["per_core_rate"] == summary["per_core_rate"] and 100 < cores["per_core_rate"]
     assert cores["cores_needed"] == pytest.approx(2500 / cores["per_core_rate"])
+    # the top-level figure is the same answer for this run's device (an A100 at 4%): one figure, scaled
+    assert summary["cores_needed"] == pytest.approx(0.04 * cores["cores_needed"])
     low, high = cores["per_core_spread"]
     assert low <= cores["per_core_rate"] <= high
     lines = result.stdout.strip().splitlines()

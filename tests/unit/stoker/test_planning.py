@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -104,6 +105,9 @@ def test_plan_check_and_pack_are_refused_where_they_cannot_work(tmp_path):
                       (["--check", "--dataset", "imagenet", "--compare", "a100,h100"], "leave out --compare"),
                       (["--pack", "--dataset", "imagenet"], "--pack packs BERT rows"),
                       (["--dataset", "imagenet", "--check-cores", "1"], "belong to --check"),
+                      (["--check", "--dataset", "imagenet", "--check-cores", str(os.cpu_count())],
+                       "one kept for the consumer"),  # more than the lab can give a host
+                      (["--check", "--dataset", "imagenet", "--check-cores", "0.0001"], "the lab can give a host"),
                       (["--dataset", "wikipedia", "--pack"], "has no wikipedia_packed rate"),
                       (["--dataset", "wikipedia", "--pack", "--check", "--per-core-rate", "900"],
                        "sequences per row from the calibration")):
@@ -124,3 +128,20 @@ def test_every_profile_names_its_source_and_what_decoding_on_the_accelerator_cha
         assert profile.source and profile.decode_on_accelerator, profile.name
     assert all(PROFILES[name].rates for name in ("h100", "h200", "b200"))
     assert PROFILES["b200"].rates == {f: 2 * r for f, r in PROFILES["h100"].rates.items()}
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"\xff\xfe", "cannot read it as a calibration"),
+    (b"[1, 2]", "not list"),
+    (b'{"imagenet": {"per_c', "not JSON"),
+    (b'{"imagenet": {"per_core_rate": "fast"}}', "per_core_rate is 'fast', not a positive number"),
+    (b'{"imagenet": {"per_core_rate": NaN}}', "per_core_rate is nan"),
+    (b'{"imagenet": {"per_core_rate": -5}}', "per_core_rate is -5"),
+    (b'{"transforms": [1], "imagenet": 3}', "per_core_rate is None"),
+])
+def test_a_broken_calibration_file_is_one_line_naming_it(tmp_path, content, why):
+    cal = tmp_path / "cal.json"
+    cal.write_bytes(content)
+    out = _plan("--calibration", str(cal), "--dataset", "imagenet", "--system", "a100")
+    assert out.returncode == 2 and str(cal) in out.stderr and why in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
