@@ -38,18 +38,24 @@ def _median_ratio(quiet: list[float], busy: list[float]) -> float:
     return statistics.median(busy) / statistics.median(quiet)
 
 
+def _assert_agrees(quiet: list[tuple[float, float, float]], busy: list[tuple[float, float, float]], what: str) -> None:
+    """(per CPU-second, by the clock, the fixed loop) quiet and busy: the busy loops took the clock, and the
+    rate per CPU-second fell no further than the fixed loop did, plus AGREE."""
+    wall = _median_ratio([w for _, w, _ in quiet], [w for _, w, _ in busy])
+    assert wall < 0.8, f"the busy loops took no CPU from {what} (by the clock {wall:.2f}): it shows nothing"
+    cpu = _median_ratio([c for c, _, _ in quiet], [c for c, _, _ in busy])
+    hardware = _median_ratio([h for _, _, h in quiet], [h for _, _, h in busy])
+    assert min(1.0, hardware) - AGREE <= cpu <= 1 + AGREE, (
+        f"{what}, per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f}; a fixed loop of interpreter "
+        f"work {hardware:.3f}, what the hardware itself lost): quiet {quiet}, busy {busy}")
+
+
 @pytest.mark.parametrize("case", ["mlperf crop", "bert packed"])
 def test_a_calibration_per_cpu_second_holds_beside_busy_loops(manifest, wiki_manifest, case):
     measure = _pinned((lambda: imagenet_rate(manifest, SECONDS)) if case == "mlperf crop"
                       else (lambda: wikipedia_rate(wiki_manifest, SECONDS, seq_len=128, pack=True)))
     quiet, busy = _quiet_and_busy(measure)
-    wall = _median_ratio([w for _, w, _ in quiet], [w for _, w, _ in busy])
-    assert wall < 0.8, f"the busy loops took no CPU from the calibration (by the clock {wall:.2f}): it shows nothing"
-    cpu = _median_ratio([c for c, _, _ in quiet], [c for c, _, _ in busy])
-    hardware = _median_ratio([h for _, _, h in quiet], [h for _, _, h in busy])
-    assert min(1.0, hardware) - AGREE <= cpu <= 1 + AGREE, (
-        f"per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f}; a fixed loop of interpreter work "
-        f"{hardware:.3f}, what the hardware itself lost)")
+    _assert_agrees(quiet, busy, "the calibration")
 
 
 def _run(manifest, out) -> tuple[dict, str]:
@@ -80,11 +86,4 @@ def test_a_runs_rate_per_cpu_second_holds_beside_busy_loops(manifest, tmp_path):
             with busy_loops(os.cpu_count() or 2) if kind == "busy" else contextlib.nullcontext():
                 summary, _ = _run(manifest, tmp_path / f"{kind}{index}.json")
                 runs[kind].append((summary["per_core_rate"], summary["rows_per_s"], _pinned(fixed_work_rate)()))
-    quiet, busy = runs["quiet"], runs["busy"]
-    wall = _median_ratio([w for _, w, _ in quiet], [w for _, w, _ in busy])
-    assert wall < 0.8, f"the busy loops took no CPU from the runs (by the clock {wall:.2f}): it shows nothing"
-    cpu = _median_ratio([c for c, _, _ in quiet], [c for c, _, _ in busy])
-    hardware = _median_ratio([h for _, _, h in quiet], [h for _, _, h in busy])
-    assert min(1.0, hardware) - AGREE <= cpu <= 1 + AGREE, (
-        f"per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f}; a fixed loop of interpreter work "
-        f"{hardware:.3f}): {runs}")
+    _assert_agrees(runs["quiet"], runs["busy"], "the runs")
