@@ -9,7 +9,10 @@ in wall seconds (protos StageSeconds), so the rules hold on a host that other wo
   conversion/copy cannot keep up: **device_copy**;
 - the workers waited CONTENDED of their runnable time for a core: **throttled** when most of
   that was under a cgroup CPU quota, else **contention** (other processes took the CPU), unless
-  they waited longer still for shard reads;
+  they waited longer still for shard reads, or most of the wait was on hosts that run more worker
+  processes than the cores they report (affinity or quota), and no more than 1 - cores/processes
+  (plus CONTENDED) there: processes waiting for each other are workers short of cores, named as
+  below;
 - the workers wait STORAGE_WAIT of their time for shard reads: **storage**;
 - the workers are busy (CPU) WORKERS_BUSY of their time: they are short of cores, and their
   largest stage (**decode**, **augment** or **read**; text: **examples** or **pack**) is named;
@@ -66,6 +69,10 @@ class Totals:
     throttled_wait_s: float = 0.0  # ... of which under a throttling cgroup CPU quota
     cpu_wait_batches: int = 0  # batches whose CPU wait was measured
     read_wait_s: float = 0.0  # workers waiting for reads beyond their CPU
+    host_cpu_s: dict[str, float] = field(default_factory=dict)  # cpu_s by host
+    host_cpu_wait_s: dict[str, float] = field(default_factory=dict)  # cpu_wait_s by host
+    host_cores: dict[str, float] = field(default_factory=dict)  # the cores a host's workers may run on (reported)
+    host_procs: dict[str, int] = field(default_factory=dict)  # the worker processes a host runs (reported)
 
 
 @dataclass
@@ -115,16 +122,23 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     device = f"the device waits {100 * stall:.0f}% of the time"
     # a slow store beside busy neighbours: both waits are real, and the longer one is what bounds the job
     storage_bound = worker_time > 0 and read_wait / worker_time >= STORAGE_WAIT
+    oversubscribed = _oversubscribed(old, new, cpu_wait)
     if stall < STALL_OK:
         stage, detail = "compute", f"the device waits {100 * stall:.1f}% of the time"
     elif new.queue_depth > 0 and old.queue_depth > 0:
         stage, detail = "device_copy", f"{device} while batches queue on the consumer: conversion/copy is the limit"
-    elif contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait):
+    elif (contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait)
+          and (new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait or not oversubscribed.waited_most)):
         quota = new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait
         stage = "throttled" if quota else "contention"
         detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core: "
                   + ("their cgroup's CPU quota throttled them (raise the quota)" if quota else
                      "other processes on their hosts take the CPU (give the workers cores of their own)"))
+    elif contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait):
+        stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
+        detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core, most for each other: "
+                  f"{oversubscribed.text}: processes beyond the cores add no CPU, so the workers are short of cores "
+                  f"({cores_needed:.2f} needed, {cores_in_use:.2f} busy: add cores or hosts, not processes)")
     elif storage_bound:
         stage, detail = "storage", (f"{device}; workers wait for shard reads {100 * read_wait / worker_time:.0f}% "
                                     f"of their time: storage is the limit (a faster store, the shard cache, or "
@@ -145,6 +159,32 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     if contended is None and stage != "compute":
         detail += " (the workers' wait for a core is not measured on their hosts)"
     return Diagnosis(stage, stall, cores_in_use, cores_needed, shares, detail, contended)
+
+
+@dataclass
+class Oversubscribed:
+    """Hosts that run more worker processes than they give them cores: there the processes wait for each
+    other, 1 - cores/processes of their runnable time, with no neighbour to blame."""
+
+    waited_most: bool  # most of the window's wait for a core was on such hosts, and no more than they explain
+    text: str  # "4 processes on 2 cores of host0 (each waits 50% for the others)", for the diagnosis
+
+
+def _oversubscribed(old: Totals, new: Totals, cpu_wait: float) -> Oversubscribed:
+    found: list[str] = []
+    waited = 0.0
+    for host, procs in sorted(new.host_procs.items()):
+        cores = new.host_cores.get(host, 0.0)
+        if not 0 < cores < procs:
+            continue
+        own = 1 - cores / procs  # the share of runnable time P processes on C cores wait for each other
+        busy = new.host_cpu_s.get(host, 0.0) - old.host_cpu_s.get(host, 0.0)
+        wait = new.host_cpu_wait_s.get(host, 0.0) - old.host_cpu_wait_s.get(host, 0.0)
+        if busy + wait > 0 and wait / (busy + wait) <= own + CONTENDED:  # much more: neighbours take the rest
+            found.append(f"{procs} processes on {cores:g} cores of {host} (each waits {100 * own:.0f}% for the others)")
+            waited += wait
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more hosts" if len(found) > 3 else "")
+    return Oversubscribed(cpu_wait > 0 and waited >= 0.5 * cpu_wait, shown)
 
 
 class BottleneckMonitor:
@@ -229,9 +269,13 @@ def read_status(metrics_url: str) -> dict:
     except OSError as exc:
         raise OSError(f"cannot read {metrics_url}: {exc} (is a consumer running? pass --metrics URL)") from exc
     values: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values.setdefault(sample.name, {})[json.dumps(sample.labels, sort_keys=True)] = sample.value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values.setdefault(sample.name, {})[json.dumps(sample.labels, sort_keys=True)] = sample.value
+    except ValueError as exc:  # the parser's own words name a line of a page that is not metrics
+        raise ValueError(f"{metrics_url} is not a Prometheus metrics page ({str(exc)[:120]}): pass a Stoker "
+                         f"consumer's /metrics URL with --metrics") from exc
     failure = next((json.loads(k)["reason"] for k, v in values.get("stoker_job_failed", {}).items() if v == 1), "")
     stalled = stall_lines(values)
     if "stoker_bottleneck_info" not in values and (failure or stalled):  # a `stoker dispatch`'s metrics

@@ -152,7 +152,11 @@ class Consumer:
                       cpu_wait_s=stages.cpu_wait if stages else 0.0,
                       throttled_wait_s=stages.throttled_wait if stages else 0.0,
                       cpu_wait_batches=stages.cpu_wait_batches if stages else 0,
-                      read_wait_s=stages.read_wait if stages else 0.0)
+                      read_wait_s=stages.read_wait if stages else 0.0,
+                      host_cpu_s=dict(stages.host_cpu) if stages else {},
+                      host_cpu_wait_s=dict(stages.host_cpu_wait) if stages else {},
+                      host_cores=dict(stages.host_cores) if stages else {},
+                      host_procs=dict(stages.host_procs) if stages else {})
 
     def books(self) -> Books:
         """What the books hold once every step handed back so far is settled (for the summary)."""

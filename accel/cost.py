@@ -60,4 +60,9 @@ def cores_text(cores: float) -> str:
         return "0"
     if cores < 1:
         return f"{cores:.2g}"
-    return f"{cores:.1f}" if cores < 10 else f"{cores:.0f}"
+    return f"{cores:.1f}" if cores < 10 else f"{cores:,.0f}"
+
+
+def rate_figure(rate: float) -> str:
+    """A rate sized to its value: 1,160 as is, 0.5 as 0.5 (not 0), a nonsense 1e-9 as 1e-09."""
+    return f"{rate:,.0f}" if rate >= 10 or rate == 0 else f"{rate:.2g}"

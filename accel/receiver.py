@@ -107,6 +107,10 @@ class StageTotals:
     cpu_wait: float = 0.0  # runnable without a core, over the batches where it was measured
     throttled_wait: float = 0.0  # ... of which in batches made while a cgroup CPU quota throttled them
     cpu_wait_batches: int = 0  # batches whose CPU wait was measured
+    host_cpu: dict[str, float] = field(default_factory=dict)  # the whole CPU, by host
+    host_cpu_wait: dict[str, float] = field(default_factory=dict)  # the measured wait for a core, by host
+    host_cores: dict[str, float] = field(default_factory=dict)  # the cores a host's worker processes may run on
+    host_procs: dict[str, int] = field(default_factory=dict)  # the worker processes a host's daemon runs
     receive: float = 0.0
     transit: float = 0.0  # worker sent -> consumer received, summed over batches (one clock in the lab)
     min_transit: float = float("inf")  # the quickest batch: the link's latency, with nothing queued before it
@@ -340,7 +344,11 @@ class Receiver:
             if stages.throttled:
                 totals.throttled_wait += stages.cpu_wait
             self.metrics.host_cpu_wait.labels(host=peer.host_id).inc(stages.cpu_wait)
+            totals.host_cpu_wait[peer.host_id] = totals.host_cpu_wait.get(peer.host_id, 0.0) + stages.cpu_wait
         self.metrics.host_cpu.labels(host=peer.host_id).inc(stages.cpu)
+        totals.host_cpu[peer.host_id] = totals.host_cpu.get(peer.host_id, 0.0) + stages.cpu
+        if stages.cores > 0 and stages.processes > 0:
+            totals.host_cores[peer.host_id], totals.host_procs[peer.host_id] = stages.cores, stages.processes
         totals.per_core.add(header.rows or samples, stages.cpu)
         if header.created_unix:
             transit = time.time() - header.created_unix  # one clock in the lab; elsewhere the hosts' offset too

@@ -62,6 +62,7 @@ class Summary:
     cpu_wait_fraction: float | None = None  # of the workers' runnable time, waiting for a core; None: not measured
     # text only (None for images): BERT examples and tokens stepped, and padding as sent
     sequences: int | None = None
+    seq_len: int | None = None  # tokens a row holds
     sequences_per_s: float | None = None
     tokens: int | None = None
     tokens_per_s: float | None = None

@@ -172,7 +172,8 @@ class _Loop:
     def _text_fields(self, text: TextTotals, steady: float) -> dict[str, Any]:
         if not self.consumer.job.kind.text:
             return {}
-        return dict(sequences=self.sequences, sequences_per_s=self.sequences / steady, tokens=self.tokens,
+        return dict(sequences=self.sequences, seq_len=self.consumer.job.text.seq_len,
+                    sequences_per_s=self.sequences / steady, tokens=self.tokens,
                     tokens_per_s=self.tokens / steady, padding_fraction=text.padding_fraction,
                     padding_fraction_before_packing=text.padding_fraction_before_packing,
                     masked_fraction=text.masked_tokens / text.real_tokens if text.real_tokens else 0.0,

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stoker.machine import cpu_model
+
 RESULTS = Path(__file__).parent / "results"
 SHARED_WARNING = 0.05  # a core that gave more than this share to others is reported as shared
 
@@ -32,19 +34,6 @@ def versions(*distributions: str) -> dict[str, str]:
     import zmq
 
     return found | {"libzmq": zmq.zmq_version()}
-
-
-def cpu_model() -> str:
-    """The CPU as the guest sees it: model name plus family/model/stepping (a cloud VM's name is often bare)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or platform.machine()
-    return (f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model "
-            f"{fields.get('model', '?')}, stepping {fields.get('stepping', '?')}, {fields.get('cpu MHz', '?')} MHz)")
 
 
 def reference_rate(seconds: float = 0.3) -> float:

@@ -68,8 +68,8 @@ class _KernelFile:
             self.fd = None
 
 
-def _cgroup_cpu_stat() -> Path | None:
-    """This process's cgroup's cpu.stat (cgroup v2, or v1's cpu controller); None where there is none."""
+def _cgroup_cpu_dir() -> Path | None:
+    """This process's cgroup folder for CPU (cgroup v2, or v1's cpu controller); None where there is none."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -77,16 +77,47 @@ def _cgroup_cpu_stat() -> Path | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2: one hierarchy
-            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.stat"
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/")
         elif "cpu" in controllers.split(","):
-            candidate = Path("/sys/fs/cgroup") / controllers / path.lstrip("/") / "cpu.stat"
-            if not candidate.exists():
-                candidate = Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.stat"
+            candidate = Path("/sys/fs/cgroup") / controllers / path.lstrip("/")
+            if not (candidate / "cpu.stat").exists():
+                candidate = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
         else:
             continue
-        if candidate.exists():
+        if (candidate / "cpu.stat").exists():
             return candidate
     return None
+
+
+def _cgroup_cpu_stat() -> Path | None:
+    folder = _cgroup_cpu_dir()
+    return folder / "cpu.stat" if folder is not None else None
+
+
+def _quota_cores(folder: Path) -> float | None:
+    """The CPU quota one cgroup folder sets, in cores (None: none, or unreadable)."""
+    try:
+        if (folder / "cpu.max").exists():  # v2: "max 100000" or "<quota> <period>"
+            quota, period = (folder / "cpu.max").read_text().split()
+            return None if quota == "max" else int(quota) / int(period)
+        quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+        return None if quota_us < 0 else quota_us / int((folder / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cores() -> float:
+    """The cores this process may run on: its CPU affinity, or the tightest CPU quota of its cgroup and
+    the cgroups above it where that is lower. Workers report it, so that a consumer can tell workers that
+    fill their own host (more processes than cores: short of cores) from neighbours taking the CPU."""
+    cores = float(len(os.sched_getaffinity(0)))
+    folder = _cgroup_cpu_dir()
+    while folder is not None and folder != folder.parent and folder.name not in ("cgroup", "cpu", "cpu,cpuacct"):
+        quota = _quota_cores(folder)
+        if quota is not None:
+            cores = min(cores, quota)
+        folder = folder.parent
+    return cores
 
 
 def throttled_periods(stat: Path | None) -> int | None:
@@ -120,6 +151,7 @@ class BatchCost:
     cpu_s: float
     cpu_wait_s: float | None
     throttled: bool
+    cores: float  # the cores the process may run on (usable_cores), read when its account was made
 
 
 class CpuAccount:
@@ -130,6 +162,7 @@ class CpuAccount:
         """Made by the thread that makes the batches: its run delay is the one read."""
         self._schedstat = _KernelFile(Path("/proc/thread-self/schedstat"))
         self._stat = _KernelFile(_cgroup_cpu_stat())
+        self.cores = usable_cores()
         self._cpu, self._delay, self._throttled = self._now()
 
     def _now(self) -> tuple[float, float | None, int | None]:
@@ -141,7 +174,8 @@ class CpuAccount:
         cpu, delay, throttled = self._now()
         cost = BatchCost(cpu - self._cpu,
                          delay - self._delay if delay is not None and self._delay is not None else None,
-                         throttled is not None and self._throttled is not None and throttled > self._throttled)
+                         throttled is not None and self._throttled is not None and throttled > self._throttled,
+                         self.cores)
         self._cpu, self._delay, self._throttled = cpu, delay, throttled
         return cost
 

@@ -18,7 +18,9 @@ anew.
 - A size limit (`CacheConfig.limit_bytes`: `--shard-cache-gb`, or `$STOKER_SHARD_CACHE_GB`):
   before a fetch, copies are removed least recently used first (recency: the access time,
   set on every open) until the shard fits; the fetch's partial file is made its full size at
-  once, so every process counts fetches in flight. Copies open in some process are not removed,
+  once, so every process counts fetches in flight. Reserving, evicting and renaming a partial
+  file into a copy all happen under one lock (`.locks/.evict`), so a count of the cache never
+  sees a shard twice. Copies open in some process are not removed,
   so the cache can exceed the limit by what the processes have open.
 """
 
@@ -154,12 +156,13 @@ class ShardCache:
                     digest, copied = copy_hashed(uri, out)
                     out.truncate(copied)
                 if not sha256 or digest == sha256:
-                    os.replace(partial, target)
+                    with acquire(self.locks / ".evict"):  # a partial becomes a copy where no listing is under way
+                        os.replace(partial, target)
+                        self._make_room(0, keep=target.name)  # a shard larger than its manifest said
                     if sha256:
                         self.markers.mark(target, sha256)
                     _touch(target)
                     self.events["fetched"] += 1
-                    self._make_room(0, keep=target.name)  # a shard larger than its manifest said
                     return
             finally:
                 partial.unlink(missing_ok=True)
@@ -182,8 +185,16 @@ class ShardCache:
         return partial
 
     def usage(self) -> int:
-        """Bytes in the cache: copies and fetches in flight."""
-        return sum(size for _, size, _ in self._copies()) + sum(size for _, size in self._partials())
+        """Bytes in the cache: copies and fetches in flight, read under the eviction lock (shared), under
+        which every change of those sets is made. Its two listings are not one snapshot: without the lock,
+        a fetch's partial file renamed into a copy between them, or a copy evicted and a fetch reserved,
+        is counted twice (the cause of a test that saw three shards in a cache of two, and of evictions
+        of copies that fitted). Not for use under that lock: flock would wait on itself."""
+        if not self.folder.is_dir():
+            return 0
+        self.locks.mkdir(parents=True, exist_ok=True)
+        with acquire(self.locks / ".evict", exclusive=False):
+            return sum(size for _, size, _ in self._copies()) + sum(size for _, size in self._partials())
 
     def _copies(self) -> list[tuple[int, int, Path]]:
         """(access time ns, bytes, path) of every cached copy."""

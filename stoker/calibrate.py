@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from pipeline.job import JOB_DEFAULTS, JobConfig
 from pipeline.shards import Manifest
 from pipeline.text.examples import TextConfig
 from pipeline.transforms import parse_params, resolve
+from stoker.machine import machine_kind
 from stoker.planning import transform_key
 from stoker.wire_cost import WireSink
 from workers.metrics import WorkerMetrics
@@ -134,10 +136,6 @@ def wikipedia_entry(manifest: Manifest, seconds: float, seq_len: int = 512, pack
             "what": f"BERT examples at length {seq_len}, {packing}, {SENT if wire else ''}one core"}
 
 
-def _machine() -> str:
-    return f"{platform.machine()} {platform.processor() or ''}".strip()
-
-
 def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "") -> dict:
     """One transform's rate on one core, with what names it: name, parameters, version, data, when."""
     params = parse_params(params)
@@ -148,7 +146,7 @@ def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRAN
     what = f"{decoded}{transform_key(transform, params)} to {first.dtype}{list(first.shape)}, {SENT}one core"
     return {"per_core_rate": rate, "unit": "images per CPU-second", "clock": "cpu", "what": what,
             "transform": transform, "params": params, "version": resolved.version, "data": manifest,
-            "machine": _machine(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
+            "machine": machine_kind(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
 
 
 def _pinned(measure):
@@ -184,13 +182,40 @@ def checked_rate(entry: object, name: str, where: str) -> float:
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
         raise ValueError(f"{where}: {name}'s per_core_rate is {rate!r}, not a positive number; run `stoker "
                          "calibrate` again, or pass --per-core-rate")
+    clock = entry.get("clock", "wall") if isinstance(entry, dict) else None
+    if clock not in ("cpu", "wall"):  # absent: written before rates were CPU time
+        raise ValueError(f"{where}: {name}'s clock is {clock!r}, neither \"cpu\" (CPU time) nor absent (an older "
+                         "wall-clock rate); run `stoker calibrate` again, or pass --per-core-rate")
     return float(rate)
 
 
 def _write(out: Path | None, result: dict) -> None:
-    if out is not None:
+    """Whole or not at all: a new file beside `out`, then renamed over it (a crash leaves the old one)."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=out.parent, prefix=f".{out.name}.", delete=False) as f:
+        f.write(json.dumps(result, indent=1))
+    os.replace(f.name, out)
+
+
+def _writable(out: Path | None) -> dict:
+    """What `out` holds now (load), once it is known that it can be written: minutes of measuring
+    must not end in "permission denied". OSError naming the file otherwise."""
+    if out is None:
+        return {}
+    kept = load(out)
+    try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
+        if out.is_dir():
+            raise IsADirectoryError(21, "it is a folder")
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}."):
+            pass  # the folder takes a new file: what _write renames over out
+    except FileExistsError:
+        raise OSError(f"cannot write the calibration to {out}: a file stands where its folder should be") from None
+    except OSError as exc:
+        raise OSError(f"cannot write the calibration to {out}: {exc.strerror or exc}") from None
+    return kept
 
 
 def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | None = None) -> dict:
@@ -202,9 +227,9 @@ def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | 
         return {"imagenet": {**train, "what": f"decode + random resized crop + flip to 224 px, {SENT}one core"},
                 "wikipedia": wikipedia_entry(text, seconds), PACKED: wikipedia_entry(text, seconds, pack=True)}
 
+    result = _writable(out)
     measured = _pinned(measure)
-    result = load(out) if out is not None else {}
-    result |= measured | {"machine": _machine(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds_each": seconds}
+    result |= measured | {"machine": machine_kind(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds_each": seconds}
     result["transforms"] = {**result.get("transforms", {}), DEFAULT_TRANSFORM: measured["imagenet"]}
     _write(out, result)
     return result
@@ -213,8 +238,8 @@ def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | 
 def calibrate_transform(imagenet: str, transform: str, params: str = "", seconds: float = 15.0,
                         out: Path | None = None) -> dict:
     """One transform's per-core rate on one pinned core, added to `out` (its entry replaced, the rest kept)."""
+    result = _writable(out)
     entry = _pinned(lambda: transform_entry(imagenet, seconds, transform, params))
-    result = load(out) if out is not None else {}
     result["transforms"] = {**result.get("transforms", {}), transform_key(transform, params): entry}
     _write(out, result)
     return entry
@@ -233,10 +258,13 @@ def calibration_notes(entry: dict, calibration: dict, where: str) -> list[str]:
     cores may be faster or slower than these), or by the wall clock (it measured the neighbours too)."""
     notes = []
     machine = entry.get("machine") or calibration.get("machine")
-    if machine and machine != _machine():
-        notes.append(f"{where} was measured on {machine}, not on this machine ({_machine()}): its per-core rate "
+    if machine and machine == platform.machine():
+        notes.append(f"{where} names the machine it was measured on only by its architecture ({machine}), not its "
+                     f"CPU: calibrate again on a worker host of the kind you plan for to record it")
+    elif machine and machine != machine_kind():
+        notes.append(f"{where} was measured on {machine}, not on this machine ({machine_kind()}): its per-core rate "
                      f"is that machine's; calibrate on a worker host of the kind you plan for")
-    if entry.get("clock") != "cpu":
+    if entry.get("clock", "wall") == "wall":
         notes.append(f"{where}'s rate {entry['per_core_rate']:,.0f} is by the wall clock (measured before `stoker "
                      f"calibrate` counted CPU time): other work on that host moved it; calibrate again")
     return notes

@@ -31,6 +31,7 @@ from accel.accelerators import AccelSpec
 from accel.consumer import Consumer
 from accel.consumer_config import ConsumerConfig, rank_metrics_port
 from accel.cost import cores_text
+from accel.profiles import PROFILE_SEQ_LEN, profile_rate
 from accel.summary import Summary, job_totals
 from pipeline.image_layout import DecodeOn
 from pipeline.job import JobConfig
@@ -222,16 +223,16 @@ def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> N
 def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> dict | None:
     """The run's one answer to "how many host cores does this accelerator need": the accelerator's
     rate (a profile's full-size system; the simulated device's rate; else what this run's device
-    took per step second) over the rows one host core made per CPU-second in this run (every rank;
+    took per step second) over what one host core made per CPU-second in this run (every rank;
     CPU time, so a host shared with other work gives the same figure), with that rate's spread
-    over the run. None for the null device (it never computes) or when no worker CPU was reported."""
+    over the run. A profile counts BERT in sequences (at length PROFILE_SEQ_LEN), so text against a
+    profile is sized in sequences: rows per CPU-second times the sequences packing put in a row.
+    None for the null device (it never computes) or when no worker CPU was reported."""
     if accel is None or accel.kind == "null" or s.per_core_rate <= 0:
         return None
     first = s.ranks[0] if s.ranks else s
     step = first.stage_seconds.get("step", 0.0)
     if accel.kind == "simulated" and accel.profile:
-        from accel.profiles import profile_rate
-
         name, rate = f"a full-size {accel.profile}", profile_rate(accel.profile, s.dataset)
     elif accel.kind == "simulated" and accel.rate:
         name, rate = "the simulated device", accel.rate
@@ -245,7 +246,11 @@ def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> di
               "cores_needed": rate / s.per_core_rate, "cpu_wait_fraction": s.cpu_wait_fraction,
               "transform": None if kind.text else transform or None, "decode_on": s.decode_on}
     if kind.text and s.sequences is not None and s.rows:
-        answer["sequences_per_row"] = s.sequences / s.rows  # packing: what a row of the rate holds
+        per_row = answer["sequences_per_row"] = s.sequences / s.rows  # packing: what a row of the rate holds
+        if accel.kind == "simulated" and accel.profile:  # the profile's rate is in sequences: count the supply so
+            answer.update(unit="sequences/s", per_core_rate=s.per_core_rate * per_row,
+                          per_core_spread=[x * per_row for x in s.per_core_spread], seq_len=s.seq_len,
+                          profile_seq_len=PROFILE_SEQ_LEN, cores_needed=rate / (s.per_core_rate * per_row))
     return answer
 
 
@@ -260,7 +265,11 @@ def cores_line(answer: dict) -> str:
     details = [f"{answer['accelerator_rate']:,.0f} {unit} over {answer['per_core_rate']:,.0f} {noun} per CPU-second"
                + (f" (10-90% of the run: {spread[0]:,.0f}-{spread[1]:,.0f})" if spread else "")]
     if "sequences_per_row" in answer:
-        details.append(f"packing puts {answer['sequences_per_row']:.2f} sequences in a row of the rate")
+        details.append(f"packing puts {answer['sequences_per_row']:.2f} sequences in a row" if unit == "sequences/s"
+                       else f"packing puts {answer['sequences_per_row']:.2f} sequences in a row of the rate")
+    if answer.get("seq_len") and answer["seq_len"] != answer.get("profile_seq_len"):
+        details.append(f"the profile's rate is at length {answer['profile_seq_len']} and this run's rows hold "
+                       f"{answer['seq_len']} tokens: run --seq-len {answer['profile_seq_len']} for its sequences")
     if made:
         details.append(made)
     return f"host cores needed for {answer['accelerator']}: {cores_text(answer['cores_needed'])} ({'; '.join(details)})"

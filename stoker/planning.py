@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from accel.cost import rate_figure
 from accel.profiles import PROFILES, profile_rate
 from pipeline.kinds import kind_of
 from pipeline.transforms import parse_params
@@ -115,11 +116,13 @@ def decode_note(system: str) -> str:
 def describe(plan: Plan) -> str:
     unit = kind_of(plan.dataset).row_noun
     price = f"${plan.price:,.0f}" if plan.price is not None else "no price (give --accel-price)"
-    ppd = f"{plan.samples_per_s_per_kdollar:.2f} {unit}/s per $1,000" if plan.price is not None else "-"
+    per_k = plan.samples_per_s_per_kdollar
+    ppd = "-" if per_k is None else f"{per_k:,.2f}" if per_k >= 0.01 else f"{per_k:.2g}"
+    ppd += f" {unit}/s per $1,000" if per_k is not None else ""
     named = f" (transform {plan.transform})" if plan.transform and plan.transform != "train" else ""
     return (f"{plan.system} / {plan.dataset}{named}: {plan.accel_rate:,.0f} {unit}/s when fed; "
-            f"{plan.cores_needed} host core(s) at {plan.per_core_rate:,.0f} {unit}/s per core "
-            f"(+{plan.extra_hosts} host server(s)) for stall {100 * plan.stall_fraction:.1f}%; "
+            f"{plan.cores_needed:,} host core(s) at {rate_figure(plan.per_core_rate)} {unit}/s per core "
+            f"(+{plan.extra_hosts:,} host server(s)) for stall {100 * plan.stall_fraction:.1f}%; "
             f"time-to-train {plan.time_to_train_h:.2f} h; {price}; {ppd}")
 
 

@@ -178,7 +178,7 @@ class WorkerDaemon:
             child.activity = ActivitySlot(self.mp)
         child.activity.set(Phase.IDLE)
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache,
-                           self._run_id, child.activity)
+                           self._run_id, child.activity, self.cfg.procs)
         child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         child.process.start()
         return child.process

@@ -77,6 +77,7 @@ class ProcessSpec:
     cache: CacheConfig | None = None  # this host's shard cache (None: the environment's)
     run_id: str = ""  # the run of the job its daemon registered with: a dispatcher in another answers OtherJob
     activity_slot: ActivitySlot | None = None  # where it notes what it does, for its daemon (pipeline.activity)
+    host_procs: int = 1  # the worker processes its daemon runs (reported with each batch, for the diagnosis)
 
 
 class _Stop:
@@ -329,7 +330,8 @@ def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSend
     stages.wait_for_credit = waited
     stages.send = stage_clock() - framing_from
     cost = account.take()  # the process's CPU since its batch before: this one's whole cost
-    stages.cpu, stages.throttled = cost.cpu_s, cost.throttled
+    stages.cpu, stages.throttled, stages.cores = cost.cpu_s, cost.throttled, cost.cores
+    stages.processes = spec.host_procs
     stages.cpu_wait_measured = cost.cpu_wait_s is not None
     stages.cpu_wait = cost.cpu_wait_s or 0.0
     metrics.count_cpu(cost)

@@ -107,3 +107,23 @@ def test_a_process_that_cannot_serve_the_job_exits_with_its_own_code(tmp_path, w
     job = JobConfig(manifest_uri=str(folder / "manifest.json"), dataset="wikipedia", job_id="j")
     spec = ProcessSpec("h", "h/p0.1", "tcp://127.0.0.1:1", job, os.getppid())
     assert run_process(spec) == EXIT_BAD_JOB
+
+
+def test_stoker_run_sizes_bert_in_sequences_with_the_packing_factor_and_says_the_length(wiki_manifest, tmp_path):
+    """The profile's BERT rate counts sequences of 512 tokens; the run's supply is rows of 128 per CPU-second,
+    each row holding more than one sequence when packed. The answer divides sequences by sequences."""
+    out = tmp_path / "summary.json"
+    result = subprocess.run([sys.executable, "-m", "stoker", "run", "--dataset", "wikipedia", "--data",
+                             wiki_manifest.uri, "--pack", "--json", str(out), "--no-progress",
+                             "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
+                             "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())
+    answer, per_row = summary["cores"], summary["sequences"] / summary["rows"]
+    assert per_row > 1.05 and answer["unit"] == "sequences/s" and answer["sequences_per_row"] == pytest.approx(per_row)
+    assert answer["per_core_rate"] == pytest.approx(summary["per_core_rate"] * per_row)
+    assert answer["cores_needed"] == pytest.approx(answer["accelerator_rate"] / answer["per_core_rate"])
+    last = next(line for line in result.stdout.splitlines() if line.startswith("host cores needed"))
+    assert last.startswith("host cores needed for a full-size a100: ") and "sequences/s over" in last, last
+    assert "this run's rows hold 128 tokens: run --seq-len 512" in last, last

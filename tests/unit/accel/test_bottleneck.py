@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+
 import pytest
 
-from accel.bottleneck import Totals, diagnose
+from accel.bottleneck import Totals, diagnose, read_status
 
 
 def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,
@@ -63,6 +66,42 @@ def test_workers_that_wait_for_a_core_are_starved_not_short_of_credit_or_cores()
     assert quota.stage == "throttled" and "quota" in quota.detail
 
 
+def _on_hosts(window: tuple[Totals, Totals], hosts: dict[str, tuple[float, float, float, int]]
+              ) -> tuple[Totals, Totals]:
+    """The window with per-host figures: host -> (CPU seconds, seconds waited for a core, cores, processes)."""
+    _, end = window
+    end.host_cpu_s = {h: cpu for h, (cpu, _, _, _) in hosts.items()}
+    end.host_cpu_wait_s = {h: wait for h, (_, wait, _, _) in hosts.items()}
+    end.host_cores = {h: cores for h, (_, _, cores, _) in hosts.items()}
+    end.host_procs = {h: procs for h, (_, _, _, procs) in hosts.items()}
+    return window
+
+
+def test_more_worker_processes_than_cores_wait_for_each_other_and_are_short_of_cores_not_contended():
+    # four processes on a host of two cores: 19 CPU seconds in 10 s, 19 s waited for a core (half)
+    over = diagnose(*_on_hosts(_window(stall_s=6.0, step_s=4.0, decode=15.0, augment=4.0, cpu_wait=19.0),
+                               {"host0": (19.0, 19.0, 2.0, 4)}))
+    assert over.stage == "decode" and "short of cores" in over.detail, over.detail
+    assert "4 processes on 2 cores of host0 (each waits 50% for the others)" in over.detail
+    assert "other processes" not in over.detail and "not processes" in over.detail
+    # as many processes as cores, the same wait: others take the CPU
+    shared = diagnose(*_on_hosts(_window(stall_s=6.0, step_s=4.0, decode=15.0, augment=4.0, cpu_wait=19.0),
+                                 {"host0": (19.0, 19.0, 2.0, 2)}))
+    assert shared.stage == "contention" and "other processes" in shared.detail
+    # four on two cores waiting 80%: far more than they make each other wait, so neighbours take the rest
+    crowded = diagnose(*_on_hosts(_window(stall_s=6.0, step_s=4.0, decode=4.0, augment=1.0, cpu_wait=20.0),
+                                  {"host0": (5.0, 20.0, 2.0, 4)}))
+    assert crowded.stage == "contention"
+    # two hosts: most of the wait is on the one with a core per process
+    mixed = diagnose(*_on_hosts(_window(stall_s=6.0, step_s=4.0, decode=20.0, augment=5.0, cpu_wait=12.0),
+                                {"over": (19.0, 2.0, 2.0, 3), "shared": (6.0, 10.0, 4.0, 4)}))
+    assert mixed.stage == "contention"
+    # a quota that throttles an oversubscribed host is still the quota
+    quota = diagnose(*_on_hosts(_window(stall_s=6.0, step_s=4.0, decode=4.0, augment=1.0, cpu_wait=5.0,
+                                        throttled=5.0), {"host0": (5.0, 5.0, 0.5, 2)}))
+    assert quota.stage == "throttled"
+
+
 def test_a_little_waiting_for_a_core_leaves_the_busy_workers_short_of_cores():
     d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, wait=0.5, cpu_wait=2.0))
     assert d.stage == "decode" and "short of cores" in d.detail
@@ -90,3 +129,36 @@ def test_a_wait_for_a_core_that_was_not_measured_is_said_so_not_taken_as_none():
 
 def test_a_wait_that_began_before_the_window_never_makes_the_stall_exceed_the_window():
     assert diagnose(*_window(stall_s=10.05, step_s=0.0, decode=20.0, augment=5.0)).stall_fraction == 1.0
+
+
+@pytest.fixture
+def page():
+    """A local HTTP server whose one page's body the test sets."""
+    body = {"text": b""}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body["text"])
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield body, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+    thread.join(timeout=10)
+    server.server_close()
+
+
+def test_status_at_a_page_that_is_not_metrics_or_not_a_consumers_says_so_in_one_line(page):
+    body, url = page
+    body["text"] = b"<!DOCTYPE html><html><body>Grafana</body></html>\n"
+    with pytest.raises(ValueError, match="is not a Prometheus metrics page .*pass a Stoker consumer's /metrics"):
+        read_status(url)
+    body["text"] = b"# TYPE node_load1 gauge\nnode_load1 0.5\n"
+    with pytest.raises(ValueError, match="is not a Stoker consumer's metrics"):
+        read_status(url)

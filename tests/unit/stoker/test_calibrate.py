@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import platform
 import random
 
 import numpy as np
 import pytest
 
 from pipeline.transforms import Output
-from stoker.calibrate import _machine, calibrate, calibrate_transform, calibration_notes, transform_rate
+from stoker.calibrate import calibrate, calibrate_transform, calibration_notes, checked_rate, transform_rate
+from stoker.machine import machine_kind
 from stoker.planning import transform_key
 
 
@@ -72,10 +74,34 @@ def test_parameters_name_a_rate_whatever_their_spelling():
 
 
 def test_a_plan_says_when_its_calibration_is_another_machines_or_by_the_wall_clock():
-    here = calibration_notes({"per_core_rate": 900.0, "clock": "cpu", "machine": _machine()}, {}, "cal.json")
+    here = calibration_notes({"per_core_rate": 900.0, "clock": "cpu", "machine": machine_kind()}, {}, "cal.json")
     assert here == []
     elsewhere = calibration_notes({"per_core_rate": 900.0, "clock": "cpu"}, {"machine": "aarch64 neoverse-v2"},
                                   "cal.json")
     assert len(elsewhere) == 1 and "measured on aarch64 neoverse-v2, not on this machine" in elsewhere[0]
-    old = calibration_notes({"per_core_rate": 900.0, "machine": _machine()}, {}, "cal.json")
+    old = calibration_notes({"per_core_rate": 900.0, "machine": machine_kind()}, {}, "cal.json")
     assert len(old) == 1 and "wall clock" in old[0]
+    # the same architecture with another CPU is another kind; an architecture alone names no kind
+    other_cpu = calibration_notes({"per_core_rate": 900.0, "clock": "cpu"},
+                                  {"machine": f"{platform.machine()} Some Other CPU (family 6, model 1)"}, "cal.json")
+    assert len(other_cpu) == 1 and "not on this machine" in other_cpu[0]
+    bare = calibration_notes({"per_core_rate": 900.0, "clock": "cpu", "machine": platform.machine()}, {}, "cal.json")
+    assert len(bare) == 1 and "only by its architecture" in bare[0]
+
+
+def test_a_rate_of_an_unknown_clock_is_refused_not_read_as_the_wall_clock():
+    assert checked_rate({"per_core_rate": 900.0, "clock": "cpu"}, "imagenet", "cal.json") == 900.0
+    assert checked_rate({"per_core_rate": 900.0}, "imagenet", "cal.json") == 900.0  # an older wall-clock rate
+    with pytest.raises(ValueError, match="cal.json: imagenet's clock is 'gpu', neither"):
+        checked_rate({"per_core_rate": 900.0, "clock": "gpu"}, "imagenet", "cal.json")
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_anything_is_measured(tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setattr("stoker.calibrate._pinned", lambda measure: measured.append(1))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OSError, match="cannot write the calibration to .*cal.json: a file stands where its folder"):
+        calibrate_transform("unused", "train", out=tmp_path / "file" / "cal.json")
+    with pytest.raises(ValueError, match="cannot read it as a calibration"):
+        calibrate_transform("unused", "train", out=tmp_path)
+    assert measured == []

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from accel.accelerators import AccelSpec
 from accel.summary import Summary, job_totals
-from stoker.embedded import cores_answer, print_summary
+from stoker.embedded import cores_answer, cores_line, print_summary
 
 
 def _rank(rows: int = 2000, cpu: float = 4.0, step: float = 8.0, **more) -> Summary:
@@ -53,10 +54,26 @@ def test_no_answer_where_the_device_never_computes_or_no_worker_cpu_came():
     assert cores_answer(_rank(cpu=0.0), AccelSpec("simulated", rate=300), "train") is None
 
 
-def test_text_answers_in_rows_and_says_how_many_sequences_packing_puts_in_one():
-    text = _rank(dataset="wikipedia", rows=1000, sequences=1270)
+def test_text_against_a_profile_is_sized_in_sequences_with_the_packing_factor():
+    # the profile counts sequences (210/s at length 512); 1000 rows of 1.27 sequences in 2 CPU-seconds
+    text = _rank(dataset="wikipedia", rows=1000, sequences=1270, cpu=2.0, seq_len=512, per_core_spread=[400, 600])
     found = cores_answer(text, AccelSpec("simulated", profile="a100"), "")
-    assert found["unit"] == "rows/s" and found["sequences_per_row"] == pytest.approx(1.27)
+    assert found["unit"] == "sequences/s" and found["sequences_per_row"] == pytest.approx(1.27)
+    assert found["per_core_rate"] == pytest.approx(635) and found["per_core_spread"] == pytest.approx([508, 762])
+    assert found["cores_needed"] == pytest.approx(210 / 635)
+    line = cores_line(found)
+    assert "210 sequences/s over 635 sequences per CPU-second" in line and "1.27 sequences in a row" in line
+    assert "--seq-len" not in line
+    # rows of 128 tokens against a rate at 512: said, not hidden
+    short = cores_line(cores_answer(replace(text, seq_len=128), AccelSpec("simulated", profile="a100"), ""))
+    assert "the profile's rate is at length 512 and this run's rows hold 128 tokens" in short
+
+
+def test_text_against_a_device_rate_is_sized_in_the_rows_it_steps():
+    text = _rank(dataset="wikipedia", rows=1000, sequences=1270, cpu=2.0, seq_len=128)
+    found = cores_answer(text, AccelSpec("simulated", rate=300), "")
+    assert found["unit"] == "rows/s" and found["cores_needed"] == pytest.approx(300 / 500)
+    assert "of the rate" in cores_line(found) and "--seq-len" not in cores_line(found)
 
 
 @pytest.mark.parametrize(("cores", "shown"), [(0.04, "0.04"), (0.0043, "0.0043"), (0.5, "0.5"), (4.04, "4.0"),

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from stoker.planning import PlanInput, compare, make_plan
+from stoker.planning import PlanInput, compare, describe, make_plan
 
 
 def test_a_dgx_a100_needs_24_of_its_own_cores_for_resnet50():
@@ -145,3 +145,9 @@ def test_a_broken_calibration_file_is_one_line_naming_it(tmp_path, content, why)
     out = _plan("--calibration", str(cal), "--dataset", "imagenet", "--system", "a100")
     assert out.returncode == 2 and str(cal) in out.stderr and why in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_plan_from_a_tiny_rate_prints_its_figures_readably_not_as_zero():
+    text = describe(make_plan(PlanInput(system="dgx-a100", dataset="imagenet", per_core_rate=1e-9)))
+    assert "at 1e-09 images/s per core" in text and "19,600,000,000,000 host core(s)" in text
+    assert "+306,249,999,998 host server(s)" in text and " 0 images/s per core" not in text
