@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accel.batch import ReceivedBatch
-from accel.stepping import PreparedStep, Step, StepFactory
-from pipeline.kinds import ModelFamily, kind_of
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.stepping import PreparedStep, Step, StepFactory
+from stoker.pipeline.kinds import ModelFamily, kind_of
 
 
 @dataclass
@@ -120,7 +120,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
     if spec.kind == "simulated":
         kind = ConvertingSimulatedAccelerator if spec.convert else SimulatedAccelerator
         if spec.profile:
-            from accel.profiles import profile_rate
+            from stoker.accel.profiles import profile_rate
 
             return kind(profile_rate(spec.profile, dataset, spec.scale))
         if spec.rate is None:
@@ -130,7 +130,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         require("torch", "--accel torch")
     if spec.kind == "torch" and kind_of(dataset).model_family == ModelFamily.BERT:
         require("transformers", "--accel torch with --dataset wikipedia")
-        from accel.bert_accel import BertAccelerator
+        from stoker.accel.bert_accel import BertAccelerator
 
         model = spec.model if spec.model.startswith("bert") else "bert-tiny"
         return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr,
@@ -138,7 +138,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
     if spec.kind == "torch":
         if spec.model.startswith("bert"):
             raise ValueError(f"--model {spec.model} needs --dataset wikipedia")
-        from accel.torch_accel import TorchAccelerator, TorchConfig
+        from stoker.accel.torch_accel import TorchAccelerator, TorchConfig
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,
                                             label_smoothing=spec.label_smoothing,

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accel.ledger import Skipped
-from protos import stoker_pb2 as pb
-from protos.framing import ReceivedTensors
+from stoker.accel.ledger import Skipped
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.framing import ReceivedTensors
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from accel.cost import cores_text
+from stoker.accel.cost import cores_text
 
 WORK_STAGES = ("decode", "augment", "read", "examples", "pack")
 STAGES = (*WORK_STAGES, "contention", "throttled", "storage", "wire", "credit", "device_copy", "compute", "unknown")

@@ -26,9 +26,9 @@ import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from accel.stepping import Stateful
-from pipeline.files import write_atomically
-from pipeline.plan import Cut, Resumed
+from stoker.accel.stepping import Stateful
+from stoker.pipeline.files import write_atomically
+from stoker.pipeline.plan import Cut, Resumed
 
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)

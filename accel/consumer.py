@@ -20,30 +20,30 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from accel import checkpoint
-from accel.accelerators import NullAccelerator, require
-from accel.batch import ReceivedBatch
-from accel.bottleneck import BottleneckMonitor, Totals
-from accel.consumer_config import ConsumerConfig
-from accel.control.link import DispatcherLink
-from accel.control.remote import NotAConsumer, RankRefused
-from accel.joining import LinkServices, Member, dispatcher_for, join
-from accel.ledger import Ledger
-from accel.metrics import ConsumerMetrics
-from accel.receive_loop import ANSWER_TIMEOUT_S, END, DataSocket, ReceiveLoop
-from accel.receiver import Receiver
-from accel.schema import batch_bytes, schema_of
-from accel.stepping import StepFactory, given
-from accel.steps import EpochDone, Scheduled, StepSchedule
-from accel.stream import StreamOrder
-from accel.summary import Books, Summary
-from accel.training_loop import train
-from pipeline.image_layout import DecodeOn
-from pipeline.job import JobConfig
-from pipeline.shards import Manifest
-from protos.curve import CONSUMER, ClientKeys, ServerKeys
-from protos.leases import LeaseSigner
-from protos.sd_notify import Notifier
+from stoker.accel import checkpoint
+from stoker.accel.accelerators import NullAccelerator, require
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.bottleneck import BottleneckMonitor, Totals
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.control.link import DispatcherLink
+from stoker.accel.control.remote import NotAConsumer, RankRefused
+from stoker.accel.joining import LinkServices, Member, dispatcher_for, join
+from stoker.accel.ledger import Ledger
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.receive_loop import ANSWER_TIMEOUT_S, END, DataSocket, ReceiveLoop
+from stoker.accel.receiver import Receiver
+from stoker.accel.schema import batch_bytes, schema_of
+from stoker.accel.stepping import StepFactory, given
+from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
+from stoker.accel.stream import StreamOrder
+from stoker.accel.summary import Books, Summary
+from stoker.accel.training_loop import train
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.shards import Manifest
+from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
+from stoker.protos.leases import LeaseSigner
+from stoker.protos.sd_notify import Notifier
 
 __all__ = ["Consumer", "ConsumerConfig", "JobFailed", "NotAConsumer", "RankRefused", "Summary"]
 log = logging.getLogger("stoker.consumer")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accel.control.dispatch_config import control_bind, host_timeout, lease_timeout, stall_report, stall_timeout
-from protos.exposure import check_exposure
+from stoker.accel.control.dispatch_config import control_bind, host_timeout, lease_timeout, stall_report, stall_timeout
+from stoker.protos.exposure import check_exposure
 
 METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
 RANK_METRICS_BASE = 9570  # local rank r > 0 of a data-parallel job: 9570 + r, clear of the daemons' 9561 + i

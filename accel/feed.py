@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from accel.batch import ReceivedBatch
-from accel.consumer_config import ConsumerConfig
-from accel.steps import EpochDone, Scheduled, StepSchedule
-from pipeline.image_layout import DecodeOn
-from pipeline.job import JobConfig
-from pipeline.shards import Manifest
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.shards import Manifest
 
 FORMATS = ("torch", "numpy", "jax")
 WAKE_S = 0.5  # a main thread waiting for the next batch wakes this often (to see a Ctrl-C)
@@ -163,7 +163,7 @@ class _Converter:
         self.decoder: Any = None
         job = source.job
         if job.decode_on == DecodeOn.ACCELERATOR and prepare is None:
-            from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
+            from stoker.accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
 
             # no inner step: the feed calls decode() alone and the script steps (DecodingAccelerator's inner
             # is a Step for the training loop's use, which this is not)

@@ -14,22 +14,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from accel import checkpoint
-from accel.consumer_config import ConsumerConfig
-from accel.control.dispatcher import Dispatcher
-from accel.control.link import DispatcherLink
-from accel.control.local import Closing, ControlSocket, InProcessDispatcher
-from accel.control.metrics import ControlMetrics
-from accel.control.remote import NotAConsumer, RankRefused, RemoteDispatcher, attach
-from accel.control.server import AccessPolicy
-from accel.control.watchdog import StallBounds
-from pipeline.job import JobConfig
-from pipeline.job_wire import job_from_proto, job_to_proto
-from pipeline.plan import EpochPlan
-from protos import job_secret
-from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys, ServerKeys
-from protos.leases import LeaseSigner
+from stoker.accel import checkpoint
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.link import DispatcherLink
+from stoker.accel.control.local import Closing, ControlSocket, InProcessDispatcher
+from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.remote import NotAConsumer, RankRefused, RemoteDispatcher, attach
+from stoker.accel.control.server import AccessPolicy
+from stoker.accel.control.watchdog import StallBounds
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.job_wire import job_from_proto, job_to_proto
+from stoker.pipeline.plan import EpochPlan
+from stoker.protos import job_secret
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ClientKeys, ServerKeys
+from stoker.protos.leases import LeaseSigner
 
 SECRET_WAIT_S = 30.0  # the longest a rank waits for rank 0's job secret file
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from accel.batch import ReceivedBatch
-from accel.ledger import Skipped
-from accel.stepping import PreparedStep, Step, StepRunner
-from pipeline.augment import DecodeError, GivenCrop, decode_augment
-from pipeline.transforms import Crop
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.ledger import Skipped
+from stoker.accel.stepping import PreparedStep, Step, StepRunner
+from stoker.pipeline.augment import DecodeError, GivenCrop, decode_augment
+from stoker.pipeline.transforms import Crop
 
 if TYPE_CHECKING:
     from nvidia.dali.pipeline import Pipeline

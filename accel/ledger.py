@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan, Unit
 
 log = logging.getLogger("stoker.consumer")
 

@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from accel.batch import ReceivedBatch
-from accel.consumer import Consumer
-from accel.consumer_config import ConsumerConfig
-from accel.feed import FORMATS, Batch, Feed
-from accel.metrics import ConsumerMetrics
-from accel.ranks import (
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.consumer import Consumer
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.feed import FORMATS, Batch, Feed
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.ranks import (
     HOST_ENV,
     Meeting,
     Rendezvous,
@@ -46,7 +46,7 @@ from accel.ranks import (
     rank_zero_dispatcher,
     rendezvous,
 )
-from pipeline.job import JobConfig
+from stoker.pipeline.job import JobConfig
 
 __all__ = ["Batch", "Loader"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long

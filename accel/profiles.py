@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.kinds import ModelFamily, kind_of
+from stoker.pipeline.kinds import ModelFamily, kind_of
 
 RESNET50, BERT = ModelFamily.RESNET50, ModelFamily.BERT
 PROFILE_SEQ_LEN = 512  # the sequence length the profiles' BERT rates count (MLPerf's BERT-large phase 2)

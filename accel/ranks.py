@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Protocol
 
-from accel.consumer_config import ConsumerConfig, rank_metrics_port
-from protos.curve import is_loopback
+from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
+from stoker.protos.curve import is_loopback
 
 HOST_ENV = "STOKER_HOST"  # this node's address, as the workers and the other ranks reach it
 KEYS_ENV = "STOKER_KEYS"  # a CURVE key folder (stoker keys init) for every rank of the job

@@ -24,20 +24,20 @@ import uvloop
 import zmq
 import zmq.asyncio
 
-from accel.aio import pump, run_until_one_fails
-from accel.control.link import DispatcherLink
-from accel.ledger import Ledger
-from accel.metrics import ConsumerMetrics
-from accel.receiver import Receiver
-from accel.schema import BatchSchema
-from accel.stream import StreamOrder
-from protos.curve import ServerKeys
-from protos.endpoints import advertised, bind
-from protos.framing import MAX_FRAME_BYTES
-from protos.leases import LeaseSigner
-from protos.sd_notify import Notifier
-from protos.sockets import router
-from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
+from stoker.accel.aio import pump, run_until_one_fails
+from stoker.accel.control.link import DispatcherLink
+from stoker.accel.ledger import Ledger
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.receiver import Receiver
+from stoker.accel.schema import BatchSchema
+from stoker.accel.stream import StreamOrder
+from stoker.protos.curve import ServerKeys
+from stoker.protos.endpoints import advertised, bind
+from stoker.protos.framing import MAX_FRAME_BYTES
+from stoker.protos.leases import LeaseSigner
+from stoker.protos.sd_notify import Notifier
+from stoker.protos.sockets import router
+from stoker.protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 END = object()  # the end of the rank's stream
 ANSWER_TIMEOUT_S = 30.0  # the longest a rank waits for the dispatcher's answer to a question

@@ -36,19 +36,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from accel.batch import ReceivedBatch
-from accel.cost import RateSpread
-from accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
-from accel.metrics import ConsumerMetrics
-from accel.schema import BatchSchema
-from accel.stream import StreamOrder
-from pipeline.plan import Unit
-from protos import stoker_pb2 as pb
-from protos.curve import NOBODY, WORKER, Caller, caller_of
-from protos.droplog import DropLog
-from protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
-from protos.leases import LeaseSigner
-from protos.sockets import send_nowait
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.cost import RateSpread
+from stoker.accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.schema import BatchSchema
+from stoker.accel.stream import StreamOrder
+from stoker.pipeline.plan import Unit
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import NOBODY, WORKER, Caller, caller_of
+from stoker.protos.droplog import DropLog
+from stoker.protos.framing import MAX_FRAMES, FrameError, decode_tensors, frame_bytes, parse_data_message
+from stoker.protos.leases import LeaseSigner
+from stoker.protos.sockets import send_nowait
 
 log = logging.getLogger("stoker.consumer")
 MAX_SENDERS = 4096  # credit windows held at once; memory stays bounded however many peers say hello

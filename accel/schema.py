@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.job import JobConfig
-from pipeline.tensors import BatchLayout, TensorSpec
-from protos import stoker_pb2 as pb
-from protos.framing import FrameError
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.tensors import BatchLayout, TensorSpec
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.framing import FrameError
 
 
 @dataclass(frozen=True)

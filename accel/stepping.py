@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 if TYPE_CHECKING:
     import torch
 
-    from accel.batch import ReceivedBatch
-    from pipeline.job import JobConfig
-    from pipeline.shards import Manifest
+    from stoker.accel.batch import ReceivedBatch
+    from stoker.pipeline.job import JobConfig
+    from stoker.pipeline.shards import Manifest
 
 
 class Step(ABC):

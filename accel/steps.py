@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from accel.batch import ReceivedBatch
-from accel.stream import EpochEnd
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.stream import EpochEnd
 
 
 @dataclass

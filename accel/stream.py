@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from accel.batch import ReceivedBatch
-from pipeline.plan import EpochPlan, Unit
+from stoker.accel.batch import ReceivedBatch
+from stoker.pipeline.plan import EpochPlan, Unit
 
 
 @dataclass

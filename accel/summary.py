@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from accel.control.dispatcher import DispatcherStats
-from accel.ledger import Skipped
-from accel.receiver import StageTotals, TextTotals
-from pipeline.image_layout import DecodeOn
+from stoker.accel.control.dispatcher import DispatcherStats
+from stoker.accel.ledger import Skipped
+from stoker.accel.receiver import StageTotals, TextTotals
+from stoker.pipeline.image_layout import DecodeOn
 
 # counts and rates that add up over the ranks of a job (the text ones only where the job has text)
 ADDED_UP = ("samples", "unique_samples", "duplicates_dropped", "batches", "skipped_samples", "rows",

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from accel.batch import ReceivedBatch
-from accel.jpeg_decode import DecodedBatch
-from accel.models.resnet import resnet18, resnet50
-from accel.optimizers import LARS
-from accel.training import TrainingStep
+from stoker.accel.batch import ReceivedBatch
+from stoker.accel.jpeg_decode import DecodedBatch
+from stoker.accel.models.resnet import resnet18, resnet50
+from stoker.accel.optimizers import LARS
+from stoker.accel.training import TrainingStep
 
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)

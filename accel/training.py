@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from accel.stepping import PreparedStep, Stateful
+from stoker.accel.stepping import PreparedStep, Stateful
 
 log = logging.getLogger("stoker.loss")  # the CLI shows it at INFO when training with --accel torch
 

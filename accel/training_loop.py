@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol, TypeVar
 
-from accel.bottleneck import Diagnosis, Totals, diagnose
-from accel.feed import Batch, Feed, StepSource
-from accel.metrics import ConsumerMetrics
-from accel.receiver import TextTotals
-from accel.stepping import Step, StepRunner
-from accel.summary import Books, Summary
-from pipeline.image_layout import DecodeOn
+from stoker.accel.bottleneck import Diagnosis, Totals, diagnose
+from stoker.accel.feed import Batch, Feed, StepSource
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.receiver import TextTotals
+from stoker.accel.stepping import Step, StepRunner
+from stoker.accel.summary import Books, Summary
+from stoker.pipeline.image_layout import DecodeOn
 
 
 class TrainingRank(StepSource, Protocol):
@@ -189,7 +189,7 @@ def _verdict_fields(verdict: Diagnosis | None) -> dict[str, Any]:
 
 def _decoding(consumer: TrainingRank, accelerator: Any) -> Any:
     """Wrap the accelerator so each batch's JPEGs are decoded where it runs (DALI)."""
-    from accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
+    from stoker.accel.jpeg_decode import DaliJpegDecoder, DecodingAccelerator
 
     metrics = consumer.metrics
 

@@ -12,10 +12,10 @@ import json
 import time
 from collections.abc import Iterator
 
-from pipeline.augment import TrainTransform
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.augment import TrainTransform
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest, ShardReader
 
 
 def batches(manifest: Manifest, batch_size: int, unit_batches_each: int, seed: int, epochs: int) -> Iterator:

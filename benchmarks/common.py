@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 
-from accel.consumer import Consumer
-from accel.summary import Summary
+from stoker.accel.consumer import Consumer
+from stoker.accel.summary import Summary
 
 
 def run_with_worker(consumer: Consumer, worker_cores: str, procs: int = 1) -> Summary:

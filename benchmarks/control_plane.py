@@ -37,16 +37,16 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from accel.checkpoint import job_fields
-from accel.control.dispatcher import Dispatcher
-from accel.control.journal import Journal
-from accel.ledger import Ledger
 from benchmarks.common import free_port
 from benchmarks.report import header, write_results
-from pipeline.job import JobConfig
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardInfo
-from protos import stoker_pb2 as pb
+from stoker.accel.checkpoint import job_fields
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.journal import Journal
+from stoker.accel.ledger import Ledger
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.protos import stoker_pb2 as pb
 
 IMAGENET_1K = 1_281_167
 SHARD_ROWS = 1024
@@ -143,9 +143,9 @@ def write_journal(manifest: Path, epochs: int, path: Path, done_epochs: float,
 def restart_seconds(manifest: Path, epochs: int, path: Path) -> dict:
     """A fresh interpreter replays the journal and builds its dispatcher, as `stoker dispatch` does
     when it restarts: the seconds for that alone (after the imports) and for the whole process."""
-    code = ("from benchmarks.control_plane import job; from accel.control.dispatcher import Dispatcher;"
-            "from accel.control.journal import Journal; from pipeline.shards import Manifest;"
-            "from accel.checkpoint import job_fields; import time; t = time.perf_counter();"
+    code = ("from benchmarks.control_plane import job; from stoker.accel.control.dispatcher import Dispatcher;"
+            "from stoker.accel.control.journal import Journal; from stoker.pipeline.shards import Manifest;"
+            "from stoker.accel.checkpoint import job_fields; import time; t = time.perf_counter();"
             f"cfg = job({str(manifest)!r}, {epochs}); j = Journal({str(path)!r}, job_fields(cfg), b'k' * 32);"
             "d = Dispatcher(cfg.plan(Manifest.load(cfg.manifest_uri)), journal=j, planned_batches=cfg.planned_batches);"
             "d.attach_rank(0, 'tcp://127.0.0.1:1', 'rank0');"

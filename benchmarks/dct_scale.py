@@ -24,10 +24,10 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.report import CoreWatch, header, write_results
-from pipeline import _jpegcrop
-from pipeline.augment import TrainTransform
-from pipeline.shards import Manifest, ShardReader
 from stoker.datasets import default_imagenet
+from stoker.pipeline import _jpegcrop
+from stoker.pipeline.augment import TrainTransform
+from stoker.pipeline.shards import Manifest, ShardReader
 
 CORE = 0
 SIZE = 224

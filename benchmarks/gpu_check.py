@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from accel.accelerators import AccelSpec, make_accelerator
-from accel.consumer import ConsumerConfig
 from benchmarks.report import header, write_results
-from pipeline.image_layout import DecodeOn
+from stoker.accel.accelerators import AccelSpec, make_accelerator
+from stoker.accel.consumer import ConsumerConfig
 from stoker.embedded import RunConfig, run_embedded
+from stoker.pipeline.image_layout import DecodeOn
 
 
 @dataclass(frozen=True)

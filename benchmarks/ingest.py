@@ -78,13 +78,13 @@ def _replay_sender(control: str, host: str, seconds: float) -> None:
     """A worker process that makes no batches: it sends one pre-made batch for every batch of every
     unit it leases, through the worker's own send path."""
     os.sched_setaffinity(0, {SENDER_CORE})
-    from pipeline.plan import Segment, Unit, batch_bounds
-    from protos import stoker_pb2 as pb
-    from protos.control_client import ControlClient
-    from workers.metrics import WorkerMetrics
-    from workers.process import ProcessSpec, _send_batch, _Stop
-    from workers.sender import DataSender, Lease
-    from workers.sources import Outgoing
+    from stoker.pipeline.plan import Segment, Unit, batch_bounds
+    from stoker.protos import stoker_pb2 as pb
+    from stoker.protos.control_client import ControlClient
+    from stoker.workers.metrics import WorkerMetrics
+    from stoker.workers.process import ProcessSpec, _send_batch, _Stop
+    from stoker.workers.sender import DataSender, Lease
+    from stoker.workers.sources import Outgoing
 
     ctx = zmq.Context()
     worker_id = f"{host}/p0.1"

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from accel.control.journal import Journal
 from benchmarks.report import header, write_results
+from stoker.accel.control.journal import Journal
 
 GROUPS = (1, 16, 256)
 ROUNDS = 3

@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from accel.consumer import ConsumerConfig
-from accel.loader import Loader
 from benchmarks.report import header, write_results
-from pipeline.job import JobConfig
+from stoker.accel.consumer import ConsumerConfig
+from stoker.accel.loader import Loader
 from stoker.datasets import default_imagenet
+from stoker.pipeline.job import JobConfig
 
 STEP_S = 0.080
 BATCH = 64

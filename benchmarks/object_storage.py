@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import free_port, run_with_worker
 from benchmarks.report import header, write_results
-from pipeline.job import JobConfig
-from pipeline.storage import upload_folder
+from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_imagenet
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.storage import upload_folder
 
 WORKER_CORE, SERVER_CORE = "0", "1"
 BUCKET = "bench"

@@ -25,17 +25,17 @@ from dataclasses import replace
 
 import torch
 
-from accel.accelerators import AccelSpec, make_accelerator
-from accel.consumer import Consumer, ConsumerConfig
-from accel.stepping import given
-from accel.torch_accel import TorchAccelerator
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
-from pipeline.augment import TrainTransform, decode_augment
-from pipeline.job import JobConfig
-from pipeline.seeds import sample_random
-from pipeline.shards import Manifest, ShardReader
+from stoker.accel.accelerators import AccelSpec, make_accelerator
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.stepping import given
+from stoker.accel.torch_accel import TorchAccelerator
 from stoker.datasets import default_imagenet
+from stoker.pipeline.augment import TrainTransform, decode_augment
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import Manifest, ShardReader
 
 SIZE, BATCH, EPOCHS = 112, 32, 1
 SPEC = AccelSpec(kind="torch", model="resnet18", lr=0.05)

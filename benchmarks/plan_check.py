@@ -22,9 +22,9 @@ from pathlib import Path
 from benchmarks.report import header, write_results
 from benchmarks.stability import TRIVIALAUGMENT
 from benchmarks.transform_example import EXAMPLE
-from pipeline.shards import Manifest
 from stoker.calibrate import _pinned, imagenet_rate, wikipedia_entry
 from stoker.datasets import default_imagenet, default_wikipedia
+from stoker.pipeline.shards import Manifest
 from stoker.plan_check import CheckConfig, describe, run_check
 
 CALIBRATE_SECONDS = 15.0  # as `stoker calibrate`

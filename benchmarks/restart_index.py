@@ -22,11 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.report import CoreWatch, header, write_results
-from pipeline import _jpegcrop, _jpegrestart
-from pipeline.augment import TrainTransform, crop_window
-from pipeline.prepare import RESTART_INTERVAL_PX
-from pipeline.seeds import sample_random
 from stoker.datasets import default_imagenet
+from stoker.pipeline import _jpegcrop, _jpegrestart
+from stoker.pipeline.augment import TrainTransform, crop_window
+from stoker.pipeline.prepare import RESTART_INTERVAL_PX
+from stoker.pipeline.seeds import sample_random
 
 CORE = 0
 INTERVALS_PX = (16, 32, 64)

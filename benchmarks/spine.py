@@ -16,12 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
-from pipeline.job import JobConfig
-from pipeline.shards import Manifest
+from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_imagenet
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.shards import Manifest
 
 WORKER_CORE, CONSUMER_CORE = "0", 1
 

@@ -31,21 +31,21 @@ from pathlib import Path
 
 import numpy as np
 
-from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
-from pipeline import augment
-from pipeline.augment import TrainTransform, crop_window
-from pipeline.job import JobConfig
-from pipeline.plan import EpochPlan
-from pipeline.prepare import PrepareConfig, prepare_imagenet
-from pipeline.seeds import sample_random
-from pipeline.shards import MANIFEST_VERSION, Manifest
-from pipeline.text.batching import TextUnitSource, unit_sequences
-from pipeline.text.docs import read_doc_shard
-from pipeline.text.examples import Specials, TextConfig
-from pipeline.text.vocab import Vocab
+from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_imagenet, default_wikipedia
+from stoker.pipeline import augment
+from stoker.pipeline.augment import TrainTransform, crop_window
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import MANIFEST_VERSION, Manifest
+from stoker.pipeline.text.batching import TextUnitSource, unit_sequences
+from stoker.pipeline.text.docs import read_doc_shard
+from stoker.pipeline.text.examples import Specials, TextConfig
+from stoker.pipeline.text.vocab import Vocab
 
 ROOT = Path(__file__).parent
 WORK = ROOT / "work"

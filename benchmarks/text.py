@@ -25,17 +25,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 
-from accel.consumer import Consumer, ConsumerConfig
 from benchmarks.common import run_with_worker
 from benchmarks.report import CoreWatch, header, write_results
-from pipeline.job import JobConfig
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest
-from pipeline.text.batching import TextUnitSource, unit_text_batches
-from pipeline.text.docs import read_doc_shard
-from pipeline.text.examples import Specials, TextConfig
-from pipeline.text.vocab import Vocab
+from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_wikipedia
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
+from stoker.pipeline.text.docs import read_doc_shard
+from stoker.pipeline.text.examples import Specials, TextConfig
+from stoker.pipeline.text.vocab import Vocab
 
 WORKER_CORE, CONSUMER_CORE = 0, 1
 UNIT_DOCS = 256

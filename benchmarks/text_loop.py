@@ -6,8 +6,8 @@ import argparse
 import json
 
 from benchmarks.text import in_process
-from pipeline.shards import Manifest
-from pipeline.text.examples import TextConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.examples import TextConfig
 
 
 def main() -> None:

@@ -34,13 +34,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.report import header, write_results
-from pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.job import JOB_DEFAULTS
-from pipeline.plan import EpochPlan, Unit, batch_bounds
-from pipeline.seeds import sample_random
-from pipeline.shards import Manifest, ShardReader
 from stoker.datasets import default_imagenet
+from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.job import JOB_DEFAULTS
+from stoker.pipeline.plan import EpochPlan, Unit, batch_bounds
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import Manifest, ShardReader
 
 CORE = 0
 BATCH = 64

@@ -30,13 +30,13 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.report import CoreWatch, header, write_results
-from pipeline.augment import TrainTransform, decode_augment
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.job import JOB_DEFAULTS
-from pipeline.plan import EpochPlan
-from pipeline.seeds import sample_random
-from pipeline.shards import Manifest, ShardReader
 from stoker.datasets import default_imagenet
+from stoker.pipeline.augment import TrainTransform, decode_augment
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.job import JOB_DEFAULTS
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import Manifest, ShardReader
 from stoker.planning import SYSTEMS, PlanInput, make_plan
 
 CORE = 0

@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import numpy as np
 from PIL import Image
 
-from pipeline.cpu_clock import stage_clock
-from pipeline.transforms import Crop, Output
+from stoker.pipeline.cpu_clock import stage_clock
+from stoker.pipeline.transforms import Crop, Output
 
 if TYPE_CHECKING:
-    from pipeline.transforms import Sample
+    from stoker.pipeline.transforms import Sample
 
 try:
-    from pipeline import _jpegcrop
+    from stoker.pipeline import _jpegcrop
 except ImportError:  # built without libjpeg-turbo's headers: the pillow path does everything
     _jpegcrop = None  # type: ignore[assignment]  # mypy's idiom for an optional module: None = not built
 

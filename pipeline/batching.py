@@ -19,16 +19,16 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline import activity
-from pipeline.activity import Phase
-from pipeline.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
-from pipeline.cpu_clock import stage_clock
-from pipeline.deadline import CallLimit, TransformTimeout
-from pipeline.image_layout import DecodeOn
-from pipeline.plan import Unit, batch_bounds
-from pipeline.seeds import sample_random
-from pipeline.shards import ShardReader
-from pipeline.transforms import Crop, ImageTransform, Sample, check_outputs
+from stoker.pipeline import activity
+from stoker.pipeline.activity import Phase
+from stoker.pipeline.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
+from stoker.pipeline.cpu_clock import stage_clock
+from stoker.pipeline.deadline import CallLimit, TransformTimeout
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.plan import Unit, batch_bounds
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.transforms import Crop, ImageTransform, Sample, check_outputs
 
 
 @dataclass

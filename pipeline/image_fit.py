@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from pipeline import image_layout
-from protos import message_fit
-from protos.framing import MAX_FRAME_BYTES
+from stoker.pipeline import image_layout
+from stoker.protos import message_fit
+from stoker.protos.framing import MAX_FRAME_BYTES
 
 
 def image_problem(batch_size: int, image_size: int) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pipeline.tensors import TensorSpec
+from stoker.pipeline.tensors import TensorSpec
 
 
 class DecodeOn(StrEnum):

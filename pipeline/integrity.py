@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from pipeline.locks import HeldLock, acquire
+from stoker.pipeline.locks import HeldLock, acquire
 
 log = logging.getLogger("stoker.shards")
 

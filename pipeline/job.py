@@ -11,17 +11,17 @@ from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
 
-from pipeline import image_fit
-from pipeline.augment import DECODERS, REFERENCE_AREA
-from pipeline.image_layout import DecodeOn
-from pipeline.kinds import KINDS, DatasetKind, kind_of
-from pipeline.plan import EpochPlan, Resumed, Unit
-from pipeline.shards import Manifest
-from pipeline.text.examples import TextConfig
-from pipeline.text.vocab import Vocab
-from pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
-from protos import message_fit
-from protos.framing import ALLOWED_DTYPES
+from stoker.pipeline import image_fit
+from stoker.pipeline.augment import DECODERS, REFERENCE_AREA
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
+from stoker.pipeline.plan import EpochPlan, Resumed, Unit
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.vocab import Vocab
+from stoker.pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
+from stoker.protos import message_fit
+from stoker.protos.framing import ALLOWED_DTYPES
 
 DATASETS = tuple(KINDS)
 # The built-in image transforms take their parameters from the job's image fields; any other

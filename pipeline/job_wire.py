@@ -12,9 +12,9 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from pipeline.job import JobConfig
-from pipeline.text.examples import TextConfig
-from protos import stoker_pb2 as pb
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.text.examples import TextConfig
+from stoker.protos import stoker_pb2 as pb
 
 
 def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from pipeline import image_layout
-from pipeline.image_layout import DecodeOn
-from pipeline.tensors import BatchLayout
-from pipeline.text import layout as text_layout
-from pipeline.text.examples import TextConfig
-from pipeline.transforms import Resolved
+from stoker.pipeline import image_layout
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.tensors import BatchLayout
+from stoker.pipeline.text import layout as text_layout
+from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.transforms import Resolved
 
 
 class LaidOutJob(Protocol):

@@ -15,9 +15,9 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from pipeline.integrity import ShardRefused
-from pipeline.shard_cache import ShardCache
-from pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.integrity import ShardRefused
+from stoker.pipeline.shard_cache import ShardCache
+from stoker.pipeline.shards import Manifest, ShardReader
 
 log = logging.getLogger("stoker.worker")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from pipeline.wheels import WheelSource, cache_dir, fetch_wheel
+from stoker.pipeline.wheels import WheelSource, cache_dir, fetch_wheel
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from functools import cached_property
 
 import numpy as np
 
-from pipeline.seeds import derived_rng
-from pipeline.shards import Manifest
+from stoker.pipeline.seeds import derived_rng
+from stoker.pipeline.shards import Manifest
 
 _UNIT_ORDER_KEY = "unit-order"
 _CACHE_LOCK = threading.Lock()  # every plan's epoch cache: trims are rare and quick, one lock serves all

@@ -26,14 +26,14 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from pipeline.kinds import IMAGENET
-from pipeline.record_sources import FolderSource, Record, RecordSource
-from pipeline.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
-from pipeline.spill import SPILL_NAME, Spill
-from pipeline.storage import join, staged
+from stoker.pipeline.kinds import IMAGENET
+from stoker.pipeline.record_sources import FolderSource, Record, RecordSource
+from stoker.pipeline.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
+from stoker.pipeline.spill import SPILL_NAME, Spill
+from stoker.pipeline.storage import join, staged
 
 try:
-    from pipeline import _jpegrestart
+    from stoker.pipeline import _jpegrestart
 except ImportError:  # built without libjpeg-turbo's headers: shards keep the files as they are
     _jpegrestart = None  # type: ignore[assignment]  # mypy's idiom for an optional module: None = not built
 

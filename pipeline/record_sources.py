@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.stats import image_files
+from stoker.pipeline.stats import image_files
 
 # Labels are stored as int32 and the manifest lists one class name per label up to the largest:
 # a bound keeps a stray huge label from making a manifest of billions of names.

@@ -34,9 +34,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.integrity import Markers, ShardRefused, mismatch
-from pipeline.locks import HeldLock, acquire
-from pipeline.storage import StorageError, copy_hashed, file_size
+from stoker.pipeline.integrity import Markers, ShardRefused, mismatch
+from stoker.pipeline.locks import HeldLock, acquire
+from stoker.pipeline.storage import StorageError, copy_hashed, file_size
 
 log = logging.getLogger("stoker.shards")
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.files import write_atomically
-from pipeline.integrity import ShardRefused, check_file
-from pipeline.integrity import sha256_of as file_sha256
-from pipeline.shard_cache import CachedShard, ShardCache
-from pipeline.storage import is_remote, read_bytes
+from stoker.pipeline.files import write_atomically
+from stoker.pipeline.integrity import ShardRefused, check_file
+from stoker.pipeline.integrity import sha256_of as file_sha256
+from stoker.pipeline.shard_cache import CachedShard, ShardCache
+from stoker.pipeline.storage import is_remote, read_bytes
 
 PLAIN_IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
 IMAGE_SCHEMA = PLAIN_IMAGE_SCHEMA.append(pa.field("restarts", pa.binary()))

@@ -19,8 +19,8 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
-from pipeline.photos import load_photos
-from pipeline.seeds import derived_rng
+from stoker.pipeline.photos import load_photos
+from stoker.pipeline.seeds import derived_rng
 
 # The first ten ImageNet-1k synsets (tench, goldfish, great white shark, tiger shark,
 # hammerhead, electric ray, stingray, cock, hen, ostrich); further classes get made-up ids.

@@ -48,7 +48,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from pipeline.tensors import TensorSpec
+from stoker.pipeline.tensors import TensorSpec
 
 GROUP = "stoker.transforms"
 TAKES = ("crop", "pixels", "bytes")

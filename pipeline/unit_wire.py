@@ -4,8 +4,8 @@ with the data model: the wire (protos/) knows the message, not the unit."""
 
 from __future__ import annotations
 
-from pipeline.plan import Segment, Unit
-from protos import stoker_pb2 as pb
+from stoker.pipeline.plan import Segment, Unit
+from stoker.protos import stoker_pb2 as pb
 
 
 def unit_to_proto(unit: Unit, lease_token: bytes, data_endpoint: str) -> pb.WorkUnit:

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import zmq
 
-from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys
-from protos.endpoints import why_unreachable
-from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ClientKeys
+from stoker.protos.endpoints import why_unreachable
+from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.worker")
 WARN_AFTER_S = 5.0  # a request unanswered this long is logged once, with what a TCP connection there meets

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protos.curve import is_loopback
+from stoker.protos.curve import is_loopback
 
 FIX = "make keys with `stoker keys init DIR` and give them (--keys DIR), or allow it on a trusted network (--insecure)"
 

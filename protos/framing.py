@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import crc32c
 import numpy as np
 
-from protos import stoker_pb2 as pb
+from stoker.protos import stoker_pb2 as pb
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024 - 64 * 1024
 MAX_HEADER_BYTES = 1 << 20

@@ -17,7 +17,7 @@ import secrets
 import time
 from pathlib import Path
 
-from protos.private_files import PrivateFileError, private_dir, read_private, write_private
+from stoker.protos.private_files import PrivateFileError, private_dir, read_private, write_private
 
 ENV = "STOKER_JOB_SECRET"
 SECRET_BYTES = 32

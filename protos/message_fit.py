@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, MAX_HEADER_BYTES, rows_per_frame
+from stoker.protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, MAX_HEADER_BYTES, rows_per_frame
 
 HEADER_BYTES_PER_ROW = 10  # a sample id: a varint of at most 10 bytes
 HEADER_BYTES_PER_FRAME = 64  # a frame's description: tensor name, dtype, shape, byte count

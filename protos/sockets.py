@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import zmq
 
-from protos.curve import ClientKeys, ServerKeys
+from stoker.protos.curve import ClientKeys, ServerKeys
 
 CONTROL_MESSAGE_BYTES = 1 << 20  # the largest control message: a job spec at most
 S = TypeVar("S", bound=zmq.Socket)  # a plain or an asyncio socket: the kind the context makes

@@ -25,8 +25,8 @@ from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from protos.curve import ZAP_DOMAIN, ServerKeys
-from protos.droplog import DropLog
+from stoker.protos.curve import ZAP_DOMAIN, ServerKeys
+from stoker.protos.droplog import DropLog
 
 log = logging.getLogger("stoker.consumer")
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH

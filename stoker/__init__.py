@@ -43,15 +43,17 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it, imported on first use
 _WHERE = {
-    "Batch": "accel.feed", "Loader": "accel.loader", "ConsumerConfig": "accel.consumer_config",
-    "JobConfig": "pipeline.job", "TextConfig": "pipeline.text.examples", "Crop": "pipeline.transforms",
-    "CropFirst": "pipeline.transforms", "ImageTransform": "pipeline.transforms", "Output": "pipeline.transforms",
-    "Sample": "pipeline.transforms",
+    "Batch": "stoker.accel.feed", "Loader": "stoker.accel.loader", "ConsumerConfig": "stoker.accel.consumer_config",
+    "JobConfig": "stoker.pipeline.job", "TextConfig": "stoker.pipeline.text.examples",
+    "Crop": "stoker.pipeline.transforms", "CropFirst": "stoker.pipeline.transforms",
+    "ImageTransform": "stoker.pipeline.transforms", "Output": "stoker.pipeline.transforms",
+    "Sample": "stoker.pipeline.transforms",
     # errors a user catches
-    "JobFailed": "accel.consumer", "RankRefused": "accel.control.remote", "NotAConsumer": "accel.control.remote",
-    "TransformError": "pipeline.transforms", "TransformRefused": "pipeline.transforms",
-    "TransformOutputError": "pipeline.transforms", "CheckpointError": "accel.checkpoint",
-    "JobSecretError": "protos.job_secret", "UntrustedSecret": "protos.job_secret",
+    "JobFailed": "stoker.accel.consumer", "RankRefused": "stoker.accel.control.remote",
+    "NotAConsumer": "stoker.accel.control.remote",
+    "TransformError": "stoker.pipeline.transforms", "TransformRefused": "stoker.pipeline.transforms",
+    "TransformOutputError": "stoker.pipeline.transforms", "CheckpointError": "stoker.accel.checkpoint",
+    "JobSecretError": "stoker.protos.job_secret", "UntrustedSecret": "stoker.protos.job_secret",
 }
 # sorted(_WHERE), spelt out: type checkers and linters read a literal list
 __all__ = ["Batch", "CheckpointError", "ConsumerConfig", "Crop", "CropFirst", "ImageTransform", "JobConfig",
@@ -59,15 +61,15 @@ __all__ = ["Batch", "CheckpointError", "ConsumerConfig", "Crop", "CropFirst", "I
            "TransformError", "TransformOutputError", "TransformRefused", "UntrustedSecret"]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; never run
-    from accel.checkpoint import CheckpointError
-    from accel.consumer import JobFailed
-    from accel.consumer_config import ConsumerConfig
-    from accel.control.remote import NotAConsumer, RankRefused
-    from accel.feed import Batch
-    from accel.loader import Loader
-    from pipeline.job import JobConfig
-    from pipeline.text.examples import TextConfig
-    from pipeline.transforms import (
+    from stoker.accel.checkpoint import CheckpointError
+    from stoker.accel.consumer import JobFailed
+    from stoker.accel.consumer_config import ConsumerConfig
+    from stoker.accel.control.remote import NotAConsumer, RankRefused
+    from stoker.accel.feed import Batch
+    from stoker.accel.loader import Loader
+    from stoker.pipeline.job import JobConfig
+    from stoker.pipeline.text.examples import TextConfig
+    from stoker.pipeline.transforms import (
         Crop,
         CropFirst,
         ImageTransform,
@@ -77,7 +79,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
         TransformOutputError,
         TransformRefused,
     )
-    from protos.job_secret import JobSecretError, UntrustedSecret
+    from stoker.protos.job_secret import JobSecretError, UntrustedSecret
 else:  # hidden from type checkers, so that a misspelt name is an error there and not Any
 
     def __getattr__(name: str) -> object:

@@ -29,16 +29,16 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from pipeline.cpu_clock import CpuAccount, stage_clock
-from pipeline.job import JOB_DEFAULTS, JobConfig
-from pipeline.shards import Manifest
-from pipeline.text.examples import TextConfig
-from pipeline.transforms import parse_params, resolve
 from stoker.machine import machine_kind
+from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
+from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.transforms import parse_params, resolve
 from stoker.planning import transform_key
 from stoker.wire_cost import WireSink
-from workers.metrics import WorkerMetrics
-from workers.sources import Outgoing, make_source
+from stoker.workers.metrics import WorkerMetrics
+from stoker.workers.sources import Outgoing, make_source
 
 BATCH = 64
 EPOCHS = 1_000_000  # of a job whose batches are timed for some seconds: more than any time box reaches

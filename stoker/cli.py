@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.kinds import kind_of
 from stoker import __version__, cli_experiments, cli_prepare, configured, options, settings
 from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least, procs
 from stoker.options import (
@@ -23,9 +22,10 @@ from stoker.options import (
     Deprecated,
     consumer_metrics,
 )
+from stoker.pipeline.kinds import kind_of
 
 if TYPE_CHECKING:
-    from accel.summary import Summary
+    from stoker.accel.summary import Summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,7 @@ def _add_data(sub) -> None:
 def _add_worker(sub) -> None:
     """`stoker worker`: the per-host daemon, its options made from `WorkerConfig` (stoker.configured)
     and also read from $STOKER_* variables and a --config file (stoker.settings)."""
-    from workers.worker_config import WorkerConfig
+    from stoker.workers.worker_config import WorkerConfig
 
     worker = sub.add_parser("worker", help="the per-host decode/augment daemon", epilog=WORKER_EPILOG,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,7 +102,7 @@ def _add_keys(sub) -> None:
 
 def _add_train(sub) -> None:
     """`stoker train`: a consumer rank (+ dispatcher)."""
-    from accel.consumer_config import ConsumerConfig
+    from stoker.accel.consumer_config import ConsumerConfig
 
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
@@ -127,7 +127,7 @@ def _add_train(sub) -> None:
 
 def _add_dispatch(sub) -> None:
     """`stoker dispatch`: the dispatcher alone."""
-    from accel.control.dispatch_config import DispatchConfig
+    from stoker.accel.control.dispatch_config import DispatchConfig
 
     dispatch = sub.add_parser("dispatch", help="the dispatcher as its own process, with a journal", parents=[JOB])
     dispatch.add_argument("--data", required=True, help="shards' manifest.json (or its folder)")
@@ -136,7 +136,7 @@ def _add_dispatch(sub) -> None:
 
 def _add_run(sub) -> None:
     """`stoker run`: the whole job on this machine."""
-    from accel.consumer_config import ConsumerConfig
+    from stoker.accel.consumer_config import ConsumerConfig
 
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
@@ -185,7 +185,7 @@ RUN_PROFILE = "a100"
 
 
 def _accel_spec(args: argparse.Namespace):
-    from accel.accelerators import AccelSpec
+    from stoker.accel.accelerators import AccelSpec
 
     if args.accel == "torch":  # the loss every few steps is what a person training wants to see
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
@@ -201,33 +201,33 @@ def _accel_spec(args: argparse.Namespace):
 
 def _cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "wikipedia":
-        from pipeline.text.corpus import write_wikipedia
+        from stoker.pipeline.text.corpus import write_wikipedia
 
         corpus = write_wikipedia(args.dir, documents=args.docs)
         print(f"wrote {corpus.documents} Wikipedia articles to {corpus.text} and BERT's vocabulary to {corpus.vocab}\n"
               f"next: stoker prepare wikipedia {corpus.text} SHARDS_DIR --vocab {corpus.vocab}")
         return 0
     if args.data_command == "imagenet-synth":
-        from pipeline.synth import SynthConfig, generate
+        from stoker.pipeline.synth import SynthConfig, generate
 
         total = generate(args.dir, SynthConfig(images=args.images, classes=args.classes, seed=args.seed),
                          processes=args.procs)
         print(f"wrote {args.images} images ({total / 1e6:.1f} MB) to {args.dir}/train")
         return 0
-    from pipeline.stats import folder_stats
+    from stoker.pipeline.stats import folder_stats
 
     print(json.dumps(folder_stats(args.dir).as_dict(), indent=1))
     return 0
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from workers.multiproc import ENV, prepare_multiproc_dir, remove_multiproc_dir
+    from stoker.workers.multiproc import ENV, prepare_multiproc_dir, remove_multiproc_dir
 
     ours = ENV not in os.environ
     folder = prepare_multiproc_dir()  # before prometheus_client is imported
     try:
-        from workers.daemon import WorkerDaemon
-        from workers.worker_config import WorkerConfig
+        from stoker.workers.daemon import WorkerDaemon
+        from stoker.workers.worker_config import WorkerConfig
 
         return WorkerDaemon(configured.config_of(WorkerConfig, args)).run()
     finally:
@@ -236,9 +236,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from accel import checkpoint
-    from accel.consumer import Consumer
-    from accel.ranks import place, rank_zero_dispatcher
+    from stoker.accel import checkpoint
+    from stoker.accel.consumer import Consumer
+    from stoker.accel.ranks import place, rank_zero_dispatcher
     from stoker.embedded import Progress, print_summary
 
     where = place(args.rank, args.world_size, None)
@@ -340,8 +340,8 @@ def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
 
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:
-    from accel.control.dispatch_config import DispatchConfig
-    from accel.control.service import DispatchService
+    from stoker.accel.control.dispatch_config import DispatchConfig
+    from stoker.accel.control.service import DispatchService
 
     service = DispatchService(configured.config_of(DispatchConfig, args), options.job_config(args))
     attach = f"; consumers attach with --job-secret {service.secret_file}" if service.secret_file else ""
@@ -356,7 +356,7 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
-    from protos import curve
+    from stoker.protos import curve
 
     if args.keys_command == "init":
         folder = curve.init_keys(args.dir)
@@ -418,7 +418,7 @@ COMMANDS = {"data": _cmd_data, "prepare": cli_prepare.run, "worker": _cmd_worker
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Flags that cannot work together: refused before anything starts."""
-    from protos.curve import is_loopback
+    from stoker.protos.curve import is_loopback
 
     command = args.command
     if command == "prepare":
@@ -472,7 +472,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _settle_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The daemon's options the command line left out: from $STOKER_*, then --config, then the defaults."""
-    from workers.worker_config import WorkerConfig
+    from stoker.workers.worker_config import WorkerConfig
 
     try:
         settings.settle(WorkerConfig, args, os.environ, args.config)

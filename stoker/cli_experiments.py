@@ -103,8 +103,8 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from pipeline.transforms import parse_params
     from stoker.datasets import default_manifest
+    from stoker.pipeline.transforms import parse_params
     from stoker.sweep import SweepConfig, default_out, run_sweep, write_outputs
 
     params = parse_params(args.transform_params)
@@ -192,7 +192,7 @@ def _asked(args: argparse.Namespace) -> str:
 
 def _plan_datasets(args: argparse.Namespace) -> tuple[str, ...]:
     """--dataset, where a --transform (an image transform) means imagenet unless both are asked for."""
-    from pipeline.transforms import check_name, parse_params
+    from stoker.pipeline.transforms import check_name, parse_params
 
     if args.plan_transform is None:
         return ("imagenet", "wikipedia") if args.dataset in (None, "both") else (args.dataset,)
@@ -276,7 +276,7 @@ def _check(args: argparse.Namespace, dataset: str, rate: float) -> dict:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from accel.bottleneck import read_status
+    from stoker.accel.bottleneck import read_status
 
     if not args.watch:
         status = read_status(args.metrics)
@@ -293,7 +293,7 @@ def _watch(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from accel.bottleneck import read_status, watch_frame
+    from stoker.accel.bottleneck import read_status, watch_frame
 
     redraw = sys.stdout.isatty() and not args.json
     old, at, shown = None, time.monotonic(), 0

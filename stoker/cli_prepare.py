@@ -74,7 +74,7 @@ def add_parser(sub) -> None:
 
 def _image_options(command: argparse.ArgumentParser) -> None:
     """The options of every image source: where the shards go, and `PrepareConfig`'s."""
-    from pipeline.prepare import PrepareConfig
+    from stoker.pipeline.prepare import PrepareConfig
 
     command.add_argument("dst", help="a folder or s3://bucket/path")
     command.add_argument("--shard-mb", type=SECONDS, default=256, help="shard size in MB (default %(default)s)")
@@ -85,7 +85,7 @@ def _add_wikipedia(prepare) -> None:
     wikipedia = prepare.add_parser("wikipedia", help="BERT-format text -> tokenized Parquet shards + manifest")
     wikipedia.add_argument("src", help="a text file or folder of .txt files: one sentence (or paragraph) per "
                                        "line, a blank line between documents")
-    from pipeline.text.prepare import TextPrepareConfig
+    from stoker.pipeline.text.prepare import TextPrepareConfig
 
     wikipedia.add_argument("dst", help="a folder or s3://bucket/path")
     wikipedia.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
@@ -102,15 +102,15 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def _source(args: argparse.Namespace):
     """The record source the sub-command names (pipeline.record_sources)."""
     if args.prepare_command == "webdataset":
-        from pipeline.tar_records import TarSource
+        from stoker.pipeline.tar_records import TarSource
 
         return TarSource(args.src, data_ext=args.data_ext, label_field=args.label_field)
     if args.prepare_command == "parquet":
-        from pipeline.table_records import TableSource
+        from stoker.pipeline.table_records import TableSource
 
         return TableSource(args.src, image_column=args.image_column, label_column=args.label_column,
                            key_column=args.key_column, batch_rows=args.batch_rows)
-    from pipeline.record_sources import FolderSource
+    from stoker.pipeline.record_sources import FolderSource
 
     return FolderSource(args.src)
 
@@ -118,7 +118,7 @@ def _source(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     if args.prepare_command == "wikipedia":
         return _prepare_wikipedia(args)
-    from pipeline.prepare import PrepareConfig, default_restart_interval, prepare_records
+    from stoker.pipeline.prepare import PrepareConfig, default_restart_interval, prepare_records
 
     interval = default_restart_interval() if args.restart_interval_px is None else args.restart_interval_px
     source = _source(args)
@@ -148,7 +148,7 @@ def _print_some(what: str, items: list[dict[str, str]]) -> None:
 
 
 def _prepare_wikipedia(args: argparse.Namespace) -> int:
-    from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
+    from stoker.pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
 
     result = prepare_wikipedia(args.src, args.dst, args.vocab, config_of(TextPrepareConfig, args))
     _print_some("skipped", result.skipped)

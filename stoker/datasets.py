@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.kinds import IMAGENET, WIKIPEDIA, kind_of
-from pipeline.prepare import PrepareConfig, prepare_imagenet
-from pipeline.shards import MANIFEST_NAME, MANIFEST_VERSION, Manifest
-from pipeline.synth import SynthConfig, generate
-from pipeline.text.corpus import write_wikipedia
-from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
-from pipeline.wheels import cache_dir
+from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA, kind_of
+from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
+from stoker.pipeline.shards import MANIFEST_NAME, MANIFEST_VERSION, Manifest
+from stoker.pipeline.stats import image_files
+from stoker.pipeline.synth import SynthConfig, generate
+from stoker.pipeline.text.corpus import write_wikipedia
+from stoker.pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
+from stoker.pipeline.wheels import cache_dir
 
 DEFAULT_IMAGES = 2000
 
@@ -29,6 +30,15 @@ def default_imagenet(images: int = DEFAULT_IMAGES, root: Path | None = None, pro
     print(f"stoker: preparing shards in {base / 'shards'}", flush=True)
     prepare_imagenet(raw, base / "shards", PrepareConfig(progress=progress))
     return manifest
+
+
+def imagenet_like(folder: str | Path, images: int, classes: int = 10, seed: int = 0,
+                  progress: bool = False) -> list[Path]:
+    """An ImageNet-layout folder (train/<wnid>/<wnid>_<n>.JPEG) of the stand-ins the default set is made
+    of (crops of real photographs, some progressive or CMYK as real sets have them): the files written.
+    For examples and experiments that need labelled JPEGs of their own."""
+    generate(folder, SynthConfig(images=images, classes=classes, seed=seed), progress=progress)
+    return image_files(folder)
 
 
 def _current(manifest: Path) -> bool:

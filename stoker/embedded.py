@@ -27,18 +27,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from accel.accelerators import AccelSpec
-from accel.consumer import Consumer
-from accel.consumer_config import ConsumerConfig, rank_metrics_port
-from accel.cost import cores_text
-from accel.profiles import PROFILE_SEQ_LEN, profile_rate
-from accel.summary import Summary, job_totals
-from pipeline.image_layout import DecodeOn
-from pipeline.job import JobConfig
-from pipeline.kinds import kind_of
-from protos import job_secret
+from stoker.accel.accelerators import AccelSpec
+from stoker.accel.consumer import Consumer
+from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
+from stoker.accel.cost import cores_text
+from stoker.accel.profiles import PROFILE_SEQ_LEN, profile_rate
+from stoker.accel.summary import Summary, job_totals
 from stoker.datasets import default_manifest
 from stoker.options import emit_json
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.kinds import kind_of
+from stoker.protos import job_secret
 
 ERROR_PREFIX = "stoker: error: "  # how a stoker process says why it exits (stoker.cli.main)
 CHILD_ERROR = re.compile(r"stoker(?: [a-z]+)?: error: ")  # ... and its parser (stoker.flags.Parser)
@@ -73,7 +73,7 @@ def _worker_environment() -> dict[str, str]:
     """This process's environment without the STOKER_* variables a `stoker worker` reads as its options:
     this job's daemons are told everything by their command line, not by settings meant for another's."""
     from stoker.settings import without_settings
-    from workers.worker_config import WorkerConfig
+    from stoker.workers.worker_config import WorkerConfig
 
     return without_settings(os.environ, WorkerConfig)
 

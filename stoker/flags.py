@@ -83,7 +83,7 @@ def restart_interval(text: str) -> int:
         value = None
     if value is None or not (value == 0 or 8 <= value <= MAX_PORT):
         raise argparse.ArgumentTypeError(f"must be 0 (keep the files as they are) or 8-{MAX_PORT} pixels, not {text!r}")
-    from pipeline.prepare import transcoder_available
+    from stoker.pipeline.prepare import transcoder_available
 
     if value and not transcoder_available():
         raise argparse.ArgumentTypeError("this install has no restart-marker transcoder (pipeline._jpegrestart was "
@@ -110,7 +110,7 @@ endpoint.__name__ = "endpoint"
 
 def gigabytes(text: str) -> float:
     """A shard cache's size limit, as $STOKER_SHARD_CACHE_GB has always been read (pipeline.shard_cache)."""
-    from pipeline.shard_cache import parse_gb
+    from stoker.pipeline.shard_cache import parse_gb
 
     try:
         return parse_gb(text, "GB")
@@ -123,7 +123,7 @@ gigabytes.__name__ = "GB"
 def host_id(text: str) -> str:
     """A host's name to the dispatcher: it is in worker ids, log lines and metric labels, so it is short
     (the dispatcher takes names up to 256 characters, and a worker id adds to it) and plain."""
-    from workers.worker_config import HOST_ID_CHARS, MAX_HOST_ID
+    from stoker.workers.worker_config import HOST_ID_CHARS, MAX_HOST_ID
 
     if not 0 < len(text) <= MAX_HOST_ID or not HOST_ID_CHARS.fullmatch(text):
         raise argparse.ArgumentTypeError(f"must be 1 to {MAX_HOST_ID} letters, digits and . _ - : @ + (no spaces, "
@@ -136,7 +136,7 @@ host_id.__name__ = "host id"
 
 def procs(text: str) -> int:
     """Decode processes per host: 1 up to workers.worker_config.most_procs()."""
-    from workers.worker_config import most_procs
+    from stoker.workers.worker_config import most_procs
 
     return int_at_least(1, most_procs())(text)
 

@@ -25,18 +25,18 @@ import os
 import sys
 from pathlib import Path
 
-from accel.accelerators import AccelSpec
-from accel.consumer_config import ConsumerConfig
-from pipeline import image_fit
-from pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
-from pipeline.image_layout import DecodeOn
-from pipeline.job import DATASETS, JOB_DEFAULTS, JobConfig
-from pipeline.kinds import IMAGENET, kind_of
-from pipeline.shard_cache import LIMIT_ENV, parse_gb
-from pipeline.text.examples import TextConfig
+from stoker.accel.accelerators import AccelSpec
+from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import add_options, config_of, fields_of
 from stoker.flags import METRICS_PORT, POSITIVE, SECONDS, float_in
-from workers.worker_config import WorkerConfig
+from stoker.pipeline import image_fit
+from stoker.pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.job import DATASETS, JOB_DEFAULTS, JobConfig
+from stoker.pipeline.kinds import IMAGENET, kind_of
+from stoker.pipeline.shard_cache import LIMIT_ENV, parse_gb
+from stoker.pipeline.text.examples import TextConfig
+from stoker.workers.worker_config import WorkerConfig
 
 
 def _group(description: str) -> argparse.ArgumentParser:
@@ -190,8 +190,8 @@ def transform_error(transform: str | None, transform_params: str, image_size: in
     (None) is none."""
     if transform is None:
         return None
-    from pipeline.job import BUILTIN_TRANSFORMS, outputs_problem
-    from pipeline.transforms import TransformError, check_name, parse_params, resolve
+    from stoker.pipeline.job import BUILTIN_TRANSFORMS, outputs_problem
+    from stoker.pipeline.transforms import TransformError, check_name, parse_params, resolve
 
     builtin = transform in BUILTIN_TRANSFORMS
     try:
@@ -223,7 +223,7 @@ def job_config(args: argparse.Namespace, rank: int | None = None) -> JobConfig:
 
 
 def world_size(args: argparse.Namespace, rank: int | None) -> int:
-    from accel.ranks import place
+    from stoker.accel.ranks import place
 
     return place(rank, args.world_size, None).world_size
 
@@ -233,7 +233,7 @@ def dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
     if args.dataset:
         return args.dataset
     if manifest_uri:
-        from pipeline.shards import Manifest
+        from stoker.pipeline.shards import Manifest
 
         return Manifest.load(manifest_uri).kind
     return IMAGENET.name
@@ -241,7 +241,7 @@ def dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
 
 def consumer_metrics_port(args: argparse.Namespace, rank: int | None) -> int | None:
     """--metrics-port, else the port of this rank (`rank`: --rank, None for `stoker run`'s rank 0)."""
-    from accel.consumer_config import rank_metrics_port
+    from stoker.accel.consumer_config import rank_metrics_port
 
     if args.metrics_port is None:
         return rank_metrics_port(rank or int(os.environ.get("LOCAL_RANK") or 0))

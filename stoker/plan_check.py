@@ -16,7 +16,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.kinds import kind_of
+from stoker.pipeline.kinds import kind_of
 from stoker.sweep import Point, SweepConfig, measure_point
 
 log = logging.getLogger("stoker.plan_check")

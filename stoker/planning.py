@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from accel.cost import rate_figure
-from accel.profiles import PROFILES, profile_rate
-from pipeline.kinds import kind_of
-from pipeline.transforms import parse_params
+from stoker.accel.cost import rate_figure
+from stoker.accel.profiles import PROFILES, profile_rate
+from stoker.pipeline.kinds import kind_of
+from stoker.pipeline.transforms import parse_params
 
 
 @dataclass(frozen=True)

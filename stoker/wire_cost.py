@@ -20,9 +20,9 @@ from types import TracebackType
 import numpy as np
 import zmq
 
-from protos import stoker_pb2 as pb
-from protos.framing import encode_tensors
-from workers.sender import COPY_BELOW
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.framing import encode_tensors
+from stoker.workers.sender import COPY_BELOW
 
 START_S = 30.0  # for the sink to say its port
 SEND_S = 10.0  # for one batch to leave

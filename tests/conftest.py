@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.job import JobConfig
-from pipeline.prepare import PrepareConfig, prepare_imagenet
-from pipeline.shards import Manifest, ShardReader, ShardWriter
-from pipeline.synth import SynthConfig, generate
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
+from stoker.pipeline.shards import Manifest, ShardReader, ShardWriter
+from stoker.pipeline.synth import SynthConfig, generate
 from tests.helpers import Daemon, Job
 from tests.shard_edits import JOB, ROWS, expected_images, reshard
 
@@ -90,7 +90,7 @@ WIKI_DOCS = 1200
 @pytest.fixture(scope="session")
 def wiki_corpus(tmp_path_factory):
     """The first WIKI_DOCS real Wikipedia lead sections and BERT's real vocab.txt."""
-    from pipeline.text.corpus import write_wikipedia
+    from stoker.pipeline.text.corpus import write_wikipedia
 
     return write_wikipedia(tmp_path_factory.mktemp("wiki-raw"), documents=WIKI_DOCS)
 
@@ -98,7 +98,7 @@ def wiki_corpus(tmp_path_factory):
 @pytest.fixture(scope="session")
 def wiki_manifest(wiki_corpus, tmp_path_factory) -> Manifest:
     """Those documents tokenized into three Parquet shards."""
-    from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
+    from stoker.pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
 
     dst = tmp_path_factory.mktemp("wiki-shards")
     cfg = TextPrepareConfig(docs_per_shard=WIKI_DOCS // 3, progress=False)

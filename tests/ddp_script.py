@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from accel.models.resnet import resnet18
 from stoker import ConsumerConfig, JobConfig, Loader
+from stoker.accel.models.resnet import resnet18
 
 
 def make_model(kind: str, image_size: int) -> nn.Module:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from accel.accelerators import SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig
-from accel.stepping import given
-from accel.summary import Summary
-from pipeline.job import JobConfig
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.stepping import given
+from stoker.accel.summary import Summary
+from stoker.pipeline.job import JobConfig
 
 TEST_PORTS = range(20000, 32000)  # below Linux's ephemeral range (32768-60999 by default)
 
@@ -243,7 +243,7 @@ def run_recorded(manifest_uri: str, log_dir: Path, env: dict[str, str] | None = 
 
 def sample_of(reader, row: int):
     """Row `row` of a shard as a transform receives it (its sample id: the row)."""
-    from pipeline.transforms import Sample
+    from stoker.pipeline.transforms import Sample
 
     return Sample(row, reader.key(row), reader.label(row), reader.jpeg(row))
 

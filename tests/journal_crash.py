@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from accel.control import journal as journal_module
+from stoker.accel.control import journal as journal_module
 
 KINDS = ("inside a line", "after a line", "before an fsync", "before a rename", "after a rename")
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import HostTransform
-from pipeline.job import JobConfig
-from pipeline.seeds import sample_random
-from pipeline.shards import IMAGE_SCHEMA, Manifest, ShardInfo, ShardReader, file_sha256
-from pipeline.transforms import Sample
-from workers.sources import transform_of
+from stoker.pipeline.batching import HostTransform
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import IMAGE_SCHEMA, Manifest, ShardInfo, ShardReader, file_sha256
+from stoker.pipeline.transforms import Sample
+from stoker.workers.sources import transform_of
 
 Row = tuple[str, int, bytes, bytes | None]  # key, label, jpeg, restarts
 ROWS = 16  # rows per shard of the `sixteen` fixture

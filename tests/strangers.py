@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import zmq
 
-from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ClientKeys
 
 
 def dealer(ctx: zmq.Context, endpoint: str, curve: ClientKeys | None = None, identity: bytes | None = None):

@@ -38,9 +38,9 @@ def test_the_documented_transform_runs_as_a_worker_runs_it(tmp_path, monkeypatch
     import numpy as np
     from PIL import Image
 
-    from pipeline.batching import HostTransform
-    from pipeline.seeds import sample_random
-    from pipeline.transforms import Sample, resolve
+    from stoker.pipeline.batching import HostTransform
+    from stoker.pipeline.seeds import sample_random
+    from stoker.pipeline.transforms import Sample, resolve
 
     page = (DOCS / "transforms.md").read_text()
     start = page.index('```python\n"""my_augment.py') + len("```python\n")

@@ -79,9 +79,18 @@ def project_modules(root: Path) -> dict[str, Path]:
     return modules
 
 
+ROOMS = ("pipeline", "protos", "workers", "accel")  # top-level folders, installed as stoker.<room>
+
+
+def in_repository(name: str) -> str:
+    """A dotted name as the repository's folders spell it: stoker.pipeline.job is pipeline/job.py."""
+    first, _, rest = name.partition(".")
+    return rest if first == "stoker" and rest.split(".")[0] in ROOMS else name
+
+
 def _with_packages(name: str, modules: dict[str, Path]) -> set[str]:
     """`name` and the packages above it, those of them that are project modules."""
-    parts = name.split(".")
+    parts = in_repository(name).split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & modules.keys()
 
 
@@ -116,7 +125,7 @@ def _started(node: ast.AST, name: str, path: Path, modules: dict[str, Path], scr
                 if flag == "-m" and f"{package}.__main__" in modules}
     if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
         return set()
-    head = node.value.partition(":")[0]
+    head = in_repository(node.value.partition(":")[0])
     if "." in head and head in modules:
         return _with_packages(head, modules)
     if node.value in scripts:

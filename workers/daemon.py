@@ -28,20 +28,20 @@ import time
 import zmq
 from prometheus_client import multiprocess
 
-from pipeline.activity import ActivitySlot, Phase
-from pipeline.job import JobConfig
-from pipeline.job_wire import job_from_proto
-from pipeline.shard_cache import CacheConfig
-from protos import stoker_pb2 as pb
-from protos.control_client import ControlClient, DispatcherUnreachable
-from protos.curve import ClientKeys
-from protos.exposure import check_exposure
-from protos.leases import HOST_ID_IN_USE
-from protos.sd_notify import Notifier
-from workers.lifeline import exit_with_parent, parent_alive
-from workers.metrics import WorkerMetrics, serve_multiprocess
-from workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_OTHER_JOB, ProcessSpec, process_main
-from workers.worker_config import WorkerConfig, most_procs
+from stoker.pipeline.activity import ActivitySlot, Phase
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.job_wire import job_from_proto
+from stoker.pipeline.shard_cache import CacheConfig
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos.curve import ClientKeys
+from stoker.protos.exposure import check_exposure
+from stoker.protos.leases import HOST_ID_IN_USE
+from stoker.protos.sd_notify import Notifier
+from stoker.workers.lifeline import exit_with_parent, parent_alive
+from stoker.workers.metrics import WorkerMetrics, serve_multiprocess
+from stoker.workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_OTHER_JOB, ProcessSpec, process_main
+from stoker.workers.worker_config import WorkerConfig, most_procs
 
 log = logging.getLogger("stoker.worker")
 

@@ -8,7 +8,7 @@ from collections import Counter as Tally
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
-from pipeline.cpu_clock import BatchCost
+from stoker.pipeline.cpu_clock import BatchCost
 
 IMAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256)
 

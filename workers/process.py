@@ -30,24 +30,24 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from pipeline import activity
-from pipeline.activity import ActivitySlot, Phase
-from pipeline.cpu_clock import CpuAccount, stage_clock
-from pipeline.job import JobConfig
-from pipeline.plan import Unit
-from pipeline.shard_cache import CacheConfig
-from pipeline.shards import Manifest
-from pipeline.transforms import TransformOutputError, TransformRefused
-from pipeline.unit_wire import unit_from_proto
-from protos import stoker_pb2 as pb
-from protos.control_client import ControlClient, DispatcherUnreachable
-from protos.curve import ClientKeys
-from protos.framing import encode_tensors
-from protos.leases import UNREACHABLE
-from workers.lifeline import exit_with_parent, parent_alive
-from workers.metrics import WorkerMetrics
-from workers.sender import DataSender, Lease, LeaseRefused, Rejected, SendTimedOut
-from workers.sources import BatchSource, Outgoing, make_source
+from stoker.pipeline import activity
+from stoker.pipeline.activity import ActivitySlot, Phase
+from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import Unit
+from stoker.pipeline.shard_cache import CacheConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.transforms import TransformOutputError, TransformRefused
+from stoker.pipeline.unit_wire import unit_from_proto
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos.curve import ClientKeys
+from stoker.protos.framing import encode_tensors
+from stoker.protos.leases import UNREACHABLE
+from stoker.workers.lifeline import exit_with_parent, parent_alive
+from stoker.workers.metrics import WorkerMetrics
+from stoker.workers.sender import DataSender, Lease, LeaseRefused, Rejected, SendTimedOut
+from stoker.workers.sources import BatchSource, Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
 

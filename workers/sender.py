@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys
-from protos.sockets import dealer
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ClientKeys
+from stoker.protos.sockets import dealer
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -18,21 +18,21 @@ from typing import Protocol
 
 import numpy as np
 
-from pipeline.augment import CROP_DECODER_AVAILABLE
-from pipeline.batching import sample_work, unit_batches
-from pipeline.job import JobConfig
-from pipeline.kinds import IMAGENET, WIKIPEDIA
-from pipeline.open_shards import OpenShards
-from pipeline.plan import Unit
-from pipeline.shard_cache import CacheConfig, ShardCache
-from pipeline.shards import Manifest
-from pipeline.text.batching import TextUnitSource, unit_text_batches
-from pipeline.text.docs import ShardError, read_doc_shard
-from pipeline.text.examples import Specials
-from pipeline.text.vocab import Vocab
-from pipeline.transforms import ImageTransform, pinned
-from protos import stoker_pb2 as pb
-from workers.metrics import WorkerMetrics
+from stoker.pipeline.augment import CROP_DECODER_AVAILABLE
+from stoker.pipeline.batching import sample_work, unit_batches
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA
+from stoker.pipeline.open_shards import OpenShards
+from stoker.pipeline.plan import Unit
+from stoker.pipeline.shard_cache import CacheConfig, ShardCache
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
+from stoker.pipeline.text.docs import ShardError, read_doc_shard
+from stoker.pipeline.text.examples import Specials
+from stoker.pipeline.text.vocab import Vocab
+from stoker.pipeline.transforms import ImageTransform, pinned
+from stoker.protos import stoker_pb2 as pb
+from stoker.workers.metrics import WorkerMetrics
 
 log = logging.getLogger("stoker.worker")
 

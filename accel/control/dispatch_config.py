@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from protos import job_secret
+from stoker.protos import job_secret
 
 
 def control_bind() -> Any:

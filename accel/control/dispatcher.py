@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from accel.control.journal import Journal
-from pipeline.plan import EpochPlan, Unit
-from protos.leases import HANDED_BACK, SHORT_UNIT, TRADED
+from stoker.accel.control.journal import Journal
+from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED
 
 SCAN_PAST = 64  # pending units a lease may pass over (ranks the asking process holds) before it says wait
 AVOID_S = 5.0  # a unit redone because its leaseholder ended it short goes to another host first, this long

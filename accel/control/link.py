@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import zmq.asyncio
 
-from accel.control.dispatcher import DispatcherStats
+from stoker.accel.control.dispatcher import DispatcherStats
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from typing import Any
 
 import zmq.asyncio
 
-from accel.control.dispatcher import Dispatcher, DispatcherStats
-from accel.control.link import CloseWait
-from accel.control.metrics import ControlMetrics
-from accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
-from accel.control.watchdog import StallBounds
-from protos import stoker_pb2 as pb
-from protos.curve import ServerKeys
-from protos.endpoints import advertised
-from protos.leases import LeaseSigner
+from stoker.accel.control.dispatcher import Dispatcher, DispatcherStats
+from stoker.accel.control.link import CloseWait
+from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
+from stoker.accel.control.watchdog import StallBounds
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ServerKeys
+from stoker.protos.endpoints import advertised
+from stoker.protos.leases import LeaseSigner
 
 
 @dataclass(frozen=True)

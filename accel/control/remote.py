@@ -24,12 +24,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from accel.control.dispatcher import DispatcherStats
-from accel.control.link import CloseWait
-from protos import stoker_pb2 as pb
-from protos.control_client import ControlClient, DispatcherUnreachable
-from protos.curve import ClientKeys
-from protos.sockets import CONTROL_MESSAGE_BYTES, dealer
+from stoker.accel.control.dispatcher import DispatcherStats
+from stoker.accel.control.link import CloseWait
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos.curve import ClientKeys
+from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.consumer")
 HEARTBEAT_S = 1.0

@@ -32,19 +32,19 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from accel.aio import pump_batches
-from accel.control.dispatcher import Dispatcher, RankError
-from accel.control.metrics import ControlMetrics
-from accel.control.watchdog import StallBounds, Watchdog
-from pipeline.unit_wire import unit_to_proto
-from protos import stoker_pb2 as pb
-from protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
-from protos.droplog import DropLog
-from protos.endpoints import bind
-from protos.framing import MAX_HEADER_BYTES, frame_bytes
-from protos.leases import HOST_ID_IN_USE, REREGISTERED, UNREACHABLE, LeaseSigner
-from protos.sockets import CONTROL_MESSAGE_BYTES, router, send_nowait
-from protos.zap import HANDSHAKE_EVENTS, count_handshakes
+from stoker.accel.aio import pump_batches
+from stoker.accel.control.dispatcher import Dispatcher, RankError
+from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.watchdog import StallBounds, Watchdog
+from stoker.pipeline.unit_wire import unit_to_proto
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import CONSUMER, NOBODY, WORKER, Caller, ServerKeys, caller_of
+from stoker.protos.droplog import DropLog
+from stoker.protos.endpoints import bind
+from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
+from stoker.protos.leases import HOST_ID_IN_USE, REREGISTERED, UNREACHABLE, LeaseSigner
+from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, router, send_nowait
+from stoker.protos.zap import HANDSHAKE_EVENTS, count_handshakes
 
 log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted

@@ -25,23 +25,23 @@ from dataclasses import replace
 import uvloop
 import zmq.asyncio
 
-from accel.aio import run_until_one_fails
-from accel.checkpoint import job_fields
-from accel.control.dispatch_config import DispatchConfig
-from accel.control.dispatcher import Dispatcher
-from accel.control.journal import Journal
-from accel.control.metrics import ControlMetrics
-from accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
-from accel.control.watchdog import StallBounds
-from pipeline.job import JobConfig
-from pipeline.job_wire import job_to_proto
-from pipeline.shards import Manifest
-from protos import job_secret
-from protos.curve import ServerKeys
-from protos.endpoints import advertised
-from protos.exposure import check_exposure
-from protos.leases import KEY_BYTES, LeaseSigner
-from protos.zap import KeyAuthenticator
+from stoker.accel.aio import run_until_one_fails
+from stoker.accel.checkpoint import job_fields
+from stoker.accel.control.dispatch_config import DispatchConfig
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.journal import Journal
+from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
+from stoker.accel.control.watchdog import StallBounds
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.job_wire import job_to_proto
+from stoker.pipeline.shards import Manifest
+from stoker.protos import job_secret
+from stoker.protos.curve import ServerKeys
+from stoker.protos.endpoints import advertised
+from stoker.protos.exposure import check_exposure
+from stoker.protos.leases import KEY_BYTES, LeaseSigner
+from stoker.protos.zap import KeyAuthenticator
 
 log = logging.getLogger("stoker.dispatcher")
 

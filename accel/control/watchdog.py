@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from accel.control.dispatcher import Dispatcher
-from protos import stoker_pb2 as pb
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.protos import stoker_pb2 as pb
 
 HOLDERS_NAMED = 3  # processes named in a line; the metric has them all
 MAX_HOSTS = 65536  # hosts whose processes' activity is kept: heartbeats under made-up host ids cannot grow it

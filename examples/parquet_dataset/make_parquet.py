@@ -3,8 +3,8 @@
 
     python examples/parquet_dataset/make_parquet.py OUT [--images 400] [--classes 10] [--files 2]
 
-The images are Stoker's ImageNet-like stand-ins (pipeline.synth: crops of real photographs, as
-JPEGs). They are written as `datasets` writes an image classification split:
+The images are Stoker's ImageNet-like stand-ins (stoker.datasets.imagenet_like: crops of real
+photographs, as JPEGs). They are written as `datasets` writes an image classification split:
 OUT/data/train-0000i-of-0000n.parquet with an `image` column `struct<bytes: binary, path: string>`,
 a `label` column of int64, the class names as a ClassLabel in the schema's `huggingface` metadata,
 and row groups of 100 rows.
@@ -19,15 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.stats import image_files
-from pipeline.synth import SynthConfig, generate
+from stoker.datasets import imagenet_like
 
 
-def labelled_images(cfg: SynthConfig) -> tuple[list[tuple[dict, int]], list[str]]:
+def labelled_images(images: int, classes: int, seed: int) -> tuple[list[tuple[dict, int]], list[str]]:
     """([({bytes, path}, label), ...], class names): generated as a folder, read back in class order."""
     with tempfile.TemporaryDirectory() as folder:
-        generate(folder, cfg)
-        files = image_files(folder)  # folder/train/<wnid>/<wnid>_<n>.JPEG
+        files = imagenet_like(folder, images, classes, seed)  # folder/train/<wnid>/<wnid>_<n>.JPEG
         classes = sorted({p.parent.name for p in files})
         return [({"bytes": p.read_bytes(), "path": p.name}, classes.index(p.parent.name)) for p in files], classes
 
@@ -56,12 +54,12 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=2, help="Parquet files the split is cut into (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    rows, classes = labelled_images(SynthConfig(images=args.images, classes=args.classes, seed=args.seed))
+    rows, classes = labelled_images(args.images, args.classes, args.seed)
     for path in write_split(rows, classes, args.out, args.files):
         print(f"wrote {path}")
     print(f"{len(rows)} images in {len(classes)} classes; next: "
           f"stoker prepare parquet '{args.out}/data/train-*.parquet' SHARDS_DIR")
 
 
-if __name__ == "__main__":  # generate() starts a pool of processes, and each imports this file
+if __name__ == "__main__":  # imagenet_like() starts a pool of processes, and each imports this file
     main()

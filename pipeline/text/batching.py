@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.cpu_clock import stage_clock
-from pipeline.plan import Unit, batch_bounds
-from pipeline.seeds import ReseededRng, derived_rng
-from pipeline.text.docs import DocShard
-from pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
-from pipeline.text.layout import assemble
-from pipeline.text.packing import pack
+from stoker.pipeline.cpu_clock import stage_clock
+from stoker.pipeline.plan import Unit, batch_bounds
+from stoker.pipeline.seeds import ReseededRng, derived_rng
+from stoker.pipeline.text.docs import DocShard
+from stoker.pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
+from stoker.pipeline.text.layout import assemble
+from stoker.pipeline.text.packing import pack
 
 
 @dataclass

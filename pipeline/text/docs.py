@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.shards import ShardInfo
-from pipeline.storage import filesystem
+from stoker.pipeline.shards import ShardInfo
+from stoker.pipeline.storage import filesystem
 
 DOC_SCHEMA = pa.schema([("doc_key", pa.string()), ("sentences", pa.list_(pa.list_(pa.int32())))])
 

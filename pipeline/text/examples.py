@@ -16,8 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
-from pipeline.text.docs import DocShard
-from pipeline.text.vocab import Vocab
+from stoker.pipeline.text.docs import DocShard
+from stoker.pipeline.text.vocab import Vocab
 
 MAX_PREDICTIONS = {128: 20, 512: 76}  # the reference's max_predictions_per_seq
 

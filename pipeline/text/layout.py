@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.tensors import TensorSpec
-from pipeline.text.examples import Sequence, TextConfig
+from stoker.pipeline.tensors import TensorSpec
+from stoker.pipeline.text.examples import Sequence, TextConfig
 
 
 def tensor_specs(cfg: TextConfig) -> dict[str, TensorSpec]:

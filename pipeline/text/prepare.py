@@ -19,12 +19,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.kinds import WIKIPEDIA
-from pipeline.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
-from pipeline.storage import join, staged
-from pipeline.text.docs import write_doc_shard
-from pipeline.text.sentences import split_sentences
-from pipeline.text.vocab import Vocab
+from stoker.pipeline.kinds import WIKIPEDIA
+from stoker.pipeline.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
+from stoker.pipeline.storage import join, staged
+from stoker.pipeline.text.docs import write_doc_shard
+from stoker.pipeline.text.sentences import split_sentences
+from stoker.pipeline.text.vocab import Vocab
 
 _BLANK_LINES = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")
 TEXT_KIND = WIKIPEDIA.name

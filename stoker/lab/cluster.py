@@ -24,8 +24,6 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipeline.files import write_atomically
-from protos.curve import add_key, init_keys
 from stoker.lab.system import (
     LabError,
     can_use_namespaces,
@@ -38,6 +36,8 @@ from stoker.lab.system import (
     remove_cgroup_tree,
     run,
 )
+from stoker.pipeline.files import write_atomically
+from stoker.protos.curve import add_key, init_keys
 
 log = logging.getLogger("stoker.lab")
 
@@ -293,7 +293,7 @@ def _namespace_of(name: str) -> str:
 def wait(timeout_s: float | None = None) -> dict:
     """Wait for the consumer ranks to finish their job; the closing summary (with several ranks,
     the job's figures and each rank's under "ranks")."""
-    from accel.summary import Summary, job_totals
+    from stoker.accel.summary import Summary, job_totals
 
     state = current()
     consumers = [m for name, m in state.members.items() if name.startswith("accel")]

@@ -16,12 +16,12 @@ import sys
 import numpy as np
 import pytest
 
-from accel.jpeg_decode import DaliJpegDecoder, _reason
-from pipeline.augment import TrainTransform, decode_augment
-from pipeline.batching import ShipEncoded
-from pipeline.prepare import PrepareConfig, prepare_imagenet
-from pipeline.seeds import sample_random
-from pipeline.shards import ShardReader
+from stoker.accel.jpeg_decode import DaliJpegDecoder, _reason
+from stoker.pipeline.augment import TrainTransform, decode_augment
+from stoker.pipeline.batching import ShipEncoded
+from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import ShardReader
 from tests.awkward import write_awkward_set
 from tests.helpers import sample_of
 

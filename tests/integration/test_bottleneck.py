@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from accel.accelerators import SimulatedAccelerator
-from accel.bottleneck import WINDOW_S
-from accel.consumer import Consumer, ConsumerConfig
-from accel.stepping import given
 from benchmarks.stability import busy_loops
-from pipeline.job import JobConfig
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.bottleneck import WINDOW_S
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.stepping import given
 from stoker.lab import cluster
 from stoker.lab.system import can_use_namespaces
+from stoker.pipeline.job import JobConfig
 from tests.helpers import DelayProxy, consumer_for, scrape_url, wait_for
 
 

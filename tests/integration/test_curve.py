@@ -9,9 +9,9 @@ import sys
 import pytest
 import zmq
 
-from accel.consumer import Consumer, ConsumerConfig
-from pipeline.job import JobConfig
-from protos.curve import ClientKeys, KeyFileError, ServerKeys, add_key, init_keys, list_keys
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.pipeline.job import JobConfig
+from stoker.protos.curve import ClientKeys, KeyFileError, ServerKeys, add_key, init_keys, list_keys
 from tests.helpers import Daemon, assert_exactly_once, scrape, wait_for
 
 

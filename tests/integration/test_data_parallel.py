@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from pipeline.shards import Manifest, ShardReader, ShardWriter
-from protos import stoker_pb2 as pb
-from protos.control_client import ControlClient
+from stoker.pipeline.shards import Manifest, ShardReader, ShardWriter
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import ControlClient
 from tests.helpers import Daemon, free_port, scrape, wait_for
 
 SIZE = 157
@@ -377,8 +377,8 @@ def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, t
 
 
 def _rank_zero(manifest: Manifest, port: int, **config):
-    from accel.consumer import Consumer, ConsumerConfig
-    from pipeline.job import JobConfig
+    from stoker.accel.consumer import Consumer, ConsumerConfig
+    from stoker.pipeline.job import JobConfig
 
     consumer = Consumer(ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind=f"tcp://127.0.0.1:{port}",
                                        **{"metrics_port": None, **config}),
@@ -388,8 +388,8 @@ def _rank_zero(manifest: Manifest, port: int, **config):
 
 
 def test_a_rank_that_cannot_join_is_told_why_at_start_up(odd_manifest):
-    from accel.consumer import Consumer, ConsumerConfig
-    from accel.control.remote import RankRefused
+    from stoker.accel.consumer import Consumer, ConsumerConfig
+    from stoker.accel.control.remote import RankRefused
 
     port = free_port()
     zero = _rank_zero(odd_manifest, port)

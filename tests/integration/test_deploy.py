@@ -24,9 +24,9 @@ VENV_BIN = Path(sys.executable).parent
 
 def _exported_metric_names() -> set[str]:
     """Every family the consumer, dispatcher and workers register, with the suffixes Prometheus adds."""
-    from accel.bottleneck import BottleneckMonitor, Totals
-    from accel.metrics import ConsumerMetrics
-    from workers.metrics import WorkerMetrics
+    from stoker.accel.bottleneck import BottleneckMonitor, Totals
+    from stoker.accel.metrics import ConsumerMetrics
+    from stoker.workers.metrics import WorkerMetrics
 
     consumer = ConsumerMetrics()
     BottleneckMonitor(lambda: Totals(), consumer.registry)

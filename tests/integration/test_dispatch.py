@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from accel.accelerators import SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig
-from accel.control.journal import replay
-from accel.control.remote import NotAConsumer, attach
-from accel.stepping import given
-from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys, add_key, init_keys
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.control.journal import replay
+from stoker.accel.control.remote import NotAConsumer, attach
+from stoker.accel.stepping import given
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ClientKeys, add_key, init_keys
 from tests.helpers import Daemon, assert_exactly_once, free_port, wait_for
 from tests.journal_crash import KINDS
 from tests.strangers import call, dealer

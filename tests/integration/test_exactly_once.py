@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import zmq
 
-from accel.accelerators import SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig
-from accel.cost import cores_text
-from accel.stepping import given
-from pipeline.job import JobConfig
-from protos import stoker_pb2 as pb
-from protos.endpoints import PortInUseError
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.cost import cores_text
+from stoker.accel.stepping import given
+from stoker.pipeline.job import JobConfig
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.endpoints import PortInUseError
 from tests.helpers import Daemon, assert_exactly_once, consumer_for, free_port, scrape, wait_for
 
 
@@ -69,7 +69,7 @@ def test_a_scrape_while_a_worker_process_starts_its_metrics_file_still_answers(t
     from prometheus_client import Counter
     from prometheus_client.values import MultiProcessValue
 
-    from workers.metrics import serve_multiprocess
+    from stoker.workers.metrics import serve_multiprocess
 
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     monkeypatch.setattr("prometheus_client.metrics.values.ValueClass", MultiProcessValue(lambda: 4242))

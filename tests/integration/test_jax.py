@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from accel.consumer_config import ConsumerConfig
-from pipeline.job import JobConfig
 from stoker import Loader
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.pipeline.job import JobConfig
 from tests.helpers import Daemon, free_port
 
 SCRIPT = Path(__file__).parents[1] / "jax_script.py"

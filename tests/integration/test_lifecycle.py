@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from accel import checkpoint
-from accel.accelerators import SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig
-from accel.stepping import given
-from pipeline.job import JobConfig
+from stoker.accel import checkpoint
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.stepping import given
+from stoker.pipeline.job import JobConfig
 from tests.helpers import Daemon, RecordingAccelerator, free_port, wait_for
 
 
@@ -163,7 +163,7 @@ def _fake_dispatcher(endpoint: str, job, stop) -> None:
     """Answers a daemon like a dispatcher would, with a job its processes cannot start on."""
     import zmq
 
-    from protos import stoker_pb2 as pb
+    from stoker.protos import stoker_pb2 as pb
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -192,7 +192,7 @@ def _fake_dispatcher(endpoint: str, job, stop) -> None:
 def test_a_process_that_crashes_at_start_up_is_restarted_with_back_off(manifest, log_dir):
     import threading
 
-    from protos import stoker_pb2 as pb
+    from stoker.protos import stoker_pb2 as pb
 
     control = f"tcp://127.0.0.1:{free_port()}"
     job = pb.JobSpec(job_id="crashy", manifest_uri=manifest.uri, batch_size=16,

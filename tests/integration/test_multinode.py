@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.shards import Manifest
-from protos.curve import add_key, init_keys
 from stoker.lab.system import can_use_namespaces, run
+from stoker.pipeline.shards import Manifest
+from stoker.protos.curve import add_key, init_keys
 from tests.helpers import free_port, wait_for
 
 WHY_NOT = can_use_namespaces()

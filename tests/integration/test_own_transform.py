@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accel import checkpoint
-from accel.accelerators import SimulatedAccelerator
-from accel.bottleneck import read_status
-from accel.consumer import Consumer, ConsumerConfig, JobFailed
-from accel.stepping import given
-from pipeline.job import JobConfig
+from stoker.accel import checkpoint
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.bottleneck import read_status
+from stoker.accel.consumer import Consumer, ConsumerConfig, JobFailed
+from stoker.accel.stepping import given
 from stoker.cli import main as stoker_main
+from stoker.pipeline.job import JobConfig
 from tests.helpers import Daemon, free_port, scrape
 
 MODULE = "stoker_test_own_transform"
@@ -457,7 +457,7 @@ def test_records_that_are_not_images_prepared_from_parquet_train_through_a_trans
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.shards import Manifest
+    from stoker.pipeline.shards import Manifest
 
     arrays = {f"r{i:03d}": np.random.default_rng(i).integers(0, 256, (6, 6, 3), dtype=np.uint8) for i in range(60)}
     pq.write_table(pa.table({"data": pa.array([a.tobytes() for a in arrays.values()], pa.binary()),

@@ -11,11 +11,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from accel import checkpoint
-from accel.accelerators import SimulatedAccelerator
-from accel.consumer import Consumer, ConsumerConfig
-from accel.stepping import given
-from pipeline.job import JobConfig
+from stoker.accel import checkpoint
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.stepping import given
+from stoker.pipeline.job import JobConfig
 from tests.helpers import Daemon, RecordingAccelerator, free_port
 
 

@@ -11,11 +11,11 @@ import time
 
 import zmq
 
-from accel.consumer import Consumer, ConsumerConfig
-from accel.stepping import given
-from pipeline.job import JobConfig
-from protos import stoker_pb2 as pb
-from protos.curve import ClientKeys, add_key, init_keys
+from stoker.accel.consumer import Consumer, ConsumerConfig
+from stoker.accel.stepping import given
+from stoker.pipeline.job import JobConfig
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import ClientKeys, add_key, init_keys
 from tests.helpers import Daemon, assert_exactly_once, scrape, wait_for
 from tests.strangers import PixelAudit, call, data_replies, dealer, zero_batch
 
@@ -149,7 +149,7 @@ def test_a_flood_of_hellos_does_not_lock_out_a_worker(manifest, log_dir):
 def test_waiting_for_credit_keeps_a_slot_and_silence_loses_it(manifest, log_dir):
     """A slow consumer and a 1 s sender timeout: the real worker waits for credit far longer than
     that and keeps its slot; a leaseholder that stops answering pings loses its own."""
-    from accel.accelerators import SimulatedAccelerator
+    from stoker.accel.accelerators import SimulatedAccelerator
 
     consumer = _consumer(manifest, SimulatedAccelerator(rate=60), credit_window=1, sender_timeout_s=1.0,
                          host_timeout_s=3.0)

@@ -11,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from accel.accelerators import SimulatedAccelerator
-from accel.batch import ReceivedBatch
-from pipeline.job import JobConfig
-from pipeline.shards import Manifest
-from pipeline.text.examples import TextConfig
-from pipeline.text.layout import attention_blocks
+from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.batch import ReceivedBatch
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.layout import attention_blocks
 from tests.helpers import assert_exactly_once, consumer_for, scrape
 
 
@@ -99,7 +99,7 @@ def test_stoker_run_wikipedia_writes_padding_and_tokens_per_second(wiki_manifest
 
 
 def test_a_process_that_cannot_serve_the_job_exits_with_its_own_code(tmp_path, wiki_manifest):
-    from workers.process import EXIT_BAD_JOB, ProcessSpec, run_process
+    from stoker.workers.process import EXIT_BAD_JOB, ProcessSpec, run_process
 
     folder = tmp_path / "shards"
     shutil.copytree(str(wiki_manifest.uri).rsplit("/", 1)[0], folder)

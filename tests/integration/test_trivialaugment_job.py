@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accel.cost import cores_text
+from stoker.accel.cost import cores_text
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trivialaugment"
 NAME = "stoker_trivialaugment:TrivialAugmentWide"

@@ -1,8 +1,8 @@
 """The transform a job names: Stoker's random-resized crop at low resolution, then one TrivialAugment-Wide
 operation (FFCV-style training at 176 px: fewer pixels to decode and augment per image).
 
-Crop-first (pipeline.transforms): `crop()` is the MLPerf random-resized crop and flip of
-`pipeline.augment.TrainTransform`, used as it is, so Stoker decodes only that window, at the
+Crop-first (stoker.transforms): `crop()` is the MLPerf random-resized crop and flip of
+`stoker.transforms.TrainTransform`, used as it is, so Stoker decodes only that window, at the
 coarsest DCT scale that covers `size`, resized and mirrored. `__call__` gets those pixels and
 applies the drawn operation with pillow-simd.
 """
@@ -17,8 +17,7 @@ from typing import ClassVar
 import numpy as np
 from PIL import Image
 
-from pipeline.augment import REFERENCE_AREA, TrainTransform
-from pipeline.transforms import Crop, Output, Sample
+from stoker.transforms import REFERENCE_AREA, Crop, Output, Sample, TrainTransform
 from stoker_trivialaugment.ops import draw
 
 

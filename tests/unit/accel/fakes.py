@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import accel.consumer
-from accel.consumer import Consumer
-from accel.consumer_config import ConsumerConfig
-from accel.control.dispatcher import DispatcherStats
-from accel.control.link import CloseWait, DispatcherLink
-from accel.receive_loop import END, ReceiveLoop
-from pipeline.job import JobConfig
-from pipeline.plan import Unit
-from pipeline.shards import Manifest, ShardInfo
-from protos import stoker_pb2 as pb
+from stoker.accel import consumer as consumer_module
+from stoker.accel.consumer import Consumer
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.control.dispatcher import DispatcherStats
+from stoker.accel.control.link import CloseWait, DispatcherLink
+from stoker.accel.receive_loop import END, ReceiveLoop
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import Unit
+from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.protos import stoker_pb2 as pb
 
 HOST, WORKER, PEER = "h0", "h0/p0.1", b"peer-1"
 SAMPLES = 20  # units of 8, 8 and 4 images: batches of 4 give 2, 2 and 1 batches
@@ -162,8 +162,8 @@ def job(folder: Path, **fields: object) -> JobConfig:
 
 def rank(monkeypatch: pytest.MonkeyPatch, folder: Path, cfg: ConsumerConfig = CONFIG, **fields: object) -> Consumer:
     """A started rank 0 with a FakeDispatcher (`.dispatcher`) and an InlineLoop (`.loop`)."""
-    monkeypatch.setattr(accel.consumer, "ReceiveLoop", InlineLoop)
-    monkeypatch.setattr(accel.consumer, "dispatcher_for",
+    monkeypatch.setattr(consumer_module, "ReceiveLoop", InlineLoop)
+    monkeypatch.setattr(consumer_module, "dispatcher_for",
                         lambda cfg, joined, plan, start, me, services: FakeDispatcher(plan.total_units))
     consumer = Consumer(cfg, job(folder, **fields))
     consumer.start()

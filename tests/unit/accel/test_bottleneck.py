@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from accel.bottleneck import Totals, diagnose, read_status
+from stoker.accel.bottleneck import Totals, diagnose, read_status
 
 
 def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from accel import checkpoint
-from accel.checkpoint import CheckpointError, Position
-from pipeline.job import JobConfig
-from pipeline.plan import Resumed
+from stoker.accel import checkpoint
+from stoker.accel.checkpoint import CheckpointError, Position
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import Resumed
 
 
 def _job(**fields) -> JobConfig:

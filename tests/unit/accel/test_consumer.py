@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from accel.consumer import Consumer, JobFailed
-from accel.control.link import DispatcherLink
-from accel.control.remote import RankRefused
-from accel.receive_loop import END
+from stoker.accel.consumer import Consumer, JobFailed
+from stoker.accel.control.link import DispatcherLink
+from stoker.accel.control.remote import RankRefused
+from stoker.accel.receive_loop import END
 from tests.unit.accel.fakes import CONFIG, SAMPLES, FakeDispatcher, InlineLoop, job, rank, send_job
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from accel.cost import MAX_CHUNKS, RateSpread, cores_text
+from stoker.accel.cost import MAX_CHUNKS, RateSpread, cores_text
 
 
 def test_the_rate_is_all_rows_over_all_cpu_and_the_spread_its_chunks_percentiles():

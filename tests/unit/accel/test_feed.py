@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from accel.feed import Feed
-from accel.steps import EpochDone, Scheduled
+from stoker.accel.feed import Feed
+from stoker.accel.steps import EpochDone, Scheduled
 from tests.unit.accel.fakes import CONFIG
 
 END = object()

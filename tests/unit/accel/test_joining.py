@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from accel import checkpoint
-from accel.consumer_config import ConsumerConfig
-from accel.control.local import InProcessDispatcher
-from accel.control.remote import RankRefused, RemoteDispatcher
-from accel.joining import Joined, LinkServices, Member, dispatcher_for, join
-from accel.metrics import ConsumerMetrics
-from pipeline.shards import Manifest
-from protos.leases import LeaseSigner
+from stoker.accel import checkpoint
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.control.local import InProcessDispatcher
+from stoker.accel.control.remote import RankRefused, RemoteDispatcher
+from stoker.accel.joining import Joined, LinkServices, Member, dispatcher_for, join
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.pipeline.shards import Manifest
+from stoker.protos.leases import LeaseSigner
 from tests.unit.accel.fakes import job
 
 CFG = ConsumerConfig(metrics_port=None)

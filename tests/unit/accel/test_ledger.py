@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from accel.ledger import InvalidBatch, Ledger, Step
-from pipeline.plan import EpochPlan
+from stoker.accel.ledger import InvalidBatch, Ledger, Step
+from stoker.pipeline.plan import EpochPlan
 
 
 @pytest.fixture

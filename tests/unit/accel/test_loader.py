@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from accel.loader import Loader
+from stoker.accel.loader import Loader
 from tests.unit.accel.fakes import SAMPLES, rank, send_job
 
 

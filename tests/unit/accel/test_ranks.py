@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from accel.consumer_config import ConsumerConfig
-from accel.ranks import (
+from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.ranks import (
     Meeting,
     Place,
     RendezvousTimeout,

@@ -7,18 +7,18 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel.ledger import Ledger
-from accel.metrics import ConsumerMetrics
-from accel.receiver import Receiver
-from accel.schema import schema_of
-from accel.stream import EpochEnd, StreamOrder
-from pipeline.job import JobConfig
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardInfo
-from pipeline.text.examples import TextConfig
-from protos import stoker_pb2 as pb
-from protos.framing import MAX_FRAME_BYTES
-from protos.leases import LeaseSigner
+from stoker.accel.ledger import Ledger
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.receiver import Receiver
+from stoker.accel.schema import schema_of
+from stoker.accel.stream import EpochEnd, StreamOrder
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.text.examples import TextConfig
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.framing import MAX_FRAME_BYTES
+from stoker.protos.leases import LeaseSigner
 
 JOB = "fuzzjob"
 PEER = b"peer-1"

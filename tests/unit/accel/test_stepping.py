@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from accel import checkpoint
-from accel.accelerators import AccelSpec, ConvertingSimulatedAccelerator, NullAccelerator, SimulatedAccelerator
-from accel.stepping import PreparedStep, Stateful, Step, StepRunner, given
+from stoker.accel import checkpoint
+from stoker.accel.accelerators import AccelSpec, ConvertingSimulatedAccelerator, NullAccelerator, SimulatedAccelerator
+from stoker.accel.stepping import PreparedStep, Stateful, Step, StepRunner, given
 
 
 @dataclass
@@ -71,7 +71,7 @@ def test_only_stateful_backends_are_checkpointed(tmp_path):
 
 
 def test_a_spec_makes_its_backend_for_the_job_it_is_given(manifest):
-    from pipeline.job import JobConfig
+    from stoker.pipeline.job import JobConfig
 
     job = JobConfig(manifest_uri=manifest.uri)
     made = AccelSpec(kind="simulated", profile="a100", scale=0.1).factory()(job, manifest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from accel.summary import Summary, job_totals
+from stoker.accel.summary import Summary, job_totals
 
 
 def _rank(rank: int, samples: int, stall: float, **more) -> Summary:

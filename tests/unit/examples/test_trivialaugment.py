@@ -11,12 +11,12 @@ import pytest
 import stoker_trivialaugment
 from stoker_trivialaugment import NUM_BINS, OPS, TrivialAugmentWide, draw
 
-from pipeline.augment import TrainTransform, jpeg_size
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.plan import EpochPlan
-from pipeline.seeds import sample_random
-from pipeline.shards import ShardReader
-from pipeline.transforms import Sample, TransformError, resolve
+from stoker.pipeline.augment import TrainTransform, jpeg_size
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.transforms import Sample, TransformError, resolve
 from tests.unit.examples.conftest import EXAMPLES
 
 BY_NAME = {op.name: op for op in OPS}

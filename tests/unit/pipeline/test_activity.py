@@ -3,8 +3,8 @@
 import multiprocessing as mp
 import time
 
-from pipeline import activity
-from pipeline.activity import ActivitySlot, Phase
+from stoker.pipeline import activity
+from stoker.pipeline.activity import ActivitySlot, Phase
 
 
 def _transform_sample_7(slot: ActivitySlot) -> None:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
-from pipeline.seeds import sample_random
-from pipeline.shards import ShardReader
+from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import ShardReader
 
 
 def _jpeg(mode="RGB", size=(500, 375), **save):

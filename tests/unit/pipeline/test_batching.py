@@ -8,12 +8,12 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from pipeline.augment import TrainTransform, decode_augment
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.plan import EpochPlan
-from pipeline.seeds import sample_random
-from pipeline.shards import Manifest, ShardReader
-from pipeline.transforms import Output, Sample, TransformOutputError
+from stoker.pipeline.augment import TrainTransform, decode_augment
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.transforms import Output, Sample, TransformOutputError
 
 
 def _readers(manifest: Manifest):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.cpu_clock import CpuAccount, run_delay_s, throttled_periods
+from stoker.pipeline.cpu_clock import CpuAccount, run_delay_s, throttled_periods
 
 
 def _spin(seconds: float) -> None:
@@ -52,7 +52,7 @@ def test_throttling_is_read_from_the_cgroups_cpu_stat(tmp_path):
 
 
 def test_a_kernel_file_is_read_again_from_its_start_and_a_missing_one_says_none(tmp_path):
-    from pipeline.cpu_clock import _KernelFile
+    from stoker.pipeline.cpu_clock import _KernelFile
 
     stat = tmp_path / "cpu.stat"
     stat.write_text("nr_periods 10\nnr_throttled 3\n")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline.deadline import CallLimit, TransformTimeout, arm, disarm
+from stoker.pipeline.deadline import CallLimit, TransformTimeout, arm, disarm
 
 
 def test_a_call_past_its_limit_is_interrupted_and_a_quick_one_is_not():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipeline.files import write_atomically
+from stoker.pipeline.files import write_atomically
 
 
 def test_the_new_text_replaces_the_old_and_nothing_is_left_beside_it(tmp_path):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import image_fit
-from protos import stoker_pb2 as pb
-from protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, encode_tensors
+from stoker.pipeline import image_fit
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, encode_tensors
 
 
 @pytest.mark.parametrize("batch_size", [1, 32, 64, 256, 1024])

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-import pipeline.integrity as integrity
-from pipeline.integrity import Markers, ShardRefused, check_file, mismatch
+import stoker.pipeline.integrity as integrity
+from stoker.pipeline.integrity import Markers, ShardRefused, check_file, mismatch
 
 
 @pytest.fixture

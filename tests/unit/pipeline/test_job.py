@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pipeline.image_layout import DecodeOn
-from pipeline.job import JobConfig
-from pipeline.text.examples import TextConfig
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.text.examples import TextConfig
 
 
 def test_a_job_that_cannot_work_is_refused_when_made():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from pipeline.image_layout import DecodeOn
-from pipeline.job import JOB_DEFAULTS, JobConfig
-from pipeline.job_wire import job_from_proto, job_to_proto
-from pipeline.text.examples import TextConfig
-from protos import stoker_pb2 as pb
+from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
+from stoker.pipeline.job_wire import job_from_proto, job_to_proto
+from stoker.pipeline.text.examples import TextConfig
+from stoker.protos import stoker_pb2 as pb
 
 
 def test_a_job_survives_the_wire_exactly():

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline import augment
-from pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
-from pipeline.seeds import sample_random
-from pipeline.shards import ShardReader
+from stoker.pipeline import augment
+from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
+from stoker.pipeline.seeds import sample_random
+from stoker.pipeline.shards import ShardReader
 
 pytestmark = pytest.mark.skipif(not augment.CROP_DECODER_AVAILABLE, reason="built without libjpeg-turbo headers")
 
@@ -68,10 +68,10 @@ def test_crop_decoder_reports_truncation_inside_the_window(manifest):
 
 def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
     code = (
-        "import sys; sys.modules['pipeline._jpegcrop'] = None\n"
-        "from pipeline import augment\n"
-        "from pipeline.seeds import sample_random\n"
-        "from pipeline.shards import Manifest, ShardReader\n"
+        "import sys; sys.modules['stoker.pipeline._jpegcrop'] = None\n"
+        "from stoker.pipeline import augment\n"
+        "from stoker.pipeline.seeds import sample_random\n"
+        "from stoker.pipeline.shards import Manifest, ShardReader\n"
         "assert not augment.CROP_DECODER_AVAILABLE\n"
         f"data = ShardReader(Manifest.load({manifest.uri!r}).shard_uri(0)).jpeg(0)\n"
         "for decoder in ('auto', 'crop'):\n"
@@ -86,7 +86,7 @@ def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
 
 def test_an_m_over_8_scale_gives_libjpegs_size_and_a_bad_scale_is_refused(manifest):
     """The M/8 scales benchmarks/dct_scale.py measures: output ceil(size * M / 8); others refused."""
-    from pipeline import _jpegcrop
+    from stoker.pipeline import _jpegcrop
 
     data = bytes(ShardReader(manifest.shard_uri(0)).jpeg(0))
     width, height = _jpegcrop.header(data)[:2]

@@ -2,10 +2,10 @@
 
 import pytest
 
-from pipeline.job import JobConfig
-from pipeline.kinds import KINDS, kind_of
-from protos import stoker_pb2 as pb
-from workers.sources import SOURCES
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.kinds import KINDS, kind_of
+from stoker.protos import stoker_pb2 as pb
+from stoker.workers.sources import SOURCES
 
 
 def test_an_unknown_kind_names_the_known_ones():
@@ -32,7 +32,7 @@ def test_an_image_layout_is_what_the_schema_expects(decode_on):
 
 
 def test_a_text_layout_follows_packing():
-    from pipeline.text.examples import TextConfig
+    from stoker.pipeline.text.examples import TextConfig
 
     packed = JobConfig(manifest_uri="m", dataset="wikipedia", text=TextConfig(seq_len=512, pack=True))
     layout = packed.kind.layout(packed)
@@ -41,7 +41,7 @@ def test_a_text_layout_follows_packing():
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_every_kind_says_what_plans_and_small_experiments_need(name):
-    from accel.profiles import PROFILES, profile_rate
+    from stoker.accel.profiles import PROFILES, profile_rate
 
     kind = kind_of(name)
     assert kind.workload.samples > 0 and kind.pod16_over_dgx > 0

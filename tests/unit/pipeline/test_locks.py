@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
-from pipeline.locks import acquire
+from stoker.pipeline.locks import acquire
 
 
 def test_exclusive_excludes_and_shared_shares(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.open_shards import OpenShards
-from pipeline.shard_cache import CacheConfig, ShardCache
-from pipeline.shards import Manifest
+from stoker.pipeline.open_shards import OpenShards
+from stoker.pipeline.shard_cache import CacheConfig, ShardCache
+from stoker.pipeline.shards import Manifest
 from tests.shard_edits import reshard
 
 

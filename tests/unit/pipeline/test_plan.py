@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.augment import TrainTransform
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
-from pipeline.shards import Manifest, ShardInfo, ShardReader
+from stoker.pipeline.augment import TrainTransform
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
+from stoker.pipeline.shards import Manifest, ShardInfo, ShardReader
 
 
 def _readers(manifest):

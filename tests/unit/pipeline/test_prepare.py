@@ -16,12 +16,12 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from pipeline.augment import TrainTransform, decode_augment
-from pipeline.batching import HostTransform, unit_batches
-from pipeline.plan import Segment, Unit
-from pipeline.prepare import PrepareConfig, prepare_imagenet, prepare_records
-from pipeline.record_sources import RecordSource
-from pipeline.shards import (
+from stoker.pipeline.augment import TrainTransform, decode_augment
+from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.plan import Segment, Unit
+from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet, prepare_records
+from stoker.pipeline.record_sources import RecordSource
+from stoker.pipeline.shards import (
     MANIFEST_VERSION,
     PLAIN_IMAGE_SCHEMA,
     RESTART_INDEX_VERSION,
@@ -30,10 +30,10 @@ from pipeline.shards import (
     ShardReader,
     file_sha256,
 )
-from pipeline.spill import SPILL_NAME
-from pipeline.stats import folder_stats, image_files
-from pipeline.table_records import TableSource
-from pipeline.tar_records import TarSource
+from stoker.pipeline.spill import SPILL_NAME
+from stoker.pipeline.stats import folder_stats, image_files
+from stoker.pipeline.table_records import TableSource
+from stoker.pipeline.tar_records import TarSource
 from tests.packing import add_member, folder_samples, write_arrow_binary, write_hf_parquet, write_tars
 from tests.shard_edits import rows_of
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.record_sources import (
+from stoker.pipeline.record_sources import (
     MAX_LABEL,
     FolderSource,
     expand_braces,
@@ -12,7 +12,7 @@ from pipeline.record_sources import (
     parse_label,
     source_files,
 )
-from pipeline.stats import image_files
+from stoker.pipeline.stats import image_files
 
 
 def test_braces_expand_as_webdataset_names_its_shards():

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.seeds import ReseededRng, derived_rng, key_hash, sample_random
+from stoker.pipeline.seeds import ReseededRng, derived_rng, key_hash, sample_random
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_key_hash_is_the_same_in_another_process_with_another_hash_seed():
     here = key_hash("n01440764/img_7.JPEG")
-    there = subprocess.run([sys.executable, "-c", "from pipeline.seeds import key_hash; "
+    there = subprocess.run([sys.executable, "-c", "from stoker.pipeline.seeds import key_hash; "
                             "print(key_hash('n01440764/img_7.JPEG'))"], cwd=ROOT, capture_output=True, text=True,
                            env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert there.returncode == 0, there.stderr

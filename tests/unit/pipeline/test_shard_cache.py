@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-import pipeline.shard_cache as shard_cache
-from pipeline.integrity import ShardRefused
-from pipeline.shard_cache import CacheConfig, ShardCache, parse_gb
+import stoker.pipeline.shard_cache as shard_cache
+from stoker.pipeline.integrity import ShardRefused
+from stoker.pipeline.shard_cache import CacheConfig, ShardCache, parse_gb
 
 SHARD = 256 << 10
 

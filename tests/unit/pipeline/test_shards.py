@@ -8,9 +8,9 @@ import json
 import pyarrow as pa
 import pytest
 
-import pipeline.integrity as integrity
-from pipeline.integrity import ShardRefused
-from pipeline.shards import PLAIN_IMAGE_SCHEMA, Manifest, ShardReader
+import stoker.pipeline.integrity as integrity
+from stoker.pipeline.integrity import ShardRefused
+from stoker.pipeline.shards import PLAIN_IMAGE_SCHEMA, Manifest, ShardReader
 from tests.shard_edits import flip_inside_a_jpeg, rows_of, write_shard
 
 

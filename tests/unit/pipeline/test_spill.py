@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.spill import Spill
+from stoker.pipeline.spill import Spill
 
 
 def _rows(n: int) -> list[tuple[str, int, bytes, bytes | None]]:

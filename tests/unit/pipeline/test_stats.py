@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from pipeline.stats import folder_stats, image_files
+from stoker.pipeline.stats import folder_stats, image_files
 
 
 def _jpeg(path, size, mode="RGB", **save) -> None:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pipeline.storage import StorageError, copy_hashed, file_size, is_remote, join, read_bytes
+from stoker.pipeline.storage import StorageError, copy_hashed, file_size, is_remote, join, read_bytes
 
 
 class Recording(io.BytesIO):

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from pipeline.tar_records import TarSource, split_name
+from stoker.pipeline.tar_records import TarSource, split_name
 from tests.packing import add_member, write_tars
 
 

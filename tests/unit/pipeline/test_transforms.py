@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline.augment import EvalTransform, TrainTransform
-from pipeline.transforms import (
+from stoker.pipeline.augment import EvalTransform, TrainTransform
+from stoker.pipeline.transforms import (
     Output,
     TransformError,
     TransformOutputError,
@@ -23,7 +23,7 @@ from pipeline.transforms import (
 
 MODULE = '''
 import numpy as np
-from pipeline.transforms import Output
+from stoker.pipeline.transforms import Output
 {version}
 
 class Flat:
@@ -191,7 +191,7 @@ def test_a_module_of_a_package_is_pinned_by_the_package_s_files_so_an_edited_hel
 def test_a_module_built_into_python_is_pinned_by_python_s_version_and_refused_as_no_transform():
     with pytest.raises(TransformError, match="takes must be one of"):
         resolve("builtins:print")
-    from pipeline.transforms import _module_version
+    from stoker.pipeline.transforms import _module_version
 
     assert _module_version("builtins").startswith("builtins built into Python ")
 
@@ -218,8 +218,8 @@ class _Unprintable(Exception):
     (_Unprintable(), "transform raised _Unprintable: (its text cannot be made)"),
 ])
 def test_whatever_a_transform_raises_skips_the_sample_and_never_the_process(exc, says):
-    from pipeline.batching import HostTransform, TransformFailed
-    from pipeline.transforms import Sample
+    from stoker.pipeline.batching import HostTransform, TransformFailed
+    from stoker.pipeline.transforms import Sample
 
     with pytest.raises(TransformFailed) as failed:
         HostTransform(_Raises(exc), name="t").prepare(Sample(1, "k", 0, b"x"), random.Random(0))
@@ -229,8 +229,8 @@ def test_whatever_a_transform_raises_skips_the_sample_and_never_the_process(exc,
 def test_a_transform_that_swallows_the_timeout_is_interrupted_again():
     import time
 
-    from pipeline.batching import HostTransform, TransformFailed
-    from pipeline.transforms import Sample
+    from stoker.pipeline.batching import HostTransform, TransformFailed
+    from stoker.pipeline.transforms import Sample
 
     class Stubborn(_Raises):
         def __call__(self, sample, rng, pixels):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import wheels
-from pipeline.wheels import WheelSource, cache_dir, fetch_wheel
+from stoker.pipeline import wheels
+from stoker.pipeline.wheels import WheelSource, cache_dir, fetch_wheel
 
 SOURCE = WheelSource("tiny-pkg==1.0", "tiny_pkg-")
 

@@ -9,8 +9,8 @@ import time
 import pytest
 import zmq
 
-from protos import stoker_pb2 as pb
-from protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from tests.helpers import free_port
 
 

@@ -7,7 +7,7 @@ import stat
 import pytest
 import zmq
 
-from protos.curve import (
+from stoker.protos.curve import (
     CONSUMER,
     NOBODY,
     WORKER,

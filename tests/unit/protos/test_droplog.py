@@ -4,7 +4,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Counter
 
-from protos.droplog import DropLog
+from stoker.protos.droplog import DropLog
 
 
 def test_a_flood_is_counted_in_full_and_logged_sparsely(caplog):

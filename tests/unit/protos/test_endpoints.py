@@ -7,7 +7,7 @@ import socket
 import pytest
 import zmq
 
-from protos.endpoints import PortInUseError, advertised, bind, why_unreachable
+from stoker.protos.endpoints import PortInUseError, advertised, bind, why_unreachable
 
 
 def test_port_0_binds_a_free_port_and_says_which(ctx):

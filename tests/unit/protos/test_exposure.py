@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from protos.exposure import check_exposure
+from stoker.protos.exposure import check_exposure
 
 LOOPBACK = ["tcp://127.0.0.1:5560", "tcp://[::1]:5561", "tcp://localhost:0", "ipc:///tmp/s", "127.0.0.1"]
 

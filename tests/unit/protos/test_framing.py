@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from protos import stoker_pb2 as pb
-from protos.framing import MAX_FRAME_BYTES, FrameError, decode_tensors, encode_tensors, parse_data_message
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.framing import MAX_FRAME_BYTES, FrameError, decode_tensors, encode_tensors, parse_data_message
 
 PROTOS = Path(__file__).resolve().parents[3] / "protos"
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from protos import job_secret
+from stoker.protos import job_secret
 
 
 def test_a_new_secret_replaces_the_old_in_one_rename_while_ranks_read_it(tmp_path, monkeypatch):

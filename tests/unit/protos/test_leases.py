@@ -1,6 +1,6 @@
 """protos/leases.py: a lease token proves one unit to one worker of one job, and nothing else."""
 
-from protos.leases import LeaseSigner
+from stoker.protos.leases import LeaseSigner
 
 
 def test_a_token_proves_only_its_own_lease():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protos import message_fit
-from protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, MAX_HEADER_BYTES
+from stoker.protos import message_fit
+from stoker.protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, MAX_HEADER_BYTES
 
 
 class Spec(NamedTuple):

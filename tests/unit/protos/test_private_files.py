@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from protos.private_files import PrivateFileError, check_private_dir, private_dir, read_private, write_private
+from stoker.protos.private_files import PrivateFileError, check_private_dir, private_dir, read_private, write_private
 
 
 def test_a_written_file_is_owner_only_and_reads_back(tmp_path):

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from protos.sd_notify import Notifier
+from stoker.protos.sd_notify import Notifier
 
 
 @pytest.fixture

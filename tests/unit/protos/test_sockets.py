@@ -5,7 +5,7 @@ import time
 import pytest
 import zmq
 
-from protos.sockets import dealer, router, send_nowait
+from stoker.protos.sockets import dealer, router, send_nowait
 
 
 def test_a_message_over_the_cap_never_reaches_the_router(ctx):

@@ -11,8 +11,8 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter
 from zmq.utils import z85
 
-from protos.curve import CONSUMER, ClientKeys, ServerKeys, add_key, caller_of, init_keys
-from protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
+from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys, add_key, caller_of, init_keys
+from stoker.protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.transforms import Output
 from stoker.calibrate import calibrate, calibrate_transform, calibration_notes, checked_rate, transform_rate
 from stoker.machine import machine_kind
+from stoker.pipeline.transforms import Output
 from stoker.planning import transform_key
 
 
@@ -21,7 +21,7 @@ class Half:
     takes = "crop"
 
     def __init__(self, side: int = 112) -> None:
-        from pipeline.augment import EvalTransform
+        from stoker.pipeline.augment import EvalTransform
 
         self.crop_size, self._eval = side, EvalTransform(size=side)
         self.outputs = {"image": Output("uint8", (side, side, 3))}

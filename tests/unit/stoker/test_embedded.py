@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from accel.accelerators import AccelSpec
-from accel.summary import Summary, job_totals
+from stoker.accel.accelerators import AccelSpec
+from stoker.accel.summary import Summary, job_totals
 from stoker.embedded import cores_answer, cores_line, print_summary
 
 

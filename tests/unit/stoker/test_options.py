@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from accel.consumer_config import ConsumerConfig
-from pipeline.job import JOB_DEFAULTS
-from pipeline.text.examples import TextConfig
 from stoker import options
+from stoker.accel.consumer_config import ConsumerConfig
 from stoker.cli import build_parser, main
+from stoker.pipeline.job import JOB_DEFAULTS
+from stoker.pipeline.text.examples import TextConfig
 
 
 def parse(*argv: str):
@@ -124,7 +124,7 @@ def test_every_option_and_argument_of_every_command_has_a_help_line():
 def test_a_worker_option_left_out_is_absent_until_settled_then_the_configs_default(monkeypatch):
     from stoker import configured
     from stoker.cli import _check_args
-    from workers.worker_config import WorkerConfig
+    from stoker.workers.worker_config import WorkerConfig
 
     parser = build_parser()
     args = parser.parse_args(["worker", "--dispatcher", "tcp://127.0.0.1:1"])

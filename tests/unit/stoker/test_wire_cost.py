@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from protos import stoker_pb2 as pb
 from stoker import wire_cost
+from stoker.protos import stoker_pb2 as pb
 from stoker.wire_cost import SinkError, WireSink
 
 

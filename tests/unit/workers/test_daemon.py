@@ -11,12 +11,12 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-from protos import stoker_pb2 as pb
+from stoker.protos import stoker_pb2 as pb
+from stoker.workers import daemon as daemon_module
+from stoker.workers.daemon import WorkerDaemon
+from stoker.workers.metrics import WorkerMetrics
+from stoker.workers.worker_config import WorkerConfig
 from tests.helpers import free_port
-from workers import daemon as daemon_module
-from workers.daemon import WorkerDaemon
-from workers.metrics import WorkerMetrics
-from workers.worker_config import WorkerConfig
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stoker.workers.lifeline import parent_alive
 from tests.helpers import wait_for
-from workers.lifeline import parent_alive
 
 ROOT = Path(__file__).resolve().parents[3]
-CHILD = "import sys, time\nfrom workers.lifeline import exit_with_parent\nexit_with_parent(int(sys.argv[1]))\n" \
+CHILD = "import sys, time\nfrom stoker.workers.lifeline import exit_with_parent\nexit_with_parent(int(sys.argv[1]))\n" \
         "print('alive', flush=True)\ntime.sleep(60)\n"
 
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from workers.metrics import WorkerMetrics, _SizedFilesCollector, serve_multiprocess
+from stoker.workers.metrics import WorkerMetrics, _SizedFilesCollector, serve_multiprocess
 
 
 def test_shard_events_become_their_counters():

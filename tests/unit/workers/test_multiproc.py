@@ -30,7 +30,7 @@ def test_a_fresh_folder_is_made_set_and_removed():
 
 def test_a_given_folder_is_wiped_of_stale_counts(tmp_path):
     (tmp_path / "counter_123.db").write_bytes(b"stale")
-    result = _run("from workers.multiproc import prepare_multiproc_dir\nprint(prepare_multiproc_dir())",
+    result = _run("from stoker.workers.multiproc import prepare_multiproc_dir\nprint(prepare_multiproc_dir())",
                   PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(tmp_path) and list(tmp_path.iterdir()) == []

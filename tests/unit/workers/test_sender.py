@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import zmq
 
-from protos import stoker_pb2 as pb
+from stoker.protos import stoker_pb2 as pb
+from stoker.workers.sender import SEND_DEADLINE_S, DataSender, Lease, LeaseRefused, SendTimedOut
 from tests.helpers import wait_for
-from workers.sender import SEND_DEADLINE_S, DataSender, Lease, LeaseRefused, SendTimedOut
 
 
 @pytest.fixture

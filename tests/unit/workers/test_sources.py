@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from accel.schema import schema_of
-from pipeline.augment import DECODE_PATHS
-from pipeline.job import JobConfig
-from pipeline.plan import Segment, Unit
-from pipeline.shard_cache import CacheConfig
-from pipeline.shards import Manifest
-from pipeline.text.examples import TextConfig
-from workers.metrics import WorkerMetrics
-from workers.sources import ImageSource, make_source
+from stoker.accel.schema import schema_of
+from stoker.pipeline.augment import DECODE_PATHS
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import Segment, Unit
+from stoker.pipeline.shard_cache import CacheConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.examples import TextConfig
+from stoker.workers.metrics import WorkerMetrics
+from stoker.workers.sources import ImageSource, make_source
 
 
 def _whole_first_shard(manifest: Manifest) -> Unit:

@@ -7,7 +7,7 @@ import socket
 
 from stoker.configured import options_of
 from stoker.settings import variable
-from workers.worker_config import WorkerConfig
+from stoker.workers.worker_config import WorkerConfig
 
 # STOKER_* names that mean something else already (README: environment variables)
 TAKEN = {"STOKER_HOST": "this node's address (accel/ranks.py)", "STOKER_JOB_SECRET": "the job secret itself",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accel.control.dispatch_config import DispatchConfig
+from stoker.accel.control.dispatch_config import DispatchConfig
 from stoker.cli import build_parser
 from stoker.configured import config_of
 

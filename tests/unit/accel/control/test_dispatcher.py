@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from accel.control.dispatcher import Dispatcher, RankError
-from accel.control.journal import Journal
-from accel.ledger import InvalidBatch, Ledger, ShortUnit, Step
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardInfo
+from stoker.accel.control.dispatcher import Dispatcher, RankError
+from stoker.accel.control.journal import Journal
+from stoker.accel.ledger import InvalidBatch, Ledger, ShortUnit, Step
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest, ShardInfo
 
 
 def attached(*args, **kwargs) -> Dispatcher:

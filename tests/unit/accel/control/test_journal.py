@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from accel.control.journal import Journal, JournalInUse, replay
+from stoker.accel.control.journal import Journal, JournalInUse, replay
 from tests.journal_crash import arm
 
 JOB = {"job_id": "j1", "manifest": "m.json"}
@@ -252,7 +252,7 @@ def test_a_second_dispatcher_on_the_same_journal_is_refused_until_the_first_dies
     path = tmp_path / "j"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from accel.control.journal import Journal
+        from stoker.accel.control.journal import Journal
         j = Journal({str(path)!r}, {JOB!r}, {KEY!r})
         print("open", flush=True)
         time.sleep(60)
@@ -276,7 +276,7 @@ def test_a_dispatcher_whose_lock_file_was_removed_still_holds_the_journal(tmp_pa
     path = tmp_path / "j"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from accel.control.journal import Journal
+        from stoker.accel.control.journal import Journal
         j = Journal({str(path)!r}, {JOB!r}, {KEY!r})
         j.lease(1, "h0", "h0/p0.1")
         j.sync()

@@ -7,14 +7,14 @@ import threading
 
 import zmq.asyncio
 
-from accel.control.dispatcher import Dispatcher
-from accel.control.local import Closing, ControlSocket, InProcessDispatcher
-from accel.control.metrics import ControlMetrics
-from accel.control.server import AccessPolicy
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardInfo
-from protos import stoker_pb2 as pb
-from protos.leases import LeaseSigner
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.local import Closing, ControlSocket, InProcessDispatcher
+from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.server import AccessPolicy
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.leases import LeaseSigner
 
 
 def _link(world_size: int = 1) -> InProcessDispatcher:

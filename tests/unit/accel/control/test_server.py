@@ -8,14 +8,14 @@ import tracemalloc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel.control.dispatcher import Dispatcher
-from accel.control.journal import Journal, replay
-from accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
-from accel.metrics import ConsumerMetrics
-from accel.receiver import MAX_SENDERS
-from pipeline.plan import EpochPlan
-from pipeline.shards import Manifest, ShardInfo
-from protos import stoker_pb2 as pb
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.journal import Journal, replay
+from stoker.accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
+from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.receiver import MAX_SENDERS
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.protos import stoker_pb2 as pb
 from tests.unit.accel.test_receiver import JOB, SIGNER, RecordingSocket, hello, make_receiver
 
 SECRET = b"s" * 64
@@ -145,7 +145,7 @@ def _connected_server():
     reconnected client's message unrouted under load), its monitor, and a fake clock."""
     import zmq
 
-    from accel.control.server import control_router
+    from stoker.accel.control.server import control_router
 
     ctx = zmq.Context()
     router, monitor = control_router(ctx, None)
@@ -185,7 +185,7 @@ def _closed_events(monitor, server, count: int) -> None:
 def test_a_worker_whose_connection_closes_loses_its_units_after_the_grace_and_one_that_comes_back_does_not():
     import zmq
 
-    from accel.control.server import CLOSE_GRACE_S
+    from stoker.accel.control.server import CLOSE_GRACE_S
 
     ctx, router, monitor, endpoint, server, clock = _connected_server()
     try:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from accel.control.dispatcher import Dispatcher
-from accel.control.watchdog import StallBounds, Watchdog
-from pipeline.plan import EpochPlan
-from protos import stoker_pb2 as pb
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.watchdog import StallBounds, Watchdog
+from stoker.pipeline.plan import EpochPlan
+from stoker.protos import stoker_pb2 as pb
 
 
 class Clock:
@@ -93,8 +93,8 @@ def test_bounds_that_cannot_work_are_refused(report, timeout):
 
 
 def test_the_defaults_users_run_with_are_the_documented_ones():
-    from accel.consumer_config import ConsumerConfig
-    from accel.control.dispatch_config import DispatchConfig
+    from stoker.accel.consumer_config import ConsumerConfig
+    from stoker.accel.control.dispatch_config import DispatchConfig
 
     assert StallBounds() == StallBounds(report_s=60.0, fail_s=300.0)
     for config in (ConsumerConfig(), DispatchConfig()):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.text.vocab import Vocab
+from stoker.pipeline.text.vocab import Vocab
 
 
 @pytest.fixture(scope="module")

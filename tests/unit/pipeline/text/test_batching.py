@@ -7,10 +7,10 @@ import multiprocessing as mp
 
 import pyarrow as pa
 
-from pipeline.shards import Manifest
-from pipeline.text.batching import TextUnitSource
-from pipeline.text.docs import DOC_SCHEMA, flatten
-from pipeline.text.examples import Specials, TextConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.batching import TextUnitSource
+from stoker.pipeline.text.docs import DOC_SCHEMA, flatten
+from stoker.pipeline.text.examples import Specials, TextConfig
 from tests.unit.pipeline.text.support import one_range, source, whole_shard_unit
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import zipfile
 
-from pipeline.text.corpus import (
+from stoker.pipeline.text.corpus import (
     ATTRIBUTION,
     VOCAB_MEMBER,
     VOCAB_SOURCE,

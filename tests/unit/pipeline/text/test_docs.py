@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.text.docs import ShardError, read_doc_shard
+from stoker.pipeline.text.docs import ShardError, read_doc_shard
 
 
 def test_a_malformed_or_replaced_shard_is_refused(wiki_manifest, vocab, tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.text.batching import TextUnitSource
-from pipeline.text.docs import read_doc_shard, write_doc_shard
-from pipeline.text.examples import Specials, TextConfig
+from stoker.pipeline.text.batching import TextUnitSource
+from stoker.pipeline.text.docs import read_doc_shard, write_doc_shard
+from stoker.pipeline.text.examples import Specials, TextConfig
 from tests.unit.pipeline.text.support import one_range, sequences_of
 
 

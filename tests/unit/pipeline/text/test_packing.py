@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.text.examples import TextConfig
-from pipeline.text.layout import attention_blocks, tensor_specs
-from pipeline.text.packing import pack
+from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.layout import attention_blocks, tensor_specs
+from stoker.pipeline.text.packing import pack
 from tests.unit.pipeline.text.support import one_range, source
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia, raw_documents
+from stoker.pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia, raw_documents
 from tests.unit.pipeline.text.support import vocab_file
 
 

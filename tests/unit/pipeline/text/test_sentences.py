@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.text.sentences import split_sentences
+from stoker.pipeline.text.sentences import split_sentences
 
 
 def test_sentence_splitting_keeps_initials_abbreviations_and_decimals_together():

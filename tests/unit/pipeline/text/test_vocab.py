@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.text.vocab import Vocab, VocabError
+from stoker.pipeline.text.vocab import Vocab, VocabError
 
 
 def test_the_real_bert_vocabulary_loads_with_its_special_ids(vocab):
