@@ -29,6 +29,7 @@ from pathlib import Path
 from stoker.accel.stepping import Stateful
 from stoker.pipeline.files import write_atomically
 from stoker.pipeline.plan import Cut, Resumed
+from stoker.protos.errors import StokerError
 
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
@@ -100,7 +101,7 @@ def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int
             "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts]}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(StokerError, ValueError):
     """A data position that cannot be resumed from, with the reason."""
 
 

@@ -42,6 +42,7 @@ from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
+from stoker.protos.errors import StokerError
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
 
@@ -49,7 +50,7 @@ __all__ = ["Consumer", "ConsumerConfig", "JobFailed", "NotAConsumer", "RankRefus
 log = logging.getLogger("stoker.consumer")
 
 
-class JobFailed(RuntimeError):
+class JobFailed(StokerError, RuntimeError):
     """The job cannot go on: a worker refused it (its transform is missing there, another version, or
     returns what it did not declare). The message is the dispatcher's one line: host and reason."""
 

@@ -47,6 +47,7 @@ from stoker.accel.ranks import (
     rendezvous,
 )
 from stoker.pipeline.job import JobConfig
+from stoker.protos.errors import ConfigError
 
 __all__ = ["Batch", "Loader"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
@@ -74,18 +75,18 @@ class Loader:
         `prepare`: run on the prefetch thread on each received batch instead of the format
         conversion (the built-in training steps use it); its result is `batch.prepared`."""
         if format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+            raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         where = place(rank, world_size, local_rank)
         self.rank, self.world_size, self.local_rank = where.rank, where.world_size, where.local_rank
         if config is not None and (keys is not None or insecure is not None):
-            raise ValueError("give keys and insecure in the ConsumerConfig when you give one")
+            raise ConfigError("give keys and insecure in the ConsumerConfig when you give one")
         cfg = config or default_config(where, keys, insecure)
         try:
             cfg.check_exposure()  # at construction: a rank that cannot listen where it must says so at once
         except ValueError as exc:
             if config is not None:
                 raise
-            raise ValueError(f"rank {self.rank}: this job's ranks are on several machines ($MASTER_ADDR="
+            raise ConfigError(f"rank {self.rank}: this job's ranks are on several machines ($MASTER_ADDR="
                              f"{where.master_addr} is not this machine's loopback), so this rank listens where the "
                              f"others and the workers reach it; {exc}") from None
         self._meeting_key = meeting_key() if self.world_size > 1 and not cfg.dispatcher else None

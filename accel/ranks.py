@@ -32,6 +32,7 @@ from typing import Protocol
 
 from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
 from stoker.protos.curve import is_loopback
+from stoker.protos.errors import StokerError
 
 HOST_ENV = "STOKER_HOST"  # this node's address, as the workers and the other ranks reach it
 KEYS_ENV = "STOKER_KEYS"  # a CURVE key folder (stoker keys init) for every rank of the job
@@ -166,7 +167,7 @@ class Rendezvous(Protocol):
         ...
 
 
-class RendezvousTimeout(TimeoutError):
+class RendezvousTimeout(StokerError, TimeoutError):
     """Rank 0 published nothing under the key in the time given."""
 
 

@@ -33,6 +33,7 @@ from stoker.accel.schema import BatchSchema
 from stoker.accel.stream import StreamOrder
 from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, bind
+from stoker.protos.errors import StokerError
 from stoker.protos.framing import MAX_FRAME_BYTES
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
@@ -43,7 +44,7 @@ END = object()  # the end of the rank's stream
 ANSWER_TIMEOUT_S = 30.0  # the longest a rank waits for the dispatcher's answer to a question
 
 
-class DispatcherSilent(RuntimeError):
+class DispatcherSilent(StokerError, RuntimeError):
     """The dispatcher did not answer a question in time; the message says which."""
 T = TypeVar("T")
 

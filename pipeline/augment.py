@@ -30,6 +30,7 @@ from PIL import Image
 
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.transforms import Crop, Output
+from stoker.protos.errors import StokerError
 
 if TYPE_CHECKING:
     from stoker.pipeline.transforms import Sample
@@ -52,7 +53,7 @@ REFERENCE_AREA = (0.05, 1.0)
 TORCHVISION_AREA = (0.08, 1.0)
 
 
-class DecodeError(ValueError):
+class DecodeError(StokerError, ValueError):
     """The bytes are not a decodable JPEG."""
 
 

@@ -20,11 +20,12 @@ import os
 from pathlib import Path
 
 from stoker.pipeline.locks import HeldLock, acquire
+from stoker.protos.errors import StokerError
 
 log = logging.getLogger("stoker.shards")
 
 
-class ShardRefused(ValueError):
+class ShardRefused(StokerError, ValueError):
     """A shard that does not match its manifest: its samples are skipped. `kind` says what differs:
     sha256 (its bytes), rows (its row count) or schema (its columns)."""
 

@@ -21,6 +21,7 @@ from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
 from stoker.protos import message_fit
+from stoker.protos.errors import ConfigError
 from stoker.protos.framing import ALLOWED_DTYPES
 
 DATASETS = tuple(KINDS)
@@ -82,28 +83,28 @@ class JobConfig:
     def __post_init__(self) -> None:
         kind = kind_of(self.dataset)
         if min(self.epochs, self.batch_size, self.unit_batches, self.image_size, self.world_size) < 1:
-            raise ValueError("epochs, batch size, unit batches, image size and world size must be at least 1")
+            raise ConfigError("epochs, batch size, unit batches, image size and world size must be at least 1")
         made_here = not self.transform_version  # else it came pinned: from the wire, a checkpoint, a copy
         self._check_transform()
         if self.decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
+            raise ConfigError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
         try:
             object.__setattr__(self, "decode_on", DecodeOn(self.decode_on))  # the wire and the CLI give a str
         except ValueError:
-            raise ValueError(f"decode_on must be one of {', '.join(DecodeOn)}, not {self.decode_on!r}") from None
+            raise ConfigError(f"decode_on must be one of {', '.join(DecodeOn)}, not {self.decode_on!r}") from None
         if self.decode_on == DecodeOn.ACCELERATOR and not kind.encoded_images:
-            raise ValueError("--decode-on accelerator applies to imagenet (JPEG) jobs only")
+            raise ConfigError("--decode-on accelerator applies to imagenet (JPEG) jobs only")
         if self.drop_last and not kind.one_row_per_sample:
-            raise ValueError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
+            raise ConfigError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
                              "and a short last text batch keeps its place (see docs/data-parallel.md, len() for text)")
         try:
             Resumed.from_json(self.resumed_from)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"resumed_from is not a resumed epoch: {exc}") from None
+            raise ConfigError(f"resumed_from is not a resumed epoch: {exc}") from None
         if not 0 < self.transform_timeout_s <= 86400:
-            raise ValueError(f"transform timeout {self.transform_timeout_s} s must lie in (0, 86400]")
+            raise ConfigError(f"transform timeout {self.transform_timeout_s} s must lie in (0, 86400]")
         if not 0 < self.min_area <= self.max_area <= 1:
-            raise ValueError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
+            raise ConfigError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
         if made_here or self.builtin_transform or self.kind.text:  # a transform of another environment
             self._check_batches_travel()  # was checked where the job was made; a worker without it refuses
 
@@ -115,27 +116,27 @@ class JobConfig:
         builtin = self.transform in BUILTIN_TRANSFORMS
         if self.kind.text:
             if self.transform != "train" or self.transform_params:
-                raise ValueError("--transform and --transform-params apply to image jobs: a wikipedia job's "
+                raise ConfigError("--transform and --transform-params apply to image jobs: a wikipedia job's "
                                  "examples are set by its text options")
             return
         if builtin and self.transform_params:
-            raise ValueError(f"the built-in {self.transform} transform takes --image-size (and train: --min-area, "
+            raise ConfigError(f"the built-in {self.transform} transform takes --image-size (and train: --min-area, "
                              "--max-area), not --transform-params")
         if not builtin:
             if (self.image_size, self.min_area, self.max_area) != (224, *REFERENCE_AREA):
-                raise ValueError(f"--image-size, --min-area and --max-area set the built-in train and eval "
+                raise ConfigError(f"--image-size, --min-area and --max-area set the built-in train and eval "
                                  f"transforms; give {self.transform} its own with --transform-params")
             if self.decode_on == DecodeOn.ACCELERATOR:
-                raise ValueError("--decode-on accelerator ships the crop the built-in train and eval transforms "
+                raise ConfigError("--decode-on accelerator ships the crop the built-in train and eval transforms "
                                  f"draw; {self.transform} runs on the worker hosts (--decode-on host)")
         if not self.transform_version:
             try:
                 resolved = self.image_transform()
             except TransformError as exc:
-                raise ValueError(str(exc)) from None
+                raise ConfigError(str(exc)) from None
             untravelled = outputs_problem(resolved.outputs)
             if untravelled:
-                raise ValueError(f"transform {self.transform!r}: {untravelled}")
+                raise ConfigError(f"transform {self.transform!r}: {untravelled}")
             object.__setattr__(self, "transform_version", resolved.version)
 
     @property
@@ -165,7 +166,7 @@ class JobConfig:
         layout = self.kind.layout(self)
         why = message_fit.problem(self.batch_size, layout.tensors, layout.ragged)
         if why is not None:
-            raise ValueError(f"--batch-size {self.batch_size} does not fit a data message ({why})")
+            raise ConfigError(f"--batch-size {self.batch_size} does not fit a data message ({why})")
 
     @property
     def kind(self) -> DatasetKind:
@@ -194,13 +195,13 @@ class JobConfig:
     def check_fits(self, manifest: Manifest) -> None:
         """Fail at start-up, with the fix, when the shards do not fit the job."""
         if manifest.kind != self.dataset:
-            raise ValueError(f"{manifest.uri} holds {manifest.kind!r} shards, not {self.dataset}: run with --dataset "
+            raise ConfigError(f"{manifest.uri} holds {manifest.kind!r} shards, not {self.dataset}: run with --dataset "
                              f"{manifest.kind}, or make {self.dataset} shards with `stoker prepare {self.dataset}`")
         if manifest.vocab:
             Vocab.load(manifest.relative_uri(manifest.vocab))  # raises VocabError (a ValueError) if unusable
         if manifest.records == "bytes" and not self.kind.text and (
                 self.decode_on == DecodeOn.ACCELERATOR or self.image_transform().transform.takes != "bytes"):
-            raise ValueError(f"{manifest.uri} holds records that are not JPEGs (prepared with --records bytes): "
+            raise ConfigError(f"{manifest.uri} holds records that are not JPEGs (prepared with --records bytes): "
                              f"they need a transform that takes bytes and decodes them itself, not {self.transform} "
                              "(docs/transforms.md)")
 

@@ -22,13 +22,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
 
+from stoker.protos.errors import StokerError
+
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
 S3_ATTEMPTS = 3
 CHUNK_BYTES = 8 << 20
 
 
-class StorageError(OSError):
+class StorageError(StokerError, OSError):
     """A shard, manifest or folder that cannot be read or written where its URI says."""
 
 

@@ -49,6 +49,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from stoker.pipeline.tensors import TensorSpec
+from stoker.protos.errors import StokerError
 
 GROUP = "stoker.transforms"
 TAKES = ("crop", "pixels", "bytes")
@@ -58,7 +59,7 @@ _IMPORT_PATH = re.compile(rf"{_DOTTED}:{_DOTTED}")
 _ENTRY_POINT = re.compile(r"[A-Za-z_][\w.-]*")
 
 
-class TransformError(ValueError):
+class TransformError(StokerError, ValueError):
     """A transform name, its parameters or what it declares cannot make a job (caught at parse time)."""
 
 

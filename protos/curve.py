@@ -21,6 +21,8 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
+from stoker.protos.errors import StokerError
+
 SERVER = "server"
 ZAP_DOMAIN = "stoker"
 WORKER = "worker"
@@ -30,7 +32,7 @@ _ALLOWED = {WORKER: "allowed", CONSUMER: "allowed-consumers"}  # public keys adm
 _SECRETS = {WORKER: "workers", CONSUMER: "consumers"}  # each key pair, to hand to its host
 
 
-class KeyFileError(ValueError):
+class KeyFileError(StokerError, ValueError):
     """Missing or unreadable key files."""
 
 

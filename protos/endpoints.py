@@ -6,8 +6,10 @@ import socket
 
 import zmq
 
+from stoker.protos.errors import StokerError
 
-class PortInUseError(OSError):
+
+class PortInUseError(StokerError, OSError):
     pass
 
 

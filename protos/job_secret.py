@@ -17,13 +17,14 @@ import secrets
 import time
 from pathlib import Path
 
+from stoker.protos.errors import StokerError
 from stoker.protos.private_files import PrivateFileError, private_dir, read_private, write_private
 
 ENV = "STOKER_JOB_SECRET"
 SECRET_BYTES = 32
 
 
-class JobSecretError(ValueError):
+class JobSecretError(StokerError, ValueError):
     """No usable job credential."""
 
 

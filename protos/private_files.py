@@ -15,10 +15,12 @@ import stat
 import tempfile
 from pathlib import Path
 
+from stoker.protos.errors import StokerError
+
 RUNTIME_ENV = "XDG_RUNTIME_DIR"
 
 
-class PrivateFileError(ValueError):
+class PrivateFileError(StokerError, ValueError):
     """A file or directory that another user could have made or can read: not to be trusted."""
 
 

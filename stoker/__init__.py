@@ -54,11 +54,13 @@ _WHERE = {
     "TransformError": "stoker.pipeline.transforms", "TransformRefused": "stoker.pipeline.transforms",
     "TransformOutputError": "stoker.pipeline.transforms", "CheckpointError": "stoker.accel.checkpoint",
     "JobSecretError": "stoker.protos.job_secret", "UntrustedSecret": "stoker.protos.job_secret",
+    "StokerError": "stoker.protos.errors", "ConfigError": "stoker.protos.errors",
 }
 # sorted(_WHERE), spelt out: type checkers and linters read a literal list
-__all__ = ["Batch", "CheckpointError", "ConsumerConfig", "Crop", "CropFirst", "ImageTransform", "JobConfig",
-           "JobFailed", "JobSecretError", "Loader", "NotAConsumer", "Output", "RankRefused", "Sample", "TextConfig",
-           "TransformError", "TransformOutputError", "TransformRefused", "UntrustedSecret"]
+__all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", "CropFirst", "ImageTransform",
+           "JobConfig", "JobFailed", "JobSecretError", "Loader", "NotAConsumer", "Output", "RankRefused", "Sample",
+           "StokerError", "TextConfig", "TransformError", "TransformOutputError", "TransformRefused",
+           "UntrustedSecret"]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; never run
     from stoker.accel.checkpoint import CheckpointError
@@ -79,6 +81,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
         TransformOutputError,
         TransformRefused,
     )
+    from stoker.protos.errors import ConfigError, StokerError
     from stoker.protos.job_secret import JobSecretError, UntrustedSecret
 else:  # hidden from type checkers, so that a misspelt name is an error there and not Any
 

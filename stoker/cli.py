@@ -23,6 +23,7 @@ from stoker.options import (
     consumer_metrics,
 )
 from stoker.pipeline.kinds import kind_of
+from stoker.protos.errors import StokerError
 
 if TYPE_CHECKING:
     from stoker.accel.summary import Summary
@@ -490,8 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stoker: interrupted", file=sys.stderr)
         return 130
-    except (OSError, ValueError, RuntimeError) as exc:
-        if type(exc).__name__ == "JobFailed" and args.command in ("run", "train") and args.json:  # the summary, too
+    except (StokerError, OSError, ValueError, RuntimeError) as exc:  # Stoker's own, and a library's in its words
+        from stoker.accel.consumer import JobFailed  # loaded already where a job ran
+
+        if isinstance(exc, JobFailed) and args.command in ("run", "train") and args.json:  # the summary, too
             options.emit_json(args.json, {"failed": str(exc)})
         print(f"stoker: error: {exc}", file=sys.stderr)
         return 2

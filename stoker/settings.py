@@ -22,12 +22,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from stoker.configured import Option, options_of
+from stoker.protos.errors import StokerError
 
 PREFIX = "STOKER_"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-class SettingError(ValueError):
+class SettingError(StokerError, ValueError):
     """A value from a file or a variable that its option refuses: `where` says which."""
 
     def __init__(self, where: str, message: str) -> None:

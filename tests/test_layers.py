@@ -25,7 +25,7 @@ OURS = {"pipeline", "protos", "workers", "accel", "stoker", "benchmarks", "tests
 # what the control plane may use from the rest of accel/: small shared pieces, not the consumer
 CONTROL_MAY_USE = {"accel.control", "accel.aio", "accel.checkpoint"}
 # what the data model may use of the wire: the messages and their limits, not sockets, keys or clients
-PIPELINE_MAY_USE = {"protos.stoker_pb2", "protos.framing", "protos.message_fit"}
+PIPELINE_MAY_USE = {"protos.stoker_pb2", "protos.framing", "protos.message_fit", "protos.errors"}
 
 
 def in_repository(name: str) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from stoker.accel.control.journal import Journal
 from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.protos.errors import StokerError
 from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED
 
 SCAN_PAST = 64  # pending units a lease may pass over (ranks the asking process holds) before it says wait
@@ -42,7 +43,7 @@ class Lease:
     key: str = ""  # the CURVE key it was leased to ("" without keys): only that key's retry gets it again
 
 
-class RankError(ValueError):
+class RankError(StokerError, ValueError):
     """A consumer rank that cannot join the job as it asked."""
 
 

@@ -35,10 +35,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stoker.protos.errors import StokerError
+
 log = logging.getLogger("stoker.journal")
 
 
-class JournalInUse(RuntimeError):
+class JournalInUse(StokerError, RuntimeError):
     """Another live process has the journal open."""
 
 
@@ -264,7 +266,7 @@ def _check_ours(path: Path, st: os.stat_result) -> None:
                       f"name would not see this one's lock; remove the other names")
 
 
-class JournalWriteError(OSError):
+class JournalWriteError(StokerError, OSError):
     """The journal cannot be written (a full disk, an I/O error): the dispatcher cannot promise what it
     answers, so it stops, saying so; started again with the same --journal it loses nothing."""
 

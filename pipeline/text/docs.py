@@ -19,11 +19,12 @@ import pyarrow.parquet as pq
 
 from stoker.pipeline.shards import ShardInfo
 from stoker.pipeline.storage import filesystem
+from stoker.protos.errors import StokerError
 
 DOC_SCHEMA = pa.schema([("doc_key", pa.string()), ("sentences", pa.list_(pa.list_(pa.int32())))])
 
 
-class ShardError(ValueError):
+class ShardError(StokerError, ValueError):
     """A shard that cannot be used at all (unreadable, wrong schema, checksum mismatch)."""
 
 

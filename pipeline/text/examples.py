@@ -18,6 +18,7 @@ import numpy as np
 
 from stoker.pipeline.text.docs import DocShard
 from stoker.pipeline.text.vocab import Vocab
+from stoker.protos.errors import ConfigError
 
 MAX_PREDICTIONS = {128: 20, 512: 76}  # the reference's max_predictions_per_seq
 
@@ -43,11 +44,11 @@ class TextConfig:
 
     def __post_init__(self) -> None:
         if not 8 <= self.seq_len <= 8192:
-            raise ValueError(f"sequence length {self.seq_len} outside 8..8192")
+            raise ConfigError(f"sequence length {self.seq_len} outside 8..8192")
         if not 0 < self.masked_lm_prob < 1 or not 0 <= self.short_seq_prob <= 1:
-            raise ValueError("masked_lm_prob must lie in (0, 1) and short_seq_prob in [0, 1]")
+            raise ConfigError("masked_lm_prob must lie in (0, 1) and short_seq_prob in [0, 1]")
         if self.max_predictions < 0 or self.pack_max_sequences < 1:
-            raise ValueError("max_predictions must be >= 0 and pack_max_sequences >= 1")
+            raise ConfigError("max_predictions must be >= 0 and pack_max_sequences >= 1")
 
     @property
     def predictions_per_sequence(self) -> int:

@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from stoker.pipeline.storage import read_bytes
+from stoker.protos.errors import StokerError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class VocabError(ValueError):
+class VocabError(StokerError, ValueError):
     """The file is not a usable WordPiece vocabulary."""
 
 

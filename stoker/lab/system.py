@@ -6,11 +6,13 @@ import os
 import subprocess
 from pathlib import Path
 
+from stoker.protos.errors import StokerError
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 
 
-class LabError(RuntimeError):
+class LabError(StokerError, RuntimeError):
     """Something the lab needs is missing or refused."""
 
 
