@@ -42,6 +42,7 @@ from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
+from stoker.protos.endpoints import serves
 from stoker.protos.errors import StokerError
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
@@ -184,7 +185,7 @@ class Consumer:
         """Bind sockets and the metrics endpoint; raise here if a port is taken. Idempotent."""
         if self.loop.started:
             return
-        if self.cfg.metrics_port is not None:
+        if serves(self.cfg.metrics_port):
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         self.loop.start()
         self.bottleneck.start()

@@ -13,6 +13,14 @@ class PortInUseError(StokerError, OSError):
     pass
 
 
+NO_PORT = -1  # a metrics port of -1 (or None) serves no HTTP endpoint, as the --metrics-port flags document
+
+
+def serves(port: int | None) -> bool:
+    """Whether a configured metrics port asks for an endpoint (0: a free one; -1 or None: none)."""
+    return port is not None and port != NO_PORT
+
+
 def bind(socket: zmq.Socket, endpoint: str, what: str) -> str:
     """Bind `endpoint` (port 0 picks a free one); returns the endpoint actually bound."""
     if endpoint.startswith("tcp://") and endpoint.endswith(":0"):

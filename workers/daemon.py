@@ -35,6 +35,7 @@ from stoker.pipeline.shard_cache import CacheConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
+from stoker.protos.endpoints import serves
 from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import HOST_ID_IN_USE
 from stoker.protos.sd_notify import Notifier
@@ -106,7 +107,7 @@ class WorkerDaemon:
         signal.signal(signal.SIGINT, self._request_stop)
         if self.cfg.parent_pid is not None:
             exit_with_parent(self.cfg.parent_pid)
-        if self.cfg.metrics_port is not None:
+        if serves(self.cfg.metrics_port):
             self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr, self.cfg.metrics_flag)
             log.info("%s: metrics on http://%s:%d/metrics", self.host_id, self.cfg.metrics_addr,
                      self.metrics_port)

@@ -38,7 +38,7 @@ from stoker.pipeline.job_wire import job_to_proto
 from stoker.pipeline.shards import Manifest
 from stoker.protos import job_secret
 from stoker.protos.curve import ServerKeys
-from stoker.protos.endpoints import advertised
+from stoker.protos.endpoints import advertised, serves
 from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import KEY_BYTES, LeaseSigner
 from stoker.protos.zap import KeyAuthenticator
@@ -80,7 +80,7 @@ class DispatchService:
 
     def run(self) -> None:
         """Serve until the job is finished (plus `linger_s`) or SIGTERM/SIGINT."""
-        if self.cfg.metrics_port is not None:
+        if serves(self.cfg.metrics_port):
             self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         gc.freeze()  # the manifest and the plan live as long as the process: keep them out of full collections
         loop = uvloop.new_event_loop()

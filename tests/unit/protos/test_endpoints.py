@@ -45,3 +45,21 @@ def test_why_unreachable_says_what_a_tcp_connection_meets():
         assert why_unreachable(f"tcp://127.0.0.1:{port}").startswith("nothing listens there yet")  # bound, no listen
         listener.listen()
         assert why_unreachable(f"tcp://127.0.0.1:{port}").startswith("something listens there but does not answer")
+
+
+def test_a_metrics_port_of_minus_one_serves_none_wherever_a_config_takes_it(tmp_path):
+    """-1 is what --metrics-port documents for "serve none"; a config given it in code means the same."""
+    from stoker.protos.endpoints import serves
+
+    assert [serves(p) for p in (None, -1, 0, 9560)] == [False, False, True, True]
+    from stoker.accel.consumer import Consumer
+    from stoker.accel.consumer_config import ConsumerConfig
+    from tests.unit.accel.fakes import job
+
+    cfg = ConsumerConfig(metrics_port=-1, data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0")
+    consumer = Consumer(cfg, job(tmp_path))
+    try:
+        consumer.start()
+        assert consumer.metrics_port is None
+    finally:
+        consumer.stop()
