@@ -4,7 +4,7 @@ The parts have modules of their own: how the rank comes to its job and its dispa
 (accel.joining), the event-loop thread that owns its sockets and books (accel.receive_loop),
 the dispatcher it talks to, in-process or elsewhere (accel.control.link), and the closing
 summary (accel.summary). What a training loop pulls is `schedule()`: exactly the epoch's
-steps, in plan order (accel.steps); the public loader (accel.loader) and `Consumer.run` (the
+steps, in plan order (accel.steps); the public loader (stoker.loader) and `Consumer.run` (the
 built-in training steps, accel.training_loop) are the two ways to pull them, through a
 `Feed` (accel.feed). Finished steps go back to the loop, which returns credit and acks
 completed units.

@@ -20,8 +20,8 @@ import torch
 
 from benchmarks.report import header, write_results
 from stoker.accel.consumer import ConsumerConfig
-from stoker.accel.loader import Loader
 from stoker.datasets import default_imagenet
+from stoker.loader import Loader
 from stoker.pipeline.job import JobConfig
 
 STEP_S = 0.080

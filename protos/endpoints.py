@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import TypeGuard
 
 import zmq
 
@@ -16,7 +17,7 @@ class PortInUseError(StokerError, OSError):
 NO_PORT = -1  # a metrics port of -1 (or None) serves no HTTP endpoint, as the --metrics-port flags document
 
 
-def serves(port: int | None) -> bool:
+def serves(port: int | None) -> TypeGuard[int]:
     """Whether a configured metrics port asks for an endpoint (0: a free one; -1 or None: none)."""
     return port is not None and port != NO_PORT
 

@@ -43,7 +43,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it, imported on first use
 _WHERE = {
-    "Batch": "stoker.accel.feed", "Loader": "stoker.accel.loader", "ConsumerConfig": "stoker.accel.consumer_config",
+    "Batch": "stoker.accel.feed", "Loader": "stoker.loader", "ConsumerConfig": "stoker.accel.consumer_config",
     "JobConfig": "stoker.pipeline.job", "TextConfig": "stoker.pipeline.text.examples",
     "Crop": "stoker.pipeline.transforms", "CropFirst": "stoker.pipeline.transforms",
     "ImageTransform": "stoker.pipeline.transforms", "Output": "stoker.pipeline.transforms",
@@ -68,7 +68,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
     from stoker.accel.consumer_config import ConsumerConfig
     from stoker.accel.control.remote import NotAConsumer, RankRefused
     from stoker.accel.feed import Batch
-    from stoker.accel.loader import Loader
+    from stoker.loader import Loader
     from stoker.pipeline.job import JobConfig
     from stoker.pipeline.text.examples import TextConfig
     from stoker.pipeline.transforms import (

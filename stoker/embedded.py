@@ -14,10 +14,8 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,14 +32,19 @@ from stoker.accel.cost import cores_text
 from stoker.accel.profiles import PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.summary import Summary, job_totals
 from stoker.datasets import default_manifest
+from stoker.local_workers import (
+    ERROR_PREFIX,
+    DaemonProcess,
+    stop_daemons,
+    watch_daemons,
+    worker_command,
+    worker_environment,
+)
 from stoker.options import emit_json
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import kind_of
 from stoker.protos import job_secret
-
-ERROR_PREFIX = "stoker: error: "  # how a stoker process says why it exits (stoker.cli.main)
-CHILD_ERROR = re.compile(r"stoker(?: [a-z]+)?: error: ")  # ... and its parser (stoker.flags.Parser)
 
 
 @dataclass(frozen=True)
@@ -58,73 +61,6 @@ class RunConfig:
     log_level: str = "WARNING"
     rank_args: tuple[str, ...] = ()  # `stoker train` options for ranks 1.. (the accelerator's)
     shard_cache_gb: float | None = None  # each worker daemon's --shard-cache-gb (they share this machine's cache)
-
-
-def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str,
-                   shard_cache_gb: float | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--dispatcher", connect,
-           "--procs", str(procs), "--host-id", host_id, "--once", "--parent-pid", str(os.getpid())]
-    cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--metrics-port", "-1"]
-    cmd += ["--shard-cache-gb", repr(shard_cache_gb)] if shard_cache_gb is not None else []
-    return cmd + ["--metrics-port-flag=--worker-metrics-port"]  # the user's name for it, if it is taken
-
-
-def _worker_environment() -> dict[str, str]:
-    """This process's environment without the STOKER_* variables a `stoker worker` reads as its options:
-    this job's daemons are told everything by their command line, not by settings meant for another's."""
-    from stoker.settings import without_settings
-    from stoker.workers.worker_config import WorkerConfig
-
-    return without_settings(os.environ, WorkerConfig)
-
-
-class DaemonProcess:
-    """A `stoker worker` child whose stderr is passed through and its last lines kept, for the error.
-    Its own fatal error line (`stoker: error: ...`) is held back: `failure` reports it, once."""
-
-    def __init__(self, host_id: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.host_id = host_id
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
-        self.tail: collections.deque[str] = collections.deque(maxlen=5)
-        self.error = ""  # its fatal error line, without the prefix
-        self.reported = False
-        self._reader = threading.Thread(target=self._relay, name=f"stoker-{host_id}-stderr", daemon=True)
-        self._reader.start()
-
-    def _relay(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            said = CHILD_ERROR.match(line)
-            if said:
-                self.error = line[said.end():].strip()
-                continue
-            sys.stderr.write(line)
-            if line.strip():
-                self.tail.append(line.strip())
-
-    def failure(self) -> str | None:
-        """Why the daemon ended early: None while it runs or after a clean exit."""
-        code = self.proc.poll()
-        if code is None or code == 0:
-            return None
-        self._reader.join(timeout=2)
-        self.reported = True
-        last = self.error or (self.tail[-1] if self.tail else "(no output)")
-        return f"worker daemon {self.host_id} exited with code {code}: {last}"
-
-    def unreported_error(self) -> str | None:
-        """Its fatal error, when the run ended before `failure` reported it."""
-        return None if self.reported or not self.error else f"worker daemon {self.host_id}: {self.error}"
-
-
-def _watch(daemons: list[DaemonProcess], consumer: Consumer, done: threading.Event) -> None:
-    """End the run with the first daemon's failure (it cannot deliver its share of the job)."""
-    while not done.wait(0.2):
-        for daemon in daemons:
-            failure = daemon.failure()
-            if failure is not None:
-                consumer.abort(RuntimeError(failure))
-                return
 
 
 class Progress:
@@ -168,19 +104,19 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
             cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level,
                                  cfg.shard_cache_gb)
-            daemons.append(DaemonProcess(f"host{i}", cmd, _worker_environment()))
-        threading.Thread(target=_watch, args=(daemons, consumer, done), name="stoker-daemon-watch", daemon=True).start()
+            daemons.append(DaemonProcess(f"host{i}", cmd, worker_environment()))
+        watch_daemons(daemons, consumer.abort, done)
         summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
         progress.close(consumer)
         consumer.stop()  # rank 0 waits here for the other ranks to finish
         done.set()
-        _stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
+        stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
         others = [_rank_summary(folder, rank) for rank in range(1, job.world_size)
                   if not summary.interrupted or (folder / f"rank-{rank}.json").exists()]
         summaries = [summary, *others]
     finally:
         done.set()
-        _stop_daemons([d.proc for d in daemons], timeout_s=0.0)
+        stop_daemons([d.proc for d in daemons], timeout_s=0.0)
         consumer.stop()
         shutil.rmtree(folder, ignore_errors=True)
         for daemon in daemons:
@@ -206,18 +142,7 @@ def _rank_summary(folder: Path, rank: int) -> Summary:
     return Summary.from_dict(json.loads(path.read_text()))
 
 
-def _stop_daemons(daemons: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for proc in daemons:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-    for proc in daemons:
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+
 
 
 def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> dict | None:

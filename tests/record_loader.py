@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from stoker.accel.loader import Loader
+from stoker.loader import Loader
 
 
 def main() -> None:

@@ -65,6 +65,7 @@ COVERED_BY = {
     "stoker/cli_experiments": [E2E + "test_bottleneck.py", "tests/unit/stoker/test_planning.py"],
     "stoker/datasets": [E2E + "test_exactly_once.py"],
     "stoker/lab/cluster": [E2E + "test_lab.py"],
+    "stoker/local_workers": [E2E + "test_local_workers.py", E2E + "test_exactly_once.py"],
     "stoker/lab/system": [E2E + "test_lab.py"],
 }
 

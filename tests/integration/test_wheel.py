@@ -28,8 +28,9 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
     assert {n.split("/")[0] for n in names} == {"stoker", "stoker-0.1.0.dist-info"}  # one namespace, nothing beside
     assert any(n.startswith("stoker/pipeline/_jpegcrop") and n.endswith(".so") for n in names), "no crop decoder"
     assert any(n.startswith("stoker/pipeline/_jpegrestart") and n.endswith(".so") for n in names), "no transcoder"
-    assert {"stoker/protos/stoker_pb2.py", "stoker/protos/stoker.proto", "stoker/cli.py", "stoker/accel/loader.py",
-            "stoker/transforms.py", "stoker/pipeline/text/examples.py", "stoker/accel/control/service.py"} <= set(names)
+    assert {"stoker/protos/stoker_pb2.py", "stoker/protos/stoker.proto", "stoker/cli.py", "stoker/loader.py",
+            "stoker/local_workers.py", "stoker/transforms.py", "stoker/pipeline/text/examples.py",
+            "stoker/accel/control/service.py"} <= set(names)
     typed = {f"stoker/{package}py.typed" for package in ("", "pipeline/", "workers/", "accel/", "protos/")}
     assert typed | {"stoker/protos/stoker_pb2.pyi", "stoker/pipeline/_jpegcrop.pyi",
                     "stoker/pipeline/_jpegrestart.pyi"} <= set(names)

@@ -25,7 +25,12 @@ every rank (accel.checkpoint); `load_state_dict()` before the first pass continu
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
+import socket
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -46,11 +51,56 @@ from stoker.accel.ranks import (
     rank_zero_dispatcher,
     rendezvous,
 )
+from stoker.local_workers import (
+    ERROR_PREFIX,
+    DaemonProcess,
+    stop_daemons,
+    watch_daemons,
+    worker_command,
+    worker_environment,
+)
 from stoker.pipeline.job import JobConfig
-from stoker.protos.errors import ConfigError
+from stoker.protos.errors import ConfigError, StokerError
 
-__all__ = ["Batch", "Loader"]
+__all__ = ["Batch", "Loader", "LoaderClosed"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
+FINISHED_LEAVE_S = 15.0  # at close, after the job finished: how long local workers get to leave by themselves
+
+
+class LoaderClosed(StokerError, RuntimeError):
+    """The loader was used in an order it cannot be: after close(), or state loaded after the first pass."""
+
+
+def _checked_workers(workers: object) -> int:
+    from stoker.workers.worker_config import most_procs
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= most_procs():
+        raise ConfigError(f"workers must be a whole number from 0 (start none here) to {most_procs()} (4 per core "
+                          f"this process may run on), not {workers!r}")
+    return workers
+
+
+class LocalWorkers:
+    """`workers` worker processes on this machine for one rank's loader: a `stoker worker --once` daemon
+    (stoker.local_workers) registered with the job's dispatcher, under a host id of its own per rank.
+    A daemon that fails ends the job with its reason (the rank's next batch raises JobFailed)."""
+
+    def __init__(self, consumer: Consumer, procs: int) -> None:
+        endpoint = consumer.control_endpoint or consumer.cfg.dispatcher or ""
+        host_id = f"{socket.gethostname()[:40]}-loader{consumer.rank}-{os.getpid()}"
+        level = logging.getLevelName(logging.getLogger("stoker").getEffectiveLevel())
+        cmd = worker_command(endpoint, host_id, procs, None, level if isinstance(level, str) else "WARNING")
+        self.daemon = DaemonProcess(host_id, cmd, worker_environment())
+        self._done = threading.Event()
+        watch_daemons([self.daemon], consumer.abort, self._done)
+
+    def close(self, finished: bool) -> None:
+        """Stop the daemon: once the job has finished it leaves by itself (a little while is given), else now."""
+        self._done.set()
+        stop_daemons([self.daemon.proc], timeout_s=FINISHED_LEAVE_S if finished else 0.0)
+        error = self.daemon.unreported_error()
+        if error:
+            print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
 
 
 class Loader:
@@ -62,7 +112,7 @@ class Loader:
                  device: str = "cpu", format: str = "torch", overlap: bool = True,
                  prepare: Callable[[ReceivedBatch], object] | None = None,
                  metrics: ConsumerMetrics | None = None, keys: str | None = None,
-                 insecure: bool | None = None) -> None:
+                 insecure: bool | None = None, workers: int = 0) -> None:
         """`job`: rank 0's (it runs the dispatcher); other ranks may pass it too and get the job from
         the dispatcher. Rank, world size and local rank: the arguments, else torchrun's environment,
         else an initialised torch.distributed or jax.distributed (accel.ranks).
@@ -73,14 +123,27 @@ class Loader:
         $STOKER_INSECURE=1) to listen beyond loopback without keys. With an initialised process group
         the other ranks learn rank 0's dispatcher and the job secret through its store.
         `prepare`: run on the prefetch thread on each received batch instead of the format
-        conversion (the built-in training steps use it); its result is `batch.prepared`."""
+        conversion (the built-in training steps use it); its result is `batch.prepared`.
+        `workers`: start that many worker processes on this machine, as a local daemon that serves
+        this job and dies with the loader (0, the default: the job's worker daemons are started
+        apart, `stoker worker`). Every rank that asks starts its own, as DataLoader's num_workers;
+        all of them serve the job's one plan. With workers and no `config`, /metrics (and, for a
+        single process, the dispatcher) take free ports: `metrics_port` and `control_endpoint` say which."""
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+        self.workers = _checked_workers(workers)
         where = place(rank, world_size, local_rank)
         self.rank, self.world_size, self.local_rank = where.rank, where.world_size, where.local_rank
         if config is not None and (keys is not None or insecure is not None):
             raise ConfigError("give keys and insecure in the ConsumerConfig when you give one")
         cfg = config or default_config(where, keys, insecure)
+        if self.workers and config is None:  # one machine's own workers: free ports, which nobody else must know
+            cfg = replace(cfg, metrics_port=0, control_bind=(cfg.control_bind.rsplit(":", 1)[0] + ":0"
+                                                             if self.world_size == 1 else cfg.control_bind))
+        if self.workers and cfg.keys:
+            raise ConfigError(f"workers={self.workers} starts keyless worker processes beside this rank; with CURVE "
+                              f"keys start the job's daemons yourself (stoker worker --keys DIR --key-name NAME), "
+                              f"each with a key the job allows")
         try:
             cfg.check_exposure()  # at construction: a rank that cannot listen where it must says so at once
         except ValueError as exc:
@@ -103,6 +166,7 @@ class Loader:
         self.prepare = prepare
         self.metrics = metrics
         self._resume: dict | None = None
+        self._local: LocalWorkers | None = None  # the daemon `workers` asked for, once the consumer is up
         self._consumer: Consumer | None = None
         self._feed: Feed | None = None  # made on the first pass
         self._closed = False
@@ -113,8 +177,10 @@ class Loader:
         """The rank's consumer (made, bound and attached on first use)."""
         if self._consumer is None:
             if self._closed:
-                raise RuntimeError("the loader is closed")
+                raise LoaderClosed("the loader is closed")
             self._consumer = self._make_consumer()
+            if self.workers:
+                self._local = LocalWorkers(self._consumer, self.workers)
         return self._consumer
 
     def _make_consumer(self) -> Consumer:
@@ -170,6 +236,11 @@ class Loader:
         return self.consumer.metrics_port
 
     @property
+    def control_endpoint(self) -> str:
+        """Where worker daemons reach this job's dispatcher (`stoker worker --dispatcher`)."""
+        return self.consumer.control_endpoint
+
+    @property
     def job(self) -> JobConfig:
         """The job this rank runs (from the dispatcher, for a rank that did not give one)."""
         return self.consumer.job
@@ -222,7 +293,7 @@ class Loader:
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (another job's is refused with the reason); before the first pass."""
         if self._consumer is not None:
-            raise RuntimeError("load_state_dict() goes before the loader is first used")
+            raise LoaderClosed("load_state_dict() goes before the loader is first used")
         self._resume = state
 
     # ---- lifetime -------------------------------------------------------------------------
@@ -230,8 +301,14 @@ class Loader:
         """Close sockets and threads (rank 0 first waits a while for the other ranks to finish)."""
         if self._feed is not None:
             self._feed.hand_back()
+        local, self._local = self._local, None
+        finished = self._consumer is not None and self._consumer.dispatcher.finished
+        if local is not None and not finished:  # stopped early: its processes hand their units back while the
+            local.close(finished=False)        # dispatcher still listens
         if self._consumer is not None:
-            self._consumer.stop()
+            self._consumer.stop()  # a finished job's dispatcher lingers until every host heard it finish
+        if local is not None and finished:
+            local.close(finished=True)
         self._closed = True
 
     def __enter__(self) -> Loader:

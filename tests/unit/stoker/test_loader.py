@@ -1,4 +1,4 @@
-"""accel/loader.py over a rank with fakes (tests/unit/accel/fakes.py): the real receiver and
+"""stoker/loader.py over a rank with fakes (tests/unit/accel/fakes.py): the real receiver and
 books, a fake dispatcher and a fake worker; no sockets. Ranks that meet through torchrun's
 store, and real workers: tests/integration/test_data_parallel.py."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stoker.accel.loader import Loader
+from stoker.loader import Loader
+from stoker.protos.errors import ConfigError
 from tests.unit.accel.fakes import SAMPLES, rank, send_job
 
 
@@ -65,3 +66,20 @@ def test_state_dict_is_the_data_position_after_the_batches_yielded(monkeypatch, 
 def test_an_unknown_format_is_refused_at_once():
     with pytest.raises(ValueError, match="format must be one of torch, numpy, jax"):
         Loader(rank=0, world_size=1, format="arrow")
+
+
+@pytest.mark.parametrize("workers", [-1, True, 2.5, "2", 10**6])
+def test_a_workers_count_that_cannot_work_is_refused_at_construction(workers):
+    with pytest.raises(ConfigError, match=r"workers must be a whole number from 0 \(start none here\) to \d+"):
+        Loader(rank=0, world_size=1, workers=workers)
+
+
+def test_workers_with_keys_are_refused_they_would_start_keyless(tmp_path):
+    with pytest.raises(ConfigError, match="with CURVE keys start the job's daemons yourself"):
+        Loader(rank=0, world_size=1, workers=2, keys=str(tmp_path))
+
+
+def test_workers_take_free_ports_so_two_jobs_of_one_machine_do_not_collide():
+    loader = Loader(rank=0, world_size=1, workers=1)
+    assert loader.cfg.metrics_port == 0 and loader.cfg.control_bind.endswith(":0")
+    assert Loader(rank=0, world_size=1).cfg.control_bind.endswith(":5561")  # daemons started apart must know it

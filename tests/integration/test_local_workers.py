@@ -1,0 +1,207 @@
+"""`Loader(job, workers=N)`: N worker processes on this machine, started by the loader, dying with it.
+
+Each case runs a training script of its own in a fresh interpreter (as a user runs one), with the
+real dispatcher, a real `stoker worker` daemon and its decode processes, and looks at the
+machine's process table for what the loader started: nothing of it may outlive the script, however
+the script ends, and every sample comes exactly once per epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _children_of(pid: int) -> set[int]:
+    """Every live descendant of `pid`, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _run(script: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=script.parent, env=env)
+
+
+EVERY_SAMPLE = """
+    import json, sys
+    from stoker import JobConfig, Loader
+
+    job = JobConfig(manifest_uri=sys.argv[1], epochs=2, batch_size=16, image_size=64)
+    seen = {}
+    with Loader(job, workers=2, format="numpy") as loader:
+        while loader.epoch < loader.epochs:
+            for batch in loader:
+                for sample in batch.sample_ids.tolist():
+                    seen.setdefault(batch.epoch, []).append(sample)
+        port = loader.metrics_port
+    print(json.dumps({"seen": seen, "metrics_port": port}))
+"""
+
+
+def test_a_loader_with_workers_delivers_every_sample_once_per_epoch_and_leaves_nothing_behind(manifest, tmp_path):
+    """The default single-process shape: no daemon started by hand, free ports, every sample once."""
+    run = _run(_script(tmp_path, EVERY_SAMPLE), manifest.uri)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    everything = sorted(range(manifest.num_samples))
+    assert {int(e): sorted(ids) for e, ids in out["seen"].items()} == {0: everything, 1: everything}
+    assert out["metrics_port"] not in (None, 9560)  # a free port: a second job on the machine does not collide
+
+
+def test_two_loaders_with_workers_run_side_by_side_on_one_machine(manifest, tmp_path):
+    """Two scripts at once, each with its own workers: free ports, so neither takes the other's."""
+    script = _script(tmp_path, EVERY_SAMPLE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    procs = [subprocess.Popen([sys.executable, str(script), manifest.uri], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    for out, _ in outs:
+        seen = json.loads(out.strip().splitlines()[-1])["seen"]
+        assert sorted(seen["0"]) == sorted(seen["1"]) == list(range(manifest.num_samples))
+
+
+STOPPED = """
+    import os, sys, time
+    from stoker import JobConfig, Loader
+
+    job = JobConfig(manifest_uri=sys.argv[1], epochs=1000, batch_size=16, image_size=64)
+    loader = Loader(job, workers=2, format="numpy")
+    for step, batch in enumerate(loader):
+        if step == 3:
+            print("stepping", flush=True)
+            if sys.argv[2] == "close":
+                loader.close()
+                print("closed", flush=True)
+                time.sleep(60)  # the test looks at the machine now; the script lives on
+            time.sleep(600)  # the test kills the script here
+"""
+
+
+@pytest.mark.parametrize("end", ["close", "SIGKILL"])
+def test_the_workers_die_with_the_loader_however_it_ends(manifest, tmp_path, end):
+    """close() in the middle of a 1000-epoch job, or the training process killed outright: within the
+    deadline, no daemon and no decode process of the loader's is left on the machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    script = subprocess.Popen([sys.executable, str(_script(tmp_path, STOPPED)), manifest.uri, end],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        assert script.stdout is not None
+        assert script.stdout.readline().strip() == "stepping", script.stderr.read() if script.poll() else ""
+        started = _children_of(script.pid)
+        assert len(_alive(started)) >= 3, started  # the daemon and its two decode processes at least
+        if end == "close":
+            assert script.stdout.readline().strip() == "closed"
+        else:
+            script.send_signal(signal.SIGKILL)
+            script.wait(10)
+        # the daemon drains on close and stops at once on its parent's death; its processes follow it
+        assert wait_for(lambda: not _alive(started), timeout=30), f"still alive: {_alive(started)}"
+    finally:
+        script.kill()
+        script.wait(10)
+
+
+def test_a_worker_that_cannot_import_the_jobs_transform_fails_the_loaders_job_with_why(manifest, tmp_path):
+    """The transform is importable in the training script (its own folder) but not by the workers, whose
+    environment it did not give: the job fails with the workers' reason, it does not hang."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "mine.py").write_text(textwrap.dedent("""
+        from stoker.transforms import EvalTransform
+
+        class Small(EvalTransform):
+            def __init__(self):
+                super().__init__(size=32)
+    """))
+    script = _script(tmp_path, """
+        import sys, time
+        sys.path.insert(0, sys.argv[2])
+        from stoker import JobConfig, JobFailed, Loader
+
+        job = JobConfig(manifest_uri=sys.argv[1], epochs=1, batch_size=16, transform="mine:Small")
+        started = time.monotonic()
+        try:
+            with Loader(job, workers=1, format="numpy") as loader:
+                for batch in loader:
+                    pass
+        except JobFailed as exc:
+            print(f"failed after {time.monotonic() - started:.0f} s: {exc}")
+    """)
+    run = _run(script, manifest.uri, str(tmp_path / "elsewhere"), timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "failed after" in run.stdout and "mine" in run.stdout, run.stdout + run.stderr[-2000:]
+    assert float(run.stdout.split("failed after ")[1].split(" s")[0]) < 60
+
+
+def test_ranks_in_lockstep_each_with_their_own_workers_get_every_sample_once(manifest, tmp_path):
+    """torchrun, two ranks that all-reduce every step, each rank's Loader starting one worker process: two
+    daemons serve one plan; every sample once per epoch across the ranks, and equal steps."""
+    script = _script(tmp_path, """
+        import json, os, sys
+        import torch, torch.distributed as dist
+        from stoker import JobConfig, Loader
+
+        dist.init_process_group("gloo")
+        job = JobConfig(manifest_uri=sys.argv[1], epochs=2, batch_size=16, image_size=64)
+        seen, steps = {}, {}
+        with Loader(job, workers=1, format="numpy") as loader:
+            while loader.epoch < loader.epochs:
+                for batch in loader:
+                    dist.all_reduce(torch.ones(1))  # every rank takes each step together
+                    seen.setdefault(batch.epoch, []).extend(batch.sample_ids.tolist())
+                    steps[batch.epoch] = steps.get(batch.epoch, 0) + 1
+        out = os.path.join(sys.argv[2], f"rank-{dist.get_rank()}.json")
+        with open(out, "w") as f:
+            json.dump({"seen": seen, "steps": steps}, f)
+        dist.destroy_process_group()
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(free_port()), str(script), manifest.uri, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"]
+    for epoch in ("0", "1"):
+        together = sorted(ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch])
+        assert together == list(range(manifest.num_samples)), epoch
