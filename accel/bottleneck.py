@@ -45,6 +45,7 @@ WINDOW_S = 5.0
 STALL_OK = 0.05  # below this stall fraction the device is the bottleneck
 WORKERS_BUSY = 0.7  # above this busy share the workers are the bottleneck
 CONTENDED = 0.2  # workers that waited this share of their runnable time for a core are starved of CPU
+OTHERS_SHOWN = 0.05  # on an oversubscribed machine, a wait beyond the workers' own this large is named too
 STORAGE_WAIT = 0.3  # workers that wait this share of their time for reads wait for storage
 
 
@@ -73,6 +74,9 @@ class Totals:
     host_cpu_wait_s: dict[str, float] = field(default_factory=dict)  # cpu_wait_s by host
     host_cores: dict[str, float] = field(default_factory=dict)  # the cores a host's workers may run on (reported)
     host_procs: dict[str, int] = field(default_factory=dict)  # the worker processes a host runs (reported)
+    host_machine: dict[str, tuple[str, float]] = field(default_factory=dict)  # host -> (machine id, machine cores)
+    consumer_cpu_s: float = 0.0  # this consumer process's CPU (all its threads)
+    consumer_machine: str = ""  # the machine it runs on (pipeline.cpu_clock.machine_id)
 
 
 @dataclass
@@ -133,12 +137,13 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
         stage = "throttled" if quota else "contention"
         detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core: "
                   + ("their cgroup's CPU quota throttled them (raise the quota)" if quota else
-                     "other processes on their hosts take the CPU (give the workers cores of their own)"))
+                     "other processes on their hosts take the CPU (give the workers cores of their own)"
+                     + _consumer_beside(old, new, wall)))
     elif contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait):
         stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
         detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core, most for each other: "
                   f"{oversubscribed.text}: processes beyond the cores add no CPU, so the workers are short of cores "
-                  f"({cores_needed:.2f} needed, {cores_in_use:.2f} busy: add cores or hosts, not processes)")
+                  f"({cores_in_use:.2f} busy: add cores or hosts, not processes)")
     elif storage_bound:
         stage, detail = "storage", (f"{device}; workers wait for shard reads {100 * read_wait / worker_time:.0f}% "
                                     f"of their time: storage is the limit (a faster store, the shard cache, or "
@@ -146,7 +151,7 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     elif busy_share >= WORKERS_BUSY:
         stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
         detail = (f"{device}; workers are busy {100 * busy_share:.0f}% of their time (CPU), most in {stage}: they are "
-                  f"short of cores ({cores_needed:.2f} needed, {cores_in_use:.2f} busy)")
+                  f"short of cores ({cores_in_use:.2f} busy)")
     elif queued > 0.5 * cycle:
         stage, detail = "wire", (f"{device}; batches queue on the link: a batch takes {transit:.3f} s in transit, "
                                  f"{queued:.3f} s more than the quickest, against a {cycle:.3f} s device cycle: "
@@ -163,28 +168,52 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
 
 @dataclass
 class Oversubscribed:
-    """Hosts that run more worker processes than they give them cores: there the processes wait for each
-    other, 1 - cores/processes of their runnable time, with no neighbour to blame."""
+    """Machines that run more worker processes than they give them cores: there the processes wait for
+    each other, 1 - cores/processes of their runnable time, with no neighbour to blame. Emulated hosts
+    of one machine (network namespaces, cgroups) share its cores, so hosts are grouped by machine."""
 
-    waited_most: bool  # most of the window's wait for a core was on such hosts, and no more than they explain
+    waited_most: bool  # most of the window's wait for a core was on such machines, and no more than they explain
     text: str  # "4 processes on 2 cores of host0 (each waits 50% for the others)", for the diagnosis
+
+
+def _machines(new: Totals) -> dict[str, list[str]]:
+    """Machine id -> the hosts on it (a host that reported no machine is a machine of its own)."""
+    machines: dict[str, list[str]] = {}
+    for host in sorted(new.host_procs):
+        machines.setdefault(new.host_machine.get(host, (host, 0.0))[0], []).append(host)
+    return machines
 
 
 def _oversubscribed(old: Totals, new: Totals, cpu_wait: float) -> Oversubscribed:
     found: list[str] = []
     waited = 0.0
-    for host, procs in sorted(new.host_procs.items()):
-        cores = new.host_cores.get(host, 0.0)
+    for hosts in _machines(new).values():
+        procs = sum(new.host_procs[h] for h in hosts)
+        machine_cores = max(new.host_machine.get(h, ("", new.host_cores.get(h, 0.0)))[1] for h in hosts)
+        cores = min(machine_cores, sum(new.host_cores.get(h, 0.0) for h in hosts))  # quotas of hosts add up
         if not 0 < cores < procs:
             continue
         own = 1 - cores / procs  # the share of runnable time P processes on C cores wait for each other
-        busy = new.host_cpu_s.get(host, 0.0) - old.host_cpu_s.get(host, 0.0)
-        wait = new.host_cpu_wait_s.get(host, 0.0) - old.host_cpu_wait_s.get(host, 0.0)
-        if busy + wait > 0 and wait / (busy + wait) <= own + CONTENDED:  # much more: neighbours take the rest
-            found.append(f"{procs} processes on {cores:g} cores of {host} (each waits {100 * own:.0f}% for the others)")
+        busy = sum(new.host_cpu_s.get(h, 0.0) - old.host_cpu_s.get(h, 0.0) for h in hosts)
+        wait = sum(new.host_cpu_wait_s.get(h, 0.0) - old.host_cpu_wait_s.get(h, 0.0) for h in hosts)
+        share = wait / (busy + wait) if busy + wait > 0 else 0.0
+        if share <= own + CONTENDED:  # much more: neighbours take the rest, and that is contention
+            where = hosts[0] if len(hosts) == 1 else f"one machine (hosts {', '.join(hosts[:4])}" + (
+                f" and {len(hosts) - 4} more)" if len(hosts) > 4 else ")")
+            others = f"; other processes took {100 * (share - own):.0f}% more" if share - own >= OTHERS_SHOWN else ""
+            found.append(f"{procs} processes on {cores:g} cores of {where} (each waits {100 * own:.0f}% for the "
+                         f"others{others})")
             waited += wait
-    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more hosts" if len(found) > 3 else "")
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more machines" if len(found) > 3 else "")
     return Oversubscribed(cpu_wait > 0 and waited >= 0.5 * cpu_wait, shown)
+
+
+def _consumer_beside(old: Totals, new: Totals, wall: float) -> str:
+    """Where this consumer shares a machine with workers, what it took of it: the job's own neighbour."""
+    if not new.consumer_machine or all(m != new.consumer_machine for m, _ in new.host_machine.values()):
+        return ""
+    used = (new.consumer_cpu_s - old.consumer_cpu_s) / wall
+    return f"; this job's consumer runs on their machine and used {used:.2f} cores of it"
 
 
 class BottleneckMonitor:

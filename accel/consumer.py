@@ -38,6 +38,7 @@ from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
 from stoker.accel.stream import StreamOrder
 from stoker.accel.summary import Books, Summary
 from stoker.accel.training_loop import train
+from stoker.pipeline.cpu_clock import machine_id
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
@@ -48,6 +49,7 @@ from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
 
 __all__ = ["Consumer", "ConsumerConfig", "JobFailed", "NotAConsumer", "RankRefused", "Summary"]
+MACHINE = machine_id()  # this consumer's machine: workers that share it are its neighbours
 log = logging.getLogger("stoker.consumer")
 
 
@@ -158,7 +160,9 @@ class Consumer:
                       host_cpu_s=dict(stages.host_cpu) if stages else {},
                       host_cpu_wait_s=dict(stages.host_cpu_wait) if stages else {},
                       host_cores=dict(stages.host_cores) if stages else {},
-                      host_procs=dict(stages.host_procs) if stages else {})
+                      host_procs=dict(stages.host_procs) if stages else {},
+                      host_machine=dict(stages.host_machine) if stages else {},
+                      consumer_cpu_s=time.process_time(), consumer_machine=MACHINE)
 
     def books(self) -> Books:
         """What the books hold once every step handed back so far is settled (for the summary)."""

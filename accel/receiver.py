@@ -111,6 +111,7 @@ class StageTotals:
     host_cpu_wait: dict[str, float] = field(default_factory=dict)  # the measured wait for a core, by host
     host_cores: dict[str, float] = field(default_factory=dict)  # the cores a host's worker processes may run on
     host_procs: dict[str, int] = field(default_factory=dict)  # the worker processes a host's daemon runs
+    host_machine: dict[str, tuple[str, float]] = field(default_factory=dict)  # host -> (machine id, its cores)
     receive: float = 0.0
     transit: float = 0.0  # worker sent -> consumer received, summed over batches (one clock in the lab)
     min_transit: float = float("inf")  # the quickest batch: the link's latency, with nothing queued before it
@@ -349,6 +350,7 @@ class Receiver:
         totals.host_cpu[peer.host_id] = totals.host_cpu.get(peer.host_id, 0.0) + stages.cpu
         if stages.cores > 0 and stages.processes > 0:
             totals.host_cores[peer.host_id], totals.host_procs[peer.host_id] = stages.cores, stages.processes
+            totals.host_machine[peer.host_id] = (stages.machine or peer.host_id, stages.machine_cores or stages.cores)
         totals.per_core.add(header.rows or samples, stages.cpu)
         if header.created_unix:
             transit = time.time() - header.created_unix  # one clock in the lab; elsewhere the hosts' offset too

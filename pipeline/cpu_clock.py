@@ -106,6 +106,15 @@ def _quota_cores(folder: Path) -> float | None:
         return None
 
 
+def machine_id() -> str:
+    """The machine this process runs on, as the kernel names this boot: processes in network namespaces
+    or cgroups of one machine (the lab's emulated hosts) give the same id, separate machines do not."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def usable_cores() -> float:
     """The cores this process may run on: its CPU affinity, or the tightest CPU quota of its cgroup and
     the cgroups above it where that is lower. Workers report it, so that a consumer can tell workers that
@@ -152,6 +161,8 @@ class BatchCost:
     cpu_wait_s: float | None
     throttled: bool
     cores: float  # the cores the process may run on (usable_cores), read when its account was made
+    machine: str = ""  # machine_id()
+    machine_cores: float = 0.0  # its CPU affinity alone: the machine's cores it shares with other hosts there
 
 
 class CpuAccount:
@@ -163,6 +174,7 @@ class CpuAccount:
         self._schedstat = _KernelFile(Path("/proc/thread-self/schedstat"))
         self._stat = _KernelFile(_cgroup_cpu_stat())
         self.cores = usable_cores()
+        self.machine, self.machine_cores = machine_id(), float(len(os.sched_getaffinity(0)))
         self._cpu, self._delay, self._throttled = self._now()
 
     def _now(self) -> tuple[float, float | None, int | None]:
@@ -175,7 +187,7 @@ class CpuAccount:
         cost = BatchCost(cpu - self._cpu,
                          delay - self._delay if delay is not None and self._delay is not None else None,
                          throttled is not None and self._throttled is not None and throttled > self._throttled,
-                         self.cores)
+                         self.cores, self.machine, self.machine_cores)
         self._cpu, self._delay, self._throttled = cpu, delay, throttled
         return cost
 

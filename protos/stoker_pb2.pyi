@@ -19,7 +19,7 @@ class FrameSpec(_message.Message):
     def __init__(self, tensor: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class StageSeconds(_message.Message):
-    __slots__ = ("decode", "augment", "wait_for_credit", "send", "examples", "pack", "read", "read_wait", "cpu", "cpu_wait", "cpu_wait_measured", "throttled", "cores", "processes")
+    __slots__ = ("decode", "augment", "wait_for_credit", "send", "examples", "pack", "read", "read_wait", "cpu", "cpu_wait", "cpu_wait_measured", "throttled", "cores", "processes", "machine", "machine_cores")
     DECODE_FIELD_NUMBER: _ClassVar[int]
     AUGMENT_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_CREDIT_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,8 @@ class StageSeconds(_message.Message):
     THROTTLED_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_CORES_FIELD_NUMBER: _ClassVar[int]
     decode: float
     augment: float
     wait_for_credit: float
@@ -48,7 +50,9 @@ class StageSeconds(_message.Message):
     throttled: bool
     cores: float
     processes: int
-    def __init__(self, decode: _Optional[float] = ..., augment: _Optional[float] = ..., wait_for_credit: _Optional[float] = ..., send: _Optional[float] = ..., examples: _Optional[float] = ..., pack: _Optional[float] = ..., read: _Optional[float] = ..., read_wait: _Optional[float] = ..., cpu: _Optional[float] = ..., cpu_wait: _Optional[float] = ..., cpu_wait_measured: _Optional[bool] = ..., throttled: _Optional[bool] = ..., cores: _Optional[float] = ..., processes: _Optional[int] = ...) -> None: ...
+    machine: str
+    machine_cores: float
+    def __init__(self, decode: _Optional[float] = ..., augment: _Optional[float] = ..., wait_for_credit: _Optional[float] = ..., send: _Optional[float] = ..., examples: _Optional[float] = ..., pack: _Optional[float] = ..., read: _Optional[float] = ..., read_wait: _Optional[float] = ..., cpu: _Optional[float] = ..., cpu_wait: _Optional[float] = ..., cpu_wait_measured: _Optional[bool] = ..., throttled: _Optional[bool] = ..., cores: _Optional[float] = ..., processes: _Optional[int] = ..., machine: _Optional[str] = ..., machine_cores: _Optional[float] = ...) -> None: ...
 
 class TextStats(_message.Message):
     __slots__ = ("sequences", "real_tokens", "token_slots", "unpacked_token_slots", "masked_tokens", "random_next")

@@ -331,7 +331,7 @@ def _send_batch(spec: ProcessSpec, unit: Unit, batch: Outgoing, sender: DataSend
     stages.send = stage_clock() - framing_from
     cost = account.take()  # the process's CPU since its batch before: this one's whole cost
     stages.cpu, stages.throttled, stages.cores = cost.cpu_s, cost.throttled, cost.cores
-    stages.processes = spec.host_procs
+    stages.processes, stages.machine, stages.machine_cores = spec.host_procs, cost.machine, cost.machine_cores
     stages.cpu_wait_measured = cost.cpu_wait_s is not None
     stages.cpu_wait = cost.cpu_wait_s or 0.0
     metrics.count_cpu(cost)

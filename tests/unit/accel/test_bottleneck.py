@@ -102,6 +102,37 @@ def test_more_worker_processes_than_cores_wait_for_each_other_and_are_short_of_c
     assert quota.stage == "throttled"
 
 
+def test_emulated_hosts_of_one_machine_share_its_cores():
+    # two hosts of two processes each, both on one 2-core machine (the lab, or `stoker run --hosts 2`):
+    # four processes on two cores, though each host alone looks like two on two
+    window = _on_hosts(_window(stall_s=6.0, step_s=4.0, decode=15.0, augment=4.0, cpu_wait=19.0),
+                       {"host0": (9.5, 9.5, 2.0, 2), "host1": (9.5, 9.5, 2.0, 2)})
+    window[1].host_machine = {"host0": ("boot-a", 2.0), "host1": ("boot-a", 2.0)}
+    shared = diagnose(*window)
+    assert shared.stage == "decode" and "4 processes on 2 cores of one machine (hosts host0, host1)" in shared.detail
+    # the same two hosts on two machines: two processes on two cores each, so the wait is others'
+    window[1].host_machine = {"host0": ("boot-a", 2.0), "host1": ("boot-b", 2.0)}
+    assert diagnose(*window).stage == "contention"
+
+
+def test_an_oversubscribed_machine_with_neighbours_too_says_both():
+    # eight processes on two cores wait 75% for each other; they waited 89%: the rest is other processes
+    both = diagnose(*_on_hosts(_window(stall_s=6.0, step_s=4.0, decode=8.0, augment=3.0, cpu_wait=89.0),
+                               {"host0": (11.0, 89.0, 2.0, 8)}))
+    assert both.stage == "decode" and "each waits 75% for the others; other processes took 14% more" in both.detail
+
+
+def test_contention_on_the_consumers_own_machine_says_what_the_consumer_took():
+    window = _on_hosts(_window(stall_s=6.0, step_s=4.0, decode=8.0, augment=2.0, cpu_wait=4.0),
+                       {"host0": (10.0, 4.0, 2.0, 2)})
+    window[1].host_machine, window[1].consumer_machine = {"host0": ("boot-a", 2.0)}, "boot-a"
+    window[1].consumer_cpu_s = 4.0  # over the 10 s window: 0.4 cores
+    found = diagnose(*window)
+    assert found.stage == "contention" and "this job's consumer runs on their machine and used 0.40 cores" in found.detail
+    window[1].consumer_machine = "boot-b"
+    assert "consumer" not in diagnose(*window).detail
+
+
 def test_a_little_waiting_for_a_core_leaves_the_busy_workers_short_of_cores():
     d = diagnose(*_window(stall_s=8.0, step_s=2.0, decode=20.0, augment=5.0, wait=0.5, cpu_wait=2.0))
     assert d.stage == "decode" and "short of cores" in d.detail
