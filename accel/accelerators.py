@@ -25,17 +25,24 @@ class NullAccelerator(Step):
 
 @dataclass
 class SimulatedAccelerator(Step):
-    """Takes len(batch) / rate seconds per step, like a device with that throughput."""
+    """Takes len(batch) / rate seconds per step, like a device with that throughput: rows per second,
+    or, for a named system's text rate (`per_sequence`), sequences per second, as the profiles count
+    BERT (a packed row of three sequences is three of them)."""
 
-    rate: float  # samples per second
+    rate: float  # rows per second; with per_sequence, sequences per second
     name: str = "simulated"
+    per_sequence: bool = False
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
             raise ValueError(f"simulated accelerator rate must be positive, not {self.rate}")
 
+    def amount(self, batch: ReceivedBatch) -> int:
+        """What the rate counts in this batch."""
+        return batch.sequences if self.per_sequence and batch.header.HasField("text") else batch.size
+
     def step(self, batch: ReceivedBatch) -> None:
-        self.compute(batch.size)
+        self.compute(self.amount(batch))
 
     def compute(self, rows: int) -> None:
         """Busy the 'device' for as long as `rows` take at `rate`."""
@@ -61,7 +68,7 @@ class ConvertingSimulatedAccelerator(SimulatedAccelerator, PreparedStep[int]):
         else:
             for name in batch.tensors.parts:
                 batch.tensor(name).astype(np.int64)
-        return batch.size
+        return self.amount(batch)
 
     def step_prepared(self, rows: int) -> None:
         self.compute(rows)
@@ -122,7 +129,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         if spec.profile:
             from stoker.accel.profiles import profile_rate
 
-            return kind(profile_rate(spec.profile, dataset, spec.scale))
+            return kind(profile_rate(spec.profile, dataset, spec.scale), per_sequence=kind_of(dataset).text)
         if spec.rate is None:
             raise ValueError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
         return kind(spec.rate)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable
@@ -293,6 +294,9 @@ def read_status(metrics_url: str) -> dict:
     """`stoker status`: the diagnosis a running consumer exports, in words."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    if urllib.parse.urlsplit(metrics_url).scheme not in ("http", "https"):
+        raise ValueError(f"--metrics {metrics_url!r} is not an http:// or https:// URL (a consumer's /metrics, such "
+                         f"as http://127.0.0.1:9560/metrics)")
     try:
         text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
     except OSError as exc:

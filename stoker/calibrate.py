@@ -199,7 +199,7 @@ def _write(out: Path | None, result: dict) -> None:
     os.replace(f.name, out)
 
 
-def _writable(out: Path | None) -> dict:
+def writable(out: Path | None) -> dict:
     """What `out` holds now (load), once it is known that it can be written: minutes of measuring
     must not end in "permission denied". OSError naming the file otherwise."""
     if out is None:
@@ -227,7 +227,7 @@ def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | 
         return {"imagenet": {**train, "what": f"decode + random resized crop + flip to 224 px, {SENT}one core"},
                 "wikipedia": wikipedia_entry(text, seconds), PACKED: wikipedia_entry(text, seconds, pack=True)}
 
-    result = _writable(out)
+    result = writable(out)
     measured = _pinned(measure)
     result |= measured | {"machine": machine_kind(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds_each": seconds}
     result["transforms"] = {**result.get("transforms", {}), DEFAULT_TRANSFORM: measured["imagenet"]}
@@ -238,7 +238,7 @@ def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | 
 def calibrate_transform(imagenet: str, transform: str, params: str = "", seconds: float = 15.0,
                         out: Path | None = None) -> dict:
     """One transform's per-core rate on one pinned core, added to `out` (its entry replaced, the rest kept)."""
-    result = _writable(out)
+    result = writable(out)
     entry = _pinned(lambda: transform_entry(imagenet, seconds, transform, params))
     result["transforms"] = {**result.get("transforms", {}), transform_key(transform, params): entry}
     _write(out, result)

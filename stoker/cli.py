@@ -491,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stoker: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`stoker status | head`): nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush raises nothing
+        return 141
     except (StokerError, OSError, ValueError, RuntimeError) as exc:  # Stoker's own, and a library's in its words
         from stoker.accel.consumer import JobFailed  # loaded already where a job ran
 

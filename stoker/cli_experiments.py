@@ -123,9 +123,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stoker.calibrate import PACKED, calibrate, calibrate_transform, rate_text
+    from stoker.calibrate import PACKED, calibrate, calibrate_transform, rate_text, writable
     from stoker.datasets import default_imagenet, default_wikipedia
 
+    writable(args.out)  # before the data sets are made and minutes are measured, not after
     if args.transform is not None:
         r = calibrate_transform(args.data or str(default_imagenet()), args.transform, args.transform_params,
                                 args.seconds, args.out)

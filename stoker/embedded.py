@@ -99,7 +99,7 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
     folder = Path(tempfile.mkdtemp(prefix="stoker-run-"))
     try:
         for rank in range(1, job.world_size):
-            daemons.append(DaemonProcess(f"rank {rank}", _rank_command(consumer, rank, cfg, folder)))
+            daemons.append(DaemonProcess(f"rank {rank}", _rank_command(consumer, rank, cfg, folder), quiet=True))
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
             cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level,
@@ -189,7 +189,7 @@ def cores_line(answer: dict) -> str:
             else "encoded images shipped (decoding on the accelerator)")
     details = [f"{answer['accelerator_rate']:,.0f} {unit} over {answer['per_core_rate']:,.0f} {noun} per CPU-second"
                + (f" (10-90% of the run: {spread[0]:,.0f}-{spread[1]:,.0f})" if spread else "")]
-    if "sequences_per_row" in answer:
+    if answer.get("sequences_per_row", 1.0) > 1.0:  # packed; one sequence per row says nothing
         details.append(f"packing puts {answer['sequences_per_row']:.2f} sequences in a row" if unit == "sequences/s"
                        else f"packing puts {answer['sequences_per_row']:.2f} sequences in a row of the rate")
     if answer.get("seq_len") and answer["seq_len"] != answer.get("profile_seq_len"):

@@ -46,9 +46,11 @@ class DaemonProcess:
     """A `stoker` child whose stderr is passed through and its last lines kept, for the error.
     Its own fatal error line (`stoker: error: ...`) is held back: `failure` reports it, once."""
 
-    def __init__(self, host_id: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, host_id: str, cmd: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> None:
+        """`quiet`: its standard output is not shown (a rank whose figures are read from its --json)."""
         self.host_id = host_id
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL if quiet else None,
+                                     text=True, errors="replace", env=env)
         self.tail: collections.deque[str] = collections.deque(maxlen=5)
         self.error = ""  # its fatal error line, without the prefix
         self.reported = False

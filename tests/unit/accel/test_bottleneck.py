@@ -128,7 +128,8 @@ def test_contention_on_the_consumers_own_machine_says_what_the_consumer_took():
     window[1].host_machine, window[1].consumer_machine = {"host0": ("boot-a", 2.0)}, "boot-a"
     window[1].consumer_cpu_s = 4.0  # over the 10 s window: 0.4 cores
     found = diagnose(*window)
-    assert found.stage == "contention" and "this job's consumer runs on their machine and used 0.40 cores" in found.detail
+    assert found.stage == "contention"
+    assert "this job's consumer runs on their machine and used 0.40 cores" in found.detail
     window[1].consumer_machine = "boot-b"
     assert "consumer" not in diagnose(*window).detail
 
@@ -192,4 +193,10 @@ def test_status_at_a_page_that_is_not_metrics_or_not_a_consumers_says_so_in_one_
         read_status(url)
     body["text"] = b"# TYPE node_load1 gauge\nnode_load1 0.5\n"
     with pytest.raises(ValueError, match="is not a Stoker consumer's metrics"):
+        read_status(url)
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "not a url", "ftp://127.0.0.1/metrics"])
+def test_status_reads_only_http_urls(url):
+    with pytest.raises(ValueError, match="is not an http:// or https:// URL"):
         read_status(url)

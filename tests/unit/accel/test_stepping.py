@@ -78,3 +78,24 @@ def test_a_spec_makes_its_backend_for_the_job_it_is_given(manifest):
     assert isinstance(made, SimulatedAccelerator) and made.rate == pytest.approx(250)
     backend = Plain()
     assert given(backend)(job, manifest) is backend
+
+
+def test_a_simulated_system_counts_bert_in_sequences_as_its_profile_does(monkeypatch):
+    """A packed row of three sequences is three of the profile's; images and a plain --rate count rows."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from stoker.accel.batch import ReceivedBatch
+    from stoker.protos import stoker_pb2 as pb
+
+    text = pb.BatchHeader(rows=2)
+    text.text.sequences = 6
+    no_tensors = SimpleNamespace(parts={})  # the rate reads the header alone
+    packed = ReceivedBatch(b"p", text, no_tensors, np.arange(6), 0.0)  # type: ignore[arg-type]
+    waited: list[float] = []
+    monkeypatch.setattr(SimulatedAccelerator, "compute", lambda self, amount: waited.append(amount / self.rate))
+    SimulatedAccelerator(rate=10, per_sequence=True).step(packed)
+    SimulatedAccelerator(rate=10).step(packed)
+    assert waited == [pytest.approx(0.6), pytest.approx(0.2)]
+    assert ConvertingSimulatedAccelerator(rate=10, per_sequence=True).prepare(packed) == 6
