@@ -199,7 +199,7 @@ class ControlServer:
             if self._other_run(lease.job_id, lease.run_id):
                 return self._other_job()
             if d.over:
-                return self._finished(lease.host_id)
+                return self._finished(lease.host_id, daemon=False)
             unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name, lease.holding)
             if unit is None:
                 return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
@@ -344,12 +344,15 @@ class ControlServer:
     def _other_job(self) -> pb.ControlReply:
         return pb.ControlReply(other_job=pb.OtherJob(job_id=self.job.job_id, run_id=self.run_id))
 
-    def _finished(self, host_id: str) -> pb.ControlReply:
-        self.told_finished.add(host_id)
+    def _finished(self, host_id: str, daemon: bool = True) -> pb.ControlReply:
+        """"finished"; the host counts as told when its daemon (register, heartbeat) heard it: the daemon is
+        what leaves (--once) and stops its processes, and a process asking for a lease is not the daemon."""
+        if daemon:
+            self.told_finished.add(host_id)
         return pb.ControlReply(finished=pb.Finished(job_id=self.job.job_id))
 
     def hosts_not_told(self) -> set[str]:
-        """Live hosts that have not yet heard that the job is finished."""
+        """Live hosts whose daemon has not yet heard that the job is finished."""
         return set(self.dispatcher.live_hosts()) - self.told_finished
 
     # ---- connections ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,20 @@ def test_ranks_in_lockstep_each_with_their_own_workers_get_every_sample_once(man
     for epoch in ("0", "1"):
         together = sorted(ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch])
         assert together == list(range(manifest.num_samples)), epoch
+
+
+def test_a_finished_jobs_daemons_leave_at_once_not_after_the_dispatcher_is_gone(manifest, tmp_path):
+    """A job shorter than a heartbeat, with more processes than the daemon: the dispatcher keeps answering
+    until each host's daemon (not just one of its processes) heard "finished", so the daemons leave by
+    themselves at once. Before, a process hearing it counted for its host, the dispatcher closed, and the
+    daemon asked a closed port for 15 s more ("no answer from the dispatcher ... nothing listens there")."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--hosts", "1", "--procs",
+                          "4", "--rate", "3000", "--no-progress", "--data-bind", "tcp://127.0.0.1:0", "--control-bind",
+                          "tcp://127.0.0.1:0", "--metrics-port", "-1", "--worker-metrics-port", "-1"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    took = time.monotonic() - started
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "no answer from the dispatcher" not in run.stderr, run.stderr[-3000:]
+    assert took < 15, f"{took:.1f} s for a job of {manifest.num_samples} samples"  # was 20 s and more
