@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -108,9 +108,12 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
         watch_daemons(daemons, consumer.abort, done)
         summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
         progress.close(consumer)
-        consumer.stop()  # rank 0 waits here for the other ranks to finish
-        done.set()
-        stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
+        try:
+            consumer.stop()  # rank 0 waits here for the other ranks to finish
+            done.set()
+            stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
+        except KeyboardInterrupt:  # Ctrl-C while closing: the figures are made; close at once and show them
+            summary = replace(summary, interrupted=True)
         others = [_rank_summary(folder, rank) for rank in range(1, job.world_size)
                   if not summary.interrupted or (folder / f"rank-{rank}.json").exists()]
         summaries = [summary, *others]
