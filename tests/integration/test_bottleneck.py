@@ -80,13 +80,15 @@ def test_status_names_contention_when_other_processes_take_the_workers_cores(man
     assert "--credit-window" not in status["text"]
 
 
+@pytest.mark.parametrize("hosts", [1, 2])
 def test_status_names_the_workers_short_of_cores_when_more_processes_than_cores_wait_for_each_other(
-        manifest, run_job):
-    """Twice as many worker processes as cores on a quiet host: they wait for a core half their time,
-    but for each other, not for neighbours; more processes would not help, more cores would."""
+        manifest, run_job, hosts):
+    """Twice as many worker processes as cores on a quiet machine, on one host or on two emulated hosts
+    of it: they wait for a core half their time, but for each other, not for neighbours; more processes
+    would not help, more cores would."""
     cores = len(os.sched_getaffinity(0))
     consumer = consumer_for(manifest.uri, epochs=400, accel=SimulatedAccelerator(20_000), image_size=224)
-    job = run_job(consumer, hosts=1, procs=2 * cores)
+    job = run_job(consumer, hosts=hosts, procs=2 * cores // hosts)
     url = f"http://127.0.0.1:{consumer.metrics_port}/metrics"
     _steady_window(consumer, job)
     status = _settled_status(url, job.thread.is_alive)
@@ -94,7 +96,8 @@ def test_status_names_the_workers_short_of_cores_when_more_processes_than_cores_
     assert status["stage"] in ("decode", "augment"), status["text"]
     assert status["cpu_wait_fraction"] > 0.2  # they did wait for a core, and it is not called contention
     detail = consumer.bottleneck.latest.detail
-    assert f"{2 * cores} processes on {cores:g} cores of host0" in detail and "not processes" in detail, detail
+    where = "host0" if hosts == 1 else "one machine (hosts host0, host1)"
+    assert f"{2 * cores} processes on {cores:g} cores of {where}" in detail and "not processes" in detail, detail
 
 
 def test_status_names_compute_when_the_device_is_slow(manifest, run_job):
