@@ -33,6 +33,7 @@ from typing import Protocol
 from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
 from stoker.protos.curve import is_loopback
 from stoker.protos.errors import StokerError
+from stoker.protos.switches import parse_switch
 
 HOST_ENV = "STOKER_HOST"  # this node's address, as the workers and the other ranks reach it
 KEYS_ENV = "STOKER_KEYS"  # a CURVE key folder (stoker keys init) for every rank of the job
@@ -151,8 +152,10 @@ def default_config(where: Place, keys: str | None = None, insecure: bool | None 
 
 
 def env_flag(name: str) -> bool:
-    """An environment variable read as a yes/no switch (1, true, yes, on)."""
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """An environment variable read as a yes/no switch (unset or empty: no); ConfigError for a value that
+    is neither, as the command line's settings refuse it."""
+    text = os.environ.get(name, "")
+    return parse_switch(text, f"${name}") if text.strip() else False
 
 
 class Rendezvous(Protocol):

@@ -23,9 +23,9 @@ from typing import Any
 
 from stoker.configured import Option, options_of
 from stoker.protos.errors import StokerError
+from stoker.protos.switches import FALSE, TRUE
 
 PREFIX = "STOKER_"
-TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class SettingError(StokerError, ValueError):

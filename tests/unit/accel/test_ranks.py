@@ -17,6 +17,7 @@ from stoker.accel.ranks import (
     rank_zero_dispatcher,
     route_to,
 )
+from stoker.protos.errors import ConfigError
 
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "STOKER_HOST", "STOKER_KEYS",
             "STOKER_INSECURE")
@@ -79,6 +80,15 @@ def test_the_default_config_reads_keys_and_insecure_from_the_environment(monkeyp
     cfg = default_config(Place(0, 2, 0, "127.0.0.1"))
     assert cfg.keys == "/keys" and cfg.insecure
     assert not default_config(Place(0, 2, 0, "127.0.0.1"), insecure=False).insecure  # the argument wins
+
+
+def test_a_loaders_switch_in_the_environment_is_read_as_the_command_line_reads_it(monkeypatch):
+    """STOKER_INSECURE=perhaps is refused by `stoker worker`; a Loader refuses it too, not reads it as no."""
+    monkeypatch.setenv("STOKER_INSECURE", "perhaps")
+    with pytest.raises(ConfigError, match=r"\$STOKER_INSECURE: must be true or false"):
+        default_config(Place(0, 2, 0, "127.0.0.1"))
+    monkeypatch.setenv("STOKER_INSECURE", "off")
+    assert not default_config(Place(0, 2, 0, "127.0.0.1")).insecure
 
 
 def test_without_a_store_a_rank_finds_rank_zero_at_master_addr():
