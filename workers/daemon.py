@@ -144,6 +144,11 @@ class WorkerDaemon:
             except DispatcherUnreachable:
                 return None
             if reply.WhichOneof("kind") == "registered":
+                if self.cfg.once and self._job_id and reply.registered.job.job_id != self._job_id:
+                    log.info("%s: the dispatcher at %s serves job %s now, not job %s that this daemon served; "
+                             "--once: exiting", self.host_id, self.cfg.connect, reply.registered.job.job_id,
+                             self._job_id)
+                    return None
                 log.info("%s: joined job %s, data to %s", self.host_id, reply.registered.job.job_id,
                          reply.registered.job.data_endpoint)
                 self._run_id = reply.registered.run_id

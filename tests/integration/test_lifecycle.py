@@ -159,6 +159,34 @@ def test_once_daemons_leave_as_soon_as_stoker_train_finishes(manifest, log_dir, 
             train.kill()
 
 
+def test_a_once_daemon_serves_one_job_and_leaves_when_another_takes_its_port(manifest, log_dir, tmp_path):
+    """A time-boxed job ends without "finished"; the next job on the same control port is another job, which a
+    --once daemon (stoker run's, a Loader's) must not serve: it exits instead of registering for it."""
+    control = f"tcp://127.0.0.1:{free_port()}"
+
+    def train() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "stoker", "train", "--data", manifest.uri, "--batch-size", "16",
+                                 "--epochs", "1000", "--max-seconds", "3", "--no-progress", "--metrics-port", "-1",
+                                 "--data-bind", "tcp://127.0.0.1:0", "--control-bind", control],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    first = train()
+    daemon = Daemon(control, "h0", 1, log_dir)  # --once
+    second = None
+    try:
+        assert first.wait(120) == 0
+        second = train()
+        assert daemon.wait(timeout=30) == 0, daemon.output()
+        assert "--once: exiting" in daemon.output() and "joined job" in daemon.output()
+        assert daemon.output().count("joined job") == 1, daemon.output()  # the first job only
+    finally:
+        daemon.stop()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
 def _fake_dispatcher(endpoint: str, job, stop) -> None:
     """Answers a daemon like a dispatcher would, with a job its processes cannot start on."""
     import zmq
