@@ -15,6 +15,22 @@ from stoker.pipeline.synth import SynthConfig, generate
 from tests.helpers import Daemon, Job
 from tests.shard_edits import JOB, ROWS, expected_images, reshard
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers by where a test lives and what it needs: `unit` (tests/unit and the static checks in
+    tests/, no processes of ours beyond the test's), `integration` (tests/integration: real processes
+    and sockets), `lab` (network namespaces and cgroups, as root: the tests that build emulated
+    hosts). `pytest -m unit` runs in two minutes; `-m "not lab"` without root."""
+    for item in items:
+        path = Path(str(item.fspath))
+        integration = "integration" in path.parts
+        item.add_marker(pytest.mark.integration if integration else pytest.mark.unit)  # tests/*.py: unit
+        if (integration and path.name in LAB_MODULES) or item.get_closest_marker("needs_namespaces"):
+            item.add_marker(pytest.mark.lab)
+
+
+LAB_MODULES = {"test_lab.py", "test_multinode.py", "test_sweep_point.py", "test_plan_check.py"}
+
 TEST_IMAGES = 160
 
 

@@ -12,6 +12,7 @@ without namespaces the lab falls back to loopback addresses and says so.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -41,23 +42,60 @@ from stoker.protos.curve import add_key, init_keys
 
 log = logging.getLogger("stoker.lab")
 
-PREFIX = "stk-"
-BRIDGE = "stkbr0"
-BRIDGE_ADDRESS = "198.18.0.254"
-ACCEL_ADDRESS = "198.18.0.1"
-CGROUP_NAME = "stoker-lab"
 DATA_PORT, CONTROL_PORT, METRICS_PORT, WORKER_METRICS_PORT = 5560, 5561, 9560, 9561
 RANK_METRICS_PORT = 9570  # + rank, for ranks 1.. (clear of the workers' ports on loopback)
-
-
-def host_address(index: int) -> str:
-    return f"198.18.0.{10 + index}"
 
 
 def state_dir() -> Path:
     if os.environ.get("STOKER_LAB_DIR"):
         return Path(os.environ["STOKER_LAB_DIR"])
     return Path("/run/stoker-lab") if os.geteuid() == 0 else Path.home() / ".cache" / "stoker" / "lab"
+
+
+@dataclass(frozen=True)
+class Names:
+    """What one lab calls what it makes on the machine: its namespaces, links, subnet and cgroup. The
+    default lab (no $STOKER_LAB_DIR) has the documented ones (stk-h0, stkbr0, 198.18.0.0/24, stoker-lab);
+    a lab with a state folder of its own (each test's) has its own, tagged, so two labs on one machine
+    never touch each other's, and `down` removes only its own."""
+
+    tag: str = ""
+
+    @property
+    def prefix(self) -> str:
+        return f"stk{self.tag}-"
+
+    @property
+    def bridge(self) -> str:
+        return f"stkbr{self.tag or 0}"
+
+    def veth(self, member: str) -> str:
+        return f"stkv{self.tag}-{member}"  # at most 15 characters: a tag of 4, a member name of 5
+
+    @property
+    def cgroup(self) -> str:
+        return "stoker-lab" + (f"-{self.tag}" if self.tag else "")
+
+    def address(self, last: int) -> str:
+        """In 198.18.0.0/24 for the default lab, else a /24 of 198.18.2-201 picked by the tag."""
+        return f"198.18.{2 + int(self.tag, 16) % 200 if self.tag else 0}.{last}"
+
+    @property
+    def accel_address(self) -> str:
+        return self.address(1)
+
+    @property
+    def bridge_address(self) -> str:
+        return self.address(254)
+
+    def host_address(self, index: int) -> str:
+        return self.address(10 + index)
+
+
+def names() -> Names:
+    """This lab's names: tagged by its state folder when $STOKER_LAB_DIR gives one."""
+    folder = os.environ.get("STOKER_LAB_DIR")
+    return Names(hashlib.sha256(folder.encode()).hexdigest()[:4] if folder else "")
 
 
 @dataclass
@@ -155,21 +193,22 @@ class Lab:
             add_key(folder, f"rank{rank}", role="consumer")
 
     def _network(self, state: LabState) -> None:
-        run("ip", "link", "add", BRIDGE, "type", "bridge")
-        state.links.append(BRIDGE)
+        lab = names()
+        run("ip", "link", "add", lab.bridge, "type", "bridge")
+        state.links.append(lab.bridge)
         state.save()
-        run("ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE)
-        run("ip", "link", "set", BRIDGE, "up")
-        members = [("accel", ACCEL_ADDRESS)] + [(f"h{i}", host_address(i)) for i in range(self.cfg.hosts)]
+        run("ip", "addr", "add", f"{lab.bridge_address}/24", "dev", lab.bridge)
+        run("ip", "link", "set", lab.bridge, "up")
+        members = [("accel", lab.accel_address)] + [(f"h{i}", lab.host_address(i)) for i in range(self.cfg.hosts)]
         for name, address in members:
-            ns, veth = f"{PREFIX}{name}", f"stkv-{name}"
+            ns, veth = f"{lab.prefix}{name}", lab.veth(name)
             run("ip", "netns", "add", ns)
             state.netns.append(ns)
             state.save()
             run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             state.links.append(veth)
             state.save()
-            run("ip", "link", "set", veth, "master", BRIDGE, "up")
+            run("ip", "link", "set", veth, "master", lab.bridge, "up")
             run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             run("ip", "-n", ns, "link", "set", "eth0", "up")
             run("ip", "-n", ns, "link", "set", "lo", "up")
@@ -177,7 +216,7 @@ class Lab:
                 shape_link(ns, self.cfg.link_gbit, self.cfg.link_latency_ms)
 
     def _cgroups(self, state: LabState) -> None:
-        root = cpu_cgroup_dir(CGROUP_NAME)
+        root = cpu_cgroup_dir(names().cgroup)
         if root is None or os.geteuid() != 0:
             state.note += "; no CPU quotas (no writable cgroup filesystem)"
             return
@@ -188,8 +227,8 @@ class Lab:
 
     def _start_consumer(self, state: LabState, train_args: list[str]) -> None:
         netns = state.mode == "netns"
-        address = ACCEL_ADDRESS if netns else "127.0.0.1"
-        member = Member("accel", address, f"{PREFIX}accel" if netns else None,
+        address = names().accel_address if netns else "127.0.0.1"
+        member = Member("accel", address, f"{names().prefix}accel" if netns else None,
                         log=str(state_dir() / "accel.log"), metrics=f"http://{address}:{METRICS_PORT}/metrics")
         ranks = ["--world-size", str(self.cfg.ranks)] if self.cfg.ranks > 1 else []
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress",
@@ -229,10 +268,10 @@ class Lab:
     def _start_worker(self, state: LabState, index: int) -> None:
         netns = state.mode == "netns"
         name = f"h{index}"
-        address = host_address(index) if netns else "127.0.0.1"
+        address = names().host_address(index) if netns else "127.0.0.1"
         port = WORKER_METRICS_PORT if netns else WORKER_METRICS_PORT + index
-        member = Member(name, address, f"{PREFIX}{name}" if netns else None, log=str(state_dir() / f"{name}.log"),
-                        metrics=f"http://{address}:{port}/metrics")
+        member = Member(name, address, f"{names().prefix}{name}" if netns else None,
+                        log=str(state_dir() / f"{name}.log"), metrics=f"http://{address}:{port}/metrics")
         cgroup = Path(state.cgroups[0]) / name if state.cgroups else None
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher", state.control_endpoint,
                "--procs", str(self.cfg.procs), "--host-id", name, "--metrics-addr", address,
@@ -348,7 +387,8 @@ def down() -> list[str]:
     for member in members:
         if member.pid is not None and alive(member.pid):
             _signal_group(member.pid, signal.SIGKILL)
-    cgroup_root = cpu_cgroup_dir(CGROUP_NAME)
+    lab = names()
+    cgroup_root = cpu_cgroup_dir(lab.cgroup)
     cgroups = [Path(p) for p in (state.cgroups if state else [])] + ([cgroup_root] if cgroup_root else [])
     for path in cgroups:
         for pid in cgroup_pids(path):
@@ -356,10 +396,10 @@ def down() -> list[str]:
     if members or cgroups:
         time.sleep(0.2)
     # by name too, so a crash between making something and saving the state leaves nothing
-    for ns in sorted(set((state.netns if state else []) + [n for n in netns_list() if n.startswith(PREFIX)])):
+    for ns in sorted(set((state.netns if state else []) + [n for n in netns_list() if n.startswith(lab.prefix)])):
         if run("ip", "netns", "del", ns, check=False).returncode == 0:
             removed.append(f"netns {ns}")
-    for link in sorted(set((state.links if state else []) + [BRIDGE])):
+    for link in sorted(set((state.links if state else []) + [lab.bridge])):
         if link_exists(link) and run("ip", "link", "del", link, check=False).returncode == 0:
             removed.append(f"link {link}")
     for path in cgroups:

@@ -130,6 +130,7 @@ def test_status_watch_shows_the_rate_and_each_host_while_the_job_runs(manifest, 
     job.finish()
 
 
+@pytest.mark.needs_namespaces
 @pytest.mark.skipif(can_use_namespaces() is not None, reason=f"needs network namespaces: {can_use_namespaces()}")
 def test_status_names_the_wire_when_a_host_link_is_throttled(manifest, tmp_path, monkeypatch):
     """16 images of 224 px are 2.4 MB a batch; at 20 Mbit/s the link carries about one a second."""
@@ -180,6 +181,7 @@ def test_status_names_credit_when_a_far_link_outlasts_a_small_credit_window(mani
     assert status["stall_fraction"] > 0.5 and "--credit-window" in status["text"]
 
 
+@pytest.mark.needs_namespaces
 @pytest.mark.skipif(can_use_namespaces() is not None, reason=f"needs network namespaces: {can_use_namespaces()}")
 def test_status_names_the_quota_when_a_cgroup_throttles_the_workers(manifest, tmp_path, monkeypatch):
     """A worker host in the lab with a quarter of a core (a cgroup CPU quota) feeding a fast device."""

@@ -20,22 +20,26 @@ WHY_NOT = can_use_namespaces()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"needs network namespaces: {WHY_NOT}")
 
 
-def _system_snapshot() -> tuple:
+def _lab_snapshot() -> tuple:
+    """What this test's lab (its own names: cluster.names) has on the machine; nothing else is looked at,
+    so a lab or a test run beside this one cannot fail it."""
+    lab = cluster.names()
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
-    cgroup = cpu_cgroup_dir(cluster.CGROUP_NAME)
-    return (sorted(netns_list()), sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
-            qdiscs, cgroup is not None and cgroup.exists())
+    ours = [name for name in (line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
+            if name == lab.bridge or name.startswith(lab.veth(""))]
+    cgroup = cpu_cgroup_dir(lab.cgroup)
+    return (sorted(n for n in netns_list() if n.startswith(lab.prefix)), sorted(ours),
+            cgroup is not None and cgroup.exists())
 
 
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     monkeypatch.setenv("STOKER_LAB_DIR", str(tmp_path / "lab"))
     cluster.down()
-    before = _system_snapshot()
+    assert _lab_snapshot() == ([], [], False)  # a fresh lab of its own
     yield
     cluster.down()
-    assert _system_snapshot() == before  # nothing left behind
+    assert _lab_snapshot() == ([], [], False)  # nothing left behind
 
 
 def _up(manifest, *train_args: str, hosts: int = 3) -> cluster.LabState:
@@ -104,15 +108,16 @@ def test_lab_cli_up_status_down(manifest, lab):
     up = subprocess.run([*stoker, "up", "--hosts", "2", "--cores-per-host", "0.5", "--link-gbit", "1", "--",
                          "--data", manifest.uri, "--epochs", "1"], capture_output=True, text=True, timeout=120)
     assert up.returncode == 0, up.stderr
-    assert "198.18.0.1" in up.stdout and "stk-h1" in up.stdout
-    shaped = subprocess.run(["ip", "netns", "exec", "stk-h0", "tc", "qdisc", "show", "dev", "eth0"],
+    lab = cluster.names()  # this test's own (its state folder tags them), not the default lab's stk-h0
+    assert lab.tag and lab.accel_address in up.stdout and f"{lab.prefix}h1" in up.stdout
+    shaped = subprocess.run(["ip", "netns", "exec", f"{lab.prefix}h0", "tc", "qdisc", "show", "dev", "eth0"],
                             capture_output=True, text=True).stdout
     assert "tbf" in shaped and "1Gbit" in shaped
-    quota = cpu_cgroup_dir(cluster.CGROUP_NAME) / "h0"
+    quota = cpu_cgroup_dir(lab.cgroup) / "h0"
     assert quota.exists()
     done = subprocess.run([*stoker, "wait"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and '"unique_samples": 160' in done.stdout, done.stderr
     down = subprocess.run([*stoker, "down"], capture_output=True, text=True, timeout=60)
-    assert down.returncode == 0 and "netns stk-h0" in down.stdout
+    assert down.returncode == 0 and f"netns {lab.prefix}h0" in down.stdout
     again = subprocess.run([*stoker, "down"], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "nothing" in again.stdout

@@ -2,7 +2,7 @@
 the README's example (examples/train_ddp.py) as written, with the README's commands.
 
 Two nodes of one rank each (`torchrun --nnodes 2 --node-rank R --master-addr NODE0`) and two CPU
-hosts (`stoker worker --dispatcher tcp://NODE0:5561`), on a bridge in 198.18.1.0/24. The ranks
+hosts (`stoker worker --dispatcher tcp://NODE0:5561`), on a bridge in a 198.19.X.0/24 of the run's own. The ranks
 take their addresses from torchrun's environment and meet through its store; nothing else is
 configured but the keys ($STOKER_KEYS on the nodes, --keys on the hosts). Needs root and network
 namespaces; skipped with the reason elsewhere.
@@ -31,8 +31,11 @@ pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"needs network name
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 RECORDER = ROOT / "tests" / "record_loader.py"
-BRIDGE, PREFIX = "stkmn0", "stkmn-"
-NODES = {"node0": "198.18.1.1", "node1": "198.18.1.2", "cpu0": "198.18.1.10", "cpu1": "198.18.1.11"}
+# names and a subnet of this test run's own, so a second run (or a lab) on the machine never meets them
+TAG = f"{os.getpid() % 10000:04d}"
+BRIDGE, PREFIX = f"stkmn{TAG}", f"stkmn{TAG}-"
+SUBNET = f"198.19.{os.getpid() % 250}"
+NODES = {"node0": f"{SUBNET}.1", "node1": f"{SUBNET}.2", "cpu0": f"{SUBNET}.10", "cpu1": f"{SUBNET}.11"}
 
 
 @pytest.fixture
@@ -42,10 +45,10 @@ def network():
     try:
         run("ip", "link", "add", BRIDGE, "type", "bridge")
         made.append(("ip", "link", "del", BRIDGE))
-        run("ip", "addr", "add", "198.18.1.254/24", "dev", BRIDGE)
+        run("ip", "addr", "add", f"{SUBNET}.254/24", "dev", BRIDGE)
         run("ip", "link", "set", BRIDGE, "up")
         for name, address in NODES.items():
-            ns, veth = PREFIX + name, f"stkmv-{name}"
+            ns, veth = PREFIX + name, f"stkmv{TAG}-{name}"  # at most 15 characters
             run("ip", "netns", "add", ns)
             made.append(("ip", "netns", "del", ns))
             run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
