@@ -190,7 +190,14 @@ class Consumer:
         if self.loop.started:
             return
         if serves(self.cfg.metrics_port):
-            self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+            try:
+                self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+            except OSError:
+                if not self.cfg.metrics_port_or_free:
+                    raise
+                log.warning("%s:%d is in use (another job's /metrics?); this job's take a free port",
+                            self.cfg.metrics_addr, self.cfg.metrics_port)
+                self.metrics_port = self.metrics.serve(0, self.cfg.metrics_addr)
         self.loop.start()
         self.bottleneck.start()
         self.systemd.ready(f"serving {self.data_endpoint}")

@@ -31,6 +31,7 @@ class ConsumerConfig:
     advertise_host: str | None = field(default=None, metadata={  # host name workers use to reach this machine
         "help": "host name workers use to reach this machine"})
     metrics_port: int | None = METRICS_PORT  # None: no HTTP endpoint; 0: a free port (Consumer.metrics_port)
+    metrics_port_or_free: bool = False  # the port was a default, not asked for: if it is taken, use a free one
     metrics_addr: str = field(default="127.0.0.1", metadata={
         "help": "/metrics address (default %(default)s; beyond loopback: with --keys or --insecure)"})
     credit_window: int = field(default=3, metadata={  # batches in flight per worker process

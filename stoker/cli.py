@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from stoker.pipeline.kinds import kind_of
 from stoker.protos.errors import StokerError
 
 if TYPE_CHECKING:
+    from stoker.accel.consumer import Consumer
     from stoker.accel.summary import Summary
 
 
@@ -150,11 +152,16 @@ def _add_run(sub) -> None:
                                                                 "(default %(default)s)")
     run.add_argument("--procs", type=procs, default=1, help="decode processes per host (at most 4 per core, "
                      "8 on any host)")
-    run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=9561,
-                     help="host i serves on this + i (default 9561; -1: none)")
+    run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=None,
+                     help="host i serves on this + i (default: each a free port; -1: none)")
     options.refused(run, "--keys", "stoker run starts its worker daemons here, over loopback, without keys; for CURVE "
                                    "across hosts run `stoker train --keys DIR` and `stoker worker --keys DIR`")
     configured.add_options(run, ConsumerConfig, ("insecure",))
+    # one machine's job: its daemons are its own children, so nobody else must find its sockets
+    run.set_defaults(data_bind=f"tcp://127.0.0.1:{RUN_FREE_PORT}", control_bind=f"tcp://127.0.0.1:{RUN_FREE_PORT}")
+
+
+RUN_FREE_PORT = 0
 
 
 def _add_lab(sub) -> None:
@@ -294,13 +301,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from stoker.embedded import RunConfig, print_summary, run_embedded
 
     spec = _accel_spec(args)
+    # the default /metrics port, taken by another job, is not an error for a job on one machine
+    consumer = replace(options.consumer_config(args), metrics_port_or_free=args.metrics_port is None)
+    worker_port = 0 if args.worker_metrics_port is None else args.worker_metrics_port  # 0: each a free port
     cfg = RunConfig(data=args.data, dataset=options.dataset(args, args.data), images=args.images, hosts=args.hosts,
-                    procs=args.procs, accel=spec, consumer=options.consumer_config(args),
-                    worker_metrics_port=None if args.worker_metrics_port < 0 else args.worker_metrics_port,
+                    procs=args.procs, accel=spec, consumer=consumer,
+                    worker_metrics_port=None if worker_port < 0 else worker_port,
                     progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)),
                     shard_cache_gb=args.shard_cache_gb)
-    summaries = run_embedded(options.job_fields(args), cfg)
-    print_summary(summaries, args.json, cfg.accel, _transform_named(args.transform, args.transform_params))
+    endpoints: dict[str, str | None] = {}
+
+    def started(consumer: Consumer) -> None:  # say where this job listens: its ports may be free ones
+        endpoints.update(metrics=f"http://{consumer.cfg.metrics_addr}:{consumer.metrics_port}/metrics"
+                         if consumer.metrics_port else None, control=consumer.control_endpoint,
+                         data=consumer.data_endpoint)
+        print(f"stoker: job {consumer.job.job_id} on {endpoints['control']}; metrics "
+              + (f"on {endpoints['metrics']} (stoker status --metrics {endpoints['metrics']})"
+                 if endpoints["metrics"] else "off"), file=sys.stderr, flush=True)
+
+    summaries = run_embedded(options.job_fields(args), cfg, on_start=started)
+    print_summary(summaries, args.json, cfg.accel, _transform_named(args.transform, args.transform_params),
+                  endpoints=endpoints)
     return _exit_code_of(summaries)
 
 
@@ -454,7 +475,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"{command}: {too_big}")
     if command == "worker" and not args.connect:
         parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
-    if command == "run" and args.worker_metrics_port > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
+    if command == "run" and (args.worker_metrics_port or 0) > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")
     if command in ("train", "run", "dispatch", "worker") and not (args.keys or args.insecure):

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -84,15 +85,17 @@ class Progress:
         self.bar.close()
 
 
-def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
+def run_embedded(job_args: dict, cfg: RunConfig, on_start: Callable[[Consumer], None] | None = None) -> list[Summary]:
     """Run one job end to end; job_args are JobConfig fields other than manifest_uri. Returns each
-    rank's summary (rank 0's first)."""
+    rank's summary (rank 0's first). `on_start`: called with rank 0's consumer once it listens."""
     manifest = cfg.data or str(default_manifest(cfg.dataset, cfg.images, progress=cfg.progress))
     job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
     if job.world_size > 1 and not cfg.consumer.keys:
         os.environ.setdefault(job_secret.ENV, secrets.token_hex(32))  # rank 0 and its children share it
     consumer = Consumer(cfg.consumer, job, cfg.accel.factory())
     consumer.start()
+    if on_start is not None:
+        on_start(consumer)
     daemons: list[DaemonProcess] = []
     progress = Progress(job.epochs * consumer.plan.rank_sizes[0], cfg.progress, job.dataset)
     done = threading.Event()
@@ -101,7 +104,8 @@ def run_embedded(job_args: dict, cfg: RunConfig) -> list[Summary]:
         for rank in range(1, job.world_size):
             daemons.append(DaemonProcess(f"rank {rank}", _rank_command(consumer, rank, cfg, folder), quiet=True))
         for i in range(cfg.hosts):
-            port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i
+            port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i if cfg.worker_metrics_port \
+                else 0  # 0: each its own free port
             cmd = worker_command(consumer.control_endpoint, f"host{i}", cfg.procs, port, cfg.log_level,
                                  cfg.shard_cache_gb)
             daemons.append(DaemonProcess(f"host{i}", cmd, worker_environment()))
@@ -217,7 +221,7 @@ def nothing_delivered(summaries: Summary | list[Summary]) -> str | None:
 
 
 def print_summary(summaries: Summary | list[Summary], json_path: str | None, accel: AccelSpec | None = None,
-                  transform: str = "") -> None:
+                  transform: str = "", endpoints: dict[str, str | None] | None = None) -> None:
     """The closing lines (one per rank, then the job's, when there are several) and the JSON (the
     summary, with the cores answer printed here under `cores`); the last line says how many host
     cores the accelerator needs with `transform` (the job's, as named), in CPU time."""
@@ -275,4 +279,6 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     failure = nothing_delivered(ranks)
     if failure:
         data["failed"] = failure
+    if endpoints:
+        data["endpoints"] = endpoints  # where the job listened: metrics, control, data (free ports included)
     emit_json(json_path, data)

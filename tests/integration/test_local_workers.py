@@ -223,3 +223,19 @@ def test_a_finished_jobs_daemons_leave_at_once_not_after_the_dispatcher_is_gone(
     assert run.returncode == 0, run.stderr[-3000:]
     assert "no answer from the dispatcher" not in run.stderr, run.stderr[-3000:]
     assert took < 15, f"{took:.1f} s for a job of {manifest.num_samples} samples"  # was 20 s and more
+
+
+def test_two_stoker_runs_at_their_defaults_on_one_machine_both_finish_and_say_where_they_listen(manifest, tmp_path):
+    """No port given: a one-machine job takes free ports for its sockets, and a free one for /metrics when
+    the default is another job's; each says where, in its first line and its --json."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    runs = [subprocess.Popen([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "3",
+                              "--rate", "400", "--no-progress", "--json", str(tmp_path / f"run{i}.json")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+             for i in range(2)]
+    outs = [run.communicate(timeout=240) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err[-2000:] for _, err in outs]
+    endpoints = [json.loads((tmp_path / f"run{i}.json").read_text())["endpoints"] for i in range(2)]
+    for (_, err), where in zip(outs, endpoints, strict=True):
+        assert f"metrics on {where['metrics']}" in err and where["control"] in err
+    assert len({e["metrics"] for e in endpoints}) == len({e["control"] for e in endpoints}) == 2
