@@ -142,7 +142,7 @@ def _add_run(sub) -> None:
     from stoker.accel.consumer_config import ConsumerConfig
 
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
-        JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
+        JOB, ACCELERATOR, options.consumer_sockets(free_ports=True), options.control_socket(free_ports=True),
         consumer_metrics("the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), SHARD_CACHE,
         OUTPUT])
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
@@ -157,11 +157,7 @@ def _add_run(sub) -> None:
     options.refused(run, "--keys", "stoker run starts its worker daemons here, over loopback, without keys; for CURVE "
                                    "across hosts run `stoker train --keys DIR` and `stoker worker --keys DIR`")
     configured.add_options(run, ConsumerConfig, ("insecure",))
-    # one machine's job: its daemons are its own children, so nobody else must find its sockets
-    run.set_defaults(data_bind=f"tcp://127.0.0.1:{RUN_FREE_PORT}", control_bind=f"tcp://127.0.0.1:{RUN_FREE_PORT}")
 
-
-RUN_FREE_PORT = 0
 
 
 def _add_lab(sub) -> None:

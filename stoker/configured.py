@@ -83,11 +83,12 @@ class Option:
             raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, choices))}, not {text!r}")
         return value
 
-    def help(self, override: str | None = None) -> str:
+    def help(self, override: str | None = None, default: Any = None) -> str:
+        """The flag's help, its default written in (`default`: this command's own, where it has one)."""
         if self.meta.get("hidden"):
             return argparse.SUPPRESS
         text = override or self.meta["help"]
-        return text.replace("%(default)s", str(self.default)).replace("%", "%%")
+        return text.replace("%(default)s", str(self.default if default is None else default)).replace("%", "%%")
 
     def to_field(self, value: Any) -> Any:
         """The command line's value as the config holds it."""
@@ -119,12 +120,14 @@ def options_of(cls: type, only: Iterable[str] | None = None) -> list[Option]:
 
 
 def add_options(group: Any, cls: type, only: Iterable[str] | None = None, *, layered: bool = False,
-                helps: dict[str, str] | None = None) -> list[Option]:
+                helps: dict[str, str] | None = None, defaults: dict[str, Any] | None = None) -> list[Option]:
     """Add `cls`'s options to a parser or argument group. `layered`: an option left out is absent
-    from the namespace (stoker.settings fills it from a file, the environment or the default)."""
+    from the namespace (stoker.settings fills it from a file, the environment or the default).
+    `defaults`: this command's own default for a field, instead of the config's."""
     made = options_of(cls, only)
     for option in made:
-        extra: dict[str, Any] = {"dest": option.name, "help": option.help((helps or {}).get(option.name))}
+        extra: dict[str, Any] = {"dest": option.name, "help": option.help((helps or {}).get(option.name),
+                                                                          (defaults or {}).get(option.name))}
         if option.switch:
             extra["action"] = "store_false" if option.field.default is True else "store_true"
         else:
@@ -132,7 +135,7 @@ def add_options(group: Any, cls: type, only: Iterable[str] | None = None, *, lay
                       "metavar": option.meta.get("metavar", option.flag.lstrip("-").upper().replace("-", "_"))}
             if option.meta.get("choices") and "check" not in option.meta:
                 extra |= {"choices": option.meta["choices"], "type": option.kind}
-        extra["default"] = argparse.SUPPRESS if layered else option.default
+        extra["default"] = argparse.SUPPRESS if layered else (defaults or {}).get(option.name, option.default)
         group.add_argument(option.flag, **extra)
     return made
 

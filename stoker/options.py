@@ -77,18 +77,25 @@ def _accelerator() -> argparse.ArgumentParser:
     return parent
 
 
-def _consumer_sockets() -> argparse.ArgumentParser:
+FREE = "tcp://127.0.0.1:0"  # `stoker run`'s sockets: its daemons are its own children, nobody else must find them
+
+
+def consumer_sockets(free_ports: bool = False) -> argparse.ArgumentParser:
+    """`free_ports`: the data socket defaults to a free port (a parent of its own: argparse shares a parent's
+    options between the commands that take it, defaults and all)."""
     parent = _group("consumer sockets")
     p = parent.add_argument_group("consumer: its data socket and the worker processes sending to it")
-    add_options(p, ConsumerConfig, ("data_bind", "credit_window", "sender_timeout_s"))
+    add_options(p, ConsumerConfig, ("data_bind", "credit_window", "sender_timeout_s"),
+                defaults={"data_bind": FREE} if free_ports else None)
     return parent
 
 
-def _control_socket() -> argparse.ArgumentParser:
+def control_socket(free_ports: bool = False) -> argparse.ArgumentParser:
     parent = _group("control socket")
     p = parent.add_argument_group("control: the dispatcher's socket and the hosts that lease from it")
     add_options(p, ConsumerConfig, ("control_bind", "advertise_host", "host_timeout_s", "lease_timeout_s",
-                                    "stall_report_s", "stall_timeout_s"))
+                                    "stall_report_s", "stall_timeout_s"),
+                defaults={"control_bind": FREE} if free_ports else None)
     return parent
 
 
@@ -133,7 +140,7 @@ def json_option(p, what: str) -> None:
 
 
 JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, SHARD_CACHE, OUTPUT = (
-    _job(), _accelerator(), _consumer_sockets(), _control_socket(), _shard_cache(), _output())
+    _job(), _accelerator(), consumer_sockets(), control_socket(), _shard_cache(), _output())
 
 
 class Deprecated(argparse.Action):

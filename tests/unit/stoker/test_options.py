@@ -144,7 +144,9 @@ def test_the_consumers_options_reach_its_config_under_the_fields_names():
         sender_timeout_s=7.0, attach_timeout_s=5.0, credit_budget_mb=64.0, key_name="c1", job_secret="s",
         decode_threads=2, metrics_port=None)
     run = parse("run", "--insecure")
-    assert options.consumer_config(run) == ConsumerConfig(insecure=True)  # run takes no --dispatcher: the default
+    # run takes no --dispatcher: the default; its sockets take free ports (nobody else must find them)
+    assert options.consumer_config(run) == ConsumerConfig(insecure=True, data_bind="tcp://127.0.0.1:0",
+                                                          control_bind="tcp://127.0.0.1:0")
 
 
 def test_the_job_options_reach_the_job_under_the_fields_names():
