@@ -127,24 +127,13 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     device = f"the device waits {100 * stall:.0f}% of the time"
     # a slow store beside busy neighbours: both waits are real, and the longer one is what bounds the job
     storage_bound = worker_time > 0 and read_wait / worker_time >= STORAGE_WAIT
-    oversubscribed = _oversubscribed(old, new, cpu_wait)
     if stall < STALL_OK:
         stage, detail = "compute", f"the device waits {100 * stall:.1f}% of the time"
     elif new.queue_depth > 0 and old.queue_depth > 0:
         stage, detail = "device_copy", f"{device} while batches queue on the consumer: conversion/copy is the limit"
-    elif (contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait)
-          and (new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait or not oversubscribed.waited_most)):
-        quota = new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait
-        stage = "throttled" if quota else "contention"
-        detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core: "
-                  + ("their cgroup's CPU quota throttled them (raise the quota)" if quota else
-                     "other processes on their hosts take the CPU (give the workers cores of their own)"
-                     + _consumer_beside(old, new, wall)))
     elif contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait):
-        stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
-        detail = (f"{device}; workers waited {100 * contended:.0f}% of their time for a core, most for each other: "
-                  f"{oversubscribed.text}: processes beyond the cores add no CPU, so the workers are short of cores "
-                  f"({cores_in_use:.2f} busy: add cores or hosts, not processes)")
+        stage, detail = _waited_for_a_core(old, new, contended, f"{device}; workers waited {100 * contended:.0f}% "
+                                           f"of their time for a core", work, cores_in_use)
     elif storage_bound:
         stage, detail = "storage", (f"{device}; workers wait for shard reads {100 * read_wait / worker_time:.0f}% "
                                     f"of their time: storage is the limit (a faster store, the shard cache, or "
@@ -207,6 +196,23 @@ def _oversubscribed(old: Totals, new: Totals, cpu_wait: float) -> Oversubscribed
             waited += wait
     shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more machines" if len(found) > 3 else "")
     return Oversubscribed(cpu_wait > 0 and waited >= 0.5 * cpu_wait, shown)
+
+
+def _waited_for_a_core(old: Totals, new: Totals, contended: float, said: str, work: dict[str, float],
+                       cores_in_use: float) -> tuple[str, str]:
+    """Stage and detail of workers that waited CONTENDED of their time for a core: a quota (throttled),
+    each other on machines with more processes than cores (short of cores), or other processes."""
+    cpu_wait = new.cpu_wait_s - old.cpu_wait_s
+    quota = new.throttled_wait_s - old.throttled_wait_s >= 0.5 * cpu_wait
+    oversubscribed = _oversubscribed(old, new, cpu_wait)
+    if quota:
+        return "throttled", f"{said}: their cgroup's CPU quota throttled them (raise the quota)"
+    if not oversubscribed.waited_most:
+        return "contention", (f"{said}: other processes on their hosts take the CPU (give the workers cores of their "
+                              f"own){_consumer_beside(old, new, new.at - old.at)}")
+    stage = max((k for k in WORK_STAGES if k in work), key=work.__getitem__)
+    return stage, (f"{said}, most for each other: {oversubscribed.text}: processes beyond the cores add no CPU, so "
+                   f"the workers are short of cores ({cores_in_use:.2f} busy: add cores or hosts, not processes)")
 
 
 def _consumer_beside(old: Totals, new: Totals, wall: float) -> str:

@@ -43,6 +43,7 @@ from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.ranks import (
     HOST_ENV,
     Meeting,
+    Place,
     Rendezvous,
     RendezvousTimeout,
     default_config,
@@ -78,6 +79,31 @@ def _checked_workers(workers: object) -> int:
         raise ConfigError(f"workers must be a whole number from 0 (start none here) to {most_procs()} (4 per core "
                           f"this process may run on), not {workers!r}")
     return workers
+
+
+def _rank_config(config: ConsumerConfig | None, where: Place, keys: str | None, insecure: bool | None,
+                 workers: int) -> ConsumerConfig:
+    """The rank's sockets: `config`, else the defaults for where it runs (accel.ranks), on free ports where
+    its own `workers` are all that must find it; checked now, so a rank that cannot listen says so at once."""
+    if config is not None and (keys is not None or insecure is not None):
+        raise ConfigError("give keys and insecure in the ConsumerConfig when you give one")
+    cfg = config or default_config(where, keys, insecure)
+    if workers and config is None:  # one machine's own workers: free ports, which nobody else must know
+        cfg = replace(cfg, metrics_port=0, control_bind=(cfg.control_bind.rsplit(":", 1)[0] + ":0"
+                                                         if where.world_size == 1 else cfg.control_bind))
+    if workers and cfg.keys:
+        raise ConfigError(f"workers={workers} starts keyless worker processes beside this rank; with CURVE keys start "
+                          f"the job's daemons yourself (stoker worker --keys DIR --key-name NAME), each with a key "
+                          f"the job allows")
+    try:
+        cfg.check_exposure()
+    except ValueError as exc:
+        if config is not None:
+            raise
+        raise ConfigError(f"rank {where.rank}: this job's ranks are on several machines ($MASTER_ADDR="
+                          f"{where.master_addr} is not this machine's loopback), so this rank listens where the "
+                          f"others and the workers reach it; {exc}") from None
+    return cfg
 
 
 class LocalWorkers:
@@ -134,24 +160,7 @@ class Loader:
         self.workers = _checked_workers(workers)
         where = place(rank, world_size, local_rank)
         self.rank, self.world_size, self.local_rank = where.rank, where.world_size, where.local_rank
-        if config is not None and (keys is not None or insecure is not None):
-            raise ConfigError("give keys and insecure in the ConsumerConfig when you give one")
-        cfg = config or default_config(where, keys, insecure)
-        if self.workers and config is None:  # one machine's own workers: free ports, which nobody else must know
-            cfg = replace(cfg, metrics_port=0, control_bind=(cfg.control_bind.rsplit(":", 1)[0] + ":0"
-                                                             if self.world_size == 1 else cfg.control_bind))
-        if self.workers and cfg.keys:
-            raise ConfigError(f"workers={self.workers} starts keyless worker processes beside this rank; with CURVE "
-                              f"keys start the job's daemons yourself (stoker worker --keys DIR --key-name NAME), "
-                              f"each with a key the job allows")
-        try:
-            cfg.check_exposure()  # at construction: a rank that cannot listen where it must says so at once
-        except ValueError as exc:
-            if config is not None:
-                raise
-            raise ConfigError(f"rank {self.rank}: this job's ranks are on several machines ($MASTER_ADDR="
-                             f"{where.master_addr} is not this machine's loopback), so this rank listens where the "
-                             f"others and the workers reach it; {exc}") from None
+        cfg = _rank_config(config, where, keys, insecure, self.workers)
         self._meeting_key = meeting_key() if self.world_size > 1 and not cfg.dispatcher else None
         self._master_addr = where.master_addr
         if self.rank and job is not None and not config:
