@@ -51,7 +51,6 @@ MAX_NAME = 256  # longest host or worker id accepted
 CLOSE_GRACE_S = 1.0  # a closed connection whose peer has not come back this long: its leases are re-leased
 CONNECTION_CLOSED = "connection_closed"  # the reason those units count under
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
-WORKER_REQUESTS = frozenset({"register", "heartbeat", "lease", "release", "refuse"})
 DAEMON_LIVE_BEATS = 3  # a daemon heard within this many heartbeat periods holds its host id against another
 
 
@@ -63,7 +62,8 @@ class AccessPolicy:
 
     def refusal(self, kind: str, caller: Caller, request: pb.ControlRequest) -> str | None:
         """The drop reason when `caller` may not send this request, else None."""
-        if kind in WORKER_REQUESTS:
+        handler = HANDLERS.get(kind)
+        if handler is not None and handler.role == WORKER:
             return "not_worker" if self.keyed and caller.role != WORKER else None
         if not self.remote_consumers:
             return "not_consumer"
@@ -166,105 +166,122 @@ class ControlServer:
         self._send(peer, payload)
 
     def _answer(self, request: pb.ControlRequest, caller: Caller, peer: bytes) -> pb.ControlReply:
-        d = self.dispatcher
+        """The reply of the request's handler (HANDLERS); a consumer's request before it attached is refused."""
         kind = request.WhichOneof("kind")
-        if kind == "register":
-            taken = self._host_id_taken(request.register.host_id, peer)
-            if taken:
-                log.error("%s", taken)
-                return pb.ControlReply(error=pb.Error(message=taken))
-            d.heartbeat(request.register.host_id)
-            if d.over:  # a daemon joins a job only while it runs (a job restarted later joins anew)
-                return self._finished(request.register.host_id)
-            log.info("host %s registered with %d processes", request.register.host_id, request.register.procs)
-            # A daemon registers when it starts or after it left the job, its processes stopped: whatever
-            # its worker ids still hold here (a restarted dispatcher's journal) is held by nobody.
-            stale = d.release(request.register.host_id, None, REREGISTERED,
-                              key=caller.name if self.access.keyed else None)
-            if stale:
-                log.warning("host %s registered again: its %d earlier leases go back to the queue",
-                            request.register.host_id, stale)
-            return pb.ControlReply(registered=pb.Registered(job=self.job, run_id=self.run_id))
-        if kind == "heartbeat":
-            if self._host_id_taken(request.heartbeat.host_id, peer):  # the second daemon's: it is not heard
-                return pb.ControlReply(error=pb.Error(message=f"host id {request.heartbeat.host_id} {HOST_ID_IN_USE}"))
-            d.heartbeat(request.heartbeat.host_id)
-            if self._other_run(request.heartbeat.job_id, request.heartbeat.run_id):
-                return self._other_job()
-            self.watchdog.heard_host(request.heartbeat.host_id, request.heartbeat.activity)
-            return self._finished(request.heartbeat.host_id) if d.over else pb.ControlReply(ok=pb.Ok())
-        if kind == "lease":
-            lease = request.lease
-            self._leaser[peer] = (lease.host_id, lease.worker_id)
-            if self._other_run(lease.job_id, lease.run_id):
-                return self._other_job()
-            if d.over:
-                return self._finished(lease.host_id, daemon=False)
-            unit = d.lease(lease.host_id, lease.worker_id, request.request_id, caller.name, lease.holding)
-            if unit is None:
-                return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
-            token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, caller.name)
-            leased = unit_to_proto(unit, token, d.endpoint(unit.rank) or "")
-            for sample_id, why in d.skips_for(unit).items():
-                leased.skip.add(sample_id=sample_id, reason=why)
-            return pb.ControlReply(unit=leased)
-        if kind == "release":
-            r = request.release
-            if self._other_run("", r.run_id):  # units of a run that is over: they mean nothing here
-                return self._other_job()
-            if r.reason == UNREACHABLE:
-                self._report_unreachable(r.host_id, list(r.unit_ids))
-            if r.HasField("crashed_sample"):
-                self._sample_crashed(r)
-            count = d.release(r.host_id, list(r.worker_ids) or None, r.reason or "released", list(r.unit_ids) or None,
-                              caller.name if self.access.keyed else None)
-            log.info("host %s released %d units (%s)", r.host_id, count, _printable(r.reason))
-            return pb.ControlReply(ok=pb.Ok())
-        if kind == "refuse":
-            return self._refused(request.refuse)
-        if kind == "attach":
-            attach = request.attach
-            try:
-                d.attach_rank(attach.rank, attach.data_endpoint, attach.consumer_id, attach.world_size)
-            except RankError as exc:
-                log.error("refused consumer %s as rank %d: %s", attach.consumer_id, attach.rank, exc)
-                return pb.ControlReply(error=pb.Error(message=str(exc)))
-            if attach.HasField("start"):
-                error = self._start_rank(attach)
-                if error:
-                    return pb.ControlReply(error=pb.Error(message=error))
-            self._consumers[peer] = (attach.rank, attach.consumer_id)
-            self._silent_reported.discard(attach.rank)
-            if attach.data_endpoint:
-                log.info("rank %d (consumer %s) receives on %s", attach.rank, attach.consumer_id, attach.data_endpoint)
-            return pb.ControlReply(attached=pb.Attached(job=self.job, lease_key=self.leases.key))
-        rank = self._consumers.get(peer)
-        if rank is None:
-            return pb.ControlReply(error=pb.Error(message="attach first"))
-        d.rank_heard(*rank)
-        if kind == "ack":
-            self.watchdog.rank_waiting(rank[0], request.ack.waiting_s)
-            for unit_id in request.ack.received:
-                d.received(unit_id)
-            for unit_id in request.ack.redo:
-                if d.redo(unit_id):
-                    log.warning("rank %d: unit %d ended short of its samples; leasing it again", rank[0], unit_id)
-            counts = list(request.ack.batches)
-            for i, unit_id in enumerate(request.ack.unit_ids):
-                d.ack(unit_id, counts[i] if i < len(counts) else None)
-            reply = (pb.ControlReply(finished=pb.Finished(job_id=self.job.job_id)) if d.finished
-                     else pb.ControlReply(ok=pb.Ok()))
-            reply.stats.CopyFrom(pb.JobStats(**asdict(d.stats())))
-            return reply
-        if kind == "epoch_steps":
-            e = request.epoch_steps
-            steps = d.epoch_steps(e.epoch, e.rank, e.batches)
-            return pb.ControlReply(wait=pb.Wait(retry_after_s=0.05)) if steps is None else \
-                pb.ControlReply(steps=pb.Steps(steps=steps))
-        if kind == "position":
-            ranks = d.position(request.position.epoch, request.position.step)
-            return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
-        return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
+        handler = HANDLERS.get(kind or "")
+        if handler is None:
+            return pb.ControlReply(error=pb.Error(message=f"unknown request {kind}"))
+        asked = Asked(request, caller, peer, self._consumers.get(peer))
+        if handler.attached:
+            if asked.rank is None:
+                return pb.ControlReply(error=pb.Error(message="attach first"))
+            self.dispatcher.rank_heard(*asked.rank)
+        return handler.answer(self, asked)
+
+    # ---- one handler per request kind (HANDLERS, below the class, says who may send each) ----
+    def _on_register(self, asked: Asked) -> pb.ControlReply:
+        d, register = self.dispatcher, asked.request.register
+        taken = self._host_id_taken(register.host_id, asked.peer)
+        if taken:
+            log.error("%s", taken)
+            return pb.ControlReply(error=pb.Error(message=taken))
+        d.heartbeat(register.host_id)
+        if d.over:  # a daemon joins a job only while it runs (a job restarted later joins anew)
+            return self._finished(register.host_id)
+        log.info("host %s registered with %d processes", register.host_id, register.procs)
+        # A daemon registers when it starts or after it left the job, its processes stopped: whatever
+        # its worker ids still hold here (a restarted dispatcher's journal) is held by nobody.
+        stale = d.release(register.host_id, None, REREGISTERED, key=asked.caller.name if self.access.keyed else None)
+        if stale:
+            log.warning("host %s registered again: its %d earlier leases go back to the queue", register.host_id,
+                        stale)
+        return pb.ControlReply(registered=pb.Registered(job=self.job, run_id=self.run_id))
+
+    def _on_heartbeat(self, asked: Asked) -> pb.ControlReply:
+        d, beat = self.dispatcher, asked.request.heartbeat
+        if self._host_id_taken(beat.host_id, asked.peer):  # the second daemon's: it is not heard
+            return pb.ControlReply(error=pb.Error(message=f"host id {beat.host_id} {HOST_ID_IN_USE}"))
+        d.heartbeat(beat.host_id)
+        if self._other_run(beat.job_id, beat.run_id):
+            return self._other_job()
+        self.watchdog.heard_host(beat.host_id, beat.activity)
+        return self._finished(beat.host_id) if d.over else pb.ControlReply(ok=pb.Ok())
+
+    def _on_lease(self, asked: Asked) -> pb.ControlReply:
+        d, lease = self.dispatcher, asked.request.lease
+        self._leaser[asked.peer] = (lease.host_id, lease.worker_id)
+        if self._other_run(lease.job_id, lease.run_id):
+            return self._other_job()
+        if d.over:
+            return self._finished(lease.host_id, daemon=False)
+        unit = d.lease(lease.host_id, lease.worker_id, asked.request.request_id, asked.caller.name, lease.holding)
+        if unit is None:
+            return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
+        token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, asked.caller.name)
+        leased = unit_to_proto(unit, token, d.endpoint(unit.rank) or "")
+        for sample_id, why in d.skips_for(unit).items():
+            leased.skip.add(sample_id=sample_id, reason=why)
+        return pb.ControlReply(unit=leased)
+
+    def _on_release(self, asked: Asked) -> pb.ControlReply:
+        r = asked.request.release
+        if self._other_run("", r.run_id):  # units of a run that is over: they mean nothing here
+            return self._other_job()
+        if r.reason == UNREACHABLE:
+            self._report_unreachable(r.host_id, list(r.unit_ids))
+        if r.HasField("crashed_sample"):
+            self._sample_crashed(r)
+        count = self.dispatcher.release(r.host_id, list(r.worker_ids) or None, r.reason or "released",
+                                        list(r.unit_ids) or None, asked.caller.name if self.access.keyed else None)
+        log.info("host %s released %d units (%s)", r.host_id, count, _printable(r.reason))
+        return pb.ControlReply(ok=pb.Ok())
+
+    def _on_refuse(self, asked: Asked) -> pb.ControlReply:
+        return self._refused(asked.request.refuse)
+
+    def _on_attach(self, asked: Asked) -> pb.ControlReply:
+        attach = asked.request.attach
+        try:
+            self.dispatcher.attach_rank(attach.rank, attach.data_endpoint, attach.consumer_id, attach.world_size)
+        except RankError as exc:
+            log.error("refused consumer %s as rank %d: %s", attach.consumer_id, attach.rank, exc)
+            return pb.ControlReply(error=pb.Error(message=str(exc)))
+        if attach.HasField("start"):
+            error = self._start_rank(attach)
+            if error:
+                return pb.ControlReply(error=pb.Error(message=error))
+        self._consumers[asked.peer] = (attach.rank, attach.consumer_id)
+        self._silent_reported.discard(attach.rank)
+        if attach.data_endpoint:
+            log.info("rank %d (consumer %s) receives on %s", attach.rank, attach.consumer_id, attach.data_endpoint)
+        return pb.ControlReply(attached=pb.Attached(job=self.job, lease_key=self.leases.key))
+
+    def _on_ack(self, asked: Asked) -> pb.ControlReply:
+        d, ack, rank = self.dispatcher, asked.request.ack, asked.rank
+        assert rank is not None, "HANDLERS: an ack comes from an attached consumer"
+        self.watchdog.rank_waiting(rank[0], ack.waiting_s)
+        for unit_id in ack.received:
+            d.received(unit_id)
+        for unit_id in ack.redo:
+            if d.redo(unit_id):
+                log.warning("rank %d: unit %d ended short of its samples; leasing it again", rank[0], unit_id)
+        counts = list(ack.batches)
+        for i, unit_id in enumerate(ack.unit_ids):
+            d.ack(unit_id, counts[i] if i < len(counts) else None)
+        reply = (pb.ControlReply(finished=pb.Finished(job_id=self.job.job_id)) if d.finished
+                 else pb.ControlReply(ok=pb.Ok()))
+        reply.stats.CopyFrom(pb.JobStats(**asdict(d.stats())))
+        return reply
+
+    def _on_epoch_steps(self, asked: Asked) -> pb.ControlReply:
+        e = asked.request.epoch_steps
+        steps = self.dispatcher.epoch_steps(e.epoch, e.rank, e.batches)
+        return pb.ControlReply(wait=pb.Wait(retry_after_s=0.05)) if steps is None else \
+            pb.ControlReply(steps=pb.Steps(steps=steps))
+
+    def _on_position(self, asked: Asked) -> pb.ControlReply:
+        ranks = self.dispatcher.position(asked.request.position.epoch, asked.request.position.step)
+        return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
 
     def _start_rank(self, attach: pb.Attach) -> str:
         """A rank's consumer says where it starts: what this dispatcher counts done past that goes back to the
@@ -461,6 +478,42 @@ class ControlServer:
     def _drop(self, reason: str, peer: bytes) -> None:
         self._drops(reason, peer[:64])
 
+
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One request as a handler sees it: the message, who sent it (key and connection), and the rank its
+    connection attached as (None: no consumer attached on it)."""
+
+    request: pb.ControlRequest
+    caller: Caller
+    peer: bytes
+    rank: tuple[int, str] | None
+
+
+@dataclass(frozen=True)
+class Handler:
+    """How the server answers one kind of request, and who may send it: WORKER (a worker daemon or
+    process) or CONSUMER (a rank; `attached`: only on a connection that attached as one)."""
+
+    answer: Callable[[ControlServer, Asked], pb.ControlReply]
+    role: str
+    attached: bool = False
+
+
+# every kind of ControlRequest (protos/stoker.proto's oneof; a test checks the two agree)
+HANDLERS: dict[str, Handler] = {
+    "register": Handler(ControlServer._on_register, WORKER),
+    "heartbeat": Handler(ControlServer._on_heartbeat, WORKER),
+    "lease": Handler(ControlServer._on_lease, WORKER),
+    "release": Handler(ControlServer._on_release, WORKER),
+    "refuse": Handler(ControlServer._on_refuse, WORKER),
+    "attach": Handler(ControlServer._on_attach, CONSUMER),
+    "ack": Handler(ControlServer._on_ack, CONSUMER, attached=True),
+    "epoch_steps": Handler(ControlServer._on_epoch_steps, CONSUMER, attached=True),
+    "position": Handler(ControlServer._on_position, CONSUMER, attached=True),
+}
 
 def _printable(text: str) -> str:
     """`text` on one line: a peer's free text cannot start a log line of its own."""

@@ -305,3 +305,18 @@ def test_a_second_daemon_of_a_live_host_id_is_refused_until_the_first_falls_sile
                    peer=b"h0/daemon.a").WhichOneof("kind") == "ok"  # the first goes on
     now[0] += 3.5  # the first died (a restart): silent for three heartbeats
     assert _answer(server, sock, register, peer=b"h0/daemon.b").WhichOneof("kind") == "registered"
+
+
+def test_every_control_request_of_the_proto_has_one_handler_that_says_who_may_send_it():
+    """protos/stoker.proto's ControlRequest oneof and the server's handlers agree, both ways: a new kind of
+    request cannot be added without saying who may send it, and no handler answers a kind that is gone."""
+    from stoker.accel.control.server import HANDLERS
+    from stoker.protos import stoker_pb2 as pb
+    from stoker.protos.curve import CONSUMER, WORKER
+
+    kinds = {f.name for f in pb.ControlRequest.DESCRIPTOR.oneofs_by_name["kind"].fields}
+    assert set(HANDLERS) == kinds
+    assert {kind for kind, h in HANDLERS.items() if h.role == WORKER} == {"register", "heartbeat", "lease", "release",
+                                                                           "refuse"}
+    assert all(h.role in (WORKER, CONSUMER) for h in HANDLERS.values())
+    assert all(h.role == CONSUMER for h in HANDLERS.values() if h.attached)  # only a consumer attaches
