@@ -34,6 +34,14 @@ def _transform_options(parser: argparse.ArgumentParser, default: str | None, des
 
 
 def add_parsers(sub) -> None:
+    """sweep, calibrate, plan and status: the commands that measure and size."""
+    _add_sweep(sub)
+    _add_calibrate(sub)
+    _add_plan(sub)
+    _add_status(sub)
+
+
+def _add_sweep(sub) -> None:
     sweep = sub.add_parser("sweep", help="the CPU:accelerator ratio experiment on the emulated cluster")
     sweep.add_argument("--dataset", choices=("imagenet", "wikipedia"), default="imagenet",
                        help="the data set to sweep (default %(default)s)")
@@ -56,6 +64,8 @@ def add_parsers(sub) -> None:
                        help="after --: more `stoker train` options; `-- --accel torch --model resnet18 "
                             "--image-size 112` sweeps against a real step instead of the profile")
 
+
+def _add_calibrate(sub) -> None:
     cal = sub.add_parser("calibrate", help="per-core supply rates of this machine (under a minute)")
     cal.add_argument("--seconds", type=SECONDS, default=15.0, help="per dataset (default 15)")
     cal.add_argument("--out", type=Path, default=DEFAULT_CALIBRATION,
@@ -63,6 +73,8 @@ def add_parsers(sub) -> None:
     _transform_options(cal, None)
     cal.add_argument("--data", help="--transform: the image manifest to measure on (default: the generated set)")
 
+
+def _add_plan(sub) -> None:
     plan = sub.add_parser("plan", help="cores, hosts, time-to-train and performance per dollar for a system")
     plan.add_argument("--system", default="dgx-a100", help="ipu-pod16, ipu-pod64, dgx-a100, a100, h100, h200, b200")
     plan.add_argument("--compare", help="comma-separated systems, e.g. ipu-pod16,dgx-a100 (last is the baseline)")
@@ -94,6 +106,8 @@ def add_parsers(sub) -> None:
     json_option(plan, "the plans")
     plan.set_defaults(samples_per_row=None)  # set from the calibration's packed entry
 
+
+def _add_status(sub) -> None:
     status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics")
     status.add_argument("--metrics", default="http://127.0.0.1:9560/metrics", help="the consumer's /metrics URL")
     json_option(status, "the figures (with --watch: one line per refresh)")

@@ -207,6 +207,29 @@ def cores_line(answer: dict) -> str:
     return f"host cores needed for {answer['accelerator']}: {cores_text(answer['cores_needed'])} ({'; '.join(details)})"
 
 
+def _print_delivery(s: Summary, ranks: int) -> None:
+    """The closing lines' first part: what was delivered, dropped and skipped, the text figures, the stages."""
+    noun = kind_of(s.dataset).sample_noun
+    procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
+    who = f" to {ranks} ranks" if ranks > 1 else ""
+    if s.interrupted:
+        print("interrupted (Ctrl-C): the figures below cover what was stepped until then")
+    print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
+          f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s, "
+          f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
+    print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
+          f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased after a loss: {s.units_released}"
+          + (f" (handed back while waiting for credit, nothing lost: {s.units_handed_back})"
+             if s.units_handed_back else ""))
+    if s.tokens is not None:
+        packing = f" ({s.sequences / s.rows:.2f} per row: packed)" if s.rows and s.sequences else ""
+        print(f"text: {s.sequences} sequences in {s.rows} rows{packing}, {s.sequences_per_s:.0f} sequences/s, "
+              f"{s.tokens_per_s:.0f} tokens/s; padding {100 * (s.padding_fraction or 0.0):.1f}% as sent, "
+              f"{100 * (s.padding_fraction_before_packing or 0.0):.1f}% with one sequence per row")
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
+    print(f"stage seconds (the workers' in CPU time, waits in wall time): {stages}")
+
+
 def nothing_delivered(summaries: Summary | list[Summary]) -> str | None:
     """The job's error when every sample it met was skipped: it trained on nothing, which no exit
     code 0 may hide. Names the commonest reasons (the summary lists every skipped sample)."""
@@ -233,25 +256,7 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     s = job_totals(ranks) if len(ranks) > 1 else ranks[0]
     data = s.as_dict()
     kind = kind_of(s.dataset)
-    noun = kind.sample_noun
-    procs = f" x {s.procs_per_host} process(es)" if s.procs_per_host else ""
-    who = f" to {len(ranks)} ranks" if len(ranks) > 1 else ""
-    if s.interrupted:
-        print("interrupted (Ctrl-C): the figures below cover what was stepped until then")
-    print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
-          f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s, "
-          f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
-    print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
-          f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased after a loss: {s.units_released}"
-          + (f" (handed back while waiting for credit, nothing lost: {s.units_handed_back})"
-             if s.units_handed_back else ""))
-    if s.tokens is not None:
-        packing = f" ({s.sequences / s.rows:.2f} per row: packed)" if s.rows and s.sequences else ""
-        print(f"text: {s.sequences} sequences in {s.rows} rows{packing}, {s.sequences_per_s:.0f} sequences/s, "
-              f"{s.tokens_per_s:.0f} tokens/s; padding {100 * (s.padding_fraction or 0.0):.1f}% as sent, "
-              f"{100 * (s.padding_fraction_before_packing or 0.0):.1f}% with one sequence per row")
-    stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
-    print(f"stage seconds (the workers' in CPU time, waits in wall time): {stages}")
+    _print_delivery(s, len(ranks))
     unit = kind.row_noun
     if accel is not None and accel.kind == "null":
         print("device: null (it never computes, so the stall is the data path's ceiling, not what a device "
