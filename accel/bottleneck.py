@@ -328,13 +328,16 @@ def read_status(metrics_url: str) -> dict:
     def one(name: str) -> float:
         return next(iter(values.get(name, {"": 0.0}).values()))
 
+    jobs = [json.loads(k) for k, v in values.get("stoker_consumer_job_info", {}).items() if v == 1]
+    whose = (f"job {jobs[0]['job_id']} ({jobs[0]['dataset']}), rank {jobs[0]['rank']}, process {jobs[0]['pid']}, "
+             f"at {metrics_url}" if jobs else f"a consumer at {metrics_url} that does not say its job")
     shares = {json.loads(k)["stage"]: v for k, v in values.get("stoker_stage_share", {}).items()}
     needed, in_use, stall = one("stoker_cores_needed"), one("stoker_cores_in_use"), one("stoker_stall_fraction")
     rows = one("stoker_consumer_samples_total")
     more = max(0.0, needed - in_use)
     measured = one("stoker_cpu_wait_measured") == 1
     cpu_wait = one("stoker_cpu_wait_fraction") if measured else None
-    text_lines = [f"bottleneck: {stage}" + (f" ({ADVICE[stage]})" if stage in ADVICE else ""),
+    text_lines = [whose, f"bottleneck: {stage}" + (f" ({ADVICE[stage]})" if stage in ADVICE else ""),
                   f"device stall over the last {WINDOW_S:.0f} s: {100 * stall:.1f}%",
                   f"worker cores busy (CPU time): {cores_text(in_use)}; needed to feed the device: {cores_text(needed)}"
                   + (f" (+{cores_text(more)})" if stage in WORK_STAGES else ""),
@@ -349,7 +352,8 @@ def read_status(metrics_url: str) -> dict:
                         ("stoker_consumer_host_cpu_wait_seconds_total", "cpu_wait_s")):
         for k, v in values.get(metric, {}).items():
             hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})[key] = v
-    return {"stage": stage, "stall_fraction": stall, "cores_in_use": in_use, "cores_needed": needed,
+    return {"job": jobs[0] if jobs else None, "stage": stage, "stall_fraction": stall, "cores_in_use": in_use,
+            "cores_needed": needed,
             "cpu_wait_fraction": cpu_wait,
             "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "failure": failure,
             "stalled": stalled, "text": "\n".join(text_lines)}

@@ -83,6 +83,7 @@ class Consumer:
         self.job = job
         self.metrics = metrics or ConsumerMetrics()
         self.leases = LeaseSigner(joined.lease_key, job.job_id) if joined.lease_key else LeaseSigner.new(job.job_id)
+        self.metrics.job.labels(job_id=job.job_id, dataset=job.dataset, rank=str(rank), pid=str(os.getpid())).set(1)
         server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.manifest = Manifest.load(job.manifest_uri)
         job.check_fits(self.manifest)

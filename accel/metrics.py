@@ -17,6 +17,8 @@ class ConsumerMetrics(ControlMetrics):
         r = self.registry
         self.samples = Counter("stoker_consumer_samples", "Rows consumed by training steps (images, or rows of tokens)",
                                registry=r)
+        self.job = Gauge("stoker_consumer_job_info", "1, labelled with whose endpoint this is: the job, the rank "
+                         "and the consumer's process", ["job_id", "dataset", "rank", "pid"], registry=r)
         self.batches = Counter("stoker_consumer_batches", "Batches consumed by training steps", registry=r)
         self.sequences = Counter("stoker_consumer_sequences", "Text: BERT examples consumed by training steps",
                                  registry=r)

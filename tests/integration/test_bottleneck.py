@@ -59,6 +59,10 @@ def test_status_names_decode_when_one_worker_core_feeds_a_fast_device(manifest, 
     print(status["text"])
     assert status["stage"] == "decode", status["text"]
     assert status["failure"] == "" and "failed" not in status["text"]  # a healthy job has no failure sample
+    # whose endpoint it read: a bare `stoker status` may reach another job's 9560, and says whose it is
+    job = status["job"]
+    assert job["job_id"] == consumer.job.job_id and job["rank"] == "0" and job["pid"] == str(os.getpid())
+    assert status["text"].splitlines()[0].startswith(f"job {consumer.job.job_id} (imagenet), rank 0, process ")
     assert status["stall_fraction"] > 0.5
     assert status["cores_needed"] > 2 * status["cores_in_use"] > 0  # the device wants many more workers
     assert "bottleneck: decode" in subprocess.run([sys.executable, "-m", "stoker", "status", "--metrics", url],
