@@ -346,17 +346,22 @@ def read_status(metrics_url: str) -> dict:
                   f"rows stepped so far: {rows:,.0f}",
                   "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
     text_lines[:0] = ([f"the job failed: {failure}"] if failure else []) + stalled
+    return {"job": jobs[0] if jobs else None, "stage": stage, "stall_fraction": stall, "cores_in_use": in_use,
+            "cores_needed": needed,
+            "cpu_wait_fraction": cpu_wait,
+            "more_cores": more, "shares": shares, "rows": rows, "failure": failure,
+            "stalled": stalled, "text": "\n".join(text_lines), "hosts": _hosts(values)}
+
+
+def _hosts(values: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per worker host: rows, and seconds of credit wait, CPU and wait for a core, from the consumer's counters."""
     hosts = {json.loads(k)["host"]: {"rows": v} for k, v in values.get("stoker_consumer_host_rows_total", {}).items()}
     for metric, key in (("stoker_consumer_host_credit_wait_seconds_total", "credit_wait_s"),
                         ("stoker_consumer_host_cpu_seconds_total", "cpu_s"),
                         ("stoker_consumer_host_cpu_wait_seconds_total", "cpu_wait_s")):
         for k, v in values.get(metric, {}).items():
             hosts.setdefault(json.loads(k)["host"], {"rows": 0.0})[key] = v
-    return {"job": jobs[0] if jobs else None, "stage": stage, "stall_fraction": stall, "cores_in_use": in_use,
-            "cores_needed": needed,
-            "cpu_wait_fraction": cpu_wait,
-            "more_cores": more, "shares": shares, "rows": rows, "hosts": hosts, "failure": failure,
-            "stalled": stalled, "text": "\n".join(text_lines)}
+    return hosts
 
 
 WAIT_SHOWN_S = 5.0  # a rank's wait for its next batch is shown from this long on
