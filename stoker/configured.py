@@ -157,6 +157,23 @@ def fields_of(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     return {o.name: o.to_field(given[o.name]) for o in options_of(cls) if o.name in given}
 
 
+def command_line(config: Any) -> list[str]:
+    """The flags that make `config` from its class's defaults, from the same field metadata the parser reads:
+    the one way a child process (a `stoker run` host, a lab member, a loader's workers) is told its config.
+    Each as FLAG=VALUE, so a value that starts with a dash is not taken for an option."""
+    out = []
+    for option in options_of(type(config)):
+        value = getattr(config, option.name)
+        if value is None and "off" in option.meta:
+            value = option.meta["off"]
+        if option.switch:
+            if value != option.field.default:
+                out.append(option.flag)  # store_true for a False default, store_false for a True one
+        elif value is not None and (option.field.default is MISSING or value != option.default):
+            out.append(f"{option.flag}={value!r}" if isinstance(value, float) else f"{option.flag}={value}")
+    return out
+
+
 def config_of(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
     """`cls` from the parsed options that are its fields (`fields_of`), and `extra` fields."""
     return cls(**(fields_of(cls, args) | extra))

@@ -25,12 +25,15 @@ STOP_WAIT_S = 5.0  # after a terminate (then a kill), how long to wait for a dae
 
 def worker_command(connect: str, host_id: str, procs: int, metrics_port: int | None, log_level: str,
                    shard_cache_gb: float | None = None) -> list[str]:
-    """The command line of a daemon that serves the job at `connect` once, then leaves, and dies with us."""
-    cmd = [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", "--dispatcher", connect,
-           "--procs", str(procs), "--host-id", host_id, "--once", "--parent-pid", str(os.getpid())]
-    cmd += ["--metrics-port", str(metrics_port)] if metrics_port is not None else ["--metrics-port", "-1"]
-    cmd += ["--shard-cache-gb", repr(shard_cache_gb)] if shard_cache_gb is not None else []
-    return cmd + ["--metrics-port-flag=--worker-metrics-port"]  # the user's name for it, if it is taken
+    """The command line of a daemon that serves the job at `connect` once, then leaves, and dies with us
+    (its flags from WorkerConfig's metadata: stoker.configured.command_line)."""
+    from stoker.configured import command_line
+    from stoker.workers.worker_config import WorkerConfig
+
+    cfg = WorkerConfig(connect, procs=procs, host_id=host_id, metrics_port=metrics_port, once=True,
+                       parent_pid=os.getpid(), shard_cache_gb=shard_cache_gb,
+                       metrics_flag="--worker-metrics-port")  # the user's name for it, if it is taken
+    return [sys.executable, "-m", "stoker", "--log-level", log_level, "worker", *command_line(cfg)]
 
 
 def worker_environment() -> dict[str, str]:

@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stoker.configured import command_line
 from stoker.lab.system import (
     LabError,
     can_use_namespaces,
@@ -39,6 +40,7 @@ from stoker.lab.system import (
 )
 from stoker.pipeline.files import write_atomically
 from stoker.protos.curve import add_key, init_keys
+from stoker.workers.worker_config import WorkerConfig
 
 log = logging.getLogger("stoker.lab")
 
@@ -273,9 +275,9 @@ class Lab:
         member = Member(name, address, f"{names().prefix}{name}" if netns else None,
                         log=str(state_dir() / f"{name}.log"), metrics=f"http://{address}:{port}/metrics")
         cgroup = Path(state.cgroups[0]) / name if state.cgroups else None
-        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher", state.control_endpoint,
-               "--procs", str(self.cfg.procs), "--host-id", name, "--metrics-addr", address,
-               "--metrics-port", str(port), "--keys", str(state_dir() / "keys"), "--key-name", name]
+        worker = WorkerConfig(state.control_endpoint, procs=self.cfg.procs, host_id=name, metrics_addr=address,
+                              metrics_port=port, keys=str(state_dir() / "keys"), key_name=name)
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", *command_line(worker)]
         member.pid = _spawn(cmd, member.netns, cgroup, Path(member.log))
         state.members[name] = member
         state.save()

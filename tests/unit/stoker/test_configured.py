@@ -93,3 +93,30 @@ def test_a_str_enum_field_is_read_and_refused_as_its_values():
     assert option.kind is str and option.parse("blue") == "blue"
     with pytest.raises(argparse.ArgumentTypeError, match="must be one of red, blue, not 'green'"):
         option.parse("green")
+
+
+@pytest.mark.parametrize("config", [
+    {"connect": "tcp://127.0.0.1:5561"},
+    {"connect": "tcp://10.0.0.5:5561", "procs": 3, "host_id": "h-1", "metrics_port": None, "once": True,
+     "parent_pid": 4242, "shard_cache_gb": 1.5, "metrics_flag": "--worker-metrics-port", "leave_after_s": 12.5},
+    {"connect": "tcp://10.0.0.5:5561", "metrics_port": 0, "metrics_addr": "10.0.0.9", "keys": "/keys",
+     "key_name": "cpu-0", "insecure": True},
+])
+def test_a_child_is_told_its_config_by_the_flags_the_parser_reads_back(config, monkeypatch):
+    """One builder for child command lines (stoker run's hosts, the lab's, a loader's workers): what
+    command_line writes, `stoker worker` parses back into the same config, defaults left out."""
+    import os
+
+    from stoker.cli import _check_args, build_parser
+    from stoker.configured import command_line
+    from stoker.workers.worker_config import WorkerConfig
+
+    for name in [n for n in os.environ if n.startswith("STOKER_")]:
+        monkeypatch.delenv(name)
+    made = WorkerConfig(**config)
+    argv = command_line(made)
+    assert all(arg.startswith("--") for arg in argv)  # FLAG=VALUE: a value such as -1 is never read as a flag
+    parser = build_parser()
+    args = parser.parse_args(["worker", *argv])
+    _check_args(parser, args)
+    assert config_of(WorkerConfig, args) == made
