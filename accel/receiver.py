@@ -14,15 +14,11 @@ for a unit the sender does not lease, or for another rank's unit is dropped and 
 never reaches the prefetch queue.
 
 A rank's batches leave in plan order (accel.stream); the ones that come early wait ("held").
-Memory is bounded per rank: every sender has at most `window` batches in flight, queued for
-the step or held, plus the batches of a unit it has started (so that it can always finish
-that unit and lease the next, which is the earliest one pending: accel.control.dispatcher), and all
-senders together at most `budget` batches, and one more: the sender of the very unit the rank
-waits for gets a credit whenever order, not the step, holds it back and the step has nothing
-else to step (the budget may be all in early batches that wait for this unit). A worker
-process holds at most one unit per rank and makes their batches in step order, only for a rank
-that has granted it credit (workers.process), so a rank waiting for its own next batch always
-gets it, whatever another rank, waiting in lock-step, holds back.
+Memory is bounded per rank by the credit rules (accel.credit), which decide how much every
+event lets each sender send. A worker process holds at most one unit per rank and makes their
+batches in step order, only for a rank that has granted it credit (workers.process), so a rank
+waiting for its own next batch always gets it, whatever another rank, waiting in lock-step,
+holds back.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ import zmq
 
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.cost import RateSpread
+from stoker.accel.credit import CreditBook, Grant, SenderCredit
 from stoker.accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.schema import BatchSchema
@@ -57,37 +54,12 @@ PING_AFTER_S = 2.0  # a sender silent this long is asked whether it is still the
 
 @dataclass
 class _Peer:
+    """A sender slot: who holds it and when it was last heard (its credit is in the CreditBook)."""
+
     worker_id: str
     host_id: str
-    outstanding: int = 0  # credits granted whose batch has not arrived yet
-    held: int = 0  # its batches of earlier units waiting here for their turn in plan order
-    held_current: int = 0  # ... of the unit it is on
-    queued: int = 0  # its batches released to the step (queued or being stepped)
-    unit: int = -1  # the unit it said it works on last
-    unit_complete: bool = False  # that unit's last batch has come
     heard: float = 0.0  # monotonic time of its last message
     pinged: float = 0.0
-
-    def working_on(self, unit_id: int) -> None:
-        if unit_id != self.unit:
-            self.held += self.held_current
-            self.held_current = 0
-            self.unit = unit_id
-            self.unit_complete = False
-
-    def release_held(self, unit_id: int) -> None:
-        if unit_id == self.unit and self.held_current:
-            self.held_current -= 1
-        elif self.held:
-            self.held -= 1
-
-    @property
-    def in_window(self) -> int:
-        return self.outstanding + self.queued + self.held
-
-    @property
-    def in_hand(self) -> int:
-        return self.outstanding + self.held + self.held_current + self.queued
 
 
 @dataclass
@@ -167,10 +139,7 @@ class Receiver:
         self.on_unit_short = on_unit_short  # its last batch left samples out: have it made again
         self.leases = leases
         self.order = order
-        self.budget = budget or MAX_SENDERS * window  # batches all senders together may have in hand
-        self._holder: dict[int, bytes] = {}  # unit -> the peer that said it works on it (for in-order credit)
-        self._in_hand = 0  # credits outstanding plus batches held or queued here, over every sender
-        self._queued = 0  # batches released in plan order and not yet stepped, over every sender
+        self.credit = CreditBook(window, budget or MAX_SENDERS * window)  # what every sender may send
         self._batches_of: dict[int, int] = {}  # unit -> batches it gave, once its last one arrived
         self.keyed = keyed  # CURVE: senders must be connected with a worker key
         self.sender_timeout_s = sender_timeout_s
@@ -224,8 +193,8 @@ class Receiver:
             return None
         if not self._proves_lease(caller, header.lease_token, header.unit_id, header.host_id, header.worker_id):
             return None
-        peer = self.peers[peer_id] = _Peer(header.worker_id, header.host_id, outstanding=1, heard=self.clock())
-        self._in_hand += 1
+        peer = self.peers[peer_id] = _Peer(header.worker_id, header.host_id, heard=self.clock())
+        self.credit.readmit(peer_id)
         self._by_worker[header.worker_id] = peer_id
         self.metrics.senders.set(len(self.peers))
         return peer
@@ -260,13 +229,11 @@ class Receiver:
         if peer is None or peer.worker_id != hello.worker_id:
             if peer is not None:
                 self._by_worker.pop(peer.worker_id, None)
+            self.credit.leave(peer_id)  # another process under this routing id: its credit is not this one's
             peer = self.peers[peer_id] = _Peer(hello.worker_id, hello.host_id, heard=self.clock())
             self._by_worker[hello.worker_id] = peer_id
         self.metrics.senders.set(len(self.peers))
-        self._holder[hello.unit_id] = peer_id
-        peer.working_on(hello.unit_id)
-        self._top_up(peer_id, peer)
-        self._unblock_order()
+        self._send_credit(self.credit.hello(peer_id, hello.unit_id, self._waiting_for()))
 
     def _batch(self, peer_id: bytes, peer: _Peer | None, header: pb.BatchHeader, frames: list, caller: Caller,
                started: float) -> None:
@@ -276,20 +243,18 @@ class Receiver:
             self._reject(peer_id, "unknown_sender", "say hello first")
             self._drop("unknown_peer", peer_id, "batch from a peer that holds no sender slot")
             return
-        if peer.outstanding > 0:
-            peer.outstanding -= 1
-            self._in_hand -= 1
+        self.credit.arrived(peer_id)
         if header.worker_id != peer.worker_id or not self._proves_lease(
                 caller, header.lease_token, header.unit_id, peer.host_id, peer.worker_id):
             self._reject(peer_id, "not_leaseholder", f"no lease of unit {header.unit_id}", header.unit_id)
             self._drop("not_leaseholder", peer_id, f"batch of unit {header.unit_id} from {peer.worker_id!r}")
-            self._grant(peer_id, 1)
+            self._send_credit(self.credit.refused(peer_id))
             return
         unit = self.order.plan.unit(header.unit_id)
         if unit is not None and not self.order.owns(unit):
             self._drop("wrong_rank", peer_id, f"unit {header.unit_id} is rank {unit.rank}'s, this is rank "
                                               f"{self.order.rank}")
-            self._grant(peer_id, 1)
+            self._send_credit(self.credit.refused(peer_id))
             return
         try:
             if header.job_id != self.job_id:
@@ -302,32 +267,27 @@ class Receiver:
                                       header.last_in_unit)
         except (FrameError, InvalidBatch) as exc:
             self._drop(exc.reason, peer_id, str(exc))
-            self._grant(peer_id, 1)
+            self._send_credit(self.credit.refused(peer_id))
             if isinstance(exc, ShortUnit):
                 self.on_unit_short(header.unit_id)
             return
         if not fresh:
             self.metrics.duplicates.inc(len(sample_ids))
-            self._grant(peer_id, 1)
+            self._send_credit(self.credit.refused(peer_id))
             return
         if self.ledger.received(header.unit_id):
             self.on_unit_received(header.unit_id)
-        self._holder[header.unit_id] = peer_id
-        peer.working_on(header.unit_id)
-        peer.unit_complete = peer.unit_complete or header.last_in_unit
+        self.credit.admitted(peer_id, header.unit_id, header.last_in_unit)
         if header.last_in_unit:
             self._batches_of[header.unit_id] = header.batch_index + 1
         self._account(peer, header, tensors.nbytes, len(sample_ids))
         received_s = time.perf_counter() - started
         self.stages.receive += received_s
-        peer.held_current += 1
-        self._in_hand += 1
         batch = ReceivedBatch(peer_id, header, tensors, sample_ids, received_s)
         assert unit is not None, "the ledger admitted the batch, so its unit is in the plan"
         self._offer_in_order(unit, batch)
         self.metrics.queue_depth.set(self.out.qsize())
-        self._top_up(peer_id, peer)  # a batch that waits for its turn frees its place in the window
-        self._unblock_order()
+        self._send_credit(self.credit.after_arrival(peer_id, self._waiting_for()))
 
     def _account(self, peer: _Peer, header: pb.BatchHeader, nbytes: int, samples: int) -> None:
         """What a new batch tells the books: its host, bytes, rows, the workers' stage times, text stats."""
@@ -367,11 +327,7 @@ class Receiver:
         header = batch.header
         for released in self.order.offer(unit, header.batch_index, header.last_in_unit, batch):
             if isinstance(released, ReceivedBatch):
-                owner = self.peers.get(released.peer)
-                if owner is not None:
-                    owner.release_held(released.header.unit_id)
-                    owner.queued += 1
-                    self._queued += 1
+                self.credit.released(released.peer, released.header.unit_id)
             self.out.put(released)  # a batch, or the EpochEnd after a rank's last batch of an epoch
 
     # ---- after the step ----------------------------------------------------------------
@@ -393,44 +349,16 @@ class Receiver:
         if state is not Step.OPEN:
             if state is Step.INCOMPLETE:
                 self._drop("incomplete_unit", b"", f"unit {header.unit_id} ended with samples missing")
-            self._holder.pop(header.unit_id, None)
+            self.credit.unit_done(header.unit_id)
             self.on_unit_done(header.unit_id, self._batches_of.pop(header.unit_id, header.batch_index + 1))
-        peer = self.peers.get(batch.peer)
-        if peer is not None and peer.queued:
-            peer.queued -= 1
-            self._queued -= 1
-            self._in_hand -= 1
-            self._top_up(batch.peer, peer)
-        self._unblock_order()
+        self._send_credit(self.credit.stepped(batch.peer, self._waiting_for()))
         self.metrics.queue_depth.set(self.out.qsize())
 
-    def _top_up(self, peer_id: bytes, peer: _Peer) -> None:
-        """Credit up to the sender's window, as far as the rank's budget allows; a sender whose window
-        is full of held batches still gets one at a time to finish a unit it has started."""
-        room = min(self.window - peer.in_window, self.budget - self._in_hand)
-        if (room <= 0 and peer.held_current and not peer.unit_complete and self._blocked_by_order(peer)
-                and self._in_hand < self.budget):
-            room = 1
-        self._grant(peer_id, room)
-
-    def _blocked_by_order(self, peer: _Peer) -> bool:
-        """Out of credit because batches of its wait for their turn (not because the step is behind:
-        that is ordinary back-pressure)."""
-        return peer.outstanding == 0 and peer.queued < self.window
-
-    def _unblock_order(self) -> None:
-        """The unit the rank waits for must be able to come (see the module's docstring)."""
+    def _waiting_for(self) -> int | None:
+        """The unit whose batch the rank waits for."""
         unit = self.order.next_unit()
-        if unit is None:
-            return
-        peer_id = self._holder.get(unit.unit_id)
-        if peer_id is None:
-            return
-        peer = self.peers.get(peer_id)
-        if peer is None or peer.unit != unit.unit_id or not self._blocked_by_order(peer):  # nobody makes it now
-            return
-        if self._in_hand < self.budget or self._queued == 0:  # over budget only when the step has nothing else
-            self._grant(peer_id, 1)
+        return None if unit is None else unit.unit_id
+
     # ---- sender slots --------------------------------------------------------------------
     def sweep(self) -> None:
         """Ping senders that have been quiet; free the slots of those that let a ping go unanswered
@@ -442,12 +370,12 @@ class Receiver:
             unanswered = peer.pinged > peer.heard and now - peer.pinged >= ping_after
             if quiet > self.sender_timeout_s and unanswered:
                 log.info("sender %s said nothing for %.0f s; freeing its slot", peer.worker_id, quiet)
-                self._free(peer_id, "silent")
-                if peer.unit >= 0 and not peer.unit_complete:  # a frozen or stuck process: its host lives on
+                credit = self._free(peer_id, "silent")
+                if credit is not None and credit.unit >= 0 and not credit.unit_complete:  # a frozen or stuck
                     log.warning("sender %s of host %s went silent %.0f s ago in the middle of unit %d (a frozen or "
                                 "stuck process); leasing the unit again", peer.worker_id, peer.host_id, quiet,
-                                peer.unit)
-                    self.on_unit_short(peer.unit)
+                                credit.unit)  # process: its host lives on
+                    self.on_unit_short(credit.unit)
             elif quiet > ping_after and peer.pinged <= peer.heard:
                 peer.pinged = now
                 self._reply(peer_id, pb.DataReply(ping=pb.Ping()))
@@ -456,27 +384,24 @@ class Receiver:
     def sweep_every_s(self) -> float:
         return min(1.0, self.sender_timeout_s / 4)
 
-    def _free(self, peer_id: bytes, why: str) -> None:
+    def _free(self, peer_id: bytes, why: str) -> SenderCredit | None:
+        """Free a sender slot; what its sender had in hand (None for a peer that held none)."""
         peer = self.peers.pop(peer_id, None)
         if peer is None:
-            return
-        self._in_hand -= peer.in_hand
-        self._queued -= peer.queued
+            return None
+        credit = self.credit.leave(peer_id)
         if self._by_worker.get(peer.worker_id) == peer_id:
             del self._by_worker[peer.worker_id]
         self.freed[why] = self.freed.get(why, 0) + 1
         self.metrics.senders_freed.labels(reason=why).inc()
         self.metrics.senders.set(len(self.peers))
+        return credit
 
     # ---- outgoing ----------------------------------------------------------------------
-    def _grant(self, peer_id: bytes, batches: int) -> None:
-        if batches <= 0:
-            return
-        peer = self.peers.get(peer_id)
-        if peer is not None:
-            peer.outstanding += batches
-            self._in_hand += batches
-        self._reply(peer_id, pb.DataReply(credit=pb.Credit(batches=batches)))
+    def _send_credit(self, grants: list[Grant]) -> None:
+        for peer_id, batches in grants:
+            assert isinstance(peer_id, bytes)
+            self._reply(peer_id, pb.DataReply(credit=pb.Credit(batches=batches)))
 
     def _reject(self, peer_id: bytes, code: str, reason: str, unit_id: int = 0) -> None:
         self._reply(peer_id, pb.DataReply(reject=pb.Reject(reason=reason, code=code, unit_id=unit_id)))

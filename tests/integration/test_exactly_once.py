@@ -301,7 +301,7 @@ def _rss_mb(pid: int) -> float:
 def _windows_full(receiver, senders: int) -> bool:
     """`senders` senders, each with its whole credit window of batches at the rank (held or queued, none owed)."""
     try:
-        peers = list(receiver.peers.values())
+        peers = list(receiver.credit.senders.values())
     except RuntimeError:  # a sender came or went while we read: not settled
         return False
     return len(peers) == senders and all(p.in_hand - p.outstanding >= receiver.window for p in peers)
@@ -338,7 +338,7 @@ def test_a_rank_holds_no_more_batches_than_its_byte_budget_however_many_senders(
     job_cfg = JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=8, unit_batches=2, image_size=32)
     consumer = Consumer(cfg, job_cfg, given(SimulatedAccelerator(rate=160)))
     job = run_job(consumer, hosts=3, procs=3)
-    assert consumer.receiver.budget == 6
+    assert consumer.receiver.credit.budget == 6
     assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
     most, senders = 0, 0
     while job.thread.is_alive() and consumer.ledger.samples < 2 * manifest.num_samples - 40:

@@ -274,8 +274,9 @@ def test_a_frozen_worker_process_on_a_live_host_has_its_unit_leased_again_at_the
     assert wait_for(lambda: consumer.ledger.samples >= 32, timeout=60), job.logs()
 
     def in_the_middle_of_a_unit() -> bool:  # host0's process has begun a unit whose last batch is not here
-        peers = list(consumer.receiver.peers.values())
-        return any(p.host_id == "host0" and p.unit >= 0 and not p.unit_complete for p in peers)
+        receiver = consumer.receiver
+        peers = [(peer, receiver.credit.senders.get(peer_id)) for peer_id, peer in list(receiver.peers.items())]
+        return any(p.host_id == "host0" and c is not None and c.unit >= 0 and not c.unit_complete for p, c in peers)
 
     assert wait_for(in_the_middle_of_a_unit, timeout=30, interval=0.001), job.logs()
     frozen = job.daemons[0].children()[0]

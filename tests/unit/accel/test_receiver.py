@@ -218,7 +218,7 @@ def test_a_sender_that_goes_silent_in_the_middle_of_a_unit_has_the_unit_leased_a
     receiver.sender_timeout_s = 10.0
     receiver.peers[PEER].heard = 0.0  # its hello came before the test's clock
     receiver.handle([b"done", hello(worker_id="h0/p1.1")])
-    receiver.peers[b"done"].unit_complete = True
+    receiver.credit.senders[b"done"].unit_complete = True
     for at in (5.0, 12.0):
         clock[0] = at
         receiver.sweep()
