@@ -11,6 +11,7 @@ import numpy as np
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.stepping import PreparedStep, Step, StepFactory
 from stoker.pipeline.kinds import ModelFamily, kind_of
+from stoker.protos.errors import ConfigError, StateError
 
 
 @dataclass
@@ -35,7 +36,7 @@ class SimulatedAccelerator(Step):
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
-            raise ValueError(f"simulated accelerator rate must be positive, not {self.rate}")
+            raise ConfigError(f"simulated accelerator rate must be positive, not {self.rate}")
 
     def amount(self, batch: ReceivedBatch) -> int:
         """What the rate counts in this batch."""
@@ -116,7 +117,7 @@ def require(module: str, feature: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module.split(".")[0]) is None:
-        raise RuntimeError(f"{feature} needs {module}, which is not installed: pip install 'stoker[accel]' "
+        raise StateError(f"{feature} needs {module}, which is not installed: pip install 'stoker[accel]' "
                            f"(worker hosts need only 'stoker')")
 
 
@@ -131,7 +132,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
 
             return kind(profile_rate(spec.profile, dataset, spec.scale), per_sequence=kind_of(dataset).text)
         if spec.rate is None:
-            raise ValueError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
+            raise ConfigError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
         return kind(spec.rate)
     if spec.kind == "torch":
         require("torch", "--accel torch")
@@ -144,10 +145,10 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
                                optimizer_name=spec.optimizer or "adamw")
     if spec.kind == "torch":
         if spec.model.startswith("bert"):
-            raise ValueError(f"--model {spec.model} needs --dataset wikipedia")
+            raise ConfigError(f"--model {spec.model} needs --dataset wikipedia")
         from stoker.accel.torch_accel import TorchAccelerator, TorchConfig
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,
                                             label_smoothing=spec.label_smoothing,
                                             optimizer=spec.optimizer or "sgd", precision=spec.precision), classes)
-    raise ValueError(f"unknown accelerator {spec.kind!r} (choose null, simulated or torch)")
+    raise ConfigError(f"unknown accelerator {spec.kind!r} (choose null, simulated or torch)")

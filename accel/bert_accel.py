@@ -19,6 +19,7 @@ from torch import nn
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.optimizers import LAMB
 from stoker.accel.training import TrainingStep
+from stoker.protos.errors import ConfigError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -42,7 +43,7 @@ class BertAccelerator(TrainingStep):
         from transformers import BertConfig, BertForPreTraining
 
         if self.model_name not in SIZES:
-            raise ValueError(f"unknown model {self.model_name!r} (choose {', '.join(SIZES)})")
+            raise ConfigError(f"unknown model {self.model_name!r} (choose {', '.join(SIZES)})")
         hidden, layers, heads, intermediate = SIZES[self.model_name]
         config = BertConfig(vocab_size=self.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                             num_attention_heads=heads, intermediate_size=intermediate,
@@ -61,7 +62,7 @@ class BertAccelerator(TrainingStep):
         elif self.optimizer_name == "adamw":
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.01)
         else:
-            raise ValueError(f"optimizer {self.optimizer_name!r}: choose adamw or lamb for BERT")
+            raise ConfigError(f"optimizer {self.optimizer_name!r}: choose adamw or lamb for BERT")
         self.ce = nn.CrossEntropyLoss(reduction="none")
         self.steps = 0
 

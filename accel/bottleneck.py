@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from prometheus_client import CollectorRegistry, Gauge
 
 from stoker.accel.cost import cores_text
+from stoker.protos.errors import ConfigError, DataError, ResourceError
 
 WORK_STAGES = ("decode", "augment", "read", "examples", "pack")
 STAGES = (*WORK_STAGES, "contention", "throttled", "storage", "wire", "credit", "device_copy", "compute", "unknown")
@@ -301,19 +302,19 @@ def read_status(metrics_url: str) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
     if urllib.parse.urlsplit(metrics_url).scheme not in ("http", "https"):
-        raise ValueError(f"--metrics {metrics_url!r} is not an http:// or https:// URL (a consumer's /metrics, such "
+        raise ConfigError(f"--metrics {metrics_url!r} is not an http:// or https:// URL (a consumer's /metrics, such "
                          f"as http://127.0.0.1:9560/metrics)")
     try:
         text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
     except OSError as exc:
-        raise OSError(f"cannot read {metrics_url}: {exc} (is a consumer running? pass --metrics URL)") from exc
+        raise ResourceError(f"cannot read {metrics_url}: {exc} (is a consumer running? pass --metrics URL)") from exc
     values: dict[str, dict[str, float]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 values.setdefault(sample.name, {})[json.dumps(sample.labels, sort_keys=True)] = sample.value
     except ValueError as exc:  # the parser's own words name a line of a page that is not metrics
-        raise ValueError(f"{metrics_url} is not a Prometheus metrics page ({str(exc)[:120]}): pass a Stoker "
+        raise DataError(f"{metrics_url} is not a Prometheus metrics page ({str(exc)[:120]}): pass a Stoker "
                          f"consumer's /metrics URL with --metrics") from exc
     failure = next((json.loads(k)["reason"] for k, v in values.get("stoker_job_failed", {}).items() if v == 1), "")
     stalled = stall_lines(values)
@@ -322,7 +323,7 @@ def read_status(metrics_url: str) -> dict:
         return {"stage": "failed" if failure else "stalled", "failure": failure, "stalled": stalled,
                 "text": "\n".join(lines)}
     if "stoker_bottleneck_info" not in values:
-        raise ValueError(f"{metrics_url} is not a Stoker consumer's metrics (no stoker_bottleneck_info)")
+        raise DataError(f"{metrics_url} is not a Stoker consumer's metrics (no stoker_bottleneck_info)")
     stage = next((json.loads(k)["stage"] for k, v in values["stoker_bottleneck_info"].items() if v == 1), "unknown")
 
     def one(name: str) -> float:

@@ -29,7 +29,7 @@ from pathlib import Path
 from stoker.accel.stepping import Stateful
 from stoker.pipeline.files import write_atomically
 from stoker.pipeline.plan import Cut, Resumed
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import DataError, ResourceError, StokerError
 
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
@@ -231,10 +231,10 @@ def save(state: dict, path: str | Path) -> None:
 def load(path: str | Path) -> dict:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block the read for ever
-            raise OSError(f"{path} is not a regular file")
+            raise ResourceError(f"{path} is not a regular file")
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a readable checkpoint ({exc})") from exc
+        raise DataError(f"{path}: not a readable checkpoint ({exc})") from exc
 
 
 def model_path(path: str | Path) -> Path:

@@ -44,7 +44,7 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.endpoints import serves
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import StateError, StokerError
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
 
@@ -170,7 +170,7 @@ class Consumer:
         self.settle()
         receiver, ledger = self.receiver, self.ledger
         if receiver is None:
-            raise RuntimeError("the consumer has not started: it has no books yet")
+            raise StateError("the consumer has not started: it has no books yet")
         return Books(samples=ledger.samples, unique_samples=ledger.unique_samples, duplicates=ledger.duplicate_samples,
                      skipped=sorted(ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id)),
                      per_epoch_unique=[ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
@@ -236,7 +236,7 @@ class Consumer:
             if steps is not None:
                 return steps
             if self.loop.stopping.is_set() or (self.loop.started and not self.loop.alive):
-                raise RuntimeError("stopped while waiting for the other ranks")
+                raise StateError("stopped while waiting for the other ranks")
             if time.monotonic() - waited_from > 10:
                 log.warning("rank %d: waiting for the other ranks to finish epoch %d", self.rank, epoch)
                 waited_from = time.monotonic()
@@ -283,7 +283,7 @@ class Consumer:
                                        f"where every rank stands after step {step} of epoch {epoch} (for a state_dict)",
                                        answer_timeout_s)
             if found is None:
-                raise RuntimeError("stopped before the dispatcher said where the ranks stand")
+                raise StateError("stopped before the dispatcher said where the ranks stand")
             ranks = found
         return checkpoint.state(self.job, epoch, step, ranks, self.ledger.samples)
 

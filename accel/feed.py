@@ -23,6 +23,7 @@ from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
+from stoker.protos.errors import ConfigError
 
 FORMATS = ("torch", "numpy", "jax")
 WAKE_S = 0.5  # a main thread waiting for the next batch wakes this often (to see a Ctrl-C)
@@ -79,7 +80,7 @@ class Feed:
         """`prepare`: run on the prefetch thread on each received batch instead of the format
         conversion; its result is `batch.prepared`."""
         if format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+            raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         self.source = source
         self.overlap = overlap
         self.epoch_steps: dict[int, int] = {}  # epoch -> its steps on every rank, once its end was seen

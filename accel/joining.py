@@ -29,6 +29,7 @@ from stoker.pipeline.plan import EpochPlan
 from stoker.protos import job_secret
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import ClientKeys, ServerKeys
+from stoker.protos.errors import ConfigError
 from stoker.protos.leases import LeaseSigner
 
 SECRET_WAIT_S = 30.0  # the longest a rank waits for rank 0's job secret file
@@ -56,11 +57,13 @@ def join(cfg: ConsumerConfig, job: JobConfig | None, me: Member, world_size: int
     lease_key = credential = b""
     if cfg.dispatcher:
         if job is not None:
-            raise ValueError("with a separate dispatcher the job is the dispatcher's; do not pass one")
+            raise ConfigError("with a separate dispatcher the job is the dispatcher's; do not pass one")
         spec, lease_key, credential = _attach(cfg, me, world_size or 0)
         job = job_from_proto(spec)
+    elif job is not None:
+        job = job.pin()  # this rank serves the job: its transform's version is pinned here
     if job is None:
-        raise ValueError("give the job, or a dispatcher to take it from (ConsumerConfig.dispatcher)")
+        raise ConfigError("give the job, or a dispatcher to take it from (ConsumerConfig.dispatcher)")
     if world_size is not None and world_size != job.world_size:
         if cfg.dispatcher:
             raise RankRefused(f"the job has world size {job.world_size}, not {world_size}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stoker.pipeline.kinds import ModelFamily, kind_of
+from stoker.protos.errors import ConfigError
 
 RESNET50, BERT = ModelFamily.RESNET50, ModelFamily.BERT
 PROFILE_SEQ_LEN = 512  # the sequence length the profiles' BERT rates count (MLPerf's BERT-large phase 2)
@@ -67,12 +68,12 @@ PROFILES = {p.name: p for p in (
 
 def profile_rate(name: str, dataset: str, scale: float = 1.0) -> float:
     if name not in PROFILES:
-        raise ValueError(f"unknown profile {name!r} (choose {', '.join(PROFILES)})")
+        raise ConfigError(f"unknown profile {name!r} (choose {', '.join(PROFILES)})")
     profile = PROFILES[name]
     family = kind_of(dataset).model_family
     rate = profile.rates.get(family, 0)
     if not rate:
-        raise ValueError(f"profile {name} has no {family} rate")
+        raise ConfigError(f"profile {name} has no {family} rate")
     if not 0 < scale <= 1:
-        raise ValueError(f"scale {scale} must lie in (0, 1]")
+        raise ConfigError(f"scale {scale} must lie in (0, 1]")
     return rate * scale

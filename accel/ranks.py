@@ -32,7 +32,7 @@ from typing import Protocol
 
 from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
 from stoker.protos.curve import is_loopback
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError, StokerError
 from stoker.protos.switches import parse_switch
 
 HOST_ENV = "STOKER_HOST"  # this node's address, as the workers and the other ranks reach it
@@ -61,7 +61,7 @@ def _env_int(name: str) -> int | None:
     try:
         return int(text) if text else None
     except ValueError:
-        raise ValueError(f"${name}={text!r} is not a number") from None
+        raise ConfigError(f"${name}={text!r} is not a number") from None
 
 
 def _launcher() -> tuple[int, int] | None:
@@ -89,7 +89,7 @@ def place(rank: int | None = None, world_size: int | None = None, local_rank: in
     rank_ = 0 if rank_ is None else rank_
     local = local_rank if local_rank is not None else _env_int("LOCAL_RANK")
     if world < 1 or not 0 <= rank_ < world:
-        raise ValueError(f"rank {rank_} is not one of world size {world}'s ranks 0..{world - 1}")
+        raise ConfigError(f"rank {rank_} is not one of world size {world}'s ranks 0..{world - 1}")
     return Place(rank_, world, rank_ if local is None else local, os.environ.get("MASTER_ADDR", "127.0.0.1"),
                  _env_int("LOCAL_WORLD_SIZE"))
 
@@ -112,13 +112,13 @@ def route_to(host: str) -> str:
     try:
         family, _, _, _, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
     except socket.gaierror as exc:
-        raise ValueError(f"MASTER_ADDR={host!r} does not resolve ({exc.strerror}): give rank 0's node address in "
+        raise ConfigError(f"MASTER_ADDR={host!r} does not resolve ({exc.strerror}): give rank 0's node address in "
                          f"$MASTER_ADDR (torchrun --master-addr), or this node's own in ${HOST_ENV}") from None
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
             probe.connect(target)
         except OSError as exc:
-            raise ValueError(f"no route from this node to MASTER_ADDR={host} ({exc.strerror}): set ${HOST_ENV} "
+            raise ConfigError(f"no route from this node to MASTER_ADDR={host} ({exc.strerror}): set ${HOST_ENV} "
                              f"to the address the job's nodes and workers reach this node at") from None
         address = probe.getsockname()[0]
     return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
@@ -138,7 +138,7 @@ def default_config(where: Place, keys: str | None = None, insecure: bool | None 
     argument or $STOKER_KEYS, insecure from the argument or $STOKER_INSECURE."""
     host = node_address(where.master_addr)
     if where.nodes_apart and is_loopback(f"tcp://{host}:0"):
-        raise ValueError(f"rank {where.rank}: this job's {where.world_size} ranks are on several nodes "
+        raise ConfigError(f"rank {where.rank}: this job's {where.world_size} ranks are on several nodes "
                          f"($LOCAL_WORLD_SIZE={where.local_world_size}), but this rank would listen on loopback "
                          f"({host}: $MASTER_ADDR={where.master_addr}, ${HOST_ENV}={os.environ.get(HOST_ENV, '')!r}): "
                          f"give rank 0's node address in $MASTER_ADDR (torchrun --master-addr), or this node's own "
@@ -278,10 +278,10 @@ class Meeting:
     def check(self, rank: int, keyed: bool) -> None:
         """A rank that does not use keys where rank 0 does (or the other way round) cannot attach: say so."""
         if self.keyed and not keyed:
-            raise ValueError(f"rank {rank}: rank 0 uses CURVE keys, this rank has none: give it the same key folder "
+            raise ConfigError(f"rank {rank}: rank 0 uses CURVE keys, this rank has none: give it the same key folder "
                              f"(${KEYS_ENV} or Loader(keys=DIR)), with the consumer key the ranks attach with")
         if keyed and not self.keyed:
-            raise ValueError(f"rank {rank}: this rank has CURVE keys (${KEYS_ENV}) but rank 0 uses none: give every "
+            raise ConfigError(f"rank {rank}: this rank has CURVE keys (${KEYS_ENV}) but rank 0 uses none: give every "
                              f"rank the same setting")
 
 

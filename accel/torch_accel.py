@@ -24,6 +24,7 @@ from stoker.accel.jpeg_decode import DecodedBatch
 from stoker.accel.models.resnet import resnet18, resnet50
 from stoker.accel.optimizers import LARS
 from stoker.accel.training import TrainingStep
+from stoker.protos.errors import ConfigError
 
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -62,10 +63,10 @@ class TorchAccelerator(TrainingStep):
 
     def __post_init__(self) -> None:
         if self.cfg.model not in MODELS:
-            raise ValueError(f"unknown model {self.cfg.model!r} (choose {', '.join(MODELS)})")
+            raise ConfigError(f"unknown model {self.cfg.model!r} (choose {', '.join(MODELS)})")
         if self.cfg.width < 16 or self.cfg.width % 16:
             # narrower first stages crashed (heap corruption in backward) with this CPU build of torch
-            raise ValueError(f"--width {self.cfg.width}: use a multiple of 16 (64 is the published model)")
+            raise ConfigError(f"--width {self.cfg.width}: use a multiple of 16 (64 is the published model)")
         self.device: torch.device = torch.device(self.cfg.device)
         self.model = MODELS[self.cfg.model](self.classes, self.cfg.width).to(self.device)
         # torch's stubs leave out Module.to's memory_format keyword, which it takes (as Tensor.to does)
@@ -77,9 +78,9 @@ class TorchAccelerator(TrainingStep):
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=self.cfg.momentum,
                                              weight_decay=self.cfg.weight_decay)
         else:
-            raise ValueError(f"optimizer {self.cfg.optimizer!r}: choose sgd or lars for ResNet")
+            raise ConfigError(f"optimizer {self.cfg.optimizer!r}: choose sgd or lars for ResNet")
         if self.cfg.precision not in PRECISIONS:
-            raise ValueError(f"precision {self.cfg.precision!r}: choose {' or '.join(PRECISIONS)}")
+            raise ConfigError(f"precision {self.cfg.precision!r}: choose {' or '.join(PRECISIONS)}")
         self.loss = nn.CrossEntropyLoss(label_smoothing=self.cfg.label_smoothing)
         self.mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1)

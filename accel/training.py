@@ -8,8 +8,13 @@ import math
 import torch
 
 from stoker.accel.stepping import PreparedStep, Stateful
+from stoker.protos.errors import StokerError
 
 log = logging.getLogger("stoker.loss")  # the CLI shows it at INFO when training with --accel torch
+
+
+class TrainingDiverged(StokerError, FloatingPointError):
+    """The loss became NaN or infinite: stepping on would train on garbage."""
 
 
 class TrainingStep(PreparedStep, Stateful):
@@ -25,7 +30,7 @@ class TrainingStep(PreparedStep, Stateful):
     def record(self, loss: torch.Tensor) -> None:
         value = float(loss.detach())
         if not math.isfinite(value):
-            raise FloatingPointError(f"loss became {value} at step {self.steps}")
+            raise TrainingDiverged(f"loss became {value} at step {self.steps}")
         self.losses.append(value)
         self.steps += 1
         if self.log_every and self.steps % self.log_every == 0:

@@ -30,7 +30,7 @@ from PIL import Image
 
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.transforms import Crop, Output
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError, StokerError
 
 if TYPE_CHECKING:
     from stoker.pipeline.transforms import Sample
@@ -175,7 +175,7 @@ def decode_augment(
     """Decode a JPEG (only as much and as finely as the crop needs) and apply the transform.
     `restarts`: the file's restart index (pipeline.shards), which only the crop decoder uses."""
     if decoder not in DECODERS:
-        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
+        raise ConfigError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
     if decoder in ("auto", "crop") and _jpegcrop is not None:
         started = stage_clock()
         try:

@@ -29,6 +29,7 @@ from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.shards import ShardReader
 from stoker.pipeline.transforms import Crop, ImageTransform, Sample, check_outputs
+from stoker.protos.errors import ConfigError
 
 
 @dataclass
@@ -183,7 +184,7 @@ def sample_work(transform: ImageTransform, decoder: str = "auto", decode_on: Dec
     if decode_on == DecodeOn.ACCELERATOR:
         return ShipEncoded(transform)  # type: ignore[arg-type]  # JobConfig allows only the built-ins here
     if decode_on != DecodeOn.HOST:
-        raise ValueError(f"decode_on must be host or accelerator, not {decode_on!r}")
+        raise ConfigError(f"decode_on must be host or accelerator, not {decode_on!r}")
     return HostTransform(transform, decoder, name, timeout_s)
 
 

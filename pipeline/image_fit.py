@@ -11,6 +11,7 @@ import math
 
 from stoker.pipeline import image_layout
 from stoker.protos import message_fit
+from stoker.protos.errors import ConfigError
 from stoker.protos.framing import MAX_FRAME_BYTES
 
 
@@ -39,5 +40,5 @@ def check_images(batch_size: int, image_size: int) -> None:
     largest = largest_image_size(batch_size)
     fix = (f"the largest --image-size that fits --batch-size {batch_size} is {largest}" if largest
            else f"no --image-size fits --batch-size {batch_size}: lower it")
-    raise ValueError(f"--image-size {image_size} with --batch-size {batch_size} does not fit a data message "
+    raise ConfigError(f"--image-size {image_size} with --batch-size {batch_size} does not fit a data message "
                      f"({why}); {fix}")

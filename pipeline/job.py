@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -84,7 +84,6 @@ class JobConfig:
         kind = kind_of(self.dataset)
         if min(self.epochs, self.batch_size, self.unit_batches, self.image_size, self.world_size) < 1:
             raise ConfigError("epochs, batch size, unit batches, image size and world size must be at least 1")
-        made_here = not self.transform_version  # else it came pinned: from the wire, a checkpoint, a copy
         self._check_transform()
         if self.decoder not in DECODERS:
             raise ConfigError(f"decoder must be one of {', '.join(DECODERS)}, not {self.decoder!r}")
@@ -105,12 +104,12 @@ class JobConfig:
             raise ConfigError(f"transform timeout {self.transform_timeout_s} s must lie in (0, 86400]")
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ConfigError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
-        if made_here or self.builtin_transform or self.kind.text:  # a transform of another environment
-            self._check_batches_travel()  # was checked where the job was made; a worker without it refuses
+        if self.builtin_transform or self.kind.text:  # a transform of your own is checked when it is pinned
+            self._check_batches_travel()
 
     def _check_transform(self) -> None:
-        """The transform is named well, takes the parameters it is given, and (where this process
-        made the job) imports here: its version is pinned from this import."""
+        """The transform is named well and its parameters are a JSON object; nothing is imported
+        (that is `pin`'s)."""
         check_name(self.transform)
         object.__setattr__(self, "transform_params", parse_params(self.transform_params))
         builtin = self.transform in BUILTIN_TRANSFORMS
@@ -120,24 +119,41 @@ class JobConfig:
                                  "examples are set by its text options")
             return
         if builtin and self.transform_params:
-            raise ConfigError(f"the built-in {self.transform} transform takes --image-size (and train: --min-area, "
-                             "--max-area), not --transform-params")
+            raise ConfigError(f"the built-in {self.transform} transform takes --image-size (and train: --crop-area, "
+                             "or JobConfig's min_area and max_area), not --transform-params")
         if not builtin:
             if (self.image_size, self.min_area, self.max_area) != (224, *REFERENCE_AREA):
-                raise ConfigError(f"--image-size, --min-area and --max-area set the built-in train and eval "
+                raise ConfigError(f"--image-size and --crop-area (min_area, max_area) set the built-in train and eval "
                                  f"transforms; give {self.transform} its own with --transform-params")
             if self.decode_on == DecodeOn.ACCELERATOR:
                 raise ConfigError("--decode-on accelerator ships the crop the built-in train and eval transforms "
                                  f"draw; {self.transform} runs on the worker hosts (--decode-on host)")
-        if not self.transform_version:
-            try:
-                resolved = self.image_transform()
-            except TransformError as exc:
-                raise ConfigError(str(exc)) from None
-            untravelled = outputs_problem(resolved.outputs)
-            if untravelled:
-                raise ConfigError(f"transform {self.transform!r}: {untravelled}")
-            object.__setattr__(self, "transform_version", resolved.version)
+
+    @property
+    def pinned(self) -> bool:
+        """The job names the version of its transform that every worker must run (text has none)."""
+        return bool(self.transform_version) or self.kind.text
+
+    def pin(self) -> JobConfig:
+        """This job with its transform pinned to the version this process imports: the one explicit
+        step that imports a transform (your code, for one of your own), done where the job is made
+        (the CLI, rank 0, a dispatcher, the Loader), so that a worker with another version refuses
+        it. A job already pinned (from the wire, a checkpoint) is returned as it is. ConfigError
+        when the transform does not import here, does not take its parameters, or makes outputs
+        that cannot travel in a batch."""
+        if self.pinned:
+            return self
+        try:
+            resolved = self.image_transform()
+        except TransformError as exc:
+            raise ConfigError(str(exc)) from None
+        untravelled = outputs_problem(resolved.outputs)
+        if untravelled:
+            raise ConfigError(f"transform {self.transform!r}: {untravelled}")
+        job = replace(self, transform_version=resolved.version)
+        if not job.builtin_transform:
+            job._check_batches_travel()
+        return job
 
     @property
     def builtin_transform(self) -> bool:

@@ -22,6 +22,7 @@ from stoker.pipeline.tensors import BatchLayout
 from stoker.pipeline.text import layout as text_layout
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.transforms import Resolved
+from stoker.protos.errors import ConfigError
 
 
 class LaidOutJob(Protocol):
@@ -118,4 +119,4 @@ def kind_of(name: str) -> DatasetKind:
     try:
         return KINDS[name]
     except KeyError:
-        raise ValueError(f"dataset must be one of {', '.join(KINDS)}, not {name!r}") from None
+        raise ConfigError(f"dataset must be one of {', '.join(KINDS)}, not {name!r}") from None

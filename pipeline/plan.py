@@ -31,6 +31,7 @@ import numpy as np
 
 from stoker.pipeline.seeds import derived_rng
 from stoker.pipeline.shards import Manifest
+from stoker.protos.errors import ConfigError, DataError
 
 _UNIT_ORDER_KEY = "unit-order"
 _CACHE_LOCK = threading.Lock()  # every plan's epoch cache: trims are rare and quick, one lock serves all
@@ -142,14 +143,14 @@ class EpochPlan:
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
-            raise ValueError(f"world size must be at least 1, not {self.world_size}")
+            raise ConfigError(f"world size must be at least 1, not {self.world_size}")
         if self.unit_size < 1:
-            raise ValueError(f"unit size must be at least 1, not {self.unit_size}")
+            raise ConfigError(f"unit size must be at least 1, not {self.unit_size}")
         if self.manifest.num_samples < self.world_size:
-            raise ValueError(f"{self.manifest.num_samples} samples cannot feed {self.world_size} ranks: every rank "
+            raise ConfigError(f"{self.manifest.num_samples} samples cannot feed {self.world_size} ranks: every rank "
                              f"needs at least one")
         if self.drop_last and self.rank_sizes[0] == 0:
-            raise ValueError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
+            raise ConfigError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
                              f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
         if self.resumed is not None:
             self._check_resumed(self.resumed)
@@ -336,18 +337,18 @@ class EpochPlan:
     def _check_resumed(self, resumed: Resumed) -> None:
         """A resume that cannot work is refused with the reason, when the job is made."""
         if not 0 <= resumed.epoch < self.epochs:
-            raise ValueError(f"the checkpoint's epoch {resumed.epoch} is not one of the job's epochs "
+            raise DataError(f"the checkpoint's epoch {resumed.epoch} is not one of the job's epochs "
                              f"0..{self.epochs - 1}")
         for cut in resumed.cuts:
             if cut.world_size < 1 or len(cut.ranks) != cut.world_size:
-                raise ValueError(f"a checkpoint of world size {cut.world_size} must hold {cut.world_size} rank "
+                raise DataError(f"a checkpoint of world size {cut.world_size} must hold {cut.world_size} rank "
                                  f"positions, not {len(cut.ranks)}")
             if any(units < 0 or batches < 0 for units, batches in cut.ranks):
-                raise ValueError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
+                raise DataError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
         left, sizes = self._remainder(resumed.epoch, resumed.cuts)
         if 0 in sizes:
             rows = sum(s.size for s in left)
-            raise ValueError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "
+            raise DataError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "
                              f"{self.world_size} ranks (or a batch each, with drop_last): resume with fewer ranks, "
                              f"or from an earlier checkpoint")
 

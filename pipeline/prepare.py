@@ -31,6 +31,7 @@ from stoker.pipeline.record_sources import FolderSource, Record, RecordSource
 from stoker.pipeline.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
 from stoker.pipeline.spill import SPILL_NAME, Spill
 from stoker.pipeline.storage import join, staged
+from stoker.protos.errors import ConfigError, DataError
 
 try:
     from stoker.pipeline import _jpegrestart
@@ -204,7 +205,7 @@ def prepare_imagenet(src: str | Path, dst: str | Path, cfg: PrepareConfig = Prep
 def prepare_records(source: RecordSource, dst: str | Path, cfg: PrepareConfig = PrepareConfig()) -> PrepareResult:
     """Any source's records into shards + manifest, checked and shuffled the same way."""
     if cfg.records not in RECORD_KINDS:
-        raise ValueError(f"records must be one of {', '.join(RECORD_KINDS)}, not {cfg.records!r}")
+        raise ConfigError(f"records must be one of {', '.join(RECORD_KINDS)}, not {cfg.records!r}")
     with staged(dst) as folder:
         manifest, tally = _write_shards(source, folder, cfg)
     manifest.uri = join(dst, MANIFEST_NAME)
@@ -235,7 +236,7 @@ def _write_shards(source: RecordSource, dst: Path, cfg: PrepareConfig) -> tuple[
     shards = writer.close()
     if not shards:
         what = "a decodable JPEG" if cfg.records == JPEG else "a non-empty record with a label"
-        raise ValueError(f"{source.description}: none of the {tally.seen} {source.noun}s is {what}")
+        raise DataError(f"{source.description}: none of the {tally.seen} {source.noun}s is {what}")
     classes = source.classes if source.classes is not None else [str(i) for i in range(tally.max_label + 1)]
     manifest = Manifest(kind=IMAGENET.name, classes=classes, shards=shards, skipped=tally.skipped,
                         restart_index=RESTART_INDEX_VERSION if tally.transcoded else 0, transcoded=tally.transcoded,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stoker.pipeline.stats import image_files
+from stoker.protos.errors import NotFound
 
 # Labels are stored as int32 and the manifest lists one class name per label up to the largest:
 # a bound keeps a stray huge label from making a manifest of billions of names.
@@ -71,7 +72,7 @@ class FolderSource(RecordSource):
         self.description = str(src)
         self.files = image_files(src)
         if not self.files:
-            raise FileNotFoundError(f"{src}: no images found in {src}/train/<class>/ or {src}/<class>/"
+            raise NotFound(f"{src}: no images found in {src}/train/<class>/ or {src}/<class>/"
                                     + _other_format_hint(src))
         self.classes = sorted({p.parent.name for p in self.files})
         self.count = len(self.files)
@@ -123,13 +124,13 @@ def source_files(src: str | Path, suffixes: tuple[str, ...], what: str) -> list[
     if path.is_dir():
         found = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(suffixes))
         if not found:
-            raise FileNotFoundError(f"{src}: no {what} files ({', '.join(suffixes)}) in this folder (its "
+            raise NotFound(f"{src}: no {what} files ({', '.join(suffixes)}) in this folder (its "
                                     f"subfolders are not searched: give a pattern such as '{src}/**/*{suffixes[0]}')")
         return found
     names = sorted({name for part in expand_braces(str(src)) for name in glob.glob(part, recursive=True)})
     found = [Path(name) for name in names if Path(name).is_file()]
     if not found:
-        raise FileNotFoundError(f"{src}: no such file or folder, and no file matches it as a pattern")
+        raise NotFound(f"{src}: no such file or folder, and no file matches it as a pattern")
     return found
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from stoker.pipeline.integrity import Markers, ShardRefused, mismatch
 from stoker.pipeline.locks import HeldLock, acquire
 from stoker.pipeline.storage import StorageError, copy_hashed, file_size
+from stoker.protos.errors import ConfigError
 
 log = logging.getLogger("stoker.shards")
 
@@ -56,7 +57,7 @@ def parse_gb(text: str, what: str = LIMIT_ENV) -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value <= MAX_GB:
-        raise ValueError(f"{what}: must be a number > 0 (GB) and at most {MAX_GB:g}, not {text!r}")
+        raise ConfigError(f"{what}: must be a number > 0 (GB) and at most {MAX_GB:g}, not {text!r}")
     return value
 
 

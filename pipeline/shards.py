@@ -28,6 +28,7 @@ from stoker.pipeline.integrity import ShardRefused, check_file
 from stoker.pipeline.integrity import sha256_of as file_sha256
 from stoker.pipeline.shard_cache import CachedShard, ShardCache
 from stoker.pipeline.storage import is_remote, read_bytes
+from stoker.protos.errors import DataError
 
 PLAIN_IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
 IMAGE_SCHEMA = PLAIN_IMAGE_SCHEMA.append(pa.field("restarts", pa.binary()))
@@ -114,16 +115,16 @@ class Manifest:
         try:
             data = json.loads(read_bytes(uri))
         except FileNotFoundError as exc:
-            raise ValueError(f"{uri}: no manifest there (make one with `stoker prepare`)") from exc
+            raise DataError(f"{uri}: no manifest there (make one with `stoker prepare`)") from exc
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{uri}: not a Stoker manifest (not JSON: {exc})") from exc
+            raise DataError(f"{uri}: not a Stoker manifest (not JSON: {exc})") from exc
         if not isinstance(data, dict):
-            raise ValueError(f"{uri}: not a Stoker manifest (a JSON {type(data).__name__}, not an object)")
+            raise DataError(f"{uri}: not a Stoker manifest (a JSON {type(data).__name__}, not an object)")
         if data.get("version") not in READABLE_VERSIONS:
-            raise ValueError(f"{uri}: manifest version {data.get('version')} is not one of "
+            raise DataError(f"{uri}: manifest version {data.get('version')} is not one of "
                              f"{', '.join(map(str, READABLE_VERSIONS))} (this Stoker reads those)")
         if data.get("records", "jpeg") not in RECORD_KINDS:
-            raise ValueError(f"{uri}: records {data.get('records')!r} is not one of {', '.join(RECORD_KINDS)}")
+            raise DataError(f"{uri}: records {data.get('records')!r} is not one of {', '.join(RECORD_KINDS)}")
         data.pop("num_samples", None)
         shards = _shard_entries(uri, data.pop("shards", None))
         return cls(shards=shards, uri=uri, **data)
@@ -142,7 +143,7 @@ class Manifest:
             except OSError:
                 continue
             if not stat.S_ISREG(mode):
-                raise ValueError(f"{self.uri}: shard {shard.path} is not a regular file (a FIFO, a device or a "
+                raise DataError(f"{self.uri}: shard {shard.path} is not a regular file (a FIFO, a device or a "
                                  f"folder): a shard must be a file `stoker prepare` wrote")
 
 
@@ -155,27 +156,27 @@ def _shard_entries(uri: str, entries: object) -> list[ShardInfo]:
     inside the manifest's folder, counts are non-negative integers, and sample ids run on from one
     shard to the next with no gap and no overlap (ValueError naming the first entry that does not)."""
     if not isinstance(entries, list):
-        raise ValueError(f"{uri}: not a Stoker manifest (no list of shards)")
+        raise DataError(f"{uri}: not a Stoker manifest (no list of shards)")
     shards, expected_first = [], 0
     for number, entry in enumerate(entries):
         where = f"{uri}: shard entry {number}"
         if not isinstance(entry, dict) or set(entry) != set(SHARD_FIELDS):
-            raise ValueError(f"{where}: not a shard entry (it has the fields {', '.join(SHARD_FIELDS)})")
+            raise DataError(f"{where}: not a shard entry (it has the fields {', '.join(SHARD_FIELDS)})")
         path, sha = entry["path"], entry["sha256"]
         counts = {name: entry[name] for name in ("num_samples", "num_bytes", "first_sample_id")}
         if not isinstance(path, str) or not isinstance(sha, str):
-            raise ValueError(f"{where}: path and sha256 must be strings")
+            raise DataError(f"{where}: path and sha256 must be strings")
         if not _inside_folder(path):
-            raise ValueError(f"{where}: path {path[:200]!r} is not a file name inside the manifest's folder")
+            raise DataError(f"{where}: path {path[:200]!r} is not a file name inside the manifest's folder")
         for name, value in counts.items():
             if type(value) is not int or not 0 <= value <= MAX_SAMPLES << 16:
-                raise ValueError(f"{where}: {name} {str(value)[:40]} is not a count")
+                raise DataError(f"{where}: {name} {str(value)[:40]} is not a count")
         if counts["first_sample_id"] != expected_first:
-            raise ValueError(f"{where}: first_sample_id {counts['first_sample_id']}, where the shards before it "
+            raise DataError(f"{where}: first_sample_id {counts['first_sample_id']}, where the shards before it "
                              f"end at {expected_first} (sample ids must run on with no gap and no overlap)")
         expected_first += counts["num_samples"]
         if expected_first > MAX_SAMPLES:
-            raise ValueError(f"{uri}: more than {MAX_SAMPLES} samples (split the data set into several manifests)")
+            raise DataError(f"{uri}: more than {MAX_SAMPLES} samples (split the data set into several manifests)")
         shards.append(ShardInfo(path, counts["num_samples"], counts["num_bytes"], sha, counts["first_sample_id"]))
     return shards
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from stoker.protos.errors import DataError
+
 
 @dataclass
 class ImageStats:
@@ -42,7 +44,7 @@ def folder_stats(root: str | Path) -> ImageStats:
             progressive.append(bool(image.info.get("progressive") or image.info.get("progression")))
         sizes.append(path.stat().st_size)
     if not sizes:
-        raise ValueError(f"no images below {root}")
+        raise DataError(f"no images below {root}")
     w, h = np.array(widths), np.array(heights)
     return ImageStats(
         images=len(sizes), total_bytes=int(sum(sizes)), mean_bytes=float(np.mean(sizes)),

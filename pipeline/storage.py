@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import NotFound, StokerError
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
@@ -90,7 +90,7 @@ def file_size(uri: str) -> int:
     except OSError as exc:
         raise StorageError(f"cannot read {uri}: {exc}") from exc
     if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"{uri}: no such file")
+        raise NotFound(f"{uri}: no such file")
     return int(info.size or 0)
 
 

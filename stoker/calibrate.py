@@ -36,6 +36,7 @@ from stoker.pipeline.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.transforms import parse_params, resolve
 from stoker.planning import transform_key
+from stoker.protos.errors import ConfigError, ResourceError
 from stoker.wire_cost import WireSink
 from stoker.workers.metrics import WorkerMetrics
 from stoker.workers.sources import Outgoing, make_source
@@ -60,7 +61,7 @@ def _timed(batches, seconds: float, count) -> float:
         if stage_clock() - started >= seconds:
             break
     if not made or started is None:  # (made counts only after started is set)
-        raise ValueError("the data set is too small to calibrate on (fewer than two batches)")
+        raise ConfigError("the data set is too small to calibrate on (fewer than two batches)")
     return made / (stage_clock() - started)
 
 
@@ -87,7 +88,7 @@ def _worker_batches(manifest: Manifest, job: JobConfig, sink: WireSink | None) -
 
 def _job(manifest: Manifest, **fields) -> JobConfig:
     """A job as `stoker run` would make it, with batches of BATCH and epochs enough for any time box."""
-    return JobConfig(manifest_uri=manifest.uri, batch_size=BATCH, epochs=EPOCHS, **fields)
+    return JobConfig(manifest_uri=manifest.uri, batch_size=BATCH, epochs=EPOCHS, **fields).pin()
 
 
 def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "",
@@ -167,11 +168,11 @@ def load(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it as a calibration ({exc.__class__.__name__}: {exc})") from None
+        raise ConfigError(f"{path}: cannot read it as a calibration ({exc.__class__.__name__}: {exc})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not a calibration (not JSON: {exc}); run `stoker calibrate` again") from None
+        raise ConfigError(f"{path} is not a calibration (not JSON: {exc}); run `stoker calibrate` again") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a calibration (a JSON object of rates, not {type(data).__name__}); "
+        raise ConfigError(f"{path} is not a calibration (a JSON object of rates, not {type(data).__name__}); "
                          "run `stoker calibrate` again")
     return data
 
@@ -180,11 +181,11 @@ def checked_rate(entry: object, name: str, where: str) -> float:
     """An entry's per_core_rate, a finite positive number; ValueError naming the file and entry otherwise."""
     rate = entry.get("per_core_rate") if isinstance(entry, dict) else None
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
-        raise ValueError(f"{where}: {name}'s per_core_rate is {rate!r}, not a positive number; run `stoker "
+        raise ConfigError(f"{where}: {name}'s per_core_rate is {rate!r}, not a positive number; run `stoker "
                          "calibrate` again, or pass --per-core-rate")
     clock = entry.get("clock", "wall") if isinstance(entry, dict) else None
     if clock not in ("cpu", "wall"):  # absent: written before rates were CPU time
-        raise ValueError(f"{where}: {name}'s clock is {clock!r}, neither \"cpu\" (CPU time) nor absent (an older "
+        raise ConfigError(f"{where}: {name}'s clock is {clock!r}, neither \"cpu\" (CPU time) nor absent (an older "
                          "wall-clock rate); run `stoker calibrate` again, or pass --per-core-rate")
     return float(rate)
 
@@ -212,9 +213,10 @@ def writable(out: Path | None) -> dict:
         with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}."):
             pass  # the folder takes a new file: what _write renames over out
     except FileExistsError:
-        raise OSError(f"cannot write the calibration to {out}: a file stands where its folder should be") from None
+        raise ResourceError(f"cannot write the calibration to {out}: a file stands where its folder should be") \
+            from None
     except OSError as exc:
-        raise OSError(f"cannot write the calibration to {out}: {exc.strerror or exc}") from None
+        raise ResourceError(f"cannot write the calibration to {out}: {exc.strerror or exc}") from None
     return kept
 
 
@@ -281,6 +283,6 @@ def transform_rate(calibration: dict, transform: str, params: str = "", where: s
         known = ", ".join(sorted(kept)) if isinstance(kept, dict) and kept else "none"
         given = f" --transform-params '{parse_params(params)}'" if parse_params(params) else ""
         command = "stoker calibrate" if key == DEFAULT_TRANSFORM else f"stoker calibrate --transform {transform}{given}"
-        raise ValueError(f"{where} has no rate for transform {key} (it has: {known}); measure one on a worker host "
+        raise ConfigError(f"{where} has no rate for transform {key} (it has: {known}); measure one on a worker host "
                          f"with `{command}`, or pass --per-core-rate")
     return found

@@ -24,7 +24,7 @@ from stoker.options import (
     consumer_metrics,
 )
 from stoker.pipeline.kinds import kind_of
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import StateError, StokerError
 
 if TYPE_CHECKING:
     from stoker.accel.consumer import Consumer
@@ -368,7 +368,7 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
     service.run()
     stats = service.dispatcher.stats()
     if stats.failure:
-        raise RuntimeError(f"the job failed: {stats.failure}")
+        raise StateError(f"the job failed: {stats.failure}")
     print(f"dispatcher done: {stats.done}/{service.dispatcher.total_units} units, {stats.releases} re-leased")
     return 0
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from stoker.flags import POSITIVE, SECONDS, float_in
 from stoker.options import emit_json, json_option
+from stoker.protos.errors import ConfigError
 
 DEFAULT_CALIBRATION = Path("stoker-calibration.json")
 PRICE = float_in(0.0, low_open=False)
@@ -165,19 +166,20 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
         for folder in args.sweep:
             points = load_points(folder)
             if not points:
-                raise ValueError(f"{folder}: no sweep points (points.jsonl) there")
+                raise ConfigError(f"{folder}: no sweep points (points.jsonl) there")
             rate = per_core_rate(points)
             if rate is None:
-                raise ValueError(f"{folder}: no host-bound point (stall > 10%) to read a per-core rate from")
+                raise ConfigError(f"{folder}: no host-bound point (stall > 10%) to read a per-core rate from")
             swept = points[0].transform_named
             if points[0].dataset == "imagenet" and swept != _asked(args):
-                raise ValueError(f"{folder} swept transform {swept}, not {_asked(args)}: plan with --transform "
+                raise ConfigError(f"{folder} swept transform {swept}, not {_asked(args)}: plan with --transform "
                                  f"{points[0].transform}, or sweep the one you mean with `stoker sweep --transform`")
             rates[points[0].dataset] = rate  # rows/s per core: the scale shrinks the device, not the cores
         return rates
     path = args.calibration or DEFAULT_CALIBRATION
     if not path.exists():
-        raise ValueError(f"{path} does not exist: run `stoker calibrate` first, or pass --sweep DIR or --per-core-rate")
+        raise ConfigError(f"{path} does not exist: run `stoker calibrate` first, or pass --sweep DIR or "
+                          "--per-core-rate")
     data, rates = load(path), {}
     for dataset in datasets:
         name = dataset
@@ -189,7 +191,7 @@ def _per_core_rates(args: argparse.Namespace, datasets: tuple[str, ...]) -> dict
         else:
             name = PACKED if args.pack else dataset
             if name not in data:
-                raise ValueError(f"{path} has no {name} rate: run `stoker calibrate` (both datasets, packed and "
+                raise ConfigError(f"{path} has no {name} rate: run `stoker calibrate` (both datasets, packed and "
                                  "not), or pass --per-core-rate")
             entry = data[name]
             args.samples_per_row = entry.get("sequences_per_row", 1.0)
@@ -214,7 +216,7 @@ def _plan_datasets(args: argparse.Namespace) -> tuple[str, ...]:
     check_name(args.plan_transform)
     parse_params(args.plan_transform_params)
     if args.dataset == "wikipedia":
-        raise ValueError("--transform names an image transform: plan --dataset imagenet (or both)")
+        raise ConfigError("--transform names an image transform: plan --dataset imagenet (or both)")
     return ("imagenet", "wikipedia") if args.dataset == "both" else ("imagenet",)
 
 
@@ -224,19 +226,19 @@ MIN_CHECK_CORES = 0.01  # a CFS quota of 1 ms per 100 ms period, the kernel's le
 def _check_flags(args: argparse.Namespace, datasets: tuple[str, ...]) -> None:
     """What --check and --pack cannot do, refused before anything runs."""
     if args.pack and "wikipedia" not in datasets:
-        raise ValueError("--pack packs BERT rows: plan --dataset wikipedia")
+        raise ConfigError("--pack packs BERT rows: plan --dataset wikipedia")
     if not args.check:
         if args.check_cores or args.data:
-            raise ValueError("--check-cores and --data belong to --check")
+            raise ConfigError("--check-cores and --data belong to --check")
         return
     if len(datasets) != 1:
-        raise ValueError("--check runs one job: give --dataset imagenet or --dataset wikipedia")
+        raise ConfigError("--check runs one job: give --dataset imagenet or --dataset wikipedia")
     if args.compare:
-        raise ValueError("--check checks the per-core rate, the same for every system: leave out --compare")
+        raise ConfigError("--check checks the per-core rate, the same for every system: leave out --compare")
     if args.check_cores is not None:
         free = (os.cpu_count() or 1) - 1  # the lab's consumer and simulated device run beside the host under test
         if not MIN_CHECK_CORES <= args.check_cores <= free:
-            raise ValueError(f"--check-cores {args.check_cores:g}: the lab can give a host {MIN_CHECK_CORES:g} to "
+            raise ConfigError(f"--check-cores {args.check_cores:g}: the lab can give a host {MIN_CHECK_CORES:g} to "
                              f"{free} core(s) here ({os.cpu_count()} cores, one kept for the consumer)")
 
 
@@ -250,7 +252,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     out = []
     for dataset in datasets:
         if dataset not in rates:
-            raise ValueError(f"no per-core rate for {dataset}: sweep it too, or pass --per-core-rate")
+            raise ConfigError(f"no per-core rate for {dataset}: sweep it too, or pass --per-core-rate")
         transform = _asked(args) if dataset == "imagenet" else ""
         plans = [make_plan(PlanInput(system=s, dataset=dataset, per_core_rate=rates[dataset],
                                      stall_target=args.stall_target, cores_per_host=args.cores_per_host,
@@ -277,7 +279,7 @@ def _check(args: argparse.Namespace, dataset: str, rate: float) -> dict:
     spr = 1.0
     if dataset == "wikipedia" and args.pack:
         if args.samples_per_row is None:
-            raise ValueError("--check --pack takes the sequences per row from the calibration's packed rate: "
+            raise ConfigError("--check --pack takes the sequences per row from the calibration's packed rate: "
                              "plan from `stoker calibrate`'s file, not --per-core-rate or --sweep")
         spr = args.samples_per_row
     cfg = CheckConfig(dataset=dataset, per_core_rate=rate, data=args.data or str(default_manifest(dataset)),

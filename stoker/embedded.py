@@ -46,6 +46,7 @@ from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import kind_of
 from stoker.protos import job_secret
+from stoker.protos.errors import StateError
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def run_embedded(job_args: dict, cfg: RunConfig, on_start: Callable[[Consumer], 
     """Run one job end to end; job_args are JobConfig fields other than manifest_uri. Returns each
     rank's summary (rank 0's first). `on_start`: called with rank 0's consumer once it listens."""
     manifest = cfg.data or str(default_manifest(cfg.dataset, cfg.images, progress=cfg.progress))
-    job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args)
+    job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args).pin()
     if job.world_size > 1 and not cfg.consumer.keys:
         os.environ.setdefault(job_secret.ENV, secrets.token_hex(32))  # rank 0 and its children share it
     consumer = Consumer(cfg.consumer, job, cfg.accel.factory())
@@ -145,7 +146,7 @@ def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -
 def _rank_summary(folder: Path, rank: int) -> Summary:
     path = folder / f"rank-{rank}.json"
     if not path.exists():
-        raise RuntimeError(f"rank {rank} wrote no summary")
+        raise StateError(f"rank {rank} wrote no summary")
     return Summary.from_dict(json.loads(path.read_text()))
 
 

@@ -61,7 +61,7 @@ from stoker.local_workers import (
     worker_environment,
 )
 from stoker.pipeline.job import JobConfig
-from stoker.protos.errors import ConfigError, StokerError
+from stoker.protos.errors import ConfigError, PeerError, StokerError
 
 __all__ = ["Batch", "Loader", "LoaderClosed"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
@@ -222,7 +222,7 @@ class Loader:
         except ConnectionError as exc:
             if store is None:
                 raise
-            raise ConnectionError(f"rank {self.rank}: rank 0's dispatcher is up at {cfg.dispatcher} (it said so "
+            raise PeerError(f"rank {self.rank}: rank 0's dispatcher is up at {cfg.dispatcher} (it said so "
                                   f"through the job's store) but this node gets no answer from it in {REACH_S:.0f} "
                                   f"s: that address must be one this node reaches (rank 0's node sets it with "
                                   f"${HOST_ENV}), and the port must be open between the nodes ({exc})") from None
@@ -234,7 +234,7 @@ class Loader:
         try:
             return Meeting.decode(store.fetch(key, self.cfg.attach_timeout_s))
         except RendezvousTimeout:
-            raise ConnectionError(f"rank {self.rank}: rank 0 did not say where its dispatcher is within "
+            raise PeerError(f"rank {self.rank}: rank 0 did not say where its dispatcher is within "
                                   f"{self.cfg.attach_timeout_s:.0f} s (through the job's store, key "
                                   f"{key}): every rank must make the same loaders in the same order, "
                                   f"and rank 0 must start its loader too") from None

@@ -226,7 +226,8 @@ def transform_error(transform: str | None, transform_params: str, image_size: in
 
 
 def job_config(args: argparse.Namespace, rank: int | None = None) -> JobConfig:
-    return JobConfig(manifest_uri=args.data, dataset=dataset(args, args.data), **job_fields(args, rank))
+    """The job the options describe, its transform pinned (imported) here, where it is made."""
+    return JobConfig(manifest_uri=args.data, dataset=dataset(args, args.data), **job_fields(args, rank)).pin()
 
 
 def world_size(args: argparse.Namespace, rank: int | None) -> int:

@@ -17,6 +17,7 @@ from stoker.accel.cost import rate_figure
 from stoker.accel.profiles import PROFILES, profile_rate
 from stoker.pipeline.kinds import kind_of
 from stoker.pipeline.transforms import parse_params
+from stoker.protos.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,11 @@ class Plan:
 
 def make_plan(inp: PlanInput) -> Plan:
     if inp.per_core_rate <= 0:
-        raise ValueError("the per-core rate must be positive (measure it with `stoker calibrate` or a sweep)")
+        raise ConfigError("the per-core rate must be positive (measure it with `stoker calibrate` or a sweep)")
     if not 0 <= inp.stall_target < 1:
-        raise ValueError(f"stall target {inp.stall_target} must lie in [0, 1)")
+        raise ConfigError(f"stall target {inp.stall_target} must lie in [0, 1)")
     if inp.system not in SYSTEMS:
-        raise ValueError(f"unknown system {inp.system!r} (choose {', '.join(SYSTEMS)})")
+        raise ConfigError(f"unknown system {inp.system!r} (choose {', '.join(SYSTEMS)})")
     system = SYSTEMS[inp.system]
     accel_rate = profile_rate(system.profile, inp.dataset) * system.count
     cores = math.ceil((1 - inp.stall_target) * accel_rate / inp.per_core_rate - 1e-9)

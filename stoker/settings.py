@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stoker.configured import Option, options_of
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ResourceError, StokerError
 from stoker.protos.switches import FALSE, TRUE
 
 PREFIX = "STOKER_"
@@ -54,7 +54,7 @@ def _regular_file(path: str, flags: int) -> int:
     fd = os.open(path, flags | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file (a FIFO, a device or a folder)")
+        raise ResourceError(errno.EINVAL, "not a regular file (a FIFO, a device or a folder)")
     os.set_blocking(fd, True)
     return fd
 

@@ -27,6 +27,7 @@ from stoker.accel.profiles import profile_rate
 from stoker.pipeline.files import write_atomically
 from stoker.pipeline.kinds import kind_of
 from stoker.planning import transform_key
+from stoker.protos.errors import ConfigError
 
 log = logging.getLogger("stoker.sweep")
 
@@ -60,7 +61,7 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         if kind_of(self.dataset).text and (self.transform, self.transform_params) != ("train", ""):
-            raise ValueError(f"--transform names an image transform; a {self.dataset} sweep has none")
+            raise ConfigError(f"--transform names an image transform; a {self.dataset} sweep has none")
 
     @property
     def transform_args(self) -> list[str]:
@@ -216,7 +217,7 @@ def run_sweep(cfg: SweepConfig, manifest: str, progress: bool = True,
     done = {p.key: p for p in load_points(cfg.out)}
     other = {p.transform_named for p in done.values()} - {transform_key(cfg.transform, cfg.transform_params)}
     if other:
-        raise ValueError(f"{cfg.out} holds points of transform {', '.join(sorted(other))}: give this sweep "
+        raise ConfigError(f"{cfg.out} holds points of transform {', '.join(sorted(other))}: give this sweep "
                          f"another --out (the default folder is per transform)")
     todo = [g for g in cfg.grid if point_key(cfg.dataset, *g) not in done]
     if done:

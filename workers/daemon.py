@@ -36,6 +36,7 @@ from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
 from stoker.protos.endpoints import serves
+from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import HOST_ID_IN_USE
 from stoker.protos.sd_notify import Notifier
@@ -70,7 +71,7 @@ class _Child:
 class WorkerDaemon:
     def __init__(self, cfg: WorkerConfig) -> None:
         if not 1 <= cfg.procs <= most_procs():
-            raise ValueError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
+            raise ConfigError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
                              f"not {cfg.procs}")
         check_exposure([cfg.metrics_addr], bool(cfg.keys), cfg.insecure,
                        risk="read this host's metrics")

@@ -9,6 +9,7 @@ from collections import Counter as Tally
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
 
 from stoker.pipeline.cpu_clock import BatchCost
+from stoker.protos.errors import ResourceError
 
 IMAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256)
 
@@ -117,6 +118,6 @@ def serve_multiprocess(port: int, addr: str, flag: str = "--metrics-port") -> in
     try:
         server, _ = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
-        raise OSError(f"cannot serve worker metrics on {addr}:{port}: {exc.strerror or exc} "
+        raise ResourceError(f"cannot serve worker metrics on {addr}:{port}: {exc.strerror or exc} "
                       f"(pick another with {flag})") from exc
     return int(server.server_port)

@@ -42,6 +42,7 @@ from stoker.pipeline.unit_wire import unit_from_proto
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
+from stoker.protos.errors import PeerError
 from stoker.protos.framing import encode_tensors
 from stoker.protos.leases import UNREACHABLE
 from stoker.workers.lifeline import exit_with_parent, parent_alive
@@ -192,7 +193,7 @@ class _LeaseLoop:
             pause = reply.wait.retry_after_s
             self.lease_after = time.monotonic() + (max(pause, LEASE_AGAIN_S) if self.works else pause)
         elif kind not in ("finished", "other_job"):
-            raise RuntimeError(f"unexpected reply to a lease request: {reply}")
+            raise PeerError(f"unexpected reply to a lease request: {reply}")
         return kind
 
     def _take(self, leased: pb.WorkUnit) -> None:

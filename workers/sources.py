@@ -32,6 +32,7 @@ from stoker.pipeline.text.examples import Specials
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import ImageTransform, pinned
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.errors import ConfigError
 from stoker.workers.metrics import WorkerMetrics
 
 log = logging.getLogger("stoker.worker")
@@ -110,11 +111,11 @@ class TextSource:
         self.job = job
         self.cfg = job.text
         if not manifest.vocab:
-            raise ValueError(f"{manifest.uri}: a wikipedia job needs a text manifest with a vocab "
+            raise ConfigError(f"{manifest.uri}: a wikipedia job needs a text manifest with a vocab "
                              f"(this one is {manifest.kind!r}); make one with `stoker prepare wikipedia`")
         vocab = Vocab.load(manifest.relative_uri(manifest.vocab))
         if manifest.vocab_sha256 and vocab.sha256 != manifest.vocab_sha256:
-            raise ValueError(f"{manifest.vocab}: not the vocabulary the shards were tokenized with (sha256 differs)")
+            raise ConfigError(f"{manifest.vocab}: not the vocabulary the shards were tokenized with (sha256 differs)")
         self.specials = Specials.of(vocab)
         self.shards: dict[int, TextUnitSource | str] = {}
 

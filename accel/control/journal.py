@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import DataError, ResourceError, StokerError
 
 log = logging.getLogger("stoker.journal")
 
@@ -69,7 +69,7 @@ class Journal:
                 if theirs != ours:
                     differ = "; ".join(f"{k}: journal {theirs.get(k)!r}, now {ours.get(k)!r}"
                                        for k in sorted(theirs.keys() | ours.keys()) if theirs.get(k) != ours.get(k))
-                    raise ValueError(f"{self.path} is the journal of another job ({differ}); give another --journal "
+                    raise DataError(f"{self.path} is the journal of another job ({differ}); give another --journal "
                                      f"or remove it to start this job from its beginning")
                 lease_key = self.replayed.lease_key or lease_key
             self.lease_key = lease_key
@@ -79,7 +79,7 @@ class Journal:
             self._file = open(self.path, "a")
         except OSError as exc:
             self._unlock()
-            raise OSError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from exc
+            raise ResourceError(f"cannot write the journal {self.path}: {exc.strerror or exc}") from exc
         except BaseException:
             self._unlock()
             raise
@@ -179,7 +179,7 @@ def _lock(path: Path) -> int:
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise OSError(f"cannot lock the journal {path} ({lock_path}: {exc.strerror or exc})") from exc
+        raise ResourceError(f"cannot lock the journal {path} ({lock_path}: {exc.strerror or exc})") from exc
     owner = os.fstat(fd).st_uid
     if owner != os.geteuid():
         os.close(fd)
@@ -232,13 +232,13 @@ def _recover(path: Path) -> Replayed | None:
         return None
     except OSError as exc:
         reason = "is a symbolic link (give the journal's own path)" if path.is_symlink() else (exc.strerror or exc)
-        raise ValueError(f"the journal {path} {reason}") from exc
+        raise DataError(f"the journal {path} {reason}") from exc
     with os.fdopen(fd, "rb") as file:
         _check_ours(path, os.fstat(file.fileno()))
         data = file.read()
     whole = data.rfind(b"\n") + 1
     if whole == 0:  # a new journal comes into place whole, by rename: this one was damaged, not torn
-        raise ValueError(f"{path}: a journal without one whole line (damaged, or not a journal); remove it to "
+        raise DataError(f"{path}: a journal without one whole line (damaged, or not a journal); remove it to "
                          f"start the job from its beginning")
     if whole < len(data):
         log.warning("%s: cutting off a torn last line of %d bytes (a crash mid-write; its answer was never sent)",
@@ -254,15 +254,15 @@ def _check_ours(path: Path, st: os.stat_result) -> None:
     """The journal holds the lease key and decides which units are done: only a file of ours, mode
     0600, with no other name (a second name would let a second dispatcher lock another lock file)."""
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"the journal {path} is not a regular file")
+        raise DataError(f"the journal {path} is not a regular file")
     if st.st_uid != os.geteuid():
-        raise ValueError(f"the journal {path} belongs to uid {st.st_uid}, not to you: another user could have "
+        raise DataError(f"the journal {path} belongs to uid {st.st_uid}, not to you: another user could have "
                       f"written it; not trusted (remove it)")
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise ValueError(f"the journal {path} has mode {stat.S_IMODE(st.st_mode):04o}: others could have written or "
+        raise DataError(f"the journal {path} has mode {stat.S_IMODE(st.st_mode):04o}: others could have written or "
                       f"read it (it holds the lease key); not trusted (chmod 600 it, if it is yours)")
     if st.st_nlink > 1:
-        raise ValueError(f"the journal {path} has {st.st_nlink} names (hard links): a dispatcher opening it by another "
+        raise DataError(f"the journal {path} has {st.st_nlink} names (hard links): a dispatcher opening it by another "
                       f"name would not see this one's lock; remove the other names")
 
 
@@ -293,7 +293,7 @@ def replay(path: Path) -> Replayed:
     data = path.read_bytes()
     lines = data[: data.rfind(b"\n") + 1].decode(errors="replace").splitlines()
     if not lines:
-        raise ValueError(f"{path}: an empty journal")
+        raise DataError(f"{path}: an empty journal")
     events = []
     for number, line in enumerate(lines, 1):
         try:
@@ -301,17 +301,17 @@ def replay(path: Path) -> Replayed:
         except ValueError:
             event = None
         if not isinstance(event, dict):
-            raise ValueError(f"{path}:{number}: not a journal line (the journal is damaged; remove it to start the "
+            raise DataError(f"{path}:{number}: not a journal line (the journal is damaged; remove it to start the "
                              f"job from its beginning)")
         events.append(event)
     if "job" not in events[0]:
-        raise ValueError(f"{path}: does not start with its job")
+        raise DataError(f"{path}: does not start with its job")
     state = Replayed(job=events[0]["job"], lease_key=bytes.fromhex(events[0].get("lease_key", "")))
     for number, event in enumerate(events[1:], 2):
         try:
             _apply(state, event)
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise ValueError(f"{path}:{number}: not a journal line (the journal is damaged; remove it to start the "
+            raise DataError(f"{path}:{number}: not a journal line (the journal is damaged; remove it to start the "
                              f"job from its beginning)") from None
     return state
 

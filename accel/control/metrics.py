@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from stoker.protos.errors import ResourceError
+
 
 class ControlMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -51,6 +53,6 @@ class ControlMetrics:
         try:
             server, _ = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
-            raise OSError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
+            raise ResourceError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
                           f"(pick another with --metrics-port)") from exc
         return int(server.server_port)

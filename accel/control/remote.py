@@ -29,7 +29,7 @@ from stoker.accel.control.link import CloseWait
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import PeerError, StokerError
 from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.consumer")
@@ -56,7 +56,7 @@ def _attach_once(endpoint: str, consumer_id: str, curve: ClientKeys | None, cred
                                                                  world_size=world_size),
                                                 job_credential=credential), give_up_after_s=timeout_s)
     except DispatcherUnreachable as exc:
-        raise ConnectionError(f"no dispatcher at {endpoint}: {exc}") from exc
+        raise PeerError(f"no dispatcher at {endpoint}: {exc}") from exc
     finally:
         client.close()
         ctx.term()
@@ -92,7 +92,7 @@ def attach(endpoint: str, consumer_id: str, curve: ClientKeys | None, credential
             raise NotAConsumer(f"the dispatcher at {endpoint} refused to attach this consumer: {message}")
         raise RankRefused(f"the dispatcher at {endpoint} refused rank {rank}: {message}")
     if reply.WhichOneof("kind") != "attached":
-        raise ConnectionError(f"the dispatcher at {endpoint} did not give a job: {reply}")
+        raise PeerError(f"the dispatcher at {endpoint} did not give a job: {reply}")
     return reply.attached.job, reply.attached.lease_key
 
 

@@ -50,6 +50,7 @@ class DispatchService:
     def __init__(self, cfg: DispatchConfig, job: JobConfig) -> None:
         check_exposure((cfg.control_bind, cfg.metrics_addr), bool(cfg.keys), cfg.insecure,
                        risk="lease the job's units, attach as a consumer or read its metrics")
+        job = job.pin()  # the version of its transform every worker must run, imported here
         self.journal = Journal(cfg.journal, job_fields(job), os.urandom(KEY_BYTES)) if cfg.journal else None
         if self.journal and self.journal.replayed:  # the same job, under the id its peers know
             job = replace(job, job_id=self.journal.replayed.job["job_id"])

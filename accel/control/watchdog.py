@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.errors import ConfigError
 
 HOLDERS_NAMED = 3  # processes named in a line; the metric has them all
 MAX_HOSTS = 65536  # hosts whose processes' activity is kept: heartbeats under made-up host ids cannot grow it
@@ -37,9 +38,9 @@ class StallBounds:
 
     def __post_init__(self) -> None:
         if not self.report_s > 0 or self.fail_s < 0:
-            raise ValueError(f"stall bounds must be positive (report {self.report_s}, timeout {self.fail_s})")
+            raise ConfigError(f"stall bounds must be positive (report {self.report_s}, timeout {self.fail_s})")
         if self.fail_s and self.report_s >= self.fail_s:
-            raise ValueError(f"the stall report bound ({self.report_s:g} s) must be below the stall timeout "
+            raise ConfigError(f"the stall report bound ({self.report_s:g} s) must be below the stall timeout "
                              f"({self.fail_s:g} s): the job would fail before anyone was told why")
 
 

@@ -25,6 +25,7 @@ from stoker.pipeline.storage import join, staged
 from stoker.pipeline.text.docs import write_doc_shard
 from stoker.pipeline.text.sentences import split_sentences
 from stoker.pipeline.text.vocab import Vocab
+from stoker.protos.errors import DataError, NotFound
 
 _BLANK_LINES = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")
 TEXT_KIND = WIKIPEDIA.name
@@ -57,7 +58,7 @@ def text_files(src: str | Path) -> list[Path]:
     if src.is_dir():
         return sorted(p for p in src.rglob("*.txt") if p.name != "vocab.txt" and p.is_file()
                       and p.name not in ("titles.txt", "ATTRIBUTION.txt"))
-    raise FileNotFoundError(f"{src}: no such file or folder")
+    raise NotFound(f"{src}: no such file or folder")
 
 
 def raw_documents(files: list[Path]) -> Iterator[tuple[str, bytes]]:
@@ -79,7 +80,7 @@ def prepare_wikipedia(src: str | Path, dst: str | Path, vocab_path: str | Path,
     tokenizer = vocab.tokenizer(lowercase=cfg.lowercase)
     files = text_files(src)
     if not files:
-        raise FileNotFoundError(f"{src}: no .txt files")
+        raise NotFound(f"{src}: no .txt files")
     keys: list[str] = []
     docs: list[list[list[int]]] = []
     skipped: list[dict[str, str]] = []
@@ -110,7 +111,7 @@ def prepare_wikipedia(src: str | Path, dst: str | Path, vocab_path: str | Path,
         bar.update(len(chunk))
     bar.close()
     if not docs:
-        raise ValueError(f"{src}: none of the {len(documents)} documents has any text")
+        raise DataError(f"{src}: none of the {len(documents)} documents has any text")
     order = list(range(len(docs)))
     random.Random(cfg.seed).shuffle(order)
     with staged(dst) as out:

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ResourceError, StokerError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -116,6 +116,6 @@ def enter_netns(name: str) -> None:
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
-            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+            raise ResourceError(err, f"setns into network namespace {name}: {os.strerror(err)}")
     finally:
         os.close(fd)

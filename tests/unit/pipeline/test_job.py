@@ -44,3 +44,28 @@ def test_where_jpegs_are_decoded_is_a_closed_choice_that_keeps_its_string():
     assert JobConfig("m").decode_on is DecodeOn.HOST
     with pytest.raises(ValueError, match="decode_on must be one of host, accelerator, not 'gpu'"):
         JobConfig("m", decode_on="gpu")
+
+
+def test_making_or_receiving_a_job_imports_no_transform_and_pinning_is_the_step_that_does(tmp_path, monkeypatch):
+    """A config is a value: a job naming your transform is made, copied and sent without running a
+    line of your module; `pin()` imports it once, where the job is made to be served."""
+    from stoker.pipeline.job_wire import job_from_proto, job_to_proto
+    from stoker.protos.errors import ConfigError, StokerError
+
+    imported = tmp_path / "imported"
+    (tmp_path / "noisy_transform_mod.py").write_text(
+        f"open({str(imported)!r}, 'a').write('x')\n"
+        "from stoker.transforms import TrainTransform\n"
+        "def make(size=8):\n"
+        "    return TrainTransform(size)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = JobConfig("m", transform="noisy_transform_mod:make", transform_params='{"size": 8}')
+    again = job_from_proto(job_to_proto(job))
+    assert not imported.exists() and not job.pinned and again == job
+    pinned = job.pin()
+    assert imported.read_text() == "x" and pinned.pinned and pinned.pin() is pinned
+    assert pinned.transform_version and pinned.job_id == job.job_id
+    missing = JobConfig("m", transform="no_such_module_here:make")  # made: nothing imported
+    with pytest.raises(ConfigError, match="no_such_module_here") as refused:
+        missing.pin()
+    assert isinstance(refused.value, StokerError)

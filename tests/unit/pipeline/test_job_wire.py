@@ -28,7 +28,8 @@ def test_a_zero_the_sender_set_stays_zero_and_a_field_it_left_out_takes_the_defa
     bare = job_from_proto(pb.JobSpec(job_id="j", manifest_uri="m"))  # an older sender: most fields absent
     unpinned = {name: value for name, value in JOB_DEFAULTS.items() if name != "transform_version"}
     assert {name: getattr(bare, name) for name in unpinned} == unpinned
-    assert bare.transform_version.startswith("stoker ")  # no pin sent: this process's import is the pin
+    assert not bare.pinned  # no pin sent: a worker runs what it imports, a rank serving it pins its own
+    assert bare.pin().transform_version.startswith("stoker ")
     assert bare.job_id == "j"
 
 

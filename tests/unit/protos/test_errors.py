@@ -44,3 +44,54 @@ def test_each_keeps_the_builtin_kind_it_had_so_older_handlers_still_catch_it():
 def test_a_config_that_cannot_work_is_a_config_error_a_user_catches_at_the_root():
     with pytest.raises(StokerError, match="batch size"):
         JobConfig(manifest_uri="unused", batch_size=0)
+
+
+# A builtin raised on purpose: a programming error of Stoker's own (a broken invariant, a method a
+# subclass must write, a container's protocol), never a user's to catch and act on.
+BUILTIN_RAISES_ALLOWED = {
+    ("pipeline/plan.py", "AssertionError"): "unreachable: a Resumed has at least one cut",
+    ("pipeline/record_sources.py", "NotImplementedError"): "the method each record source writes",
+    ("pipeline/shards.py", "IndexError"): "a shard reader's __getitem__ (the sequence protocol)",
+    ("pipeline/job_wire.py", "TypeError"): "a config field with no wire field, found at import",
+    ("stoker/configured.py", "KeyError"): "an options dataclass named a field it does not have",
+    ("pipeline/text/batching.py", "ValueError"): "a text unit spanning shards given to the one-shard path",
+    ("pipeline/text/packing.py", "ValueError"): "the packer given a sequence its caller made too long",
+    ("workers/multiproc.py", "RuntimeError"): "prometheus_client imported before its folder was set",
+    ("workers/sender.py", "RuntimeError"): "a send without credit: the worker's loop broke its own rule",
+    ("stoker/__init__.py", "AttributeError"): "the module's __getattr__ (the attribute protocol)",
+    ("stoker/calibrate.py", "IsADirectoryError"): "caught on the next lines and raised as a ResourceError",
+}
+NOT_ERRORS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit"}  # how a process ends, not an error
+
+
+def builtin_raises() -> list[tuple[str, str, int]]:
+    """(module path, builtin exception, line) for every `raise Builtin(...)` in the product's code."""
+    import ast
+    import builtins
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    found = []
+    for folder in ("pipeline", "protos", "workers", "accel", "stoker"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name.endswith("_pb2.py") or (root / folder).is_symlink():
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                exc = node.exc if isinstance(node, ast.Raise) else None
+                called = exc.func if isinstance(exc, ast.Call) else exc  # raise X(...) or raise X
+                name = called.id if isinstance(called, ast.Name) else None
+                if name and name not in NOT_ERRORS and isinstance(getattr(builtins, name, None), type) \
+                        and issubclass(getattr(builtins, name), BaseException):
+                    found.append((str(path.relative_to(root)), name, node.lineno))
+    return found
+
+
+def test_stoker_raises_its_own_errors_not_bare_builtins():
+    """`except stoker.StokerError` must catch every error a user can act on: a bare ValueError or
+    OSError raised by Stoker would slip past it."""
+    raises = builtin_raises()
+    assert raises, "the walk found no raise at all: it read nothing"
+    bare = [f"{path}:{line} raises {name}" for path, name, line in raises if (path, name) not in BUILTIN_RAISES_ALLOWED]
+    assert bare == [], "raise a StokerError subclass (protos/errors.py) that keeps the builtin kind"
+    stale = set(BUILTIN_RAISES_ALLOWED) - {(path, name) for path, name, _ in raises}
+    assert not stale, f"allowed but no longer raised: {sorted(stale)}"

@@ -167,7 +167,7 @@ def test_units_go_in_plan_order_with_at_most_two_epochs_loaded(manifest):
     leased = []
     while (unit := d.lease("h", "w")) is not None:
         leased.append(unit.unit_id)
-        assert len(d._pending_ids) <= 2 * plan.units_per_epoch  # the epoch being leased and the next, being made
+        assert len(d._queue) <= 2 * plan.units_per_epoch  # the epoch being leased and the next, being made
     assert leased == [u.unit_id for e in range(plan.epochs) for u in plan.lease_order(e)]
     assert d.stats().pending == 0 and d.stats().leased == d.total_units
 

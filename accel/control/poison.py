@@ -1,0 +1,45 @@
+"""Samples that kill the process transforming them: counted, and skipped once they are poison.
+
+One death may be bad luck (an OOM kill elsewhere); POISON_CRASHES deaths on the same sample are
+the sample. Memory is bounded: at most CRASHES_KEPT samples are counted at once, so a flood of
+random crashes cannot grow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stoker.pipeline.plan import Unit
+
+POISON_CRASHES = 2  # a sample whose transform killed this many processes is skipped from then on
+CRASHES_KEPT = 4096  # samples whose crashes are counted at once
+
+
+@dataclass
+class PoisonList:
+    _crashes: dict[int, int] = field(default_factory=dict)  # sample id -> processes it killed
+    _poison: dict[int, str] = field(default_factory=dict)  # sample id -> why it is skipped unread
+
+    def crashed(self, sample_id: int, how: str) -> bool:
+        """A worker process died transforming `sample_id` (`how`: its host, process and exit);
+        True when that made the sample poison."""
+        if sample_id in self._poison:
+            return False
+        count = self._crashes.get(sample_id, 0) + 1
+        if count < POISON_CRASHES:
+            if len(self._crashes) >= CRASHES_KEPT:
+                self._crashes.pop(next(iter(self._crashes)))
+            self._crashes[sample_id] = count
+            return False
+        self._crashes.pop(sample_id, None)
+        self._poison[sample_id] = f"the transform killed {POISON_CRASHES} worker processes on it (last: {how})"
+        return True
+
+    def why(self, sample_id: int) -> str:
+        """Why a poison sample is skipped ("" for one that is not)."""
+        return self._poison.get(sample_id, "")
+
+    def in_unit(self, unit: Unit) -> dict[int, str]:
+        """The unit's poison samples, and why each is skipped."""
+        return {sample_id: why for sample_id, why in self._poison.items()
+                if any(g.first_sample_id + g.start <= sample_id < g.first_sample_id + g.stop for g in unit.segments)}
