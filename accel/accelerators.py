@@ -85,10 +85,19 @@ MODELS = ("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large")  # res
 class AccelSpec:
     """Which backend the consumer steps with, and its settings (one place for CLI and API)."""
 
-    kind: str = "null"  # null | simulated | torch
-    rate: float | None = None  # simulated: samples (rows) per second
-    profile: str | None = None  # simulated: a named system from accel.profiles instead of a rate
-    scale: float = 1.0  # simulated profiles: shrink the rate for a small machine
+    # the first six are options whose command-line default depends on the command (stoker.cli._accel_spec)
+    kind: str = field(default="null", metadata={
+        "help": "train: null; run: simulated, --profile a100 at --scale 0.1; null: the data path's ceiling",
+        "flag": "--accel", "dest": "accel", "choices": ("null", "simulated", "torch"),
+        "metavar": "{null,simulated,torch}", "always": True})
+    rate: float | None = field(default=None, metadata={  # simulated: samples (rows) per second
+        "help": "rows (images) per second of --accel simulated", "check": "seconds"})
+    profile: str | None = field(default=None, metadata={  # simulated: a named system from accel.profiles
+        "help": "--accel simulated at a named system's rate: a100, h100, h200, b200, ipu-pod16, ipu-pod64 (sources: "
+                "accel/profiles.py, docs/ratio.md)"})
+    scale: float = field(default=1.0, metadata={  # simulated profiles: shrink the rate for a small machine
+        "help": "shrink a --profile rate (default 1; run: 0.1 for images, 1 for text)", "check": "scale",
+        "always": True})
     convert: bool = field(default=False, metadata={
         "help": "--accel simulated: also convert each batch on the host as a real device feed would"})
     model: str = field(default="resnet18", metadata={
@@ -97,11 +106,14 @@ class AccelSpec:
     device: str = field(default="cpu", metadata={"help": "--accel torch device: cpu, cuda, cuda:1 ..."})
     width: int = field(default=64, metadata={
         "help": "--accel torch: channels of the first stage (%(default)s: standard)", "check": "positive"})
-    lr: float = 0.1  # the CLI picks 0.1 for ResNet SGD and 1e-4 for BERT AdamW when --lr is not given
+    lr: float = field(default=0.1, metadata={  # the CLI picks 1e-4 for BERT AdamW when --lr is not given
+        "help": "learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)", "check": "seconds", "always": True})
     label_smoothing: float = field(default=0.0, metadata={
         "help": "--accel torch: label smoothing of the classification loss (default %(default)s)",
         "check": "fraction"})
-    optimizer: str = ""  # torch: sgd | lars (ResNet), adamw | lamb (BERT); empty: sgd / adamw
+    optimizer: str = field(default="", metadata={  # empty: sgd / adamw
+        "help": "--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT",
+        "choices": ("sgd", "lars", "adamw", "lamb"), "metavar": "{sgd,lars,adamw,lamb}"})
     precision: str = field(default="fp32", metadata={
         "help": "--accel torch ResNet: bf16 autocasts the forward pass (as A100/H100 are benchmarked)",
         "choices": ("fp32", "bf16"), "metavar": "{fp32,bf16}"})

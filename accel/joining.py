@@ -131,7 +131,7 @@ def dispatcher_for(cfg: ConsumerConfig, joined: Joined, plan: EpochPlan, start: 
     dispatcher = Dispatcher(plan, cfg.host_timeout_s, cfg.lease_timeout_s, on_release=services.on_release,
                             done_before=done,
                             planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
-    dispatcher.resume_position(start.epoch, start.ranks, start.step)
+    dispatcher.progress.resume_position(start.epoch, start.ranks, start.step)
     consumer_secret = None
     if job.world_size > 1 and not cfg.keys:  # the other ranks attach with the job secret
         consumer_secret = me.given_credential or job_secret.for_rank_zero(cfg.job_secret, cfg.control_bind)

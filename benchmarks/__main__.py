@@ -3,7 +3,8 @@ ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, 
 transform_contract, transform_example, stability, plan_check, foreign) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
-alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`."""
+alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`; so
+does `repeat` (the tests behind the process and kill guarantees, RUNS times each, about 15 minutes)."""
 
 import os
 import sys
@@ -20,6 +21,7 @@ from benchmarks import (
     overlap,
     plan_check,
     ratio,
+    repeat,
     restart_index,
     soak,
     spine,
@@ -38,7 +40,7 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "transform_example": transform_example.main, "stability": stability.main,
               "plan_check": plan_check.main, "foreign": foreign.main}
 
-ALONE = {"soak": soak.main}  # never part of `all`
+ALONE = {"soak": soak.main, "repeat": repeat.main}  # never part of `all`
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

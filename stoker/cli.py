@@ -303,7 +303,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = RunConfig(data=args.data, dataset=options.dataset(args, args.data), images=args.images, hosts=args.hosts,
                     procs=args.procs, accel=spec, consumer=consumer,
                     worker_metrics_port=None if worker_port < 0 else worker_port,
-                    progress=not args.no_progress, log_level=args.log_level, rank_args=tuple(_rank_argv(args, spec)),
+                    progress=not args.no_progress, log_level=args.log_level,
                     shard_cache_gb=args.shard_cache_gb)
     endpoints: dict[str, str | None] = {}
 
@@ -340,21 +340,6 @@ def _exit_code_of(summaries: Summary | list[Summary]) -> int:
 def _transform_named(name: str, params: str) -> str:
     """The transform as the closing line names it: with its parameters, when it has any."""
     return f"{name} {params}" if params else name
-
-
-def _rank_argv(args: argparse.Namespace, spec) -> list[str]:
-    """The options of `stoker run` that the other ranks' `stoker train` need: how they step (`spec`, the
-    device rank 0 resolved, defaults included)."""
-    argv = ["--accel", spec.kind, "--model", spec.model, "--device", spec.device, "--width", str(spec.width),
-            "--label-smoothing", str(spec.label_smoothing), "--precision", spec.precision, "--scale", str(spec.scale),
-            "--lr", str(spec.lr), "--decode-threads", str(args.decode_threads),
-            "--sender-timeout", str(args.sender_timeout_s), "--host-timeout", str(args.host_timeout_s)]
-    for flag, value in (("--rate", spec.rate), ("--profile", spec.profile), ("--optimizer", spec.optimizer)):
-        if value:
-            argv += [flag, str(value)]
-    argv += ["--convert"] if spec.convert else []
-    argv += [] if args.overlap else ["--no-overlap"]
-    return argv
 
 
 def _cmd_dispatch(args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ default, help and check, so none of them is written twice:
 |---|---|
 | `help` | the help line; `%(default)s` is the field's default as the command line writes it |
 | `flag` | the option's name, where it is not `--FIELD-NAME` (`--leave-after` for `leave_after_s`) |
+| `dest` | its name in the parsed namespace, where it is not the field's (`accel` for `AccelSpec.kind`) |
+| `always` | `command_line` writes it even at the field's default: the command's own default differs |
 | `check` | the value check, by name in `stoker.flags.CHECKS` (the configs' packages sit below the CLI) |
 | `choices`, `metavar` | as argparse takes them |
 | `off` | the command-line value that stands for None (a port's -1) |
@@ -45,6 +47,11 @@ class Option:
     @property
     def name(self) -> str:
         return self.field.name
+
+    @property
+    def dest(self) -> str:
+        """Its name in the parsed namespace."""
+        return self.field.metadata.get("dest", self.field.name)
 
     @property
     def meta(self) -> typing.Mapping[str, Any]:
@@ -126,7 +133,7 @@ def add_options(group: Any, cls: type, only: Iterable[str] | None = None, *, lay
     `defaults`: this command's own default for a field, instead of the config's."""
     made = options_of(cls, only)
     for option in made:
-        extra: dict[str, Any] = {"dest": option.name, "help": option.help((helps or {}).get(option.name),
+        extra: dict[str, Any] = {"dest": option.dest, "help": option.help((helps or {}).get(option.name),
                                                                           (defaults or {}).get(option.name))}
         if option.switch:
             extra["action"] = "store_false" if option.field.default is True else "store_true"
@@ -154,7 +161,7 @@ def fields_of(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     options of a config it honours, or some of them (`add_options`' `only`): one it does not take
     is not in its namespace, and the field keeps its default."""
     given = vars(args)
-    return {o.name: o.to_field(given[o.name]) for o in options_of(cls) if o.name in given}
+    return {o.name: o.to_field(given[o.dest]) for o in options_of(cls) if o.dest in given}
 
 
 def command_line(config: Any) -> list[str]:
@@ -166,10 +173,11 @@ def command_line(config: Any) -> list[str]:
         value = getattr(config, option.name)
         if value is None and "off" in option.meta:
             value = option.meta["off"]
+        always = option.meta.get("always", False)
         if option.switch:
             if value != option.field.default:
                 out.append(option.flag)  # store_true for a False default, store_false for a True one
-        elif value is not None and (option.field.default is MISSING or value != option.default):
+        elif value is not None and (always or option.field.default is MISSING or value != option.default):
             out.append(f"{option.flag}={value!r}" if isinstance(value, float) else f"{option.flag}={value}")
     return out
 

@@ -32,6 +32,7 @@ from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
 from stoker.accel.cost import cores_text
 from stoker.accel.profiles import PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.summary import Summary, job_totals
+from stoker.configured import command_line
 from stoker.datasets import default_manifest
 from stoker.local_workers import (
     ERROR_PREFIX,
@@ -41,7 +42,7 @@ from stoker.local_workers import (
     worker_command,
     worker_environment,
 )
-from stoker.options import emit_json
+from stoker.options import FREE, emit_json
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import kind_of
@@ -61,7 +62,6 @@ class RunConfig:
     worker_metrics_port: int | None = 9561  # host i serves on this + i
     progress: bool = True
     log_level: str = "WARNING"
-    rank_args: tuple[str, ...] = ()  # `stoker train` options for ranks 1.. (the accelerator's)
     shard_cache_gb: float | None = None  # each worker daemon's --shard-cache-gb (they share this machine's cache)
 
 
@@ -135,12 +135,14 @@ def run_embedded(job_args: dict, cfg: RunConfig, on_start: Callable[[Consumer], 
 
 
 def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -> list[str]:
-    job = consumer.job
-    metrics = ["--metrics-port", str(rank_metrics_port(rank) if cfg.consumer.metrics_port else -1)]
+    """Rank r's `stoker train`: rank 0's consumer settings (the one builder, `command_line`), its own
+    free data socket, attached to rank 0's dispatcher, and the device rank 0 stepped with."""
+    child = replace(cfg.consumer, data_bind=FREE, control_bind=ConsumerConfig.control_bind,
+                    dispatcher=consumer.control_endpoint)
+    port = rank_metrics_port(rank) if cfg.consumer.metrics_port else -1
     return [sys.executable, "-m", "stoker", "--log-level", cfg.log_level, "train", "--rank", str(rank),
-            "--world-size", str(job.world_size), "--dispatcher", consumer.control_endpoint,
-            "--data-bind", "tcp://127.0.0.1:0", *metrics, "--no-progress", "--json", str(folder / f"rank-{rank}.json"),
-            "--credit-window", str(cfg.consumer.credit_window), *cfg.rank_args]
+            "--world-size", str(consumer.job.world_size), f"--metrics-port={port}", "--no-progress",
+            "--json", str(folder / f"rank-{rank}.json"), *command_line(child), *command_line(cfg.accel)]
 
 
 def _rank_summary(folder: Path, rank: int) -> Summary:

@@ -155,6 +155,7 @@ METRICS_PORT = port(allow_off=True)
 CHECKS: dict[str, Callable[[str], object]] = {
     "positive": POSITIVE, "non-negative": NON_NEGATIVE, "seconds": SECONDS, "above-zero": SECONDS, "fraction": FRACTION,
     "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
-    "transform-timeout": float_in(0.0, 86400.0), "seq-len": int_at_least(8), "endpoint": endpoint, "seed": SEED,
+    "transform-timeout": float_in(0.0, 86400.0), "scale": float_in(0.0, 1.0), "seq-len": int_at_least(8),
+    "endpoint": endpoint, "seed": SEED,
     "host-id": host_id, "procs": procs, "seconds-or-never": float_in(0.0, 7 * 86400.0, low_open=False),
 }

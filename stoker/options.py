@@ -28,7 +28,7 @@ from pathlib import Path
 from stoker.accel.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import add_options, config_of, fields_of
-from stoker.flags import METRICS_PORT, POSITIVE, SECONDS, float_in
+from stoker.flags import METRICS_PORT, POSITIVE
 from stoker.pipeline import image_fit
 from stoker.pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
 from stoker.pipeline.image_layout import DecodeOn
@@ -62,16 +62,8 @@ def _job() -> argparse.ArgumentParser:
 def _accelerator() -> argparse.ArgumentParser:
     parent = _group("accelerator")
     p = parent.add_argument_group("accelerator: what the consumer steps with")
-    p.add_argument("--accel", choices=("null", "simulated", "torch"),
-                   help="train: null; run: simulated, --profile a100 at --scale 0.1; null: the data path's ceiling")
-    p.add_argument("--rate", type=SECONDS, help="rows (images) per second of --accel simulated")
-    p.add_argument("--profile", help="--accel simulated at a named system's rate: a100, h100, h200, b200, "
-                                     "ipu-pod16, ipu-pod64 (sources: accel/profiles.py, docs/ratio.md)")
-    p.add_argument("--scale", type=float_in(0.0, 1.0),
-                   help="shrink a --profile rate (default 1; run: 0.1 for images, 1 for text)")
-    p.add_argument("--lr", type=SECONDS, help="learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)")
-    p.add_argument("--optimizer", choices=("sgd", "lars", "adamw", "lamb"),
-                   help="--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT")
+    decided_later = ("kind", "rate", "profile", "scale", "lr", "optimizer")  # by the command (cli._accel_spec)
+    add_options(p, AccelSpec, decided_later, defaults=dict.fromkeys(decided_later))
     add_options(p, AccelSpec, ("convert", "model", "device", "width", "label_smoothing", "precision"))
     add_options(p, ConsumerConfig, ("overlap", "decode_threads"))
     return parent

@@ -90,7 +90,7 @@ class InProcessDispatcher:
         """Rank 0 is alive while its loop runs (well within the host timeout), and says how long it has
         waited for a batch, as a rank elsewhere does with its heartbeats."""
         while not stop.is_set():
-            self.dispatcher.rank_heard(0, self.consumer_id)
+            self.dispatcher.liveness.rank_heard(0, self.consumer_id)
             server.watchdog.rank_waiting(0, waited_s())
             await asyncio.sleep(min(1.0, self.dispatcher.host_timeout_s / 4))
 
@@ -111,10 +111,10 @@ class InProcessDispatcher:
         return self.dispatcher.stats()
 
     async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
-        return self.dispatcher.epoch_steps(epoch, rank, batches)
+        return self.dispatcher.progress.epoch_steps(epoch, rank, batches)
 
     async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
-        return self.dispatcher.position(epoch, step)
+        return self.dispatcher.progress.position(epoch, step)
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
         """The other ranks' last acks (when this rank is done: they may still be on their way), then

@@ -175,7 +175,7 @@ class ControlServer:
         if handler.attached:
             if asked.rank is None:
                 return pb.ControlReply(error=pb.Error(message="attach first"))
-            self.dispatcher.rank_heard(*asked.rank)
+            self.dispatcher.liveness.rank_heard(*asked.rank)
         return handler.answer(self, asked)
 
     # ---- one handler per request kind (HANDLERS, below the class, says who may send each) ----
@@ -185,7 +185,7 @@ class ControlServer:
         if taken:
             log.error("%s", taken)
             return pb.ControlReply(error=pb.Error(message=taken))
-        d.heartbeat(register.host_id)
+        d.liveness.heartbeat(register.host_id)
         if d.over:  # a daemon joins a job only while it runs (a job restarted later joins anew)
             return self._finished(register.host_id)
         log.info("host %s registered with %d processes", register.host_id, register.procs)
@@ -201,7 +201,7 @@ class ControlServer:
         d, beat = self.dispatcher, asked.request.heartbeat
         if self._host_id_taken(beat.host_id, asked.peer):  # the second daemon's: it is not heard
             return pb.ControlReply(error=pb.Error(message=f"host id {beat.host_id} {HOST_ID_IN_USE}"))
-        d.heartbeat(beat.host_id)
+        d.liveness.heartbeat(beat.host_id)
         if self._other_run(beat.job_id, beat.run_id):
             return self._other_job()
         self.watchdog.heard_host(beat.host_id, beat.activity)
@@ -218,8 +218,8 @@ class ControlServer:
         if unit is None:
             return pb.ControlReply(wait=pb.Wait(retry_after_s=0.2))
         token = self.leases.token(unit.unit_id, lease.host_id, lease.worker_id, asked.caller.name)
-        leased = unit_to_proto(unit, token, d.endpoint(unit.rank) or "")
-        for sample_id, why in d.skips_for(unit).items():
+        leased = unit_to_proto(unit, token, d.liveness.endpoint(unit.rank) or "")
+        for sample_id, why in d.poison.in_unit(unit).items():
             leased.skip.add(sample_id=sample_id, reason=why)
         return pb.ControlReply(unit=leased)
 
@@ -275,12 +275,12 @@ class ControlServer:
 
     def _on_epoch_steps(self, asked: Asked) -> pb.ControlReply:
         e = asked.request.epoch_steps
-        steps = self.dispatcher.epoch_steps(e.epoch, e.rank, e.batches)
+        steps = self.dispatcher.progress.epoch_steps(e.epoch, e.rank, e.batches)
         return pb.ControlReply(wait=pb.Wait(retry_after_s=0.05)) if steps is None else \
             pb.ControlReply(steps=pb.Steps(steps=steps))
 
     def _on_position(self, asked: Asked) -> pb.ControlReply:
-        ranks = self.dispatcher.position(asked.request.position.epoch, asked.request.position.step)
+        ranks = self.dispatcher.progress.position(asked.request.position.epoch, asked.request.position.step)
         return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
 
     def _start_rank(self, attach: pb.Attach) -> str:
@@ -311,7 +311,7 @@ class ControlServer:
             log.error("host %s cannot reach rank %d's data socket at %s (its worker heard nothing from it for "
                       "10 s): that rank must listen on an address the worker hosts reach ($STOKER_HOST, "
                       "--data-bind / --advertise-host)", host_id[:MAX_NAME], unit.rank,
-                      self.dispatcher.endpoint(unit.rank))
+                      self.dispatcher.liveness.endpoint(unit.rank))
 
     def _sample_crashed(self, release: pb.Release) -> None:
         """A worker process died transforming a sample: the second time, the sample is skipped from then on."""
@@ -319,9 +319,9 @@ class ControlServer:
         worker = _printable((release.worker_ids[0] if release.worker_ids else release.host_id)[:MAX_NAME])
         how = f"{worker}, {_printable(release.reason[:100])}"
         log.error("worker process %s died transforming sample %d", how, sample_id)
-        if self.dispatcher.sample_crashed(sample_id, how):
+        if self.dispatcher.poison.crashed(sample_id, how):
             self.metrics.poison_samples.inc()
-            log.error("sample %d is skipped from now on: %s", sample_id, self.dispatcher.skips_of(sample_id))
+            log.error("sample %d is skipped from now on: %s", sample_id, self.dispatcher.poison.why(sample_id))
 
     def _refused(self, refusal: pb.Refusal) -> pb.ControlReply:
         """A worker cannot run the job as pinned: the job fails, with its line, everywhere it is watched."""
@@ -370,7 +370,7 @@ class ControlServer:
 
     def hosts_not_told(self) -> set[str]:
         """Live hosts whose daemon has not yet heard that the job is finished."""
-        return set(self.dispatcher.live_hosts()) - self.told_finished
+        return set(self.dispatcher.liveness.live_hosts()) - self.told_finished
 
     # ---- connections ---------------------------------------------------------------------
     def _spoke(self, peer: bytes, frame: object) -> None:
@@ -417,7 +417,7 @@ class ControlServer:
         self._release_closed()
         for host in self.dispatcher.expire_hosts():
             log.warning("host %s missed its heartbeats; its units are re-leased", host)
-        silent = set(self.dispatcher.silent_ranks())
+        silent = set(self.dispatcher.liveness.silent_ranks())
         for rank in sorted(silent - self._silent_reported):
             log.error("rank %d has not been heard from for %.0f s: its batches wait, and the job cannot finish "
                       "without it (restart every rank from the last state_dict)", rank, self.dispatcher.host_timeout_s)

@@ -117,8 +117,8 @@ class Watchdog:
             return None
         waited_s, rank = max(waits)
         holders = tuple(self._holder(lease.unit.rank, lease.unit.unit_id, lease.host_id, lease.worker_id)
-                        for lease in dispatcher.leases_of_rank(rank))
-        pending, first = dispatcher.open_units_of_rank(rank)
+                        for lease in dispatcher.leases.of_rank(rank))
+        pending, first = dispatcher.queue.open_of_rank(rank)
         line = f"rank {rank} has waited {waited_s:.0f} s for its next batch"
         if holders:
             line += ": " + "; ".join(h.describe() for h in holders[:HOLDERS_NAMED])
@@ -127,7 +127,7 @@ class Watchdog:
             if pending:
                 line += f"; {pending} more pending"
         elif first is not None:
-            hosts = len(dispatcher.live_hosts())
+            hosts = len(dispatcher.liveness.live_hosts())
             line += (f": its next unit {first.unit_id} is pending and no worker process has leased it "
                      f"({hosts} worker host{'s' if hosts != 1 else ''} alive)")
         else:

@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import command_line
 from stoker.lab.system import (
     LabError,
@@ -233,10 +234,11 @@ class Lab:
         member = Member("accel", address, f"{names().prefix}accel" if netns else None,
                         log=str(state_dir() / "accel.log"), metrics=f"http://{address}:{METRICS_PORT}/metrics")
         ranks = ["--world-size", str(self.cfg.ranks)] if self.cfg.ranks > 1 else []
+        consumer = ConsumerConfig(data_bind=f"tcp://{address}:{DATA_PORT}", metrics_addr=address,
+                                  control_bind=f"tcp://{address}:{CONTROL_PORT}", keys=str(state_dir() / "keys"))
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress",
-               "--data-bind", f"tcp://{address}:{DATA_PORT}", "--control-bind", f"tcp://{address}:{CONTROL_PORT}",
-               "--metrics-addr", address, "--metrics-port", str(METRICS_PORT), "--json", state.summary,
-               "--keys", str(state_dir() / "keys"), *ranks, *train_args]
+               f"--metrics-port={METRICS_PORT}", "--json", state.summary, *command_line(consumer), *ranks,
+               *train_args]
         member.pid = _spawn(cmd, member.netns, None, Path(member.log))
         state.members["accel"] = member
         state.save()
@@ -258,11 +260,12 @@ class Lab:
         name = f"accel{rank}"
         member = Member(name, address, state.consumer.netns, log=str(state_dir() / f"{name}.log"),
                         metrics=f"http://{address}:{RANK_METRICS_PORT + rank}/metrics")
+        consumer = ConsumerConfig(dispatcher=state.control_endpoint, data_bind=f"tcp://{address}:0",
+                                  advertise_host=address, metrics_addr=address, keys=str(state_dir() / "keys"),
+                                  key_name=f"rank{rank}")
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "train", "--no-progress", "--rank", str(rank),
-               "--world-size", str(self.cfg.ranks), "--dispatcher", state.control_endpoint,
-               "--data-bind", f"tcp://{address}:0", "--advertise-host", address, "--metrics-addr", address,
-               "--metrics-port", str(RANK_METRICS_PORT + rank), "--json", rank_summary(state, rank),
-               "--keys", str(state_dir() / "keys"), "--key-name", f"rank{rank}", *step_options]
+               "--world-size", str(self.cfg.ranks), f"--metrics-port={RANK_METRICS_PORT + rank}",
+               "--json", rank_summary(state, rank), *command_line(consumer), *step_options]
         member.pid = _spawn(cmd, member.netns, None, Path(member.log))
         state.members[name] = member
         state.save()

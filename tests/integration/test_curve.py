@@ -41,7 +41,7 @@ def test_an_unknown_key_is_refused_and_never_reaches_a_batch(manifest, tmp_path,
         summary = consumer.run()
         assert good.wait(timeout=30) == 0, good.output()
         assert_exactly_once(summary, manifest.num_samples, 1)
-        hosts = consumer.dispatcher.dispatcher.live_hosts()  # the link's Dispatcher (this rank runs it)
+        hosts = consumer.dispatcher.dispatcher.liveness.live_hosts()  # the link's Dispatcher (this rank runs it)
         assert summary.hosts == 1 and hosts == ["good"]  # the intruder never registered
         assert summary.frames_dropped == {}  # and nothing it sent was even parsed
         metrics = scrape(consumer.metrics_port)

@@ -403,7 +403,7 @@ def test_a_rank_that_cannot_join_is_told_why_at_start_up(odd_manifest):
             Consumer(cfg, None, rank=5)
         ranks.append(Consumer(cfg, None, rank=1))
         ranks[0].start()
-        assert wait_for(lambda: zero.dispatcher.dispatcher.endpoint(1) is not None, timeout=10)
+        assert wait_for(lambda: zero.dispatcher.dispatcher.liveness.endpoint(1) is not None, timeout=10)
         with pytest.raises(RankRefused, match="rank 1 is already taken"):
             Consumer(cfg, None, rank=1)  # a second process claiming a rank that is alive
     finally:
@@ -422,7 +422,7 @@ def test_a_rank_that_dies_is_reported_not_waited_on_silently(odd_manifest, caplo
                              "--metrics-port", "-1", "--no-progress"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: zero.dispatcher.dispatcher.endpoint(1) is not None, timeout=30)
+        assert wait_for(lambda: zero.dispatcher.dispatcher.liveness.endpoint(1) is not None, timeout=30)
         assert scrape(zero.metrics_port)["stoker_dispatcher_ranks_silent"] == 0
         rank.kill()
         rank.wait()

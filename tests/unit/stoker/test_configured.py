@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import pytest
@@ -120,3 +120,35 @@ def test_a_child_is_told_its_config_by_the_flags_the_parser_reads_back(config, m
     args = parser.parse_args(["worker", *argv])
     _check_args(parser, args)
     assert config_of(WorkerConfig, args) == made
+
+
+@pytest.mark.parametrize("consumer, accel", [
+    ({"dispatcher": "tcp://127.0.0.1:5561", "data_bind": "tcp://127.0.0.1:0"}, {}),
+    ({"dispatcher": "tcp://10.0.0.5:5561", "data_bind": "tcp://10.0.0.6:0", "advertise_host": "10.0.0.6",
+      "metrics_addr": "10.0.0.6", "keys": "/keys", "key_name": "rank1", "credit_window": 5, "overlap": False,
+      "decode_threads": 2, "sender_timeout_s": 12.5, "host_timeout_s": 7.0, "credit_budget_mb": 64.0},
+     {"kind": "simulated", "profile": "a100", "scale": 0.1}),
+    ({"dispatcher": "tcp://127.0.0.1:5561"},
+     {"kind": "torch", "model": "bert-tiny", "lr": 0.1, "optimizer": "lamb", "precision": "bf16", "convert": True}),
+])
+def test_a_rank_is_told_its_consumer_and_device_by_the_flags_stoker_train_reads_back(consumer, accel, monkeypatch):
+    """The same builder for a rank's `stoker train` (stoker run's ranks 1.., the lab's ranks): its
+    consumer settings and the device rank 0 resolved come back whole, including a BERT learning
+    rate of 0.1 that `stoker train` would otherwise default to 1e-4."""
+    import os
+
+    from stoker import options
+    from stoker.accel.accelerators import AccelSpec
+    from stoker.accel.consumer_config import ConsumerConfig
+    from stoker.cli import _accel_spec, _check_args, build_parser
+    from stoker.configured import command_line
+
+    for name in [n for n in os.environ if n.startswith("STOKER_")]:
+        monkeypatch.delenv(name)
+    made, spec = ConsumerConfig(**consumer), AccelSpec(**accel)
+    argv = ["train", "--rank", "1", "--world-size", "2", *command_line(made), *command_line(spec)]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    assert options.consumer_config(args, 1) == replace(made, metrics_port=options.consumer_metrics_port(args, 1))
+    assert _accel_spec(args) == spec

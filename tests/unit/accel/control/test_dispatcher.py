@@ -49,10 +49,10 @@ def test_every_unit_is_done_once_even_with_releases(manifest):
 def test_a_silent_host_loses_its_leases(manifest):
     clock = Clock()
     d = attached(EpochPlan(manifest, 32, 1, 0), host_timeout_s=5, clock=clock)
-    d.heartbeat("h0")
+    d.liveness.heartbeat("h0")
     unit = d.lease("h0", "w")
     clock.now = 3
-    d.heartbeat("h1")
+    d.liveness.heartbeat("h1")
     assert d.expire_hosts() == []
     clock.now = 6
     assert d.expire_hosts() == ["h0"]
@@ -137,7 +137,7 @@ def test_a_lease_held_too_long_by_a_live_host_is_handed_out_again(manifest):
     stuck = d.lease("h0", "h0/p0.1")
     for t in range(0, 70, 5):  # h0 keeps sending heartbeats, but its process never finishes
         clock.now = t
-        d.heartbeat("h0")
+        d.liveness.heartbeat("h0")
         d.expire_hosts()
     assert d.stats().releases == 1
     assert d.lease("h1", "h1/p0.1").unit_id == stuck.unit_id
@@ -167,7 +167,7 @@ def test_units_go_in_plan_order_with_at_most_two_epochs_loaded(manifest):
     leased = []
     while (unit := d.lease("h", "w")) is not None:
         leased.append(unit.unit_id)
-        assert len(d._queue) <= 2 * plan.units_per_epoch  # the epoch being leased and the next, being made
+        assert len(d.queue) <= 2 * plan.units_per_epoch  # the epoch being leased and the next, being made
     assert leased == [u.unit_id for e in range(plan.epochs) for u in plan.lease_order(e)]
     assert d.stats().pending == 0 and d.stats().leased == d.total_units
 
@@ -186,7 +186,7 @@ def test_a_compacted_journal_restarts_with_the_same_units_done_and_leases_open(m
     first.journal.close()  # (its lock goes with it)
     assert len(path.read_text().splitlines()) == 2 + 3 * 2 + 2  # header, snapshot, 3 leases + 3 acks, 2 leases
     second = attached(plan, host_timeout_s=10, journal=Journal(path, job, b"n" * 32))
-    assert second.done_units() == sorted(acked)
+    assert second.progress.done_units() == sorted(acked)
     assert second.lease("h0", "h0/p0.1", request_id=2).unit_id == held[1]  # an open lease survived the snapshot
     second.release("h0", None, "crash")
     while (unit := second.lease("h1", "h1/p0.1")) is not None:
@@ -241,14 +241,14 @@ def test_a_sample_that_killed_two_processes_is_skipped_in_every_lease_of_its_uni
     d = attached(EpochPlan(manifest, 32, 2, 0))
     unit = d.lease("h0", "h0/p0.1")
     sample = int(unit.sample_ids()[3])
-    assert not d.sample_crashed(sample, "h0/p0.1, process exit SIGSEGV")  # once may be bad luck
-    assert d.skips_for(unit) == {}
-    assert d.sample_crashed(sample, "h1/p0.1, process exit SIGSEGV")
-    assert not d.sample_crashed(sample, "h1/p0.2, process exit SIGSEGV")  # already skipped: said once
+    assert not d.poison.crashed(sample, "h0/p0.1, process exit SIGSEGV")  # once may be bad luck
+    assert d.poison.in_unit(unit) == {}
+    assert d.poison.crashed(sample, "h1/p0.1, process exit SIGSEGV")
+    assert not d.poison.crashed(sample, "h1/p0.2, process exit SIGSEGV")  # already skipped: said once
     why = "the transform killed 2 worker processes on it (last: h1/p0.1, process exit SIGSEGV)"
-    assert d.skips_for(unit) == {sample: why} and d.skips_of(sample) == why
+    assert d.poison.in_unit(unit) == {sample: why} and d.poison.why(sample) == why
     other = d.lease("h0", "h0/p0.1")
-    assert d.skips_for(other) == {}
+    assert d.poison.in_unit(other) == {}
 
 
 def test_a_new_consumer_starting_behind_the_dispatcher_gets_what_was_done_past_its_start_again(manifest):

@@ -44,7 +44,7 @@ def test_it_binds_the_control_socket_attaches_rank_zero_and_waits_for_the_ranks_
         for task in tasks:
             task.close()  # not run here
         assert link.control_endpoint.startswith("tcp://127.0.0.1:")
-        assert link.dispatcher.endpoint(0) == "tcp://127.0.0.1:7"
+        assert link.dispatcher.liveness.endpoint(0) == "tcp://127.0.0.1:7"
         waits = list(link.close_waits(stream_done=True))
         assert [w.seconds for w in waits] == [60.0] and waits[0].waiting()  # the job is not finished
     finally:

@@ -1,0 +1,94 @@
+"""Repeat: the tests behind a guarantee about processes, kills and timing, run again and again.
+
+One green run proves little on a shared machine. This runs the named tests RUNS times each (default
+10), every other run beside two busy loops (two cores' worth of competing work on this 2-core
+machine), in one pytest process per run, at the tests' own settings (their defaults), and counts
+the passes per test, quiet and busy. The guarantees it repeats by default:
+
+- a Loader's worker processes die with it, on close() and when the training process is SIGKILLed;
+- a finished job's daemons leave at once (each daemon heard "finished", not one of its processes);
+- a `--once` daemon serves one job and leaves when another job takes its dispatcher's port;
+- two `stoker run`s at their defaults on one machine both finish, on ports of their own.
+
+`python -m benchmarks repeat [RUNS]`; results: benchmarks/results/repeat.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.report import header, write_results
+from benchmarks.stability import busy_loops
+
+ROOT = Path(__file__).parents[1]
+GUARANTEES = (
+    "tests/integration/test_local_workers.py::test_the_workers_die_with_the_loader_however_it_ends[close]",
+    "tests/integration/test_local_workers.py::test_the_workers_die_with_the_loader_however_it_ends[SIGKILL]",
+    "tests/integration/test_local_workers.py::"
+    "test_a_finished_jobs_daemons_leave_at_once_not_after_the_dispatcher_is_gone",
+    "tests/integration/test_lifecycle.py::test_a_once_daemon_serves_one_job_and_leaves_when_another_takes_its_port",
+    "tests/integration/test_local_workers.py::"
+    "test_two_stoker_runs_at_their_defaults_on_one_machine_both_finish_and_say_where_they_listen",
+)
+RUN_TIMEOUT_S = 900.0
+
+
+def run_once(tests: tuple[str, ...], busy: bool) -> dict[str, str]:
+    """One pytest process over the tests: each test's outcome (passed, failed, error, missing)."""
+    with tempfile.TemporaryDirectory() as folder, busy_loops(2 if busy else 0):
+        report = Path(folder) / "report.json"
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+               f"--junitxml={report}", *tests]
+        try:
+            subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return dict.fromkeys(tests, "timed out")
+        return _outcomes(report, tests)
+
+
+def _outcomes(report: Path, tests: tuple[str, ...]) -> dict[str, str]:
+    """Each test's outcome from pytest's JUnit XML (the standard report: no plugin needed)."""
+    import xml.etree.ElementTree as ET
+
+    found: dict[str, str] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        outcome = "failed" if case.find("failure") is not None else "error" if case.find("error") is not None \
+            else "skipped" if case.find("skipped") is not None else "passed"
+        found[f"{module}::{case.get('name')}"] = outcome
+    return {test: found.get(test, "missing") for test in tests}
+
+
+def main(runs: int = 10) -> None:
+    result = header("repeat", "pyzmq", "numpy") | {"runs": runs, "tests": {}}
+    outcomes: list[tuple[bool, dict[str, str]]] = []
+    for i in range(runs):
+        busy = i % 2 == 1
+        started = time.monotonic()
+        outcome = run_once(GUARANTEES, busy)
+        outcomes.append((busy, outcome))
+        failed = [t.split("::")[-1] for t, o in outcome.items() if o != "passed"]
+        print(f"run {i + 1}/{runs}{' (busy)' if busy else ''} in {time.monotonic() - started:.0f} s: "
+              f"{'all passed' if not failed else 'NOT passed: ' + ', '.join(failed)}", flush=True)
+    rows = ["| test | passed (of runs) | beside two busy loops |", "|---|---|---|"]
+    for test in GUARANTEES:
+        passed = sum(o[test] == "passed" for _, o in outcomes)
+        busy_passed = sum(o[test] == "passed" for busy, o in outcomes if busy)
+        busy_runs = sum(busy for busy, _ in outcomes)
+        result["tests"][test] = {"passed": passed, "runs": runs, "busy_passed": busy_passed, "busy_runs": busy_runs,
+                                 "outcomes": [o[test] for _, o in outcomes]}
+        rows.append(f"| `{test.split('::')[-1]}` | {passed} of {runs} | {busy_passed} of {busy_runs} |")
+    table = "\n".join([f"Made by `python -m benchmarks repeat {runs}` on {result['when']}, {result['machine']}.", "",
+                       *rows, ""])
+    print(table)
+    write_results("repeat", result, table)
+    print(json.dumps({t: r["passed"] for t, r in result["tests"].items()}))
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))
