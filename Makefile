@@ -38,7 +38,10 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir $$site; built=$$?; rm -rf $$site; exit $$built
-	$(BIN)/pytest -q
+	# two at a time (most tests wait on processes and sockets), a module's tests on one worker; then,
+	# alone, the tests whose assertion is a CPU-time rate or a contention verdict (tests/conftest.py)
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -q -m serial
 
 # the reference pages under docs/ as a static site in site/ (mkdocs.yml)
 docs: setup

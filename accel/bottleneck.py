@@ -330,15 +330,14 @@ def read_status(metrics_url: str) -> dict:
         return next(iter(values.get(name, {"": 0.0}).values()))
 
     jobs = [json.loads(k) for k, v in values.get("stoker_consumer_job_info", {}).items() if v == 1]
-    whose = (f"job {jobs[0]['job_id']} ({jobs[0]['dataset']}), rank {jobs[0]['rank']}, process {jobs[0]['pid']}, "
-             f"at {metrics_url}" if jobs else f"a consumer at {metrics_url} that does not say its job")
+    who = whose(jobs[0] if jobs else None, metrics_url)
     shares = {json.loads(k)["stage"]: v for k, v in values.get("stoker_stage_share", {}).items()}
     needed, in_use, stall = one("stoker_cores_needed"), one("stoker_cores_in_use"), one("stoker_stall_fraction")
     rows = one("stoker_consumer_samples_total")
     more = max(0.0, needed - in_use)
     measured = one("stoker_cpu_wait_measured") == 1
     cpu_wait = one("stoker_cpu_wait_fraction") if measured else None
-    text_lines = [whose, f"bottleneck: {stage}" + (f" ({ADVICE[stage]})" if stage in ADVICE else ""),
+    text_lines = [who, f"bottleneck: {stage}" + (f" ({ADVICE[stage]})" if stage in ADVICE else ""),
                   f"device stall over the last {WINDOW_S:.0f} s: {100 * stall:.1f}%",
                   f"worker cores busy (CPU time): {cores_text(in_use)}; needed to feed the device: {cores_text(needed)}"
                   + (f" (+{cores_text(more)})" if stage in WORK_STAGES else ""),
@@ -352,6 +351,14 @@ def read_status(metrics_url: str) -> dict:
             "cpu_wait_fraction": cpu_wait,
             "more_cores": more, "shares": shares, "rows": rows, "failure": failure,
             "stalled": stalled, "text": "\n".join(text_lines), "hosts": _hosts(values)}
+
+
+def whose(job: dict | None, metrics_url: str) -> str:
+    """Whose figures these are, as the consumer's job info says: a port another job has taken since
+    shows that job, not figures that look like this one's."""
+    if not job:
+        return f"a consumer at {metrics_url} that does not say its job"
+    return f"job {job['job_id']} ({job['dataset']}), rank {job['rank']}, process {job['pid']}, at {metrics_url}"
 
 
 def _hosts(values: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -383,12 +390,16 @@ def stall_lines(values: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
-def watch_frame(old: dict | None, new: dict, seconds: float) -> str:
-    """One screen of `stoker status --watch`: the diagnosis, with rates over the last refresh."""
+def watch_frame(old: dict | None, new: dict, seconds: float, metrics_url: str) -> str:
+    """One screen of `stoker status --watch`: whose job it reads (as plain `stoker status` says), then the
+    diagnosis, with rates over the last refresh."""
     def rate(now: float, before: float) -> float:
         return (now - before) / seconds if old is not None and seconds > 0 else 0.0
 
-    lines = [f"rows/s: {rate(new['rows'], old['rows'] if old else 0):,.0f}   stall: {100 * new['stall_fraction']:.1f}%"
+    if "rows" not in new:  # a `stoker dispatch`'s metrics: no figures, only a failure or a stall
+        return f"the dispatcher at {metrics_url}\n{new['text']}"
+    lines = [whose(new["job"], metrics_url),
+             f"rows/s: {rate(new['rows'], old['rows'] if old else 0):,.0f}   stall: {100 * new['stall_fraction']:.1f}%"
              f"   bottleneck: {new['stage']}   worker cores busy {cores_text(new['cores_in_use'])}, needed "
              f"{cores_text(new['cores_needed'])}",
              f"{'host':<24} {'rows/s':>10} {'CPU s/s':>8} {'core wait s/s':>14} {'credit wait s/s':>16}"]

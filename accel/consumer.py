@@ -132,6 +132,11 @@ class Consumer:
         return self.loop.receiver
 
     @property
+    def metrics_url(self) -> str:
+        """This rank's /metrics, as a scraper reaches it ("" when it serves none, or before `start`)."""
+        return f"http://{self.cfg.metrics_addr}:{self.metrics_port}/metrics" if self.metrics_port else ""
+
+    @property
     def data_endpoint(self) -> str:
         """Where workers send this rank's batches ("" before `start`)."""
         return self.loop.data_endpoint

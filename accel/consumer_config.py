@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stoker.accel.control.dispatch_config import control_bind, host_timeout, lease_timeout, stall_report, stall_timeout
+from stoker.protos.endpoints import MAX_PORT, NO_PORT, endpoint_problem
+from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
 
 METRICS_PORT = 9560  # a job's rank 0 (and a single consumer)
@@ -70,6 +72,14 @@ class ConsumerConfig:
     credit_budget_mb: float = field(default=1024.0, metadata={  # in flight or waiting, in all, in MB
         "help": "what this rank may have in flight or waiting, in all (default %(default)s MB)", "check": "seconds"})
 
+    def __post_init__(self) -> None:
+        """What the command line refuses at parse time is refused here too, where a script makes the
+        config: a Loader given a credit window of 0 would wait for ever, a bad endpoint would fail
+        deep in its start."""
+        why = consumer_config_problem(self)
+        if why:
+            raise ConfigError(f"ConsumerConfig: {why}")
+
     def check_exposure(self) -> None:
         """Without keys, refuse to listen beyond loopback unless told to."""
         check_exposure((self.data_bind, self.control_bind, self.metrics_addr), bool(self.keys),
@@ -77,3 +87,33 @@ class ConsumerConfig:
                        fix="make keys with `stoker keys init DIR` and give them (--keys DIR; a Loader: keys=DIR or "
                            "$STOKER_KEYS=DIR), or allow it on a trusted network (--insecure; a Loader: "
                            "insecure=True or $STOKER_INSECURE=1)")
+
+
+_AT_LEAST_ONE = ("credit_window", "decode_threads")
+_ABOVE_ZERO = ("host_timeout_s", "lease_timeout_s", "stall_report_s", "sender_timeout_s", "attach_timeout_s",
+               "credit_budget_mb", "rank_wait_s")
+_NOT_NEGATIVE = ("stall_timeout_s", "finish_linger_s")
+
+
+def consumer_config_problem(cfg: ConsumerConfig) -> str | None:
+    """The first value of `cfg` that cannot work, said as its flag's check says it (None: all can)."""
+    for name in _AT_LEAST_ONE:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{name} must be an integer of at least 1, not {value!r}"
+    for name, low in [(n, 0.0) for n in _ABOVE_ZERO] + [(n, -1.0) for n in _NOT_NEGATIVE]:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low < value < float("inf"):
+            return f"{name} must be a number {'above 0' if low == 0 else 'of at least 0'}, not {value!r}"
+    if cfg.stall_timeout_s and cfg.stall_report_s >= cfg.stall_timeout_s:
+        return (f"stall_report_s ({cfg.stall_report_s:g}) must be below stall_timeout_s ({cfg.stall_timeout_s:g}): "
+                "the job would fail before anyone was told why")
+    port = cfg.metrics_port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not NO_PORT <= port <= MAX_PORT):
+        return f"metrics_port must be a port 0-{MAX_PORT} (0: any free one; -1 or None: none), not {port!r}"
+    for name in ("data_bind", "control_bind", "dispatcher"):
+        value = getattr(cfg, name)
+        why = None if value is None and name == "dispatcher" else endpoint_problem(value)
+        if why:
+            return f"{name} {why}"
+    return None

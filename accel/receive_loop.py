@@ -37,7 +37,7 @@ from stoker.protos.errors import StokerError
 from stoker.protos.framing import MAX_FRAME_BYTES
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
-from stoker.protos.sockets import router
+from stoker.protos.sockets import end_context, router
 from stoker.protos.zap import KeyAuthenticator, count_handshakes, monitor_handshakes
 
 END = object()  # the end of the rank's stream
@@ -146,7 +146,7 @@ class ReceiveLoop:
             self.dispatcher.close()
             if authenticator is not None:
                 authenticator.stop()
-            ctx.term()
+            end_context(ctx)
 
     def receiver_on(self, data: zmq.Socket) -> Receiver:
         """The rank's books of what arrives on `data`: released batches go to `queue`, units to the

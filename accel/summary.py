@@ -52,6 +52,7 @@ class Summary:
     interrupted: bool = False  # stopped by SIGINT (Ctrl-C) before the job was complete
     units_handed_back: int = 0  # units a worker process gave back while waiting for credit: nothing lost
     decode_on: DecodeOn = DecodeOn.HOST  # where JPEGs were decoded; ACCELERATOR: failures there are in `skipped`
+    metrics: str = ""  # this rank's /metrics URL ("" without one): a free port on one machine is found here
     # what bounded the run after start-up (accel.bottleneck's rules over the whole run, not a window)
     bottleneck: str = "unknown"
     bottleneck_detail: str = ""

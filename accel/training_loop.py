@@ -35,6 +35,11 @@ class TrainingRank(StepSource, Protocol):
     metrics: ConsumerMetrics
     progress: Totals  # the loop's running counters: the rank's bottleneck monitor reads them
 
+    @property
+    def metrics_url(self) -> str:
+        """Where its /metrics is served ("" for none): in the summary."""
+        ...
+
     def start(self) -> None:
         """Bind and attach, if not done yet."""
         ...
@@ -166,6 +171,7 @@ class _Loop:
             rank=consumer.rank, world_size=job.world_size, steps=p.batches,
             rows=p.rows, rows_per_s=p.rows / steady, bytes_received=books.bytes_received,
             time_boxed=self.time_boxed, interrupted=self.interrupted, decode_on=job.decode_on,
+            metrics=consumer.metrics_url,
             **self._text_fields(books.text, steady),
             **_verdict_fields(verdict))
 

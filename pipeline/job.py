@@ -20,7 +20,9 @@ from stoker.pipeline.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
+from stoker.pipeline.wire_values import wire_problem
 from stoker.protos import message_fit
+from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError
 from stoker.protos.framing import ALLOWED_DTYPES
 
@@ -81,6 +83,9 @@ class JobConfig:
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
+        untravelled = wire_problem(self, pb.JobSpec.DESCRIPTOR)  # first: the checks below assume the kinds
+        if untravelled:
+            raise ConfigError(f"JobConfig: {untravelled}")
         kind = kind_of(self.dataset)
         if min(self.epochs, self.batch_size, self.unit_batches, self.image_size, self.world_size) < 1:
             raise ConfigError("epochs, batch size, unit batches, image size and world size must be at least 1")
@@ -100,6 +105,8 @@ class JobConfig:
             Resumed.from_json(self.resumed_from)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"resumed_from is not a resumed epoch: {exc}") from None
+        if not 0 < self.heartbeat_s <= 3600:
+            raise ConfigError(f"heartbeat_s {self.heartbeat_s} must lie in (0, 3600]")
         if not 0 < self.transform_timeout_s <= 86400:
             raise ConfigError(f"transform timeout {self.transform_timeout_s} s must lie in (0, 86400]")
         if not 0 < self.min_area <= self.max_area <= 1:

@@ -17,6 +17,7 @@ import bisect
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -120,9 +121,7 @@ class Manifest:
             raise DataError(f"{uri}: not a Stoker manifest (not JSON: {exc})") from exc
         if not isinstance(data, dict):
             raise DataError(f"{uri}: not a Stoker manifest (a JSON {type(data).__name__}, not an object)")
-        if data.get("version") not in READABLE_VERSIONS:
-            raise DataError(f"{uri}: manifest version {data.get('version')} is not one of "
-                             f"{', '.join(map(str, READABLE_VERSIONS))} (this Stoker reads those)")
+        _check_fields(uri, data)
         if data.get("records", "jpeg") not in RECORD_KINDS:
             raise DataError(f"{uri}: records {data.get('records')!r} is not one of {', '.join(RECORD_KINDS)}")
         data.pop("num_samples", None)
@@ -145,6 +144,82 @@ class Manifest:
             if not stat.S_ISREG(mode):
                 raise DataError(f"{self.uri}: shard {shard.path} is not a regular file (a FIFO, a device or a "
                                  f"folder): a shard must be a file `stoker prepare` wrote")
+
+
+def _strings(value: object) -> bool:
+    """`classes`: the class names, label order."""
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _reasons(value: object) -> bool:
+    """`skipped`: what prepare left out and why, path and reason each."""
+    return isinstance(value, list) and all(
+        isinstance(item, dict) and all(isinstance(text, str) for text in item.values()) for item in value)
+
+
+def _counts(value: object) -> bool:
+    """`kept_as_is`: files by reason."""
+    return isinstance(value, dict) and all(type(count) is int for count in value.values())
+
+
+def _is_int(value: object) -> bool:
+    """An integer, not a bool (JSON's true) nor a float (2.0)."""
+    return type(value) is int
+
+
+def _is_str(value: object) -> bool:
+    """A string."""
+    return isinstance(value, str)
+
+
+# the top-level fields a manifest may hold (but "shards": _shard_entries), what each must be and its words
+MANIFEST_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "version": (_is_int, "an integer"), "kind": (_is_str, "a string"), "classes": (_strings, "a list of strings"),
+    "skipped": (_reasons, "a list of objects of strings"), "vocab": (_is_str, "a string"),
+    "vocab_size": (_is_int, "an integer"), "vocab_sha256": (_is_str, "a string"),
+    "restart_index": (_is_int, "an integer"), "transcoded": (_is_int, "an integer"),
+    "from_progressive": (_is_int, "an integer"), "kept_as_is": (_counts, "an object of integers"),
+    "records": (_is_str, "a string"), "num_samples": (_is_int, "an integer"),
+}
+REQUIRED_FIELDS = ("version", "kind", "classes", "shards")
+
+
+def _check_fields(uri: str, data: dict) -> None:
+    """Refuse, naming the field, what it holds and the file, a manifest with a field missing, unknown or
+    of the wrong JSON type, and a version this Stoker does not read: a null `classes` used to end in a
+    TypeError far from the file, and `"version": "2"` in "version 2 is not one of 1, 2"."""
+    missing = [name for name in REQUIRED_FIELDS if name not in data]
+    if missing:
+        raise DataError(f"{uri}: not a Stoker manifest (no field {', '.join(missing)})")
+    _check_type(uri, "version", data["version"])
+    if data["version"] not in READABLE_VERSIONS:
+        raise DataError(f"{uri}: manifest version {data['version']!r} is not one of "
+                        f"{', '.join(map(repr, READABLE_VERSIONS))} (this Stoker reads those)")
+    unknown = sorted(set(data) - set(MANIFEST_FIELDS) - {"shards"})
+    if unknown:
+        raise DataError(f"{uri}: not a Stoker manifest this Stoker reads (fields it does not know: "
+                        f"{', '.join(json.dumps(name[:40]) for name in unknown[:5])})")
+    for name, value in data.items():
+        if name != "shards":
+            _check_type(uri, name, value)
+
+
+def _check_type(uri: str, name: str, value: object) -> None:
+    """A field that is not what it must be: DataError with its type and value as the file spells them."""
+    check, words = MANIFEST_FIELDS[name]
+    if not check(value):
+        raise DataError(f'{uri}: field "{name}" is {_spelled(value)}, not {words}')
+
+
+def _spelled(value: object) -> str:
+    """A JSON value's type and (the start of) the value, in JSON's words: null, the string "2", true."""
+    text = json.dumps(value)
+    shown = text if len(text) <= 60 else f"{text[:57]}..."
+    if value is None or isinstance(value, bool):
+        return text
+    if isinstance(value, int | float | str):
+        return f"the {'string' if isinstance(value, str) else 'number'} {shown}"
+    return f"{'a list' if isinstance(value, list) else 'an object'} {shown}"
 
 
 MAX_SAMPLES = 1 << 32  # samples one manifest may list: an epoch's plan is made in memory (pipeline.plan)

@@ -15,6 +15,22 @@ class PortInUseError(StokerError, OSError):
 
 
 NO_PORT = -1  # a metrics port of -1 (or None) serves no HTTP endpoint, as the --metrics-port flags document
+MAX_PORT = 65535
+
+
+def endpoint_problem(text: object) -> str | None:
+    """Why `text` is not a ZeroMQ endpoint Stoker binds or connects (None: it is): tcp://HOST:PORT
+    (PORT 0-65535; 0 or * on a bind: any free one), ipc://PATH or inproc://NAME. The flags and the
+    configs check with this one rule, so a typo is one line where it is made, not a socket error."""
+    if not isinstance(text, str):
+        return f"must be an endpoint tcp://HOST:PORT (or ipc://PATH), not {text!r}"
+    scheme, sep, rest = text.partition("://")
+    host, colon, port_text = rest.rpartition(":")
+    tcp_ok = scheme == "tcp" and bool(colon) and bool(host) and (
+        port_text == "*" or (port_text.isascii() and port_text.isdigit() and int(port_text) <= MAX_PORT))
+    if not sep or not (tcp_ok or (scheme in ("ipc", "inproc") and rest)):
+        return f"must be an endpoint tcp://HOST:PORT (or ipc://PATH), not {text!r}"
+    return None
 
 
 def serves(port: int | None) -> TypeGuard[int]:

@@ -59,3 +59,10 @@ def send_nowait(sock: zmq.Socket, parts: list[bytes]) -> BaseException | None:
     if isinstance(sent, asyncio.Future) and sent.done():
         return sent.exception()
     return None
+
+
+def end_context(ctx: zmq.Context) -> None:
+    """Close whatever of the context is still open, at once, and terminate it. A plain term() waits
+    for every socket to be closed: one left open on an error path (a monitor whose coroutine never
+    ran) would hold it for ever, and the caller would hang instead of raising its error."""
+    ctx.destroy(linger=0)

@@ -12,7 +12,7 @@ data-parallel rank, as torchrun starts them) pulls its batches from a `Loader`:
             for batch in loader:          # this rank's batches, the same number on every rank
                 step(batch["image"], batch["label"], rows=batch.rows)
 
-A transform of your own (pipeline.transforms has the contract) is named, never shipped:
+A transform of your own (stoker.transforms has the contract) is named, never shipped:
 
     from stoker import Output, Sample
 
@@ -54,13 +54,15 @@ _WHERE = {
     "TransformError": "stoker.pipeline.transforms", "TransformRefused": "stoker.pipeline.transforms",
     "TransformOutputError": "stoker.pipeline.transforms", "CheckpointError": "stoker.accel.checkpoint",
     "JobSecretError": "stoker.protos.job_secret", "UntrustedSecret": "stoker.protos.job_secret",
-    "StokerError": "stoker.protos.errors", "ConfigError": "stoker.protos.errors",
+    "StokerError": "stoker.protos.errors", "ConfigError": "stoker.protos.errors", "LoaderClosed": "stoker.loader",
+    "DataError": "stoker.protos.errors", "ResourceError": "stoker.protos.errors", "NotFound": "stoker.protos.errors",
+    "PeerError": "stoker.protos.errors", "StateError": "stoker.protos.errors",
 }
 # sorted(_WHERE), spelt out: type checkers and linters read a literal list
-__all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", "CropFirst", "ImageTransform",
-           "JobConfig", "JobFailed", "JobSecretError", "Loader", "NotAConsumer", "Output", "RankRefused", "Sample",
-           "StokerError", "TextConfig", "TransformError", "TransformOutputError", "TransformRefused",
-           "UntrustedSecret"]
+__all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", "CropFirst", "DataError",
+           "ImageTransform", "JobConfig", "JobFailed", "JobSecretError", "Loader", "LoaderClosed", "NotAConsumer",
+           "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample", "StateError", "StokerError",
+           "TextConfig", "TransformError", "TransformOutputError", "TransformRefused", "UntrustedSecret"]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; never run
     from stoker.accel.checkpoint import CheckpointError
@@ -68,7 +70,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
     from stoker.accel.consumer_config import ConsumerConfig
     from stoker.accel.control.remote import NotAConsumer, RankRefused
     from stoker.accel.feed import Batch
-    from stoker.loader import Loader
+    from stoker.loader import Loader, LoaderClosed
     from stoker.pipeline.job import JobConfig
     from stoker.pipeline.text.examples import TextConfig
     from stoker.pipeline.transforms import (
@@ -81,7 +83,15 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
         TransformOutputError,
         TransformRefused,
     )
-    from stoker.protos.errors import ConfigError, StokerError
+    from stoker.protos.errors import (
+        ConfigError,
+        DataError,
+        NotFound,
+        PeerError,
+        ResourceError,
+        StateError,
+        StokerError,
+    )
     from stoker.protos.job_secret import JobSecretError, UntrustedSecret
 else:  # hidden from type checkers, so that a misspelt name is an error there and not Any
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stoker import __version__, cli_experiments, cli_prepare, configured, options, settings
-from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least, procs
+from stoker.flags import METRICS_PORT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, Parser, int_at_least, output_file, procs
 from stoker.options import (
     ACCELERATOR,
     CONSUMER_SOCKETS,
@@ -112,7 +112,7 @@ def _add_train(sub) -> None:
         consumer_metrics("/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)"), OUTPUT])
     configured.add_options(train.add_argument_group("security"), ConsumerConfig, ("keys", "insecure"))
     train.add_argument("--data", help="shards' manifest.json (or its folder); not with --dispatcher")
-    train.add_argument("--checkpoint", metavar="PATH",
+    train.add_argument("--checkpoint", metavar="PATH", type=output_file(),  # refused now, not at the first save
                        help="write the data position (a small JSON state_dict) here, and with --accel torch "
                             "the model + optimizer to PATH.model.pt")
     train.add_argument("--checkpoint-every", type=POSITIVE, default=50, help="steps between checkpoints (default 50)")
@@ -308,8 +308,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     endpoints: dict[str, str | None] = {}
 
     def started(consumer: Consumer) -> None:  # say where this job listens: its ports may be free ones
-        endpoints.update(metrics=f"http://{consumer.cfg.metrics_addr}:{consumer.metrics_port}/metrics"
-                         if consumer.metrics_port else None, control=consumer.control_endpoint,
+        endpoints.update(metrics=consumer.metrics_url or None, control=consumer.control_endpoint,
                          data=consumer.data_endpoint)
         print(f"stoker: job {consumer.job.job_id} on {endpoints['control']}; metrics "
               + (f"on {endpoints['metrics']} (stoker status --metrics {endpoints['metrics']})"
@@ -348,9 +347,13 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
 
     service = DispatchService(configured.config_of(DispatchConfig, args), options.job_config(args))
     attach = f"; consumers attach with --job-secret {service.secret_file}" if service.secret_file else ""
-    print(f"stoker dispatch: job {service.job.job_id}; workers and the consumer connect to {args.control_bind}"
-          f"{attach}", flush=True)
-    service.run()
+
+    def ready(bound: DispatchService) -> None:  # said once bound: port 0 is a free port, known only now
+        metrics = f"; metrics on :{bound.metrics_port}" if bound.metrics_port else ""
+        print(f"stoker dispatch: job {bound.job.job_id}; workers and the consumer connect to {bound.endpoint}"
+              f"{metrics}{attach}", flush=True)
+
+    service.run(on_ready=ready)
     stats = service.dispatcher.stats()
     if stats.failure:
         raise StateError(f"the job failed: {stats.failure}")

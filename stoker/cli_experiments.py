@@ -331,9 +331,8 @@ def _watch(args: argparse.Namespace) -> int:
                 with open(args.json, "a") as out:
                     out.write(line + "\n")
         else:
-            frame = watch_frame(old, new, now - at)
-            print(("\033[H\033[2J" if redraw else "") + f"{time.strftime('%H:%M:%S')}  {args.metrics}\n{frame}\n",
-                  flush=True)
+            frame = watch_frame(old, new, now - at, args.metrics)  # its first line: whose job, at which URL
+            print(("\033[H\033[2J" if redraw else "") + f"{time.strftime('%H:%M:%S')}  {frame}\n", flush=True)
         old, at, shown = new, now, shown + 1
         if args.count is None or shown < args.count:
             time.sleep(args.interval)

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from stoker.accel.accelerators import AccelSpec
 from stoker.accel.consumer import Consumer
-from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
+from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.cost import cores_text
 from stoker.accel.profiles import PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.summary import Summary, job_totals
@@ -103,7 +103,8 @@ def run_embedded(job_args: dict, cfg: RunConfig, on_start: Callable[[Consumer], 
     folder = Path(tempfile.mkdtemp(prefix="stoker-run-"))
     try:
         for rank in range(1, job.world_size):
-            daemons.append(DaemonProcess(f"rank {rank}", _rank_command(consumer, rank, cfg, folder), quiet=True))
+            daemons.append(DaemonProcess(str(rank), _rank_command(consumer, rank, cfg, folder), quiet=True,
+                                         role="rank"))
         for i in range(cfg.hosts):
             port = None if cfg.worker_metrics_port is None else cfg.worker_metrics_port + i if cfg.worker_metrics_port \
                 else 0  # 0: each its own free port
@@ -139,7 +140,7 @@ def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -
     free data socket, attached to rank 0's dispatcher, and the device rank 0 stepped with."""
     child = replace(cfg.consumer, data_bind=FREE, control_bind=ConsumerConfig.control_bind,
                     dispatcher=consumer.control_endpoint)
-    port = rank_metrics_port(rank) if cfg.consumer.metrics_port else -1
+    port = 0 if cfg.consumer.metrics_port is not None else -1  # a free one: another job's ranks may run here too
     return [sys.executable, "-m", "stoker", "--log-level", cfg.log_level, "train", "--rank", str(rank),
             "--world-size", str(consumer.job.world_size), f"--metrics-port={port}", "--no-progress",
             "--json", str(folder / f"rank-{rank}.json"), *command_line(child), *command_line(cfg.accel)]

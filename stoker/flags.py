@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+from stoker.protos.endpoints import endpoint_problem
 
 MAX_PORT = 65535
 MAX_INT = 2**31 - 1  # what the wire's int32 fields carry: a count above this cannot be sent
@@ -97,12 +101,9 @@ restart_interval.__name__ = "restart interval"
 def endpoint(text: str) -> str:
     """A ZeroMQ endpoint: tcp://HOST:PORT (PORT 0-65535; 0 or * on a bind: any free one), ipc://PATH
     or inproc://NAME. Checked here so a typo is one line now, not a socket error at start-up."""
-    scheme, sep, rest = text.partition("://")
-    host, colon, port_text = rest.rpartition(":")
-    tcp_ok = scheme == "tcp" and bool(colon) and bool(host) and (
-        port_text == "*" or (port_text.isascii() and port_text.isdigit() and int(port_text) <= MAX_PORT))
-    if not sep or not (tcp_ok or (scheme in ("ipc", "inproc") and rest)):
-        raise argparse.ArgumentTypeError(f"must be an endpoint tcp://HOST:PORT (or ipc://PATH), not {text!r}")
+    why = endpoint_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
     return text
 
 
@@ -142,6 +143,35 @@ def procs(text: str) -> int:
 
 
 procs.__name__ = "procs"
+
+
+def output_file(dash_is_stdout: bool = False) -> Callable[[str], str]:
+    """A file a command writes as it ends (`-` with dash_is_stdout: standard output): its folder must be a
+    folder that takes files now, or a whole job runs only to fail writing its summary or its checkpoint."""
+    def parse(text: str) -> str:
+        if dash_is_stdout and text == "-":
+            return text
+        why = unwritable(Path(text))
+        if why:
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: {why}")
+        return text
+
+    parse.__name__ = "path"
+    return parse
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at `path` by this user (None: it can be, as far as can be told now)."""
+    folder = path.parent
+    if path.is_dir():
+        return "it is a folder; give a file's path"
+    if not folder.exists():
+        return f"the folder {str(folder)!r} does not exist"
+    if not folder.is_dir():
+        return f"{str(folder)!r} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {str(folder)!r} is not writable"
+    return None
 
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)

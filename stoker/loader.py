@@ -31,10 +31,12 @@ import secrets
 import socket
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from stoker.accel.accelerators import require
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
@@ -65,6 +67,8 @@ from stoker.protos.errors import ConfigError, PeerError, StokerError
 
 __all__ = ["Batch", "Loader", "LoaderClosed"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
+log = logging.getLogger("stoker.loader")
+FINAL_STATE_S = 5.0  # at close: how long the dispatcher may take to say where the ranks stand (state_dict after)
 FINISHED_LEAVE_S = 15.0  # at close, after the job finished: how long local workers get to leave by themselves
 
 
@@ -121,7 +125,10 @@ class LocalWorkers:
         watch_daemons([self.daemon], consumer.abort, self._done)
 
     def close(self, finished: bool) -> None:
-        """Stop the daemon: once the job has finished it leaves by itself (a little while is given), else now."""
+        """Stop the daemon: once the job has finished it leaves by itself (a little while is given), else now.
+        Once: a loader closed and then collected does not stop it twice."""
+        if self._done.is_set():
+            return
         self._done.set()
         stop_daemons([self.daemon.proc], timeout_s=FINISHED_LEAVE_S if finished else 0.0)
         error = self.daemon.unreported_error()
@@ -157,6 +164,8 @@ class Loader:
         single process, the dispatcher) take free ports: `metrics_port` and `control_endpoint` say which."""
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+        if format != "numpy" and prepare is None:  # said now, not at the first batch after workers started
+            require(format, f"Loader(format={format!r})")
         self.workers = _checked_workers(workers)
         where = place(rank, world_size, local_rank)
         self.rank, self.world_size, self.local_rank = where.rank, where.world_size, where.local_rank
@@ -179,6 +188,7 @@ class Loader:
         self._consumer: Consumer | None = None
         self._feed: Feed | None = None  # made on the first pass
         self._closed = False
+        self._final_state: dict | None = None  # state_dict() at close, for after it
 
     # ---- the consumer behind it ------------------------------------------------------------
     @property
@@ -190,6 +200,8 @@ class Loader:
             self._consumer = self._make_consumer()
             if self.workers:
                 self._local = LocalWorkers(self._consumer, self.workers)
+                # a loader dropped without close() (a notebook cell run again) takes its processes with it
+                weakref.finalize(self, self._local.close, False)
         return self._consumer
 
     def _make_consumer(self) -> Consumer:
@@ -282,6 +294,8 @@ class Loader:
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         """The next epoch's batches; nothing once every epoch is done."""
+        if self._closed:
+            raise LoaderClosed("the loader is closed: iterate it inside its `with` (or before close())")
         consumer = self.consumer
         if self._feed is None:
             self._feed = Feed(consumer, self.device, self.format, self.overlap, self.prepare)
@@ -296,7 +310,12 @@ class Loader:
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The job's data position after every batch yielded so far (torch's convention)."""
+        """The job's data position after every batch yielded so far (torch's convention); after close(),
+        the position it was closed at, so a script may save its last checkpoint after its `with`."""
+        if self._closed:
+            if self._final_state is None:
+                raise LoaderClosed("the loader was closed before its position could be taken")
+            return self._final_state
         return self.consumer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
@@ -308,8 +327,11 @@ class Loader:
     # ---- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
         """Close sockets and threads (rank 0 first waits a while for the other ranks to finish)."""
+        if self._closed:
+            return
         if self._feed is not None:
             self._feed.hand_back()
+            self._final_state = self._last_position()
         local, self._local = self._local, None
         finished = self._consumer is not None and self._consumer.dispatcher.finished
         if local is not None and not finished:  # stopped early: its processes hand their units back while the
@@ -319,6 +341,14 @@ class Loader:
         if local is not None and finished:
             local.close(finished=True)
         self._closed = True
+
+    def _last_position(self) -> dict | None:
+        """The position at close (state_dict() after it); None when the dispatcher cannot say in time."""
+        try:
+            return self.consumer.state_dict(answer_timeout_s=FINAL_STATE_S)
+        except StokerError as exc:
+            log.info("the loader's last position was not taken at close: %s", exc)
+            return None
 
     def __enter__(self) -> Loader:
         self.consumer  # noqa: B018 - bind and attach now, so that errors come from the `with`

@@ -12,11 +12,14 @@ from __future__ import annotations
 import collections
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+
+from stoker.accel.consumer import JobFailed
 
 ERROR_PREFIX = "stoker: error: "  # how a stoker process says why it exits (stoker.cli.main)
 CHILD_ERROR = re.compile(r"stoker(?: [a-z]+)?: error: ")  # ... and its parser (stoker.flags.Parser)
@@ -49,9 +52,12 @@ class DaemonProcess:
     """A `stoker` child whose stderr is passed through and its last lines kept, for the error.
     Its own fatal error line (`stoker: error: ...`) is held back: `failure` reports it, once."""
 
-    def __init__(self, host_id: str, cmd: list[str], env: dict[str, str] | None = None, quiet: bool = False) -> None:
-        """`quiet`: its standard output is not shown (a rank whose figures are read from its --json)."""
+    def __init__(self, host_id: str, cmd: list[str], env: dict[str, str] | None = None, quiet: bool = False,
+                 role: str = "worker daemon") -> None:
+        """`quiet`: its standard output is not shown (a rank whose figures are read from its --json);
+        `role`: what it is, in its error ("worker daemon host0", "rank 1")."""
         self.host_id = host_id
+        self.name = f"{role} {host_id}"
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL if quiet else None,
                                      text=True, errors="replace", env=env)
         self.tail: collections.deque[str] = collections.deque(maxlen=5)
@@ -78,12 +84,22 @@ class DaemonProcess:
             return None
         self._reader.join(timeout=2)
         self.reported = True
-        last = self.error or (self.tail[-1] if self.tail else "(no output)")
-        return f"worker daemon {self.host_id} exited with code {code}: {last}"
+        if self.error:
+            return f"{self.name} exited with code {code}: {self.error}"
+        if code < 0:  # a signal: its last log line says nothing about why it was killed
+            return f"{self.name} was killed by {_signal_name(-code)}"
+        return f"{self.name} exited with code {code}: {self.tail[-1] if self.tail else '(no output)'}"
 
     def unreported_error(self) -> str | None:
         """Its fatal error, when the run ended before `failure` reported it."""
-        return None if self.reported or not self.error else f"worker daemon {self.host_id}: {self.error}"
+        return None if self.reported or not self.error else f"{self.name}: {self.error}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def watch_daemons(daemons: list[DaemonProcess], abort: Callable[[BaseException], None],
@@ -94,7 +110,7 @@ def watch_daemons(daemons: list[DaemonProcess], abort: Callable[[BaseException],
             for daemon in daemons:
                 failure = daemon.failure()
                 if failure is not None:
-                    abort(RuntimeError(failure))
+                    abort(JobFailed(failure))
                     return
 
     thread = threading.Thread(target=watch, name="stoker-daemon-watch", daemon=True)

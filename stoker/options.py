@@ -28,7 +28,7 @@ from pathlib import Path
 from stoker.accel.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import add_options, config_of, fields_of
-from stoker.flags import METRICS_PORT, POSITIVE
+from stoker.flags import METRICS_PORT, POSITIVE, output_file
 from stoker.pipeline import image_fit
 from stoker.pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
 from stoker.pipeline.image_layout import DecodeOn
@@ -126,8 +126,9 @@ def _output() -> argparse.ArgumentParser:
 
 
 def json_option(p, what: str) -> None:
-    """`--json PATH` writes `what` there; `--json` alone (or `--json -`) prints it instead."""
-    p.add_argument("--json", metavar="PATH", nargs="?", const="-",
+    """`--json PATH` writes `what` there; `--json` alone (or `--json -`) prints it instead. A PATH whose folder
+    is missing is refused now, not once the job that makes `what` has run."""
+    p.add_argument("--json", metavar="PATH", nargs="?", const="-", type=output_file(dash_is_stdout=True),
                    help=f"write {what} as JSON to PATH (alone: to standard output)")
 
 

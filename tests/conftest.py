@@ -20,16 +20,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Markers by where a test lives and what it needs: `unit` (tests/unit and the static checks in
     tests/, no processes of ours beyond the test's), `integration` (tests/integration: real processes
     and sockets), `lab` (network namespaces and cgroups, as root: the tests that build emulated
-    hosts). `pytest -m unit` runs in two minutes; `-m "not lab"` without root."""
+    hosts), `serial` (tests whose assertion is a CPU-time rate or a verdict about contention: they run
+    alone, after the rest, which `make test` runs two at a time). `pytest -m unit` runs in two
+    minutes; `-m "not lab"` without root."""
     for item in items:
         path = Path(str(item.fspath))
         integration = "integration" in path.parts
         item.add_marker(pytest.mark.integration if integration else pytest.mark.unit)  # tests/*.py: unit
         if (integration and path.name in LAB_MODULES) or item.get_closest_marker("needs_namespaces"):
             item.add_marker(pytest.mark.lab)
+        if path.name in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
 
 
 LAB_MODULES = {"test_lab.py", "test_multinode.py", "test_sweep_point.py", "test_plan_check.py"}
+# what another test beside them would change: a rate per CPU-second measured quiet and beside busy
+# loops, a plan checked under an exact CPU quota, contention named from the workers' waits for a core
+SERIAL_MODULES = {"test_cpu_time.py", "test_plan_check.py", "test_bottleneck.py", "test_sweep_point.py",
+                  "test_report.py"}
 
 TEST_IMAGES = 160
 

@@ -44,7 +44,6 @@ COVERED_BY = {
     "accel/aio": [E2E + "test_exactly_once.py"],
     "accel/batch": [E2E + "test_text_job.py"],
     "accel/bert_accel": [E2E + "test_torch_step.py"],
-    "accel/consumer_config": [E2E + "test_curve.py", "tests/unit/stoker/test_options.py"],
     "accel/control/link": ["tests/unit/accel/test_consumer.py", "tests/unit/accel/test_joining.py"],
     "accel/control/metrics": [E2E + "test_deploy.py", E2E + "test_dispatch.py"],
     "accel/control/remote": [E2E + "test_dispatch.py", E2E + "test_data_parallel.py"],

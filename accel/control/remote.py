@@ -30,7 +30,7 @@ from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
 from stoker.protos.errors import PeerError, StokerError
-from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer
+from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer, end_context
 
 log = logging.getLogger("stoker.consumer")
 HEARTBEAT_S = 1.0
@@ -59,7 +59,7 @@ def _attach_once(endpoint: str, consumer_id: str, curve: ClientKeys | None, cred
         raise PeerError(f"no dispatcher at {endpoint}: {exc}") from exc
     finally:
         client.close()
-        ctx.term()
+        end_context(ctx)
 
 
 class _Reattach(Exception):

@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import uvloop
@@ -41,6 +42,7 @@ from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, serves
 from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import KEY_BYTES, LeaseSigner
+from stoker.protos.sockets import end_context
 from stoker.protos.zap import KeyAuthenticator
 
 log = logging.getLogger("stoker.dispatcher")
@@ -75,24 +77,26 @@ class DispatchService:
                                      planned_batches=job.planned_batches if job.kind.one_row_per_sample else None)
         self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
         self.stall = StallBounds(cfg.stall_report_s, cfg.stall_timeout_s)  # a bad pair fails here, at start
-        self.endpoint = ""
+        self.endpoint = ""  # once bound: where workers and consumers connect (a free port's number, not 0)
+        self.metrics_port: int | None = None  # once served: the /metrics port taken (a free one for 0)
         self.stop = threading.Event()
         self.ready = threading.Event()
 
-    def run(self) -> None:
-        """Serve until the job is finished (plus `linger_s`) or SIGTERM/SIGINT."""
+    def run(self, on_ready: Callable[[DispatchService], None] | None = None) -> None:
+        """Serve until the job is finished (plus `linger_s`) or SIGTERM/SIGINT; `on_ready` is called once
+        the sockets are bound, when `endpoint` and `metrics_port` say what port 0 turned into."""
         if serves(self.cfg.metrics_port):
-            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
+            self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         gc.freeze()  # the manifest and the plan live as long as the process: keep them out of full collections
         loop = uvloop.new_event_loop()
         try:
-            loop.run_until_complete(self._serve())
+            loop.run_until_complete(self._serve(on_ready))
         finally:
             loop.close()
             if self.journal:
                 self.journal.close()
 
-    async def _serve(self) -> None:
+    async def _serve(self, on_ready: Callable[[DispatchService], None] | None) -> None:
         loop = asyncio.get_running_loop()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,7 +110,7 @@ class DispatchService:
         except BaseException:
             if authenticator is not None:
                 authenticator.stop()
-            ctx.term()
+            end_context(ctx)
             raise
         try:
             self.endpoint = advertised(bound, self.cfg.advertise_host)
@@ -116,13 +120,15 @@ class DispatchService:
                                    self.leases, access, self.stall)
             server.update_gauges()
             self.ready.set()
+            if on_ready is not None:
+                on_ready(self)
             await run_until_one_fails([*serve_control(control, monitor, server, self.stop), self._until_done()],
                                       self.stop)
         finally:
             control.close(0)
             if authenticator is not None:
                 authenticator.stop()
-            ctx.term()
+            end_context(ctx)
 
     async def _until_done(self) -> None:
         while not self.stop.is_set() and not self.dispatcher.over:

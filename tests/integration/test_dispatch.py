@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -359,3 +363,30 @@ def test_a_dispatcher_whose_journal_disk_fills_says_so_and_exits(manifest, log_d
             consumer.stop()
         for d in daemons:
             d.stop()
+
+
+def test_a_dispatcher_on_free_ports_prints_the_ports_it_took(manifest, tmp_path):
+    """`--control-bind tcp://127.0.0.1:0 --metrics-port 0`: the line it prints names the ports it bound (it
+    used to print the requested tcp://127.0.0.1:0, which no worker can connect to, and no metrics port)."""
+    cmd = [sys.executable, "-m", "stoker", "dispatch", "--data", manifest.uri, "--control-bind",
+           "tcp://127.0.0.1:0", "--metrics-port", "0", "--job-secret", str(tmp_path / "secret")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(tmp_path / "stderr", "w"), text=True, cwd=ROOT,
+                            env={k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"})
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=30)
+        found = re.search(r"connect to tcp://127\.0\.0\.1:(\d+); metrics on :(\d+)", line)
+        assert found, line + (tmp_path / "stderr").read_text()
+        control, metrics = int(found[1]), int(found[2])
+        assert control != 0 and metrics != 0, line
+        socket.create_connection(("127.0.0.1", control), timeout=5).close()  # the dispatcher listens there
+        page = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        assert "stoker_dispatcher_units" in page
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

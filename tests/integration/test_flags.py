@@ -120,6 +120,38 @@ def test_a_manifest_that_is_not_json_is_named(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args,says", [
+    (["run", "--json", "/nonexistent/dir/out.json"],
+     "stoker run: error: argument --json: cannot write '/nonexistent/dir/out.json': the folder '/nonexistent/dir' "
+     "does not exist (see stoker run --help)"),
+    (["train", "--data", "x", "--checkpoint", "/nonexistent/dir/ck.pt"],
+     "stoker train: error: argument --checkpoint: cannot write '/nonexistent/dir/ck.pt': the folder "
+     "'/nonexistent/dir' does not exist (see stoker train --help)"),
+    (["train", "--data", "x", "--checkpoint", "{file}/ck.pt"], "argument --checkpoint: cannot write '{file}/ck.pt': "
+                                                                "'{file}' is not a folder"),
+    (["run", "--json", "{tmp}"], "argument --json: cannot write '{tmp}': it is a folder"),
+])
+def test_an_output_file_whose_folder_cannot_take_it_is_refused_at_parse_time(tmp_path, args, says):
+    """`stoker run --json /nonexistent/dir/out.json` used to run the whole job and fail writing its summary;
+    `stoker train --checkpoint` likewise, at its first save. Now: exit 2 at once, one line naming the flag."""
+    (tmp_path / "file").write_text("")
+    where = {"file": str(tmp_path / "file"), "tmp": str(tmp_path)}
+    result, took = _stoker(*(arg.format(**where) for arg in args))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert says.format(**where) in lines[0] and took < 10
+
+
+def test_an_output_file_in_a_folder_that_exists_or_standard_output_is_taken(tmp_path):
+    from stoker.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["run", "--json", str(tmp_path / "out.json")]).json == str(tmp_path / "out.json")
+    assert parser.parse_args(["run", "--json"]).json == parser.parse_args(["run", "--json", "-"]).json == "-"
+    checkpoint = parser.parse_args(["train", "--data", "x", "--checkpoint", str(tmp_path / "ck.pt")]).checkpoint
+    assert checkpoint == str(tmp_path / "ck.pt")
+
+
 def _taken_ports(count: int) -> list[socket.socket]:
     held = []
     for _ in range(count):

@@ -239,3 +239,82 @@ def test_two_stoker_runs_at_their_defaults_on_one_machine_both_finish_and_say_wh
     for (_, err), where in zip(outs, endpoints, strict=True):
         assert f"metrics on {where['metrics']}" in err and where["control"] in err
     assert len({e["metrics"] for e in endpoints}) == len({e["control"] for e in endpoints}) == 2
+
+
+AFTER_CLOSE = """
+    import gc, json, os, sys, time
+    from stoker import JobConfig, Loader, LoaderClosed
+
+    job = JobConfig(manifest_uri=sys.argv[1], epochs=1000, batch_size=16, image_size=64)
+    with Loader(job, workers=1, format="numpy") as loader:
+        for taken, batch in enumerate(loader):
+            if taken == 3:
+                before = loader.state_dict()
+                break
+    after = loader.state_dict()  # a script saves its last checkpoint after its `with`
+    try:
+        next(iter(loader))
+        again = "iterated"
+    except LoaderClosed as exc:
+        again = str(exc)
+    dropped = Loader(job, workers=1, format="numpy")
+    for batch in dropped:
+        break
+    print(json.dumps({"before": before, "after": after, "again": again}), flush=True)
+    del dropped, batch
+    gc.collect()
+    print("dropped", flush=True)
+    time.sleep(60)  # the test looks at the machine now
+"""
+
+
+def test_a_closed_loader_keeps_its_position_refuses_to_iterate_and_a_dropped_one_takes_its_workers(manifest,
+                                                                                                     tmp_path):
+    """After its `with`: state_dict() gives where it stopped (not an error), iterating says it is
+    closed. A loader dropped without close() (a notebook cell run again) stops its processes when it
+    is collected, not when the interpreter exits."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STOKER_", "PROMETHEUS_"))}
+    script = subprocess.Popen([sys.executable, str(_script(tmp_path, AFTER_CLOSE)), manifest.uri],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        assert script.stdout is not None
+        line = script.stdout.readline()
+        assert line, script.stderr.read() if script.poll() is not None else "no output"
+        said = json.loads(line)
+        assert said["after"]["epoch"] == said["before"]["epoch"] and said["after"]["step"] >= 3
+        assert "closed" in said["again"]
+        started = _children_of(script.pid)
+        assert script.stdout.readline().strip() == "dropped"
+        assert wait_for(lambda: not _alive(started), timeout=30), f"still alive: {_alive(started)}"
+        assert script.poll() is None  # the script lives on: its workers went with the loader
+    finally:
+        script.kill()
+        script.wait(10)
+
+
+def test_a_dispatcher_that_fails_to_start_is_an_error_at_once_not_a_hang(manifest, monkeypatch):
+    """A failure between binding the control socket and serving it (its monitor open, its coroutine
+    never run) used to hold the context's term() for ever: `with Loader(...)` never returned."""
+    import threading
+
+    from stoker import JobConfig, Loader, StokerError
+    from stoker.accel import joining
+
+    def broken(*args, **kwargs):
+        raise StokerError("the job spec could not be made")
+
+    monkeypatch.setattr(joining, "job_to_proto", broken)  # rank 0's dispatcher hands out the job it makes
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            with Loader(JobConfig(manifest_uri=manifest.uri, batch_size=16), format="numpy"):
+                outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test reports whatever it was
+            outcome.append(exc)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert outcome, "Loader's start hung"
+    assert isinstance(outcome[0], StokerError) and "could not be made" in str(outcome[0])

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from stoker.accel.bottleneck import Totals, diagnose, read_status
+from stoker.accel.bottleneck import Totals, diagnose, read_status, watch_frame, whose
 
 
 def _window(stall_s=0.0, step_s=9.0, decode=2.0, augment=0.5, wait=0.0, transit=0.01, queue=0, batches=100,
@@ -200,3 +200,27 @@ def test_status_at_a_page_that_is_not_metrics_or_not_a_consumers_says_so_in_one_
 def test_status_reads_only_http_urls(url):
     with pytest.raises(ValueError, match="is not an http:// or https:// URL"):
         read_status(url)
+
+
+def _status(rows: float, job: dict | None) -> dict:
+    """What read_status gives for a consumer's page, the figures --watch shows."""
+    return {"job": job, "stage": "compute", "stall_fraction": 0.01, "cores_in_use": 1.0, "cores_needed": 0.5,
+            "rows": rows, "hosts": {"host0": {"rows": rows, "cpu_s": 2.0}}, "text": ""}
+
+
+def test_each_watch_frame_names_the_job_it_reads_as_plain_status_does():
+    """`stoker status --watch` frames used to show only the URL: figures from a port another job had
+    taken looked like this job's. Each frame now opens with the line plain `stoker status` opens with."""
+    url = "http://127.0.0.1:9560/metrics"
+    job = {"job_id": "a1b2", "dataset": "imagenet", "rank": "0", "pid": "4321"}
+    frame = watch_frame(_status(100, job), _status(300, job), 2.0, url).splitlines()
+    assert frame[0] == "job a1b2 (imagenet), rank 0, process 4321, at http://127.0.0.1:9560/metrics" == whose(job, url)
+    assert frame[1].startswith("rows/s: 100 ") and frame[3].split()[:2] == ["host0", "100"]
+    first = watch_frame(None, _status(100, None), 1.0, url).splitlines()
+    assert first[0] == f"a consumer at {url} that does not say its job"
+
+
+def test_a_watch_frame_of_a_dispatchers_metrics_shows_its_failure_not_a_traceback():
+    frame = watch_frame(None, {"stage": "failed", "failure": "host h0 refused", "stalled": [],
+                               "text": "the job failed: host h0 refused"}, 1.0, "http://127.0.0.1:9559/metrics")
+    assert frame.splitlines() == ["the dispatcher at http://127.0.0.1:9559/metrics", "the job failed: host h0 refused"]

@@ -11,6 +11,7 @@ import pytest
 import stoker.pipeline.integrity as integrity
 from stoker.pipeline.integrity import ShardRefused
 from stoker.pipeline.shards import PLAIN_IMAGE_SCHEMA, Manifest, ShardReader
+from stoker.protos.errors import DataError
 from tests.shard_edits import flip_inside_a_jpeg, rows_of, write_shard
 
 
@@ -94,6 +95,38 @@ def test_a_manifest_that_leaves_its_folder_or_miscounts_is_refused_when_loaded(t
     (tmp_path / "manifest.json").write_text(json.dumps({"version": 2, "kind": "imagenet", "classes": ["a"],
                                                         "shards": shards}))
     with pytest.raises(ValueError, match=says):
+        Manifest.load(tmp_path)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"classes": None}, 'field "classes" is null, not a list of strings'),
+    ({"classes": ["a", 3]}, 'field "classes" is a list ["a", 3], not a list of strings'),
+    ({"classes": "abc"}, 'field "classes" is the string "abc", not a list of strings'),
+    ({"version": "2"}, 'field "version" is the string "2", not an integer'),
+    ({"version": 2.0}, 'field "version" is the number 2.0, not an integer'),
+    ({"version": True}, 'field "version" is true, not an integer'),
+    ({"version": 3}, "manifest version 3 is not one of 1, 2 (this Stoker reads those)"),
+    ({"kind": 7}, 'field "kind" is the number 7, not a string'),
+    ({"vocab_size": "30522"}, 'field "vocab_size" is the string "30522", not an integer'),
+    ({"kept_as_is": {"progressive": "2"}}, 'field "kept_as_is" is an object {"progressive": "2"}, not an object '
+                                           'of integers'),
+    ({"skipped": [None]}, 'field "skipped" is a list [null], not a list of objects of strings'),
+    ({"uri": "elsewhere"}, 'not a Stoker manifest this Stoker reads (fields it does not know: "uri")'),
+    ({"colour": "red"}, 'not a Stoker manifest this Stoker reads (fields it does not know: "colour")'),
+])
+def test_a_manifest_field_of_the_wrong_type_is_refused_naming_the_field_its_type_and_the_file(tmp_path, fields, says):
+    """`"classes": null` used to end in `TypeError: object of type 'NoneType' has no len()` far from the file,
+    and `"version": "2"` in "manifest version 2 is not one of 1, 2"."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 2, "kind": "imagenet", "classes": ["a"],
+                                                        "shards": []} | fields))
+    with pytest.raises(DataError) as refused:
+        Manifest.load(tmp_path)
+    assert str(refused.value) == f"{tmp_path}/manifest.json: {says}"
+
+
+def test_a_manifest_without_a_field_it_needs_is_refused_naming_it(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "imagenet", "shards": []}))
+    with pytest.raises(DataError, match=r"manifest.json: not a Stoker manifest \(no field version, classes\)"):
         Manifest.load(tmp_path)
 
 
