@@ -20,6 +20,33 @@ from stoker.lab.system import can_use_namespaces
 from stoker.pipeline.job import JobConfig
 from tests.helpers import DelayProxy, consumer_for, scrape_url, wait_for
 
+QUIET_S = 1.0
+BUSY_CORES = 0.5  # other processes using more than half a core: the workers will wait for one
+
+
+def _busy_cores(seconds: float = QUIET_S) -> float:
+    """Cores in use on the whole machine over `seconds` (this test, idle meanwhile, uses none)."""
+    def ticks() -> tuple[int, int]:
+        fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    all_before, idle_before = ticks()
+    time.sleep(seconds)
+    all_after, idle_after = ticks()
+    busy = (all_after - all_before) - (idle_after - idle_before)
+    return busy / (all_after - all_before) * (os.cpu_count() or 1) if all_after > all_before else 0.0
+
+
+@pytest.fixture
+def quiet_host() -> None:
+    """A verdict other than contention presumes the workers get the cores they ask for: on a machine
+    other work keeps busy, `stoker status` rightly says contention (the test beside it checks that),
+    so these tests say why they cannot run there instead of failing for being right."""
+    busy = _busy_cores()
+    if busy > BUSY_CORES:
+        pytest.skip(f"the machine is busy ({busy:.1f} cores in use by other processes): this verdict presumes "
+                    "the workers get the cores they ask for")
+
 
 def _status(metrics_url: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "stoker", "status", "--json", "--metrics", metrics_url],
@@ -50,6 +77,7 @@ def _steady_window(consumer, job) -> None:
                     and history[-1].at - history[0].at >= consumer.bottleneck.window_s, timeout=60), job.logs()
 
 
+@pytest.mark.usefixtures("quiet_host")
 def test_status_names_decode_when_one_worker_core_feeds_a_fast_device(manifest, run_job):
     consumer = consumer_for(manifest.uri, epochs=100, accel=SimulatedAccelerator(20_000), image_size=224)
     job = run_job(consumer, hosts=1)
@@ -84,6 +112,7 @@ def test_status_names_contention_when_other_processes_take_the_workers_cores(man
     assert "--credit-window" not in status["text"]
 
 
+@pytest.mark.usefixtures("quiet_host")
 @pytest.mark.parametrize("hosts", [1, 2])
 def test_status_names_the_workers_short_of_cores_when_more_processes_than_cores_wait_for_each_other(
         manifest, run_job, hosts):
@@ -134,6 +163,7 @@ def test_status_watch_shows_the_rate_and_each_host_while_the_job_runs(manifest, 
     job.finish()
 
 
+@pytest.mark.usefixtures("quiet_host")
 @pytest.mark.needs_namespaces
 @pytest.mark.skipif(can_use_namespaces() is not None, reason=f"needs network namespaces: {can_use_namespaces()}")
 def test_status_names_the_wire_when_a_host_link_is_throttled(manifest, tmp_path, monkeypatch):
@@ -156,6 +186,7 @@ def test_status_names_the_wire_when_a_host_link_is_throttled(manifest, tmp_path,
         cluster.down()
 
 
+@pytest.mark.usefixtures("quiet_host")
 def test_status_names_credit_when_a_far_link_outlasts_a_small_credit_window(manifest, run_job):
     """100 ms each way on the data link and two batches of credit per process: the link is idle most of the
     time, batches never queue on it, and only a larger window helps. A batch spends half the device cycle
