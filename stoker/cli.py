@@ -435,6 +435,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      "not both")
     if command == "train" and args.job_secret and not (args.dispatcher or ranked or (args.world_size or 1) > 1):
         parser.error("train: --job-secret is for ranks and for attaching to a `stoker dispatch` (--dispatcher)")
+    if command == "dispatch" and not (args.job_secret or args.journal or args.keys) \
+            and args.control_bind.rsplit(":", 1)[-1] in ("0", "*"):
+        parser.error("dispatch: argument --control-bind: a free port (0) needs --job-secret FILE, --journal or "
+                     "--keys: the default job secret file is named after the port, unknown until it is bound, so "
+                     "two such dispatchers would share one")
     job_command = command in ("run", "train", "dispatch")
     if job_command and args.drop_last and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "

@@ -41,6 +41,7 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["worker", "--dispatcher", "tcp://127.0.0.1:1", "--shard-cache-gb", "0"], "--shard-cache-gb"),
     (["run", "--shard-cache-gb", "-2"], "--shard-cache-gb"),
     (["dispatch", "--data", "x", "--metrics-port", "-7"], "--metrics-port"),
+    (["dispatch", "--data", "x", "--control-bind", "tcp://127.0.0.1:0"], "--control-bind"),  # its secret's name
     (["run", "--world-size", "0"], "--world-size"),
     (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
