@@ -53,14 +53,16 @@ def test_two_hosts_deliver_every_sample_exactly_once_and_metrics_agree(manifest,
 
 
 def test_worker_metrics_aggregate_their_processes(manifest, run_job, log_dir):
-    consumer = consumer_for(manifest.uri, epochs=1, accel=SimulatedAccelerator(rate=300))
+    """The daemon's one /metrics counts every process it runs. A process counts once it has started
+    (its imports take a second or more on a busy machine, so the first batch may come from the other
+    one alone): the job runs long enough (5 epochs at 100 images/s) for both to be seen."""
+    consumer = consumer_for(manifest.uri, epochs=5, accel=SimulatedAccelerator(rate=100))
     job = run_job(consumer, hosts=1, procs=2)
     assert wait_for(lambda: consumer.ledger.samples > 0, timeout=60), job.logs()
     daemon = job.daemons[0]
-    metrics = scrape(daemon.metrics_port)
-    assert metrics["stoker_worker_processes"] == 2
+    assert wait_for(lambda: scrape(daemon.metrics_port)["stoker_worker_processes"] == 2, timeout=30), job.logs()
     summary = job.finish()
-    assert_exactly_once(summary, manifest.num_samples, 1)
+    assert_exactly_once(summary, manifest.num_samples, 5)
 
 
 def test_a_scrape_while_a_worker_process_starts_its_metrics_file_still_answers(tmp_path, monkeypatch):
