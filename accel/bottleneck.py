@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from stoker.accel.control.fleet_status import fleet_status, is_fleet
 from stoker.accel.cost import cores_text
 from stoker.protos.errors import ConfigError, DataError, ResourceError
 
@@ -316,6 +317,8 @@ def read_status(metrics_url: str) -> dict:
     except ValueError as exc:  # the parser's own words name a line of a page that is not metrics
         raise DataError(f"{metrics_url} is not a Prometheus metrics page ({str(exc)[:120]}): pass a Stoker "
                          f"consumer's /metrics URL with --metrics") from exc
+    if is_fleet(values):
+        return fleet_status(values, metrics_url)
     failure = next((json.loads(k)["reason"] for k, v in values.get("stoker_job_failed", {}).items() if v == 1), "")
     stalled = stall_lines(values)
     if "stoker_bottleneck_info" not in values and (failure or stalled):  # a `stoker dispatch`'s metrics
@@ -393,6 +396,9 @@ def stall_lines(values: dict[str, dict[str, float]]) -> list[str]:
 def watch_frame(old: dict | None, new: dict, seconds: float, metrics_url: str) -> str:
     """One screen of `stoker status --watch`: whose job it reads (as plain `stoker status` says), then the
     diagnosis, with rates over the last refresh."""
+    if new.get("stage") == "fleet":  # a fleet's jobs: its figures are gauges already
+        return new["text"]
+
     def rate(now: float, before: float) -> float:
         return (now - before) / seconds if old is not None and seconds > 0 else 0.0
 

@@ -27,6 +27,7 @@ from stoker.accel.bottleneck import BottleneckMonitor, Totals
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.control.link import DispatcherLink
 from stoker.accel.control.remote import NotAConsumer, RankRefused
+from stoker.accel.fleet_member import DemandMeter, FleetMembership, Seat
 from stoker.accel.joining import LinkServices, Member, dispatcher_for, join
 from stoker.accel.ledger import Ledger
 from stoker.accel.metrics import ConsumerMetrics
@@ -42,7 +43,7 @@ from stoker.pipeline.cpu_clock import machine_id
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
-from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
+from stoker.protos.curve import CONSUMER, JOB, ClientKeys, ServerKeys
 from stoker.protos.endpoints import serves
 from stoker.protos.errors import StateError, StokerError
 from stoker.protos.leases import LeaseSigner
@@ -111,6 +112,7 @@ class Consumer:
         self.position = (start.epoch, start.step)  # (epoch, steps taken in it): what state_dict() saves
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self.totals, self.metrics.registry)
+        self.fleet: FleetMembership | None = None  # with --fleet, rank 0's seat in it (once started)
 
     def _past_epoch_end(self, position: checkpoint.Position) -> checkpoint.Position:
         """A position after an image epoch's last step (a checkpoint of an older Stoker, saved before the
@@ -206,9 +208,34 @@ class Consumer:
                 self.metrics_port = self.metrics.serve(0, self.cfg.metrics_addr)
         self.loop.start()
         self.bottleneck.start()
+        self._join_fleet()
         self.systemd.ready(f"serving {self.data_endpoint}")
         if self.order.done:  # resumed from a checkpoint of a finished job
             self.queue.put(END)
+
+    def _join_fleet(self) -> None:
+        """With --fleet, the rank that runs the job's dispatcher registers the job (it fails here, at start,
+        when no fleet answers) and beats its need from the bottleneck monitor."""
+        cfg = self.cfg
+        if not cfg.fleet or cfg.dispatcher is not None or self.rank != 0:
+            return
+        start = cfg.fleet_start_cores
+        reason = ("--fleet-start-cores" if cfg.fleet_start_cores is not None
+                  else "not measured yet: its fair share until its device has stepped")
+        keys = ClientKeys.load(cfg.keys, cfg.fleet_key_name, JOB) if cfg.keys else None
+        seat = Seat(cfg.fleet, self.job.job_id, self.control_endpoint, cfg.weight, cfg.min_cores, cfg.max_cores,
+                    self.job.transform)
+        membership = FleetMembership(seat, DemandMeter(self.job.world_size, start, reason),
+                                     lambda: self.bottleneck.latest, keys)
+        try:
+            membership.join()
+        except BaseException:
+            self.loop.stop()
+            self.bottleneck.stop()
+            self.loop.join(timeout_s=5)
+            raise
+        membership.start()
+        self.fleet = membership
 
     def _job_failed(self, reason: str) -> None:
         """The dispatcher failed the job (a worker refused it): whoever pulls batches gets JobFailed."""
@@ -306,6 +333,9 @@ class Consumer:
                 deadline = time.monotonic() + wait.seconds
                 while self.loop.call(wait.waiting) and time.monotonic() < deadline:
                     time.sleep(wait.poll_s)
+        if self.fleet is not None:
+            self.fleet.leave()  # its processes go to other jobs now, not after a silence
+            self.fleet = None
         self.loop.stop()
         self.bottleneck.stop()
         self.loop.join(timeout_s=5)

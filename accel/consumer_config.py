@@ -8,6 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stoker.accel.control.dispatch_config import control_bind, host_timeout, lease_timeout, stall_report, stall_timeout
+from stoker.accel.control.fleet_config import (
+    fleet_endpoint,
+    fleet_key_name,
+    fleet_max_cores,
+    fleet_min_cores,
+    fleet_problem,
+    fleet_weight,
+)
 from stoker.protos.endpoints import MAX_PORT, NO_PORT, endpoint_problem
 from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
@@ -69,6 +77,15 @@ class ConsumerConfig:
     attach_timeout_s: float = field(default=60.0, metadata={  # how long a rank waits for the dispatcher it attaches to
         "help": "with --dispatcher (or as a rank other than 0): give up on a dispatcher that does not answer for this "
                 "long (default %(default)s)", "flag": "--attach-timeout", "check": "seconds"})
+    fleet: str | None = fleet_endpoint()  # None: the job's own workers, no fleet
+    weight: float = fleet_weight()
+    min_cores: int = fleet_min_cores()
+    max_cores: int | None = fleet_max_cores()
+    fleet_key_name: str = fleet_key_name()
+    fleet_start_cores: float | None = field(default=None, metadata={
+        "help": "with --fleet: the CPU cores to ask for before the job has measured its need (default: the "
+                "planner's estimate, where `stoker calibrate` measured the job's rate and the device's rate is known; "
+                "else its fair share)", "check": "above-zero"})
     credit_budget_mb: float = field(default=1024.0, metadata={  # in flight or waiting, in all, in MB
         "help": "what this rank may have in flight or waiting, in all (default %(default)s MB)", "check": "seconds"})
 
@@ -111,9 +128,9 @@ def consumer_config_problem(cfg: ConsumerConfig) -> str | None:
     port = cfg.metrics_port
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not NO_PORT <= port <= MAX_PORT):
         return f"metrics_port must be a port 0-{MAX_PORT} (0: any free one; -1 or None: none), not {port!r}"
-    for name in ("data_bind", "control_bind", "dispatcher"):
+    for name in ("data_bind", "control_bind", "dispatcher", "fleet"):
         value = getattr(cfg, name)
-        why = None if value is None and name == "dispatcher" else endpoint_problem(value)
+        why = None if value is None and name in ("dispatcher", "fleet") else endpoint_problem(value)
         if why:
             return f"{name} {why}"
-    return None
+    return fleet_problem(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores)

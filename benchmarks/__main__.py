@@ -1,10 +1,11 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
 ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel,
-transform_contract, transform_example, stability, plan_check, foreign) or all of them.
+transform_contract, transform_example, stability, plan_check, foreign, fleet) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
 alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`; so
-does `repeat` (the tests behind the process and kill guarantees, RUNS times each, about 15 minutes)."""
+does `repeat` (the tests behind the process and kill guarantees, RUNS times each, about 15 minutes), and
+`repeat_fleet` (the fleet's, about 20 minutes)."""
 
 import os
 import sys
@@ -13,6 +14,7 @@ from benchmarks import (
     control_plane,
     data_parallel,
     dct_scale,
+    fleet,
     foreign,
     ingest,
     journal_store,
@@ -38,9 +40,10 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "dct_scale": dct_scale.main, "restart_index": restart_index.main,
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
               "transform_example": transform_example.main, "stability": stability.main,
-              "plan_check": plan_check.main, "foreign": foreign.main}
+              "plan_check": plan_check.main, "foreign": foreign.main, "fleet": fleet.main}
 
-ALONE = {"soak": soak.main, "repeat": repeat.main}  # never part of `all`
+ALONE = {"soak": soak.main, "repeat": repeat.main,  # never part of `all`
+         "repeat_fleet": lambda runs=10: repeat.main(runs, "repeat_fleet")}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

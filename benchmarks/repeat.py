@@ -10,6 +10,11 @@ the passes per test, quiet and busy. The guarantees it repeats by default:
 - a `--once` daemon serves one job and leaves when another job takes its dispatcher's port;
 - two `stoker run`s at their defaults on one machine both finish, on ports of their own.
 
+And a fleet's (`python -m benchmarks repeat_fleet [RUNS]`, results in repeat_fleet.{json,md}): every
+sample of every job once through a host SIGKILLed mid-job, a host drained with SIGTERM, the fleet
+SIGKILLed and started again, and processes moved between two running jobs by weight and back when one
+ends (within 10 s).
+
 `python -m benchmarks repeat [RUNS]`; results: benchmarks/results/repeat.{json,md}.
 """
 
@@ -35,6 +40,14 @@ GUARANTEES = (
     "tests/integration/test_local_workers.py::"
     "test_two_stoker_runs_at_their_defaults_on_one_machine_both_finish_and_say_where_they_listen",
 )
+FLEET = "tests/integration/test_fleet.py::"
+FLEET_GUARANTEES = (
+    FLEET + "test_a_host_killed_mid_job_is_counted_gone_and_its_work_is_redone",
+    FLEET + "test_a_host_drained_with_sigterm_hands_its_units_back",
+    FLEET + "test_the_fleet_killed_and_started_again_loses_nothing",
+    FLEET + "test_a_weighted_job_takes_processes_from_a_running_one_and_gives_them_back_when_it_ends",
+)
+SETS = {"repeat": GUARANTEES, "repeat_fleet": FLEET_GUARANTEES}
 RUN_TIMEOUT_S = 900.0
 
 
@@ -64,29 +77,31 @@ def _outcomes(report: Path, tests: tuple[str, ...]) -> dict[str, str]:
     return {test: found.get(test, "missing") for test in tests}
 
 
-def main(runs: int = 10) -> None:
-    result = header("repeat", "pyzmq", "numpy") | {"runs": runs, "tests": {}}
+def main(runs: int = 10, name: str = "repeat") -> None:
+    """`name`: the set of guarantees (SETS), which names its results file too."""
+    guarantees = SETS[name]
+    result = header(name, "pyzmq", "numpy") | {"runs": runs, "tests": {}}
     outcomes: list[tuple[bool, dict[str, str]]] = []
     for i in range(runs):
         busy = i % 2 == 1
         started = time.monotonic()
-        outcome = run_once(GUARANTEES, busy)
+        outcome = run_once(guarantees, busy)
         outcomes.append((busy, outcome))
         failed = [t.split("::")[-1] for t, o in outcome.items() if o != "passed"]
         print(f"run {i + 1}/{runs}{' (busy)' if busy else ''} in {time.monotonic() - started:.0f} s: "
               f"{'all passed' if not failed else 'NOT passed: ' + ', '.join(failed)}", flush=True)
     rows = ["| test | passed (of runs) | beside two busy loops |", "|---|---|---|"]
-    for test in GUARANTEES:
+    for test in guarantees:
         passed = sum(o[test] == "passed" for _, o in outcomes)
         busy_passed = sum(o[test] == "passed" for busy, o in outcomes if busy)
         busy_runs = sum(busy for busy, _ in outcomes)
         result["tests"][test] = {"passed": passed, "runs": runs, "busy_passed": busy_passed, "busy_runs": busy_runs,
                                  "outcomes": [o[test] for _, o in outcomes]}
         rows.append(f"| `{test.split('::')[-1]}` | {passed} of {runs} | {busy_passed} of {busy_runs} |")
-    table = "\n".join([f"Made by `python -m benchmarks repeat {runs}` on {result['when']}, {result['machine']}.", "",
+    table = "\n".join([f"Made by `python -m benchmarks {name} {runs}` on {result['when']}, {result['machine']}.", "",
                        *rows, ""])
     print(table)
-    write_results("repeat", result, table)
+    write_results(name, result, table)
     print(json.dumps({t: r["passed"] for t, r in result["tests"].items()}))
 
 

@@ -35,7 +35,8 @@ class ControlClient:
     does not come reopens the socket, so nothing stale stays queued."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, identity: str, reply_timeout_s: float = 2.0,
-                 curve: ClientKeys | None = None) -> None:
+                 curve: ClientKeys | None = None, fleet: bool = False) -> None:
+        """`fleet`: the peer is a `stoker fleet` (the words of a request it leaves unanswered say so)."""
         self.ctx = ctx
         self.curve = curve
         self.endpoint = endpoint
@@ -43,6 +44,8 @@ class ControlClient:
         self.reply_timeout_s = reply_timeout_s
         self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._socket: zmq.Socket | None = None
+        self.fleet = fleet
+        self.peer = "the fleet" if fleet else "the dispatcher"
 
     def _open(self) -> zmq.Socket:
         if self._socket is None:
@@ -85,11 +88,11 @@ class ControlClient:
                     continue  # a late reply to an earlier try: ask again, the answer is cached
                 self._reset()  # sent but unanswered: start afresh so nothing stale is queued
             if deadline is not None and time.monotonic() > deadline:
-                raise DispatcherUnreachable(f"no answer from the dispatcher at {self.endpoint} "
-                                            f"for {give_up_after_s:.0f} s: {why_unreachable(self.endpoint)}")
+                raise DispatcherUnreachable(f"no answer from {self.peer} at {self.endpoint} for {give_up_after_s:.0f} "
+                                            f"s: {why_unreachable(self.endpoint, fleet=self.fleet)}")
             if warn_at is not None and time.monotonic() > warn_at:
-                log.warning("%s: no answer from the dispatcher at %s for %.0f s (%s); still trying", self.identity,
-                            self.endpoint, WARN_AFTER_S, why_unreachable(self.endpoint))
+                log.warning("%s: no answer from %s at %s for %.0f s (%s); still trying", self.identity, self.peer,
+                            self.endpoint, WARN_AFTER_S, why_unreachable(self.endpoint, fleet=self.fleet))
                 warn_at = None
             if connected:
                 time.sleep(backoff)  # it answered nothing: give a busy dispatcher room

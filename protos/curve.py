@@ -4,7 +4,8 @@
 and empty allow-lists. `stoker keys add DIR NAME` makes a worker key pair
 (DIR/workers/NAME.key, NAME.key_secret) and puts its public half in the workers'
 allow-list (DIR/allowed/); `--role consumer` makes a consumer's (DIR/consumers/,
-DIR/allowed-consumers/), for a consumer that attaches to a separate `stoker dispatch`.
+DIR/allowed-consumers/), for a consumer that attaches to a separate `stoker dispatch`;
+`--role job` a job's (DIR/jobs/, DIR/allowed-jobs/), for a job that registers with a fleet.
 A key's role comes from the allow-list it is in, never from a message: the service's ZAP
 handler names every admitted connection "ROLE:NAME" (ZeroMQ's User-Id), and each message
 carries it. A host needs only DIR/server.key and its own NAME.key_secret. Files are ZeroMQ
@@ -27,9 +28,10 @@ SERVER = "server"
 ZAP_DOMAIN = "stoker"
 WORKER = "worker"
 CONSUMER = "consumer"
-ROLES = (WORKER, CONSUMER)
-_ALLOWED = {WORKER: "allowed", CONSUMER: "allowed-consumers"}  # public keys admitted in each role
-_SECRETS = {WORKER: "workers", CONSUMER: "consumers"}  # each key pair, to hand to its host
+JOB = "job"  # a job that registers with a fleet (`stoker fleet`): its rank 0, `stoker run` or `stoker dispatch`
+ROLES = (WORKER, CONSUMER, JOB)
+_ALLOWED = {WORKER: "allowed", CONSUMER: "allowed-consumers", JOB: "allowed-jobs"}  # public keys admitted by role
+_SECRETS = {WORKER: "workers", CONSUMER: "consumers", JOB: "jobs"}  # each key pair, to hand to its host
 
 
 class KeyFileError(StokerError, ValueError):

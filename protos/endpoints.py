@@ -63,20 +63,23 @@ def advertised(bound: str, host: str | None) -> str:
     return f"{scheme}://{address}:{port}"
 
 
-def why_unreachable(endpoint: str, timeout_s: float = 2.0) -> str:
+def why_unreachable(endpoint: str, timeout_s: float = 2.0, fleet: bool = False) -> str:
     """What a plain TCP connection to `endpoint` meets, in words: ZeroMQ retries silently, so a peer
-    that gets no answer asks here whether anything listens there at all."""
+    that gets no answer asks here whether anything listens there at all. `fleet`: the peer is a
+    `stoker fleet`, not a job's dispatcher."""
     if not endpoint.startswith("tcp://"):
         return "not a TCP endpoint"
     host, _, port = endpoint[len("tcp://"):].rpartition(":")
     host = host.strip("[]")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return ("something listens there but does not answer: a dispatcher that wants CURVE keys (give this "
-                    "host --keys DIR --key-name NAME), a busy one, or another service")
+            return (f"something listens there but does not answer: a {'fleet' if fleet else 'dispatcher'} that wants "
+                    "CURVE keys (give this host --keys DIR --key-name NAME), a busy one, or another service")
     except socket.gaierror as exc:
         return f"the name {host!r} does not resolve ({exc.strerror})"
     except ConnectionRefusedError:
+        if fleet:
+            return "nothing listens there: is `stoker fleet` up there, and does it bind an address this host reaches?"
         return ("nothing listens there yet: is the job's rank 0 (or stoker dispatch) up, and does it bind an address "
                 "this host reaches ($STOKER_HOST, --control-bind)?")
     except TimeoutError:

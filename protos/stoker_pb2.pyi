@@ -427,7 +427,7 @@ class PositionQuery(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("request_id", "register", "heartbeat", "lease", "release", "attach", "ack", "epoch_steps", "position", "refuse", "job_credential")
+    __slots__ = ("request_id", "register", "heartbeat", "lease", "release", "attach", "ack", "epoch_steps", "position", "refuse", "fleet_host", "fleet_job", "job_credential")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -438,6 +438,8 @@ class ControlRequest(_message.Message):
     EPOCH_STEPS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     REFUSE_FIELD_NUMBER: _ClassVar[int]
+    FLEET_HOST_FIELD_NUMBER: _ClassVar[int]
+    FLEET_JOB_FIELD_NUMBER: _ClassVar[int]
     JOB_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     register: Register
@@ -449,8 +451,10 @@ class ControlRequest(_message.Message):
     epoch_steps: EpochSteps
     position: PositionQuery
     refuse: Refusal
+    fleet_host: FleetHost
+    fleet_job: FleetJob
     job_credential: bytes
-    def __init__(self, request_id: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., epoch_steps: _Optional[_Union[EpochSteps, _Mapping]] = ..., position: _Optional[_Union[PositionQuery, _Mapping]] = ..., refuse: _Optional[_Union[Refusal, _Mapping]] = ..., job_credential: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., epoch_steps: _Optional[_Union[EpochSteps, _Mapping]] = ..., position: _Optional[_Union[PositionQuery, _Mapping]] = ..., refuse: _Optional[_Union[Refusal, _Mapping]] = ..., fleet_host: _Optional[_Union[FleetHost, _Mapping]] = ..., fleet_job: _Optional[_Union[FleetJob, _Mapping]] = ..., job_credential: _Optional[bytes] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("host_id", "worker_id", "job_id", "reason")
@@ -515,7 +519,7 @@ class Error(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ControlReply(_message.Message):
-    __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "stats")
+    __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "fleet_plan", "fleet_share", "stats")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -527,6 +531,8 @@ class ControlReply(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     OTHER_JOB_FIELD_NUMBER: _ClassVar[int]
+    FLEET_PLAN_FIELD_NUMBER: _ClassVar[int]
+    FLEET_SHARE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     registered: Registered
@@ -539,8 +545,10 @@ class ControlReply(_message.Message):
     steps: Steps
     position: Position
     other_job: OtherJob
+    fleet_plan: FleetPlan
+    fleet_share: FleetShare
     stats: JobStats
-    def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., fleet_plan: _Optional[_Union[FleetPlan, _Mapping]] = ..., fleet_share: _Optional[_Union[FleetShare, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
 
 class JobStats(_message.Message):
     __slots__ = ("pending", "leased", "done", "hosts_alive", "releases", "handed_back", "failure", "stall")
@@ -561,3 +569,79 @@ class JobStats(_message.Message):
     failure: str
     stall: str
     def __init__(self, pending: _Optional[int] = ..., leased: _Optional[int] = ..., done: _Optional[int] = ..., hosts_alive: _Optional[int] = ..., releases: _Optional[int] = ..., handed_back: _Optional[int] = ..., failure: _Optional[str] = ..., stall: _Optional[str] = ...) -> None: ...
+
+class FleetJobProcs(_message.Message):
+    __slots__ = ("job_id", "endpoint", "procs")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    PROCS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    endpoint: str
+    procs: int
+    def __init__(self, job_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., procs: _Optional[int] = ...) -> None: ...
+
+class FleetHost(_message.Message):
+    __slots__ = ("host_id", "procs", "pid", "serving", "leaving", "cores")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    procs: int
+    pid: int
+    serving: _containers.RepeatedCompositeFieldContainer[FleetJobProcs]
+    leaving: bool
+    cores: float
+    def __init__(self, host_id: _Optional[str] = ..., procs: _Optional[int] = ..., pid: _Optional[int] = ..., serving: _Optional[_Iterable[_Union[FleetJobProcs, _Mapping]]] = ..., leaving: _Optional[bool] = ..., cores: _Optional[float] = ...) -> None: ...
+
+class FleetJob(_message.Message):
+    __slots__ = ("job_id", "endpoint", "weight", "min_cores", "max_cores", "want_cores", "want_reason", "stall_fraction", "cores_needed", "cores_in_use", "leaving", "transform")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MIN_CORES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CORES_FIELD_NUMBER: _ClassVar[int]
+    WANT_CORES_FIELD_NUMBER: _ClassVar[int]
+    WANT_REASON_FIELD_NUMBER: _ClassVar[int]
+    STALL_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    CORES_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    CORES_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    endpoint: str
+    weight: float
+    min_cores: int
+    max_cores: int
+    want_cores: float
+    want_reason: str
+    stall_fraction: float
+    cores_needed: float
+    cores_in_use: float
+    leaving: bool
+    transform: str
+    def __init__(self, job_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., weight: _Optional[float] = ..., min_cores: _Optional[int] = ..., max_cores: _Optional[int] = ..., want_cores: _Optional[float] = ..., want_reason: _Optional[str] = ..., stall_fraction: _Optional[float] = ..., cores_needed: _Optional[float] = ..., cores_in_use: _Optional[float] = ..., leaving: _Optional[bool] = ..., transform: _Optional[str] = ...) -> None: ...
+
+class FleetPlan(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[FleetJobProcs]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[FleetJobProcs, _Mapping]]] = ...) -> None: ...
+
+class FleetShare(_message.Message):
+    __slots__ = ("target", "holding", "missing", "fleet_procs", "hosts", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    HOLDING_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    FLEET_PROCS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: int
+    holding: int
+    missing: int
+    fleet_procs: int
+    hosts: int
+    reason: str
+    def __init__(self, target: _Optional[int] = ..., holding: _Optional[int] = ..., missing: _Optional[int] = ..., fleet_procs: _Optional[int] = ..., hosts: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

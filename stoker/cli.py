@@ -17,6 +17,7 @@ from stoker.options import (
     ACCELERATOR,
     CONSUMER_SOCKETS,
     CONTROL_SOCKET,
+    FLEET_SEAT,
     JOB,
     OUTPUT,
     SHARD_CACHE,
@@ -24,10 +25,11 @@ from stoker.options import (
     consumer_metrics,
 )
 from stoker.pipeline.kinds import kind_of
-from stoker.protos.errors import StateError, StokerError
+from stoker.protos.errors import ConfigError, StateError, StokerError
 
 if TYPE_CHECKING:
     from stoker.accel.consumer import Consumer
+    from stoker.accel.consumer_config import ConsumerConfig
     from stoker.accel.summary import Summary
 
 
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_keys(sub)
     _add_train(sub)
     _add_dispatch(sub)
+    _add_fleet(sub)
     _add_run(sub)
     _add_lab(sub)
     cli_experiments.add_parsers(sub)
@@ -97,8 +100,9 @@ def _add_keys(sub) -> None:
     keys_add = keys.add_parser("add", help="make a key pair and allow-list it in its role")
     keys_add.add_argument("dir", help="the key folder (stoker keys init)")
     keys_add.add_argument("name", help="the host's (or consumer's) key name, its --key-name")
-    keys_add.add_argument("--role", choices=("worker", "consumer"), default="worker",
-                          help="worker (a CPU host, default) or consumer (a `stoker train --dispatcher`)")
+    keys_add.add_argument("--role", choices=("worker", "consumer", "job"), default="worker",
+                          help="worker (a CPU host, default), consumer (a `stoker train --dispatcher`) or job (a job "
+                               "that registers with `stoker fleet`)")
     keys_list = keys.add_parser("list", help="list the keys and the allow-list")
     keys_list.add_argument("dir", help="the key folder (stoker keys init)")
 
@@ -109,7 +113,8 @@ def _add_train(sub) -> None:
 
     train = sub.add_parser("train", help="the consumer (+ dispatcher) on the accelerator host", parents=[
         JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET,
-        consumer_metrics("/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)"), OUTPUT])
+        consumer_metrics("/metrics port (default 9560; rank R > 0: 9570 + R; 0: a free one; -1: none)"), OUTPUT,
+        FLEET_SEAT])
     configured.add_options(train.add_argument_group("security"), ConsumerConfig, ("keys", "insecure"))
     train.add_argument("--data", help="shards' manifest.json (or its folder); not with --dispatcher")
     train.add_argument("--checkpoint", metavar="PATH", type=output_file(),  # refused now, not at the first save
@@ -137,6 +142,14 @@ def _add_dispatch(sub) -> None:
     configured.add_options(dispatch.add_argument_group("dispatcher"), DispatchConfig)
 
 
+def _add_fleet(sub) -> None:
+    """`stoker fleet`: one pool of worker hosts for many jobs."""
+    from stoker.accel.control.fleet_config import FleetConfig
+
+    fleet = sub.add_parser("fleet", help="share worker hosts between jobs, by each job's live demand and weight")
+    configured.add_options(fleet.add_argument_group("fleet"), FleetConfig)
+
+
 def _add_run(sub) -> None:
     """`stoker run`: the whole job on this machine."""
     from stoker.accel.consumer_config import ConsumerConfig
@@ -144,12 +157,13 @@ def _add_run(sub) -> None:
     run = sub.add_parser("run", help="dispatcher + consumer + worker daemons on this machine", parents=[
         JOB, ACCELERATOR, options.consumer_sockets(free_ports=True), options.control_socket(free_ports=True),
         consumer_metrics("the consumer's /metrics port (default 9560; 0: a free one; -1: none)"), SHARD_CACHE,
-        OUTPUT])
+        OUTPUT, FLEET_SEAT])
     run.add_argument("--data", help="shards' manifest (default: the generated ImageNet-like set, or the "
                                     "prepared Wikipedia text with --dataset wikipedia)")
     run.add_argument("--images", type=int_at_least(10), default=2000, help="size of the generated default image set")
-    run.add_argument("--hosts", type=POSITIVE, default=2, help="worker daemons, one per emulated host "
-                                                                "(default %(default)s)")
+    run.add_argument("--hosts", type=NON_NEGATIVE, default=None, help="worker daemons, one per emulated host "
+                                                                    "(default 2; with --fleet 0: the fleet's hosts "
+                                                                    "serve the job)")
     run.add_argument("--procs", type=procs, default=1, help="decode processes per host (at most 4 per core, "
                      "8 on any host)")
     run.add_argument("--worker-metrics-port", type=METRICS_PORT, default=None,
@@ -173,10 +187,20 @@ def _add_lab(sub) -> None:
     up.add_argument("--loopback", action="store_true", help="no namespaces: everything on 127.0.0.1")
     up.add_argument("--ranks", type=POSITIVE, default=1,
                     help="consumer ranks (data-parallel), all on the accelerator (default 1)")
+    up.add_argument("--fleet", action="store_true",
+                    help="run a `stoker fleet` instead of a consumer, its hosts serving it; start jobs with "
+                         "`stoker lab job`")
     up.add_argument("train_args", nargs=argparse.REMAINDER,
                     help="after --: options for the consumer's `stoker train` (default data: the generated set)")
     lab_sub.add_parser("status", help="what the lab is made of and whether its processes live")
-    lab_sub.add_parser("wait", help="wait for the job to finish and print its summary")
+    wait = lab_sub.add_parser("wait", help="wait for the job (a fleet's lab: the job named) to finish and print its "
+                                           "summary")
+    wait.add_argument("job", nargs="?", help="a fleet's lab: the job to wait for (job0 .. job7)")
+    job = lab_sub.add_parser("job", help="a fleet's lab: start a job registered with its fleet")
+    job.add_argument("name", help="job0 .. job7: its key and its ports")
+    job.add_argument("train_args", nargs=argparse.REMAINDER,
+                     help="after --: options for its `stoker train` (--weight, --min-cores, --max-cores, the job's; "
+                          "default data: the generated set)")
     lab_sub.add_parser("down", help="stop everything and remove what the lab made (safe to repeat)")
     for name, text in (("kill", "kill -9 a host's whole daemon"), ("cut", "drop every packet on a host's link"),
                        ("heal", "undo cut")):
@@ -231,9 +255,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     folder = prepare_multiproc_dir()  # before prometheus_client is imported
     try:
         from stoker.workers.daemon import WorkerDaemon
+        from stoker.workers.fleet_agent import FleetAgent
         from stoker.workers.worker_config import WorkerConfig
 
-        return WorkerDaemon(configured.config_of(WorkerConfig, args)).run()
+        cfg = configured.config_of(WorkerConfig, args)
+        return FleetAgent(cfg).run() if cfg.fleet else WorkerDaemon(cfg).run()
     finally:
         if ours:
             remove_multiproc_dir(folder)
@@ -255,6 +281,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     elif args.resume:
         resume = checkpoint.load(args.resume)
     spec = _accel_spec(args)
+    cfg = _with_fleet_start(cfg, args, spec, world_size)
     consumer = Consumer(cfg, job, spec.factory(), resume=resume, rank=rank,
                         world_size=world_size if cfg.dispatcher and args.world_size else None)
     if args.resume and checkpoint.load_model(consumer.accelerator, args.resume):
@@ -290,6 +317,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return _exit_code_of(summary)
 
 
+def _with_fleet_start(cfg: ConsumerConfig, args: argparse.Namespace, spec, ranks: int) -> ConsumerConfig:
+    """With --fleet and no --fleet-start-cores: the planner's estimate, where this machine knows one."""
+    if not cfg.fleet or cfg.fleet_start_cores is not None or cfg.dispatcher:
+        return cfg
+    from stoker.cli_experiments import DEFAULT_CALIBRATION
+    from stoker.fleet_estimate import start_cores
+
+    start = start_cores(spec, options.dataset(args, args.data), args.transform or "train",
+                        args.transform_params or "", ranks, bool(getattr(args, "pack", False)), DEFAULT_CALIBRATION)
+    return replace(cfg, fleet_start_cores=start)
+
+
 INTERRUPTED_ANSWER_S = 5.0  # Ctrl-C: the checkpoint waits this long for the dispatcher, then the summary comes
 
 
@@ -299,6 +338,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = _accel_spec(args)
     # the default /metrics port, taken by another job, is not an error for a job on one machine
     consumer = replace(options.consumer_config(args), metrics_port_or_free=args.metrics_port is None)
+    consumer = _with_fleet_start(consumer, args, spec, args.world_size or 1)
     worker_port = 0 if args.worker_metrics_port is None else args.worker_metrics_port  # 0: each a free port
     cfg = RunConfig(data=args.data, dataset=options.dataset(args, args.data), images=args.images, hosts=args.hosts,
                     procs=args.procs, accel=spec, consumer=consumer,
@@ -361,6 +401,21 @@ def _cmd_dispatch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fleet(args: argparse.Namespace) -> int:
+    from stoker.accel.control.fleet_config import FleetConfig
+    from stoker.accel.control.fleet_service import FleetService
+
+    service = FleetService(configured.config_of(FleetConfig, args))
+
+    def ready(bound: FleetService) -> None:  # said once bound: port 0 is a free port, known only now
+        metrics = f"; metrics on :{bound.metrics_port}" if bound.metrics_port else ""
+        print(f"stoker fleet: hosts (stoker worker --fleet) and jobs (--fleet) register at {bound.endpoint}{metrics}",
+              flush=True)
+
+    service.run(on_ready=ready)
+    return 0
+
+
 def _cmd_keys(args: argparse.Namespace) -> int:
     from stoker.protos import curve
 
@@ -383,20 +438,22 @@ def _cmd_lab(args: argparse.Namespace) -> int:
 
     command = args.lab_command
     if command == "up":
-        train_args = [a for a in args.train_args if a != "--"]
-        if "--data" not in train_args:
-            from stoker.datasets import default_imagenet
-
-            train_args += ["--data", str(default_imagenet())]
-        state = cluster.Lab(cluster.LabConfig(hosts=args.hosts, cores_per_host=args.cores_per_host, procs=args.procs,
-                                              ranks=args.ranks,
-                                              link_gbit=args.link_gbit, link_latency_ms=args.link_latency_ms,
-                                              loopback=args.loopback)).up(train_args)
+        if args.fleet and (args.ranks != 1 or [a for a in args.train_args if a != "--"]):
+            raise ConfigError("lab up --fleet: the fleet's jobs come later, with their options (stoker lab job NAME "
+                              "-- TRAIN OPTIONS); --ranks and train options are not the fleet's")
+        state = _lab_up(args)
         _print_lab(state)
+    elif command == "job":
+        from stoker.lab.fleet_lab import start_job
+
+        member = start_job(args.name, _with_default_data([a for a in args.train_args if a != "--"]))
+        print(f"job {args.name}: pid {member.pid}, metrics {member.metrics}, log {member.log}")
     elif command == "status":
         _print_lab(cluster.current())
     elif command == "wait":
-        print(json.dumps(cluster.wait(), indent=1))
+        from stoker.lab.fleet_lab import job_summary
+
+        print(json.dumps(job_summary(args.job) if args.job else cluster.wait(), indent=1))
     elif command == "down":
         removed = cluster.down()
         print("removed: " + (", ".join(removed) if removed else "nothing (no lab was up)"))
@@ -404,6 +461,28 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         {"kill": cluster.kill_host, "cut": cluster.cut, "heal": cluster.heal}[command](args.host)
         print(f"{command}: {args.host}")
     return 0
+
+
+def _with_default_data(train_args: list[str]) -> list[str]:
+    """The generated default set of the job's dataset, where the options name no --data."""
+    if "--data" in train_args or any(a.startswith("--data=") for a in train_args):
+        return train_args
+    from stoker.datasets import default_manifest
+
+    dataset = "wikipedia" if "wikipedia" in train_args or "--dataset=wikipedia" in train_args else "imagenet"
+    return [*train_args, "--data", str(default_manifest(dataset))]
+
+
+def _lab_up(args: argparse.Namespace):
+    from stoker.lab import cluster
+    from stoker.lab.fleet_lab import FleetLab
+
+    cfg = cluster.LabConfig(hosts=args.hosts, cores_per_host=args.cores_per_host, procs=args.procs, ranks=args.ranks,
+                            link_gbit=args.link_gbit, link_latency_ms=args.link_latency_ms, loopback=args.loopback,
+                            fleet=args.fleet)
+    if args.fleet:
+        return FleetLab(cfg).up([])
+    return cluster.Lab(cfg).up(_with_default_data([a for a in args.train_args if a != "--"]))
 
 
 def _print_lab(state) -> None:
@@ -414,11 +493,16 @@ def _print_lab(state) -> None:
         where = f"netns {member.netns}" if member.netns else "root namespace"
         print(f"  {member.name:6} {member.address:15} {where:18} pid {member.pid} "
               f"{'up' if alive(member.pid) else 'exited'}  metrics {member.metrics}  log {member.log}")
-    print(f"workers connect to {state.control_endpoint}; summary will be written to {state.summary}")
+    if state.config.get("fleet"):
+        print(f"hosts and jobs register with the fleet at {state.fleet_endpoint}; start a job with `stoker lab job "
+              "job0 -- TRAIN OPTIONS`")
+    else:
+        print(f"workers connect to {state.control_endpoint}; summary will be written to {state.summary}")
 
 
 COMMANDS = {"data": _cmd_data, "prepare": cli_prepare.run, "worker": _cmd_worker, "train": _cmd_train,
             "run": _cmd_run, "lab": _cmd_lab, "keys": _cmd_keys, "dispatch": _cmd_dispatch,
+            "fleet": _cmd_fleet,
             **cli_experiments.COMMANDS}
 
 
@@ -444,6 +528,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if job_command and args.drop_last and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
+    if command in ("run", "train"):
+        _check_fleet_seat(parser, args)
     if job_command and args.stall_timeout_s and args.stall_report_s >= args.stall_timeout_s:
         parser.error(f"{command}: argument --stall-report: {args.stall_report_s:g} s is not below --stall-timeout "
                      f"{args.stall_timeout_s:g} s: the job would fail before anyone was told why")
@@ -462,13 +548,13 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     too_big = options.image_fit_error(args) if job_command else None
     if too_big:
         parser.error(f"{command}: {too_big}")
-    if command == "worker" and not args.connect:
-        parser.error("worker: give the dispatcher's endpoint: --dispatcher tcp://HOST:5561")
     if command == "run" and (args.worker_metrics_port or 0) > 0 and args.worker_metrics_port + args.hosts - 1 > 65535:
         parser.error(f"run: argument --worker-metrics-port: {args.hosts} hosts need ports "
                      f"{args.worker_metrics_port}-{args.worker_metrics_port + args.hosts - 1}, beyond 65535")
-    if command in ("train", "run", "dispatch", "worker") and not (args.keys or args.insecure):
+    if command in ("train", "run", "dispatch", "worker", "fleet") and not (args.keys or args.insecure):
         names = {"--metrics-addr": args.metrics_addr}
+        if command == "fleet":
+            names["--bind"] = args.bind
         if command in ("train", "run"):
             names |= {"--data-bind": args.data_bind, "--control-bind": args.control_bind}
         elif command == "dispatch":
@@ -481,6 +567,20 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                              f"trusted network")
 
 
+def _check_fleet_seat(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A job's ask of a fleet, refused at parse time when it cannot work; `stoker run --fleet` starts
+    no workers of its own unless --hosts says so."""
+    from stoker.accel.control.fleet_config import fleet_problem
+
+    bad_seat = fleet_problem(args.fleet, args.weight, args.min_cores, args.max_cores)
+    if bad_seat:
+        parser.error(f"{args.command}: {bad_seat.replace('_', '-')}")
+    if args.command == "run":
+        args.hosts = (0 if args.fleet else 2) if args.hosts is None else args.hosts
+        if args.hosts == 0 and not args.fleet:
+            parser.error("run: argument --hosts: 0 hosts would feed nothing (without --fleet)")
+
+
 def _settle_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The daemon's options the command line left out: from $STOKER_*, then --config, then the defaults."""
     from stoker.workers.worker_config import WorkerConfig
@@ -489,6 +589,9 @@ def _settle_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         settings.settle(WorkerConfig, args, os.environ, args.config)
     except settings.SettingError as exc:
         parser.error(f"worker: {exc}")
+    if bool(args.connect) == bool(args.fleet):
+        parser.error("worker: give one of the dispatcher's endpoint (--dispatcher tcp://HOST:5561) and a fleet's "
+                     "(--fleet tcp://HOST:5570)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,8 +109,11 @@ def _add_plan(sub) -> None:
 
 
 def _add_status(sub) -> None:
-    status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics")
-    status.add_argument("--metrics", default="http://127.0.0.1:9560/metrics", help="the consumer's /metrics URL")
+    status = sub.add_parser("status", help="what bounds a running job's throughput, from its consumer's metrics "
+                                           "(or a fleet's jobs, from the fleet's)")
+    status.add_argument("--metrics", default="http://127.0.0.1:9560/metrics",
+                        help="the consumer's /metrics URL, or a fleet's (stoker fleet: port 9558): each job's "
+                             "processes, need, stall and share")
     json_option(status, "the figures (with --watch: one line per refresh)")
     status.add_argument("--watch", action="store_true", help="refresh every --interval seconds until Ctrl-C")
     status.add_argument("--interval", type=float_in(0.1), default=1.0, help="--watch: seconds between refreshes")

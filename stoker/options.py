@@ -7,6 +7,7 @@ that honour it, and the functions that turn parsed options into the packages' co
 | `ACCELERATOR` | what the consumer steps with | (`ConsumerConfig`) | run, train |
 | `CONSUMER_SOCKETS` | the consumer's data socket and its senders | `ConsumerConfig` | run, train |
 | `CONTROL_SOCKET` | the dispatcher's socket and its hosts | `ConsumerConfig` | run, train |
+| `FLEET_SEAT` | a job's registration with a fleet: its weight and limits | `ConsumerConfig` | run, train |
 | `consumer_metrics(...)` | the consumer's /metrics endpoint | (`ConsumerConfig`) | run, train |
 | `SHARD_CACHE` | the size limit of a host's cache of remote shards | `WorkerConfig` | run |
 | `OUTPUT` | the closing summary as JSON, the progress bar | | run, train |
@@ -91,6 +92,14 @@ def control_socket(free_ports: bool = False) -> argparse.ArgumentParser:
     return parent
 
 
+def _fleet_seat() -> argparse.ArgumentParser:
+    parent = _group("fleet")
+    p = parent.add_argument_group("fleet: a pool of worker hosts shared with other jobs (stoker fleet)")
+    add_options(p, ConsumerConfig, ("fleet", "weight", "min_cores", "max_cores", "fleet_key_name",
+                                        "fleet_start_cores"))
+    return parent
+
+
 def consumer_metrics(port_help: str) -> argparse.ArgumentParser:
     """A consumer's /metrics: its port's default depends on its rank (`consumer_metrics_port`)."""
     parent = _group("metrics")
@@ -132,8 +141,8 @@ def json_option(p, what: str) -> None:
                    help=f"write {what} as JSON to PATH (alone: to standard output)")
 
 
-JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, SHARD_CACHE, OUTPUT = (
-    _job(), _accelerator(), consumer_sockets(), control_socket(), _shard_cache(), _output())
+JOB, ACCELERATOR, CONSUMER_SOCKETS, CONTROL_SOCKET, SHARD_CACHE, OUTPUT, FLEET_SEAT = (
+    _job(), _accelerator(), consumer_sockets(), control_socket(), _shard_cache(), _output(), _fleet_seat())
 
 
 class Deprecated(argparse.Action):

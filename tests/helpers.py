@@ -64,13 +64,14 @@ class Daemon:
     started: list[Daemon] = []
 
     def __init__(self, connect: str, host_id: str, procs: int, log_dir: Path, once: bool = True,
-                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None, fleet: bool = False) -> None:
+        """`fleet`: `connect` is a fleet's endpoint (stoker worker --fleet; never --once)."""
         self.host_id = host_id
         self.metrics_port = free_port()
         self.log_path = log_dir / f"{host_id}.log"
-        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher", connect,
-               "--procs", str(procs), "--host-id", host_id, "--metrics-port", str(self.metrics_port)]
-        if once:
+        cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--fleet" if fleet else "--dispatcher",
+               connect, "--procs", str(procs), "--host-id", host_id, "--metrics-port", str(self.metrics_port)]
+        if once and not fleet:
             cmd.append("--once")
         cmd += extra
         env = {k: v for k, v in (env or os.environ).items() if k != "PROMETHEUS_MULTIPROC_DIR"}

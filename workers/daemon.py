@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import time
+from multiprocessing.sharedctypes import Synchronized
 
 import zmq
 from prometheus_client import multiprocess
@@ -66,10 +67,15 @@ class _Child:
         self.restart_at: float | None = None  # a crashed process waiting for its back-off
         self.activity: ActivitySlot | None = None  # what its process is doing (pipeline.activity), one per index
         self.stopped_since: float | None = None  # its process was seen stopped (state T) since then
+        self.retire_by: float | None = None  # told to drain (the fleet moved it to another job): killed past this
 
 
 class WorkerDaemon:
-    def __init__(self, cfg: WorkerConfig) -> None:
+    """`target`: under a fleet (workers.fleet_agent), how many of its `procs` to run now, changed while
+    it runs; a process it no longer needs drains and hands its units back before it exits.
+    `expect_job`: with --once, the job to serve; a dispatcher that serves another is left at once."""
+
+    def __init__(self, cfg: WorkerConfig, target: Synchronized | None = None, expect_job: str = "") -> None:
         if not 1 <= cfg.procs <= most_procs():
             raise ConfigError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
                              f"not {cfg.procs}")
@@ -91,9 +97,12 @@ class WorkerDaemon:
         self.failed = False  # a process could not serve the job at all
         self._other_job = False  # the dispatcher serves another job (or run) than the one being run
         self._other_job_id = ""  # the job it serves then, when a heartbeat's answer said
-        self._job_id = ""  # the job being run
+        self._job_id = expect_job  # the job being run
+        self.served_to_end = False  # it saw its job finished (a --once daemon's one job is over)
+        self._job_over = False
         self._run_id = ""  # ... and the run of it this daemon registered with (Registered.run_id)
         self._incarnations: dict[int, int] = {}  # process index -> its last incarnation, across jobs
+        self.target = target
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping:
@@ -119,6 +128,7 @@ class WorkerDaemon:
                 if job is None:
                     break
                 if self._run_job(job) and self.cfg.once:
+                    self.served_to_end = True
                     break
         finally:
             self.systemd.stopping()
@@ -170,6 +180,7 @@ class WorkerDaemon:
                 continue
             if self.cfg.once and self._job_id and reply.finished.job_id == self._job_id:
                 log.info("%s: job %s finished while this host was away; --once: exiting", self.host_id, self._job_id)
+                self.served_to_end = True
                 return None
             time.sleep(1.0)  # its job is finished: wait for one that is not
         return None
@@ -195,8 +206,9 @@ class WorkerDaemon:
 
     def _run_job(self, job: JobConfig) -> bool:
         """Serve one job; True when it is finished, False when we left it (or were stopped)."""
-        children = [_Child(i, self._incarnations.get(i, 0)) for i in range(self.cfg.procs)]
+        children = [_Child(i, self._incarnations.get(i, 0)) for i in range(self._wanted())]
         self._other_job, self._other_job_id, self._job_id = False, "", job.job_id
+        self._job_over = False  # a process said the job is finished: none is started for it any more
         for child in children:
             self._spawn(child, job)
         next_beat = 0.0
@@ -215,6 +227,8 @@ class WorkerDaemon:
             for child in children:
                 self._kill_if_frozen(child)
                 self._reap(child, job, finished_at is not None)
+            if finished_at is None:
+                children = self._resize(children, job)
             if finished_at is None and time.monotonic() >= next_beat:  # once finished, nobody listens any more
                 answer = self._heartbeat(children)
                 next_beat = time.monotonic() + job.heartbeat_s
@@ -241,6 +255,53 @@ class WorkerDaemon:
                 break
         self._drain(children, release=self.stopping and not self._parent_gone())
         return not left and not self._other_job and not self.stopping
+
+    def _wanted(self) -> int:
+        """The processes to run: all of --procs, or as many of them as the fleet gives this job now."""
+        if self.target is None:
+            return self.cfg.procs
+        return max(1, min(self.cfg.procs, int(self.target.value)))
+
+    def _resize(self, children: list[_Child], job: JobConfig) -> list[_Child]:
+        """Under a fleet: start processes up to the target, or drain the newest beyond it (SIGTERM: each
+        finishes the batch in hand; `_reap` hands its units back once it has exited)."""
+        if self.target is None or self._job_over:
+            return children
+        children = [c for c in children if not (c.finished and c.retire_by is not None)]  # retired: gone
+        active = [c for c in children if not c.finished and c.retire_by is None]
+        want = self._wanted()
+        if len(active) < want:
+            used = {c.index for c in children if not c.finished}
+            for index in [i for i in range(self.cfg.procs) if i not in used][:want - len(active)]:
+                child = _Child(index, self._incarnations.get(index, 0))
+                children.append(child)
+                process = self._spawn(child, job)
+                log.info("%s: the fleet gives job %s %d processes: started %s (pid %s)", self.host_id, job.job_id,
+                         want, self._worker_id(child), process.pid)
+        for child in sorted(active, key=lambda c: -c.index)[:max(0, len(active) - want)]:
+            child.retire_by = time.monotonic() + self.cfg.drain_timeout_s
+            log.info("%s: the fleet gives job %s %d processes: draining %s", self.host_id, job.job_id, want,
+                     self._worker_id(child))
+            if child.process is not None and child.process.is_alive() and child.restart_at is None:
+                child.process.terminate()
+        return children
+
+    def _retire(self, child: _Child) -> None:
+        """A process the fleet moved: once it has exited (or past its drain time, killed), its units go back."""
+        proc = child.process
+        if child.restart_at is None and proc is not None and proc.is_alive():
+            if time.monotonic() < (child.retire_by or 0.0):
+                return
+            log.warning("%s: %s did not drain in time; killing it", self.host_id, proc.name)
+            proc.kill()
+            proc.join()
+        if proc is not None:
+            proc.join()
+            multiprocess.mark_process_dead(proc.pid)
+            self._release([self._worker_id(child)], "moved to another job")
+            log.info("%s: %s drained (moved to another job); its units are back with the dispatcher", self.host_id,
+                     self._worker_id(child))
+        child.finished = True
 
     def _say_other_job(self, job: JobConfig) -> None:
         if not self._other_job_id:
@@ -276,6 +337,10 @@ class WorkerDaemon:
 
     def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
+        if child.retire_by is not None:
+            if not child.finished:
+                self._retire(child)
+            return
         if child.restart_at is not None:
             if job_finished:
                 child.finished = True
@@ -289,6 +354,7 @@ class WorkerDaemon:
         multiprocess.mark_process_dead(proc.pid)
         if proc.exitcode == EXIT_FINISHED or self.stopping:
             child.finished = True
+            self._job_over = self._job_over or not self.stopping  # a process that was not told to stop: no more work
             return
         if proc.exitcode == EXIT_OTHER_JOB:
             self._other_job = True

@@ -18,9 +18,12 @@ HOST_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+-]+")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    connect: str = field(metadata={  # dispatcher control endpoint
-        "help": "dispatcher endpoint, e.g. tcp://10.0.0.5:5561", "flag": "--dispatcher", "metavar": "ENDPOINT",
-        "check": "endpoint"})
+    connect: str = field(default="", metadata={  # dispatcher control endpoint
+        "help": "the one job's dispatcher endpoint, e.g. tcp://10.0.0.5:5561 (or --fleet)", "flag": "--dispatcher",
+        "metavar": "ENDPOINT", "check": "endpoint"})
+    fleet: str = field(default="", metadata={  # a fleet's endpoint: serve the jobs it gives this host
+        "help": "a fleet's endpoint (stoker fleet), e.g. tcp://10.0.0.5:5570: serve whichever jobs it gives this "
+                "host, one job per process (instead of --dispatcher)", "metavar": "ENDPOINT", "check": "endpoint"})
     procs: int = field(default=1, metadata={
         "help": "decode processes on this host, about one per core given to Stoker (default %(default)s; at most "
                 "4 per core of the host, and 8 on any host)", "check": "procs"})

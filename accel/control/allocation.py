@@ -12,7 +12,9 @@ fairness by progressive filling. Idle processes always go to a job that wants th
 conserving); a job is cut below what it holds only for another job below its fair share. Moves are
 damped: idle processes are handed out first, then at most `max_moves` processes move a round,
 from the job furthest above its target to the job furthest below it, so a change of asks never
-makes the whole fleet change hands at once and the same asks never move a process back.
+makes the whole fleet change hands at once and the same asks never move a process back. A job
+above its target while no job is below its own (a fed job whose need fell) gives one process a
+round back to idle: the fleet's holdings meet its targets, so what it offers idle is what it has.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class JobAsk:
 @dataclass(frozen=True)
 class Move:
     job_from: str | None  # None: an idle process
-    job_to: str
+    job_to: str | None  # None: back to idle
     processes: int
 
 
@@ -107,6 +109,7 @@ def allocate(capacity: int, asks: list[JobAsk], holding: dict[str, int], max_mov
     now = {job: holding.get(job, 0) for job in targets}
     moves = _idle_first(capacity - sum(holding.values()), targets, now)
     moves += _damped_transfers(targets, now, max_moves)
+    moves += _surplus_back(targets, now)
     return Allocation(targets, moves, {a.job_id: max(0, a.cap - targets[a.job_id]) for a in asks},
                       {a.job_id: _reason(a, targets[a.job_id], capacity) for a in asks})
 
@@ -135,6 +138,17 @@ def _damped_transfers(targets: dict[str, int], now: dict[str, int], max_moves: i
         now[under] += 1
         budget -= 1
     return moves
+
+
+def _surplus_back(targets: dict[str, int], now: dict[str, int]) -> list[Move]:
+    """One process of the job furthest above its target back to idle, when no job is below its own."""
+    if not targets or any(now[j] < targets[j] for j in targets):
+        return []
+    over = max(targets, key=lambda j: (now[j] - targets[j], j))
+    if now[over] <= targets[over]:
+        return []
+    now[over] -= 1
+    return [Move(over, None, 1)]
 
 
 def _reason(ask: JobAsk, target: int, capacity: int) -> str:

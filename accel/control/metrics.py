@@ -50,9 +50,14 @@ class ControlMetrics:
 
     def serve(self, port: int, addr: str) -> int:
         """Serve /metrics; returns the bound port (useful with port 0)."""
-        try:
-            server, _ = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as exc:
-            raise ResourceError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
-                          f"(pick another with --metrics-port)") from exc
-        return int(server.server_port)
+        return serve_registry(self.registry, port, addr)
+
+
+def serve_registry(registry: CollectorRegistry, port: int, addr: str) -> int:
+    """Serve `registry` on /metrics; returns the bound port (useful with port 0)."""
+    try:
+        server, _ = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise ResourceError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc} "
+                            f"(pick another with --metrics-port)") from exc
+    return int(server.server_port)

@@ -179,6 +179,13 @@ class ControlServer:
         return handler.answer(self, asked)
 
     # ---- one handler per request kind (HANDLERS, below the class, says who may send each) ----
+    def _on_fleet_beat(self, asked: Asked) -> pb.ControlReply:
+        """A fleet's message, sent here by a daemon or a job given this address as a fleet's."""
+        return pb.ControlReply(error=pb.Error(message=f"this is job {self.job.job_id}'s dispatcher, not a fleet "
+                                                      "(stoker fleet): a worker of this job alone takes --dispatcher "
+                                                      "here, a fleet's worker and a job take --fleet at the fleet's "
+                                                      "address"))
+
     def _on_register(self, asked: Asked) -> pb.ControlReply:
         d, register = self.dispatcher, asked.request.register
         taken = self._host_id_taken(register.host_id, asked.peer)
@@ -509,6 +516,8 @@ HANDLERS: dict[str, Handler] = {
     "lease": Handler(ControlServer._on_lease, WORKER),
     "release": Handler(ControlServer._on_release, WORKER),
     "refuse": Handler(ControlServer._on_refuse, WORKER),
+    "fleet_host": Handler(ControlServer._on_fleet_beat, WORKER),  # misdirected: answered with what this is
+    "fleet_job": Handler(ControlServer._on_fleet_beat, WORKER),
     "attach": Handler(ControlServer._on_attach, CONSUMER),
     "ack": Handler(ControlServer._on_ack, CONSUMER, attached=True),
     "epoch_steps": Handler(ControlServer._on_epoch_steps, CONSUMER, attached=True),

@@ -47,6 +47,7 @@ log = logging.getLogger("stoker.lab")
 
 DATA_PORT, CONTROL_PORT, METRICS_PORT, WORKER_METRICS_PORT = 5560, 5561, 9560, 9561
 RANK_METRICS_PORT = 9570  # + rank, for ranks 1.. (clear of the workers' ports on loopback)
+FLEET_PORT, FLEET_METRICS_PORT = 5570, 9558  # with --fleet
 
 
 def state_dir() -> Path:
@@ -110,6 +111,7 @@ class LabConfig:
     link_latency_ms: float | None = None
     loopback: bool = False  # force the fallback even where namespaces work
     ranks: int = 1  # consumer ranks (data-parallel), all in the accelerator's namespace
+    fleet: bool = False  # a `stoker fleet` in the accelerator's namespace instead of a consumer; jobs come later
 
 
 @dataclass
@@ -155,6 +157,11 @@ class LabState:
     def control_endpoint(self) -> str:
         return f"tcp://{self.consumer.address}:{CONTROL_PORT}"
 
+    @property
+    def fleet_endpoint(self) -> str:
+        """With `--fleet`: where hosts and jobs register (the accelerator's namespace runs the fleet)."""
+        return f"tcp://{self.consumer.address}:{FLEET_PORT}"
+
 
 class Lab:
     def __init__(self, cfg: LabConfig) -> None:
@@ -176,7 +183,7 @@ class Lab:
             if mode == "netns":
                 self._network(state)
             self._cgroups(state)
-            self._start_consumer(state, train_args)
+            self._start_head(state, train_args)
             for index in range(self.cfg.hosts):
                 self._start_worker(state, index)
         except BaseException:
@@ -194,6 +201,14 @@ class Lab:
             add_key(folder, f"h{index}")
         for rank in range(1, self.cfg.ranks):  # they attach to rank 0's dispatcher as consumers
             add_key(folder, f"rank{rank}", role="consumer")
+        self._more_keys(folder)
+
+    def _more_keys(self, folder: Path) -> None:
+        """Keys beyond the hosts' and the ranks' (a fleet's lab adds its jobs')."""
+
+    def _start_head(self, state: LabState, train_args: list[str]) -> None:
+        """What the accelerator's namespace runs: the job's consumer (a fleet's lab runs the fleet)."""
+        self._start_consumer(state, train_args)
 
     def _network(self, state: LabState) -> None:
         lab = names()
@@ -278,8 +293,9 @@ class Lab:
         member = Member(name, address, f"{names().prefix}{name}" if netns else None,
                         log=str(state_dir() / f"{name}.log"), metrics=f"http://{address}:{port}/metrics")
         cgroup = Path(state.cgroups[0]) / name if state.cgroups else None
-        worker = WorkerConfig(state.control_endpoint, procs=self.cfg.procs, host_id=name, metrics_addr=address,
-                              metrics_port=port, keys=str(state_dir() / "keys"), key_name=name)
+        worker = WorkerConfig("" if self.cfg.fleet else state.control_endpoint,
+                              fleet=state.fleet_endpoint if self.cfg.fleet else "", procs=self.cfg.procs, host_id=name,
+                              metrics_addr=address, metrics_port=port, keys=str(state_dir() / "keys"), key_name=name)
         cmd = [sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", *command_line(worker)]
         member.pid = _spawn(cmd, member.netns, cgroup, Path(member.log))
         state.members[name] = member

@@ -25,17 +25,20 @@ VENV_BIN = Path(sys.executable).parent
 def _exported_metric_names() -> set[str]:
     """Every family the consumer, dispatcher and workers register, with the suffixes Prometheus adds."""
     from stoker.accel.bottleneck import BottleneckMonitor, Totals
+    from stoker.accel.control.fleet_service import FleetMetrics
     from stoker.accel.metrics import ConsumerMetrics
     from stoker.workers.metrics import WorkerMetrics
 
     consumer = ConsumerMetrics()
+    fleet = FleetMetrics()
     BottleneckMonitor(lambda: Totals(), consumer.registry)
     try:
         WorkerMetrics()  # registers in the default registry, as in a worker process
     except ValueError:
         pass  # already registered by an earlier test in this process
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
-    return {family.name + suffix for registry in (consumer.registry, REGISTRY) for family in registry.collect()
+    return {family.name + suffix for registry in (consumer.registry, fleet.registry, REGISTRY)
+            for family in registry.collect()
             for suffix in suffixes.get(family.type, ("",))}
 
 
@@ -44,7 +47,7 @@ def _metric_names_in(text: str) -> set[str]:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-@pytest.mark.parametrize("unit", ["stoker-worker.service", "stoker-consumer.service"])
+@pytest.mark.parametrize("unit", ["stoker-worker.service", "stoker-consumer.service", "stoker-fleet.service"])
 def test_systemd_units_verify_cleanly(unit, tmp_path):
     text = (DEPLOY / "systemd" / unit).read_text().replace("/opt/stoker/.venv/bin", str(VENV_BIN))
     assert "Type=notify" in text and "WatchdogSec=" in text and "Restart=on-failure" in text
@@ -71,11 +74,28 @@ def test_kubernetes_manifests_match_the_schema():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     kinds = {doc["kind"] for path in manifests for doc in yaml.safe_load_all(path.read_text()) if doc}
-    assert {"DaemonSet", "StatefulSet", "Service", "ConfigMap"} <= kinds
+    assert {"DaemonSet", "StatefulSet", "Service", "ConfigMap", "Deployment", "HorizontalPodAutoscaler"} <= kinds
     daemonset = next(doc for path in manifests for doc in yaml.safe_load_all(path.read_text())
                      if doc and doc["kind"] == "DaemonSet")
     shm = [v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
     assert shm and shm[0]["emptyDir"]["medium"] == "Memory"
+
+
+def test_the_fleets_autoscaler_sizes_its_workers_from_a_metric_the_fleet_exports():
+    docs = [doc for doc in yaml.safe_load_all((DEPLOY / "kubernetes" / "stoker-fleet.yaml").read_text()) if doc]
+    hpa = next(doc for doc in docs if doc["kind"] == "HorizontalPodAutoscaler")
+    workers = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] ==
+                   hpa["spec"]["scaleTargetRef"]["name"])
+    worker_args = " ".join(workers["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert "--fleet tcp://stoker-fleet:5570" in worker_args
+    (metric,) = hpa["spec"]["metrics"]
+    name = metric["external"]["metric"]["name"]
+    assert name in _exported_metric_names()
+    procs = re.search(r"--procs (\d+)", worker_args)
+    assert procs and metric["external"]["target"]["averageValue"] == procs.group(1)  # replicas = wanted / procs
+    rules = yaml.safe_load(next(doc for doc in docs if doc["kind"] == "ConfigMap")["data"]["config.yaml"])
+    assert {rule["name"]["as"] for rule in rules["externalRules"]} == {name}
+    assert _metric_names_in(" ".join(r["metricsQuery"] for r in rules["externalRules"])) <= _exported_metric_names()
 
 
 def test_alerts_and_dashboard_name_only_exported_metrics():

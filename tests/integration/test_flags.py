@@ -45,6 +45,17 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["run", "--world-size", "0"], "--world-size"),
     (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
+    (["run", "--fleet", "tcp://127.0.0.1:1", "--weight", "0"], "--weight"),
+    (["run", "--fleet", "not-an-endpoint"], "--fleet"),
+    (["run", "--weight", "2"], "--fleet"),  # an ask of a fleet without the fleet
+    (["train", "--data", "x", "--fleet", "tcp://127.0.0.1:1", "--min-cores", "3", "--max-cores", "2"], "max-cores"),
+    (["train", "--data", "x", "--fleet", "tcp://127.0.0.1:1", "--fleet-start-cores", "0"], "--fleet-start-cores"),
+    (["worker"], "--dispatcher"),
+    (["worker", "--fleet", "tcp://127.0.0.1:1", "--dispatcher", "tcp://127.0.0.1:2"], "--fleet"),
+    (["fleet", "--bind", "tcp://0.0.0.0:5570"], "--bind"),
+    (["fleet", "--max-moves", "0"], "--max-moves"),
+    (["fleet", "--host-timeout", "0"], "--host-timeout"),
+    (["lab", "up", "--fleet", "--", "--epochs", "2"], "--fleet"),
 ])
 def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
     result, took = _stoker(*args)

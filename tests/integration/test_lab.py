@@ -121,3 +121,28 @@ def test_lab_cli_up_status_down(manifest, lab):
     assert down.returncode == 0 and f"netns {lab.prefix}h0" in down.stdout
     again = subprocess.run([*stoker, "down"], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "nothing" in again.stdout
+
+
+def test_a_fleet_lab_shares_its_hosts_between_two_jobs_across_namespaces(manifest, lab):
+    """`stoker lab up --fleet`: the fleet and two jobs in the accelerator's namespace, two hosts in theirs,
+    every link CURVE with the lab's keys (workers' and jobs' by role); each job gets every sample once."""
+    stoker = [sys.executable, "-m", "stoker", "lab"]
+    up = subprocess.run([*stoker, "up", "--fleet", "--hosts", "2", "--cores-per-host", "0.5", "--procs", "2"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    assert "register with the fleet at tcp://" in up.stdout
+    job = ["--data", manifest.uri, "--batch-size", "16", "--epochs", "3", "--accel", "simulated", "--rate", "150"]
+    for name in ("job0", "job1"):
+        started = subprocess.run([*stoker, "job", name, "--", *job], capture_output=True, text=True, timeout=60)
+        assert started.returncode == 0, started.stderr
+    state = cluster.current()
+    assert wait_for(lambda: len([k for k, v in scrape_url(state.consumer.metrics).items()
+                                 if k.startswith("stoker_fleet_job_processes{") and v > 0]) == 2, timeout=60)
+    for name in ("job0", "job1"):
+        done = subprocess.run([*stoker, "wait", name], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0 and '"unique_samples": 480' in done.stdout and '"samples": 480' in done.stdout, \
+            done.stderr
+    log = open(state.consumer.log).read()
+    assert "host h0 joined" in log and "host h1 joined" in log and log.count("left (it finished)") == 2
+    refused = subprocess.run([*stoker, "job", "job9", "--", *job], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "job0 .. job7" in refused.stderr

@@ -36,14 +36,15 @@ def test_init_makes_a_private_server_key_and_never_replaces_it(keys):
     with pytest.raises(KeyFileError, match="already holds a server key"):
         init_keys(keys)
     assert (keys / "server.key_secret").read_bytes() == before
-    assert list_keys(keys) == {"server": ["server.key"], "workers": [], "consumers": [], "secrets": []}
+    assert list_keys(keys) == {"server": ["server.key"], "workers": [], "consumers": [], "jobs": [],
+                               "secrets": []}
 
 
 def test_a_key_is_admitted_in_the_role_of_its_allow_list(keys):
     secret = add_key(keys, "cpu-0")
     add_key(keys, "trainer_1", role=CONSUMER)
     assert secret == keys / "workers" / "cpu-0.key_secret" and stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert list_keys(keys) == {"server": ["server.key"], "workers": ["cpu-0"], "consumers": ["trainer_1"],
+    assert list_keys(keys) == {"server": ["server.key"], "workers": ["cpu-0"], "consumers": ["trainer_1"], "jobs": [],
                                "secrets": ["consumers/trainer_1.key_secret", "workers/cpu-0.key_secret"]}
     server = ServerKeys.load(keys)
     worker = ClientKeys.load(keys, "cpu-0")

@@ -66,20 +66,28 @@ def test_moves_are_damped_and_the_same_asks_converge_without_moving_a_process_ba
     for _ in range(2 + sum(abs(holding[j] - targets[j]) for j in targets)):
         plan = allocate(capacity, asks, holding, max_moves)
         assert plan.targets == targets  # the same asks, the same targets: nothing to flap over
-        transfers = [m for m in plan.moves if m.job_from is not None]
+        transfers = [m for m in plan.moves if m.job_from is not None and m.job_to is not None]
         assert sum(m.processes for m in transfers) <= max_moves
+        assert sum(m.processes for m in plan.moves if m.job_to is None) <= 1  # back to idle: one a round
         for move in plan.moves:
             assert move.job_from not in moved_to, "a job that was given processes gave one back"
-            moved_to.add(move.job_to)
+            if move.job_to is not None:
+                moved_to.add(move.job_to)
+                holding[move.job_to] += move.processes
             if move.job_from is not None:
                 holding[move.job_from] -= move.processes
-            holding[move.job_to] += move.processes
         assert sum(holding.values()) <= capacity and min(holding.values()) >= 0
         if not plan.moves:
             break
-    # every job holds its target; one above it keeps only processes no job is short of (a finished
-    # job's, until another job wants them: moving them to nobody would only be churn)
-    assert all(holding[job] >= targets[job] for job in targets)
+    # every job holds its target: a surplus goes back to idle once no job is short, one a round
+    assert holding == targets
+
+
+def test_a_job_whose_need_fell_gives_its_surplus_back_to_idle_one_a_round_once_nobody_is_short():
+    plan = allocate(8, [JobAsk("resnet", want=3), JobAsk("bert", want=1)], {"resnet": 6, "bert": 1})
+    assert [(m.job_from, m.job_to, m.processes) for m in plan.moves] == [("resnet", None, 1)]
+    short = allocate(7, [JobAsk("resnet", want=3), JobAsk("bert", want=4)], {"resnet": 6, "bert": 1})
+    assert [(m.job_from, m.job_to) for m in short.moves] == [("resnet", "bert"), ("resnet", "bert")]  # not to idle
 
 
 def test_a_fed_job_gets_no_more_and_a_starving_one_gets_the_idle_cores_then_its_share():

@@ -1,0 +1,300 @@
+"""What a fleet knows and decides: its hosts, its jobs, and which host runs how many processes of which
+job. No sockets and no clock (the caller passes `now`): `stoker fleet`'s service (fleet_service.py)
+feeds it the beats it receives and sends back what it answers.
+
+Every beat is a whole statement (a host's capacity and what it runs, a job's ask), so a fleet that
+starts again rebuilds this book from the next beats: a host's report of what it runs is adopted as
+its assignment when the fleet has none for it, and a job a host serves that has not registered yet
+keeps its processes for `job_timeout_s`. A host silent for `host_timeout_s` is gone (its job's
+dispatcher re-leases its units, as without a fleet); a job silent for `job_timeout_s`, or one that
+says it is leaving, frees its processes.
+
+Jobs ask in CPU cores (what their bottleneck monitor measures, in CPU time); hosts offer processes
+and the cores those may use. The fleet turns a job's cores into processes at the fleet's cores per
+process (one, where each host runs a process per core it gives Stoker, as it should; less on an
+emulated host with a CPU quota), so a job that needs 3 cores gets 3 processes on real hosts and 6
+on hosts that give each process half a core.
+
+Each round (`rebalance`) asks allocation.allocate for the targets and the damped moves, and puts
+each move on a host: idle processes from the host with the most free, a moved one from the host
+where the giving job runs the most. A host told to run fewer processes of a job drains them (their
+units go back to that job's dispatcher, nothing lost) before it starts another job's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from stoker.accel.control.allocation import Allocation, JobAsk, Move, allocate
+from stoker.protos.errors import ConfigError
+
+HOST_TIMEOUT_S = 5.0  # a host that has not beaten for this long is gone
+JOB_TIMEOUT_S = 10.0  # a job silent this long (or one a restarted fleet has not heard from yet) frees its processes
+ROUND_S = 1.0  # the least time between two rounds of moves: each round moves at most max_moves processes
+
+
+@dataclass
+class Host:
+    host_id: str
+    procs: int
+    seen: float
+    leaving: bool = False
+    running: dict[str, int] = field(default_factory=dict)  # job -> processes the host says it runs
+    cores: float = 0.0  # the CPU its processes may use in all (0: not said; one a process)
+
+
+@dataclass
+class Job:
+    job_id: str
+    weight: float
+    min_cores: int
+    max_cores: int | None
+    want_cores: float | None  # None: the job has not measured its demand yet (it gets its fair share)
+    endpoint: str
+    seen: float
+    want_reason: str = ""
+    stall_fraction: float = 0.0
+    cores_needed: float = 0.0
+    cores_in_use: float = 0.0
+    transform: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One line of the fleet's log: what moved, and why."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Share:
+    target: int
+    holding: int
+    missing: int
+    fleet_procs: int
+    hosts: int
+    reason: str
+
+
+class FleetBook:
+    def __init__(self, host_timeout_s: float = HOST_TIMEOUT_S, job_timeout_s: float = JOB_TIMEOUT_S,
+                 round_s: float = ROUND_S, max_moves: int = 2) -> None:
+        if not (host_timeout_s > 0 and job_timeout_s > 0 and round_s >= 0 and max_moves >= 1):
+            raise ConfigError("the fleet's host and job timeouts must be above 0 and at least one process must "
+                              "move a round")
+        self.host_timeout_s = host_timeout_s
+        self.job_timeout_s = job_timeout_s
+        self.round_s = round_s
+        self.max_moves = max_moves
+        self.hosts: dict[str, Host] = {}
+        self.jobs: dict[str, Job] = {}
+        self.assigned: dict[str, dict[str, int]] = {}  # host -> job -> processes it should run
+        self.last: Allocation | None = None
+        self._round_at = -math.inf
+        self._started: float | None = None  # the first beat this book heard: jobs it never heard get a grace
+        self.moves_total = 0
+
+    # ---- beats -------------------------------------------------------------------------------
+
+    def host_beat(self, host_id: str, procs: int, running: dict[str, int], leaving: bool, now: float,
+                  cores: float = 0.0) -> list[Decision]:
+        """A host's beat; returns what changed. A new host is placed at once (it gets work within a
+        second: the caller answers with `plan_for` right after)."""
+        self._started = now if self._started is None else self._started
+        if procs < 1:
+            raise ConfigError(f"host {host_id}: a host must offer at least one process, not {procs}")
+        known = self.hosts.get(host_id)
+        decisions = []
+        if known is None:
+            decisions.append(Decision(f"host {host_id} joined with {procs} processes"))
+            self.hosts[host_id] = Host(host_id, procs, now, leaving, dict(running), cores)
+            if host_id not in self.assigned:  # a fleet that started again: adopt what the host runs
+                self.assigned[host_id] = {job: n for job, n in running.items() if n > 0}
+        else:
+            if leaving and not known.leaving:
+                decisions.append(Decision(f"host {host_id} is draining: its processes go to other hosts"))
+            known.procs, known.seen, known.leaving, known.running = procs, now, leaving, dict(running)
+            known.cores = cores
+        if leaving:
+            self.assigned[host_id] = {}
+        else:
+            self._fit_host(host_id)
+        return decisions + self.rebalance(now, force=known is None)
+
+    def job_beat(self, job: Job, now: float) -> list[Decision]:
+        """A job's beat (`job.seen` is set to `now`); ConfigError when its weight or limits cannot hold."""
+        self._started = now if self._started is None else self._started
+        JobAsk(job.job_id, 0, job.weight, job.min_cores, job.max_cores)  # refused here, with one line
+        if job.want_cores is not None and not (job.want_cores >= 0 and math.isfinite(job.want_cores)):
+            raise ConfigError(f"job {job.job_id}: wants {job.want_cores!r} cores, not a number of at least 0")
+        known = self.jobs.get(job.job_id)
+        decisions = []
+        wants = "its fair share" if job.want_cores is None else f"{job.want_cores:.2f} cores"
+        if known is None:
+            decisions.append(Decision(
+                f"job {job.job_id} joined (weight {job.weight:g}, min {job.min_cores}, max "
+                f"{'-' if job.max_cores is None else job.max_cores} cores), wants {wants}: "
+                f"{job.want_reason or 'no reason given'}"))
+        elif job.want_cores is not None and (known.want_cores is None or self.processes_for(known.want_cores)
+                                             != self.processes_for(job.want_cores)):  # a change the fleet acts on
+            decisions.append(Decision(f"job {job.job_id} now wants {wants}, {self.processes_for(job.want_cores)} "
+                                      f"processes ({job.want_reason})"))
+        job.seen = now
+        self.jobs[job.job_id] = job
+        return decisions + self.rebalance(now, force=known is None)
+
+    def job_leaves(self, job_id: str, now: float, why: str = "it finished") -> list[Decision]:
+        if self.jobs.pop(job_id, None) is None:
+            return []
+        held = self._drop_job(job_id)
+        return [Decision(f"job {job_id} left ({why}): its {held} processes are free")] + self.rebalance(now, force=True)
+
+    def expire(self, now: float) -> list[Decision]:
+        """Hosts and jobs that fell silent, and assignments of jobs nobody registered."""
+        decisions = []
+        for host in [h for h in self.hosts.values() if now - h.seen > self.host_timeout_s]:
+            del self.hosts[host.host_id]
+            lost = self.assigned.pop(host.host_id, {})
+            decisions.append(Decision(f"host {host.host_id} is gone (silent {now - host.seen:.0f} s): "
+                                      f"{sum(lost.values())} processes lost ({_jobs_text(lost)})"))
+        for job in [j for j in self.jobs.values() if now - j.seen > self.job_timeout_s]:
+            del self.jobs[job.job_id]
+            held = self._drop_job(job.job_id)
+            decisions.append(Decision(f"job {job.job_id} is gone (silent {now - job.seen:.0f} s): its "
+                                      f"{held} processes are free"))
+        if self._started is not None and now - self._started > self.job_timeout_s:
+            strays = {job for jobs in self.assigned.values() for job in jobs if job not in self.jobs}
+            for job_id in sorted(strays):
+                held = self._drop_job(job_id)
+                decisions.append(Decision(f"job {job_id} has not registered since the fleet started: its {held} "
+                                          "processes are free"))
+        if decisions:
+            decisions += self.rebalance(now, force=True)
+        return decisions
+
+    # ---- decisions ---------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        return sum(h.procs for h in self.hosts.values() if not h.leaving)
+
+    def cores_per_process(self) -> float:
+        """What one of the fleet's processes may use: its live hosts' cores over their processes (1 where
+        no host says its cores)."""
+        live = [h for h in self.hosts.values() if not h.leaving]
+        procs = sum(h.procs for h in live)
+        cores = sum(min(h.cores, h.procs) if h.cores > 0 else h.procs for h in live)
+        return cores / procs if procs else 1.0
+
+    def processes_for(self, cores: float) -> int:
+        """The processes that give `cores` at the fleet's cores per process."""
+        return max(0, math.ceil(cores / self.cores_per_process() - 1e-9))
+
+    def ask_of(self, job: Job, capacity: int) -> JobAsk:
+        """A job's ask in processes; one that has not measured its demand asks for the whole fleet: it gets
+        its fair share."""
+        floor = self.processes_for(job.min_cores)
+        most = None if job.max_cores is None else max(1, math.floor(job.max_cores / self.cores_per_process() + 1e-9))
+        floor = floor if most is None else min(floor, most)
+        want = max(capacity, floor) if job.want_cores is None else self.processes_for(job.want_cores)
+        return JobAsk(job.job_id, want, job.weight, floor, most)
+
+    def holding(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for jobs in self.assigned.values():
+            for job, n in jobs.items():
+                held[job] = held.get(job, 0) + n
+        return held
+
+    def rebalance(self, now: float, force: bool = False) -> list[Decision]:
+        """One round of moves, at most one per `round_s` unless `force` (a host, or a job, came or went)."""
+        if not force and now - self._round_at < self.round_s:
+            return []
+        self._round_at = now
+        capacity = self.capacity()
+        asks = [self.ask_of(job, capacity) for job in self.jobs.values()]
+        holding = {job: n for job, n in self.holding().items() if job in self.jobs}
+        self.last = allocate(capacity, asks, holding, self.max_moves)
+        decisions = []
+        for move in self.last.moves:
+            for _ in range(move.processes):
+                where = self._place(move)
+                if where is None:
+                    break
+                self.moves_total += 1
+                decisions.append(Decision(self._move_text(move, where)))
+        return decisions
+
+    def plan_for(self, host_id: str) -> dict[str, tuple[str, int]]:
+        """job -> (its dispatcher, processes) that `host_id` should run now."""
+        return {job: (self.jobs[job].endpoint, n) for job, n in self.assigned.get(host_id, {}).items()
+                if n > 0 and job in self.jobs}
+
+    def share_of(self, job_id: str) -> Share:
+        alloc = self.last
+        target = alloc.targets.get(job_id, 0) if alloc else 0
+        missing = alloc.missing.get(job_id, 0) if alloc else 0
+        reason = alloc.reasons.get(job_id, "") if alloc else ""
+        job = self.jobs.get(job_id)
+        if job is not None and job.want_cores is None and not missing:
+            reason = f"not measured yet: its fair share, {target} processes"
+        return Share(target, self.holding().get(job_id, 0), missing, self.capacity(), len(self.hosts), reason)
+
+    # ---- placing -----------------------------------------------------------------------------
+
+    def _free(self, host_id: str) -> int:
+        host = self.hosts[host_id]
+        return 0 if host.leaving else host.procs - sum(self.assigned.get(host_id, {}).values())
+
+    def _place(self, move: Move) -> str | None:
+        """Put one process of `move` on a host; returns the host, None when none can take it."""
+        if move.job_from is not None:  # from the host where the giving job runs the most
+            giving = [h for h, jobs in self.assigned.items() if jobs.get(move.job_from, 0) > 0]
+            if not giving:
+                return None
+            host = max(giving, key=lambda h: (self.assigned[h][move.job_from or ""], h))
+            self._take(host, move.job_from, 1)
+        else:  # an idle one: the host with the most free; of those, one that serves the job already (fewer daemons)
+            free = [h for h in self.hosts if self._free(h) > 0]
+            if not free or move.job_to is None:
+                return None
+            host = max(free, key=lambda h: (self._free(h), self.assigned[h].get(move.job_to or "", 0), h))
+        if move.job_to is not None:
+            jobs = self.assigned.setdefault(host, {})
+            jobs[move.job_to] = jobs.get(move.job_to, 0) + 1
+        return host
+
+    def _take(self, host_id: str, job_id: str, n: int) -> None:
+        jobs = self.assigned[host_id]
+        jobs[job_id] -= n
+        if jobs[job_id] <= 0:
+            del jobs[job_id]
+
+    def _fit_host(self, host_id: str) -> None:
+        """A host that offers fewer processes than it was given (restarted with fewer): the excess goes."""
+        excess = -self._free(host_id)
+        jobs = self.assigned.setdefault(host_id, {})
+        while excess > 0 and jobs:
+            job = max(jobs, key=lambda j: (jobs[j], j))
+            self._take(host_id, job, 1)
+            excess -= 1
+
+    def _drop_job(self, job_id: str) -> int:
+        held = 0
+        for jobs in self.assigned.values():
+            held += jobs.pop(job_id, 0)
+        return held
+
+    def _move_text(self, move: Move, host: str) -> str:
+        if move.job_to is None:
+            return f"a process of job {move.job_from} on {host} -> idle (the job holds more than it wants)"
+        alloc = self.last
+        reason = alloc.reasons.get(move.job_to, "") if alloc else ""
+        target = alloc.targets.get(move.job_to, 0) if alloc else 0
+        source = "an idle process" if move.job_from is None else f"a process of job {move.job_from}"
+        return (f"{source} on {host} -> job {move.job_to} (target {target}: {reason})" if reason
+                else f"{source} on {host} -> job {move.job_to}")
+
+
+def _jobs_text(jobs: dict[str, int]) -> str:
+    return ", ".join(f"{job}: {n}" for job, n in sorted(jobs.items())) or "none"

@@ -1,0 +1,84 @@
+"""What `stoker fleet` is told: its socket, its timeouts, its metrics and its keys.
+
+Kept apart from fleet_service.py so that the command line can make the options from these fields
+(stoker.configured) without importing prometheus_client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stoker.accel.control.fleet import HOST_TIMEOUT_S, JOB_TIMEOUT_S, ROUND_S
+
+FLEET_PORT = 5570
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    bind: str = field(default=f"tcp://127.0.0.1:{FLEET_PORT}", metadata={
+        "help": "the fleet's socket, where worker daemons (stoker worker --fleet) and jobs (--fleet) register "
+                "(default %(default)s)", "check": "endpoint"})
+    host_timeout_s: float = field(default=HOST_TIMEOUT_S, metadata={
+        "help": "seconds without a beat before a host's processes are counted lost (default %(default)s; its "
+                "jobs' dispatchers redo its units)", "flag": "--host-timeout", "check": "seconds"})
+    job_timeout_s: float = field(default=JOB_TIMEOUT_S, metadata={
+        "help": "seconds without a beat before a job's processes go to other jobs (default %(default)s)",
+        "flag": "--job-timeout", "check": "seconds"})
+    round_s: float = field(default=ROUND_S, metadata={
+        "help": "seconds between two rounds of moves (default %(default)s)", "flag": "--round", "check": "seconds"})
+    max_moves: int = field(default=2, metadata={
+        "help": "processes that may change jobs in one round: damping (default %(default)s)", "check": "positive"})
+    metrics_port: int | None = field(default=9558, metadata={
+        "help": "/metrics port (default %(default)s; -1: none)", "check": "metrics-port", "off": -1})
+    metrics_addr: str = field(default="127.0.0.1", metadata={
+        "help": "/metrics address (default %(default)s; beyond loopback: with --keys or --insecure)"})
+    keys: str | None = field(default=None, metadata={
+        "help": "CURVE keys: hosts register with worker keys, jobs with job keys (stoker keys add DIR NAME --role "
+                "job)", "metavar": "DIR"})
+    insecure: bool = field(default=False, metadata={
+        "help": "allow binding beyond loopback without --keys (trusted networks only)"})
+
+
+# ---- a job's seat in a fleet: options of the commands that run a job's dispatcher ---------------
+
+def fleet_endpoint() -> Any:
+    return field(default=None, metadata={
+        "help": "register the job with this fleet (stoker fleet), e.g. tcp://10.0.0.5:5570: its hosts serve the job, "
+                "with processes moved in and out as its demand and its weight say", "metavar": "ENDPOINT",
+        "check": "endpoint"})
+
+
+def fleet_weight() -> Any:
+    return field(default=1.0, metadata={
+        "help": "with --fleet: the job's weight when the fleet is short (default %(default)s)", "check": "above-zero"})
+
+
+def fleet_min_cores() -> Any:
+    return field(default=0, metadata={
+        "help": "with --fleet: worker processes (one core each) the job is given first (default %(default)s)",
+        "check": "non-negative"})
+
+
+def fleet_max_cores() -> Any:
+    return field(default=None, metadata={
+        "help": "with --fleet: the most worker processes the job is given (default: no limit)",
+        "check": "positive"})
+
+
+def fleet_key_name() -> Any:
+    return field(default="job", metadata={
+        "help": "with --fleet and --keys: the job's key (stoker keys add DIR NAME --role job; default %(default)s)"})
+
+
+def fleet_problem(fleet: str | None, weight: float, min_cores: int, max_cores: int | None) -> str | None:
+    """What cannot work in a job's fleet options (None: all can): said at parse time and in a config."""
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf"):
+        return f"weight must be a number above 0, not {weight!r}"
+    if isinstance(min_cores, bool) or not isinstance(min_cores, int) or min_cores < 0:
+        return f"min_cores must be an integer of at least 0, not {min_cores!r}"
+    if max_cores is not None and (isinstance(max_cores, bool) or not isinstance(max_cores, int)
+                                  or max_cores < max(min_cores, 1)):
+        return f"max_cores must be an integer of at least min_cores ({min_cores}) and 1, not {max_cores!r}"
+    if fleet is None and (weight != 1.0 or min_cores or max_cores is not None):
+        return "weight, min_cores and max_cores are a job's ask of a fleet: give the fleet too (--fleet ENDPOINT)"
+    return None

@@ -1,0 +1,286 @@
+"""`stoker fleet`: one pool of worker hosts for many jobs.
+
+Worker daemons (`stoker worker --fleet ENDPOINT`) and jobs (`stoker run|train|dispatch --fleet
+ENDPOINT`) beat here once a second; the fleet answers each host with what it should run (so many
+processes for each job, and where that job's dispatcher is) and each job with what it holds and
+why. What it decides is in fleet.py (the book) and allocation.py (the shares); this module is the
+socket, the metrics and the log. With keys a host must beat with a worker key and a job with a job
+key (`stoker keys add DIR NAME --role job`); anything else is dropped, counted and answered with one
+line. The fleet moves capacity, never units: it sees no job's units, and a job's processes lease
+from that job's own dispatcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import uvloop
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from stoker.accel.aio import pump_batches, run_until_one_fails
+from stoker.accel.control.fleet import Decision, FleetBook, Job
+from stoker.accel.control.fleet_config import FleetConfig
+from stoker.accel.control.metrics import serve_registry
+from stoker.accel.control.server import bind_control
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
+from stoker.protos.droplog import DropLog
+from stoker.protos.endpoints import advertised, serves
+from stoker.protos.errors import ConfigError
+from stoker.protos.exposure import check_exposure
+from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
+from stoker.protos.sd_notify import Notifier
+from stoker.protos.sockets import end_context
+from stoker.protos.zap import KeyAuthenticator, count_handshakes
+
+log = logging.getLogger("stoker.fleet")
+
+MAX_ID = 256  # host and job ids, endpoints: longer is not a Stoker peer
+
+
+class FleetMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.hosts = Gauge("stoker_fleet_hosts", "Worker hosts beating to the fleet (draining ones included)",
+                           registry=r)
+        self.processes = Gauge("stoker_fleet_processes", "Worker processes the fleet's live hosts offer (draining "
+                               "hosts not counted)", registry=r)
+        self.cores = Gauge("stoker_fleet_cores", "CPU cores those processes may use (one each where a host runs a "
+                           "process per core it gives Stoker)", registry=r)
+        self.cores_needed = Gauge("stoker_fleet_cores_needed", "CPU cores every job wants, summed: what the fleet "
+                                  "would need to feed them all (an autoscaler's target)", registry=r)
+        self.cores_missing = Gauge("stoker_fleet_cores_missing", "CPU cores the jobs want beyond what the fleet "
+                                   "gives them: what an autoscaler should add", registry=r)
+        self.idle = Gauge("stoker_fleet_processes_idle", "Worker processes no job holds", registry=r)
+        job = ["job"]
+        self.job_processes = Gauge("stoker_fleet_job_processes", "Worker processes hosts were told to run for the job",
+                                   job, registry=r)
+        self.job_target = Gauge("stoker_fleet_job_target", "Worker processes the fleet converges to for the job",
+                                job, registry=r)
+        self.job_wanted = Gauge("stoker_fleet_job_cores_needed", "CPU cores the job wants: its measured need (plus "
+                                "headroom), its planner estimate until measured, or its fair share without one",
+                                job, registry=r)
+        self.job_missing = Gauge("stoker_fleet_job_cores_missing", "CPU cores the job wants beyond its target", job,
+                                 registry=r)
+        self.job_stall = Gauge("stoker_fleet_job_stall_fraction", "The job's device's wait for input over its last "
+                               "window, as the job reported it", job, registry=r)
+        self.job_share = Gauge("stoker_fleet_job_share", "The job's processes over the fleet's", job, registry=r)
+        self.job_weight = Gauge("stoker_fleet_job_weight", "The job's weight", job, registry=r)
+        self.moves = Counter("stoker_fleet_moves", "Worker processes moved from one job (or idle) to another",
+                             registry=r)
+        self.dropped = Counter("stoker_fleet_dropped", "Messages dropped by reason (bad frames, wrong role, bad "
+                               "values)", ["reason"], registry=r)
+        self.auth = Counter("stoker_fleet_auth", "CURVE connections: admitted, refused or failed_handshake",
+                            ["result"], registry=r)
+        self._jobs: set[str] = set()
+        self._moves_counted = 0
+
+    def update(self, book: FleetBook) -> None:
+        self.hosts.set(len(book.hosts))
+        capacity = book.capacity()
+        per_process = book.cores_per_process()
+        held = book.holding()
+        self.processes.set(capacity)
+        self.cores.set(capacity * per_process)
+        self.idle.set(max(0, capacity - sum(held.values())))
+        self.moves.inc(book.moves_total - self._moves_counted)
+        self._moves_counted = book.moves_total
+        wanted = missing = 0.0
+        for job_id, job in book.jobs.items():
+            share = book.share_of(job_id)
+            want = job.want_cores if job.want_cores is not None else share.target * per_process
+            wanted += want
+            missing += share.missing * per_process
+            self.job_processes.labels(job_id).set(share.holding)
+            self.job_target.labels(job_id).set(share.target)
+            self.job_wanted.labels(job_id).set(want)
+            self.job_missing.labels(job_id).set(share.missing * per_process)
+            self.job_stall.labels(job_id).set(job.stall_fraction)
+            self.job_share.labels(job_id).set(share.holding / capacity if capacity else 0.0)
+            self.job_weight.labels(job_id).set(job.weight)
+        for gone in self._jobs - set(book.jobs):
+            for gauge in (self.job_processes, self.job_target, self.job_wanted, self.job_missing, self.job_stall,
+                          self.job_share, self.job_weight):
+                gauge.remove(gone)
+        self._jobs = set(book.jobs)
+        self.cores_needed.set(wanted)
+        self.cores_missing.set(missing)
+
+
+class FleetServer:
+    """Answers beats from a ROUTER: one handler per kind, each with the role it requires."""
+
+    def __init__(self, socket: zmq.Socket, book: FleetBook, metrics: FleetMetrics, keyed: bool,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.socket = socket
+        self.book = book
+        self.metrics = metrics
+        self.keyed = keyed
+        self.clock = clock
+        self._drops = DropLog(log, "a fleet message", metrics.dropped)
+        self.dropped = self._drops.counts
+
+    def handle_all(self, batch: list[list]) -> None:
+        for frames in batch:
+            self._handle_one(frames)
+        self.metrics.update(self.book)
+
+    def tick(self) -> None:
+        self._log(self.book.expire(self.clock()) + self.book.rebalance(self.clock()))
+        self.metrics.update(self.book)
+
+    def _handle_one(self, frames: list) -> None:
+        peer = frame_bytes(frames[0])
+        if len(frames) != 2 or len(frames[1]) > MAX_HEADER_BYTES:
+            self._drops("bad_frames", peer)
+            return
+        request = pb.ControlRequest()
+        try:
+            request.ParseFromString(frame_bytes(frames[1]))
+        except Exception:  # protobuf DecodeError
+            self._drops("bad_header", peer)
+            return
+        kind = request.WhichOneof("kind")
+        caller = caller_of(frames[1]) if self.keyed else NOBODY
+        reply = pb.ControlReply(request_id=request.request_id)
+        try:
+            if kind == "fleet_host":
+                self._need(caller, WORKER, "a worker key")
+                reply.fleet_plan.CopyFrom(self._host(request.fleet_host))
+            elif kind == "fleet_job":
+                self._need(caller, JOB, "a job key (stoker keys add DIR NAME --role job)")
+                reply.fleet_share.CopyFrom(self._job(request.fleet_job))
+            else:
+                raise _Refused("not_fleet", "this is a fleet (stoker fleet), not a dispatcher: point workers at it "
+                                            "with --fleet, and a job's ranks at its dispatcher")
+        except _Refused as exc:
+            self._drops(exc.reason, peer, str(exc))
+            reply.error.message = str(exc)
+        except ConfigError as exc:
+            self._drops("bad_value", peer, str(exc))
+            reply.error.message = str(exc)
+        self._send(peer, reply)
+
+    def _need(self, caller: Caller, role: str, what: str) -> None:
+        if self.keyed and caller.role != role:
+            raise _Refused(f"not_{role}", f"refused: this key is not allow-listed as a {role} (needs {what})")
+
+    def _host(self, beat: pb.FleetHost) -> pb.FleetPlan:
+        _check_ids(beat.host_id, *(s.job_id for s in beat.serving), *(s.endpoint for s in beat.serving))
+        running = {s.job_id: s.procs for s in beat.serving}
+        self._log(self.book.host_beat(beat.host_id, beat.procs, running, beat.leaving, self.clock(), beat.cores))
+        plan = pb.FleetPlan()
+        for job_id, (endpoint, procs) in sorted(self.book.plan_for(beat.host_id).items()):
+            plan.jobs.add(job_id=job_id, endpoint=endpoint, procs=procs)
+        return plan
+
+    def _job(self, beat: pb.FleetJob) -> pb.FleetShare:
+        _check_ids(beat.job_id, beat.endpoint)
+        if not beat.job_id or not beat.endpoint:
+            raise ConfigError("a job registers with its id and its dispatcher's endpoint")
+        now = self.clock()
+        if beat.leaving:
+            self._log(self.book.job_leaves(beat.job_id, now))
+            return pb.FleetShare(fleet_procs=self.book.capacity(), hosts=len(self.book.hosts), reason="left")
+        job = Job(beat.job_id, beat.weight, beat.min_cores, beat.max_cores if beat.HasField("max_cores") else None,
+                  beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint, now, beat.want_reason,
+                  beat.stall_fraction, beat.cores_needed, beat.cores_in_use, beat.transform)
+        self._log(self.book.job_beat(job, now))
+        share = self.book.share_of(beat.job_id)
+        return pb.FleetShare(target=share.target, holding=share.holding, missing=share.missing,
+                             fleet_procs=share.fleet_procs, hosts=share.hosts, reason=share.reason)
+
+    def _send(self, peer: bytes, reply: pb.ControlReply) -> None:
+        try:
+            self.socket.send_multipart([peer, reply.SerializeToString()], flags=zmq.NOBLOCK)
+        except (zmq.Again, zmq.error.ZMQError):  # the asker is gone (ROUTER_MANDATORY): it asks again
+            self._drops("unroutable", peer)
+
+    @staticmethod
+    def _log(decisions: list[Decision]) -> None:
+        for decision in decisions:
+            log.info("%s", decision.text)
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
+
+
+def _check_ids(*values: str) -> None:
+    for value in values:
+        if len(value) > MAX_ID:
+            raise ConfigError(f"a name or endpoint of {len(value)} characters (at most {MAX_ID})")
+
+
+class FleetService:
+    def __init__(self, cfg: FleetConfig) -> None:
+        check_exposure((cfg.bind, cfg.metrics_addr), bool(cfg.keys), cfg.insecure,
+                       risk="register as a host or a job, or read the fleet's metrics")
+        self.cfg = cfg
+        self.book = FleetBook(cfg.host_timeout_s, cfg.job_timeout_s, cfg.round_s, cfg.max_moves)
+        self.keys = ServerKeys.load(cfg.keys) if cfg.keys else None
+        self.metrics = FleetMetrics()
+        self.endpoint = ""  # once bound
+        self.metrics_port: int | None = None
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.systemd = Notifier()  # Type=notify: ready once bound, the watchdog fed by the ticker
+
+    def run(self, on_ready: Callable[[FleetService], None] | None = None) -> None:
+        if serves(self.cfg.metrics_port):
+            self.metrics_port = serve_registry(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_addr)
+        loop = uvloop.new_event_loop()
+        try:
+            loop.run_until_complete(self._serve(on_ready))
+        finally:
+            loop.close()
+
+    async def _serve(self, on_ready: Callable[[FleetService], None] | None) -> None:
+        loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop.set)
+        ctx = zmq.asyncio.Context()
+        authenticator = KeyAuthenticator(ctx, self.keys) if self.keys else None
+        if authenticator is not None:
+            authenticator.start()
+        try:
+            sock, monitor, bound = bind_control(ctx, self.keys, self.cfg.bind)
+        except BaseException:
+            if authenticator is not None:
+                authenticator.stop()
+            end_context(ctx)
+            raise
+        try:
+            self.endpoint = advertised(bound, None)
+            server = FleetServer(sock, self.book, self.metrics, self.keys is not None)
+            self.metrics.update(self.book)
+            log.info("fleet on %s", self.endpoint)
+            self.systemd.ready(f"serving {self.endpoint}")
+            self.ready.set()
+            if on_ready is not None:
+                on_ready(self)
+            await run_until_one_fails([pump_batches(sock, server.handle_all, self.stop), self._ticker(server),
+                                       count_handshakes(monitor, self.metrics.auth, self.stop)], self.stop)
+        finally:
+            self.systemd.stopping()
+            sock.close(0)
+            monitor.close(0)
+            if authenticator is not None:
+                authenticator.stop()
+            end_context(ctx)
+
+    async def _ticker(self, server: FleetServer) -> None:
+        while not self.stop.is_set():
+            server.tick()
+            self.systemd.watchdog()  # the loop is alive: it answers beats
+            await asyncio.sleep(0.25)

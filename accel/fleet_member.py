@@ -1,0 +1,195 @@
+"""A job's seat in a fleet (`--fleet ENDPOINT`): it registers, says what it needs once a second,
+and hears what it holds.
+
+What the job asks for (`DemandMeter`): before its device has stepped, the planner's estimate
+(`--fleet-start-cores`: from the calibrated per-core rate and a simulated device's rate, where both
+are known) or, without one, its fair share; then its measured need, from the bottleneck monitor:
+the CPU cores that keep its device from waiting (rows the device takes per step-second over rows
+the workers make per CPU-second, so it holds on a shared host), times its ranks, plus HEADROOM.
+The first WARMUP_BEATS measurements are not acted on (they hold the workers' start-up); a need
+that rises must hold for UP_AFTER beats, one that falls by more than 10% for DOWN_AFTER, so a
+noisy window neither grabs processes nor hands one back to ask for it again. The fleet turns cores into
+processes (accel.control.fleet).
+
+A fleet that does not answer when the job starts fails the job at once, naming the address; one
+that stops answering later leaves the job running with the processes it has (the hosts keep them
+until the fleet returns), and the job keeps beating so that a fleet that starts again knows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from stoker.accel.bottleneck import Diagnosis
+from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos.curve import ClientKeys
+from stoker.protos.endpoints import why_unreachable
+from stoker.protos.errors import ConfigError, PeerError
+
+log = logging.getLogger("stoker.fleet")
+
+HEADROOM = 1.15  # asked beyond the measured need: a fed device's stall stays under the 2% target through noise
+WARMUP_BEATS = 5  # measured beats not acted on: the first windows hold the workers' start (imports, first reads)
+UP_AFTER = 2  # beats a higher need must hold before it is asked: one noisy window moves nothing
+DOWN_AFTER = 5  # beats a lower need must hold before it is asked
+LOWER_BY = 0.9  # ... and lower by this much: a need within 10% below the ask keeps it
+BEAT_S = 1.0
+JOIN_TIMEOUT_S = 10.0  # a fleet that does not answer this long when the job starts fails it
+BEAT_ANSWER_S = 2.0
+LEAVE_ANSWER_S = 2.0
+
+
+class DemandMeter:
+    """How many CPU cores the job asks for, from its bottleneck monitor's diagnosis."""
+
+    def __init__(self, ranks: int, start: float | None, start_reason: str) -> None:
+        self.ranks = ranks
+        self.want = start
+        self.reason = start_reason
+        self._measured = 0
+        self._higher: list[tuple[float, str]] = []  # consecutive beats above the ask: (need, why)
+        self._lower: list[tuple[float, str]] = []  # ... and below it by more than LOWER_BY
+
+    def update(self, d: Diagnosis) -> tuple[float | None, str]:
+        if d.stage == "unknown" or d.cores_needed <= 0:
+            return self.want, self.reason
+        self._measured += 1
+        if self._measured <= WARMUP_BEATS:
+            return self.want, self.reason
+        cores = d.cores_needed * self.ranks
+        need = cores * HEADROOM
+        reason = (f"measured: {cores:.2f} cores keep the device fed (stall {100 * d.stall_fraction:.1f}%, bound by "
+                  f"{d.stage}), +{100 * (HEADROOM - 1):.0f}%")
+        if self.want is None:
+            self.want, self.reason = need, reason
+            return self.want, self.reason
+        self._higher = [*self._higher, (need, reason)] if need > self.want else []
+        self._lower = [*self._lower, (need, reason)] if need < self.want * LOWER_BY else []
+        if len(self._higher) >= UP_AFTER:  # the least of the run: what every beat of it asked at least
+            (self.want, self.reason), self._higher = min(self._higher), []
+        elif len(self._lower) >= DOWN_AFTER:  # the most of the run, so the ask never falls below a beat of it
+            (self.want, self.reason), self._lower = max(self._lower), []
+        return self.want, self.reason
+
+
+@dataclass(frozen=True)
+class Seat:
+    """What the job registers with: who it is and what it is worth."""
+
+    fleet: str
+    job_id: str
+    dispatcher: str  # where workers reach its dispatcher
+    weight: float = 1.0
+    min_cores: int = 0
+    max_cores: int | None = None
+    transform: str = ""
+
+
+class FleetMembership:
+    def __init__(self, seat: Seat, meter: DemandMeter, diagnosis: Callable[[], Diagnosis],
+                 keys: ClientKeys | None = None) -> None:
+        self.seat = seat
+        self.meter = meter
+        self.diagnosis = diagnosis
+        self.ctx = zmq.Context()
+        self.client = ControlClient(self.ctx, seat.fleet, f"job/{seat.job_id}", curve=keys, fleet=True)
+        self.share: pb.FleetShare | None = None  # the fleet's latest answer
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unanswered_since: float | None = None
+        self._said_missing = 0
+
+    def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> pb.FleetShare:
+        """Register; PeerError naming the fleet's address when it does not answer, ConfigError with
+        the fleet's one line when it refuses the job (a key not allow-listed, an invalid weight)."""
+        try:
+            share = self._beat(give_up_after_s=timeout_s)
+        except DispatcherUnreachable:
+            self.close()
+            raise PeerError(f"no fleet answers at {self.seat.fleet} after {timeout_s:.0f} s "
+                            f"({why_unreachable(self.seat.fleet, fleet=True)})") from None
+        except ConfigError:
+            self.close()
+            raise
+        log.info("job %s joined the fleet at %s: %s", self.seat.job_id, self.seat.fleet, _share_text(share))
+        return share
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="stoker-fleet-seat", daemon=True)
+        self._thread.start()
+
+    def leave(self) -> None:
+        """Say the job is over (its processes go to other jobs at once), then close."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(BEAT_ANSWER_S + 1.0)
+        try:
+            self.client.request(pb.ControlRequest(fleet_job=pb.FleetJob(
+                job_id=self.seat.job_id, endpoint=self.seat.dispatcher, weight=self.seat.weight, leaving=True)),
+                give_up_after_s=LEAVE_ANSWER_S)
+        except DispatcherUnreachable:
+            log.warning("job %s: the fleet at %s did not hear that the job is over; it frees its processes when the "
+                        "job's beats stop", self.seat.job_id, self.seat.fleet)
+        self.close()
+
+    def close(self) -> None:
+        self.client.close()
+        self.ctx.destroy(linger=0)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(BEAT_S):
+            try:
+                self._beat(give_up_after_s=BEAT_ANSWER_S)
+            except DispatcherUnreachable:
+                if self._unanswered_since is None:
+                    self._unanswered_since = time.monotonic()
+                    log.warning("job %s: the fleet at %s does not answer; the job keeps the processes it has",
+                                self.seat.job_id, self.seat.fleet)
+            except ConfigError as exc:
+                log.error("job %s: the fleet refused a beat: %s", self.seat.job_id, exc)
+
+    def _beat(self, give_up_after_s: float) -> pb.FleetShare:
+        d = self.diagnosis()
+        want, reason = self.meter.update(d)
+        seat = self.seat
+        beat = pb.FleetJob(job_id=seat.job_id, endpoint=seat.dispatcher, weight=seat.weight,
+                           min_cores=seat.min_cores, want_reason=reason, stall_fraction=d.stall_fraction,
+                           cores_needed=d.cores_needed * self.meter.ranks, cores_in_use=d.cores_in_use,
+                           transform=seat.transform)
+        if seat.max_cores is not None:
+            beat.max_cores = seat.max_cores
+        if want is not None:
+            beat.want_cores = want
+        reply = self.client.request(pb.ControlRequest(fleet_job=beat), give_up_after_s=give_up_after_s,
+                                    should_stop=lambda: False)
+        if reply.WhichOneof("kind") == "error":
+            raise ConfigError(f"the fleet at {seat.fleet} refused job {seat.job_id}: {reply.error.message}")
+        if reply.WhichOneof("kind") != "fleet_share":
+            raise PeerError(f"{seat.fleet} answered a fleet beat with {reply.WhichOneof('kind')}: is it a fleet "
+                            "(stoker fleet), not a dispatcher?")
+        if self._unanswered_since is not None:
+            log.info("job %s: the fleet at %s answers again", seat.job_id, seat.fleet)
+            self._unanswered_since = None
+        self._tell(reply.fleet_share)
+        self.share = reply.fleet_share
+        return reply.fleet_share
+
+    def _tell(self, share: pb.FleetShare) -> None:
+        """A job asking more than the fleet has runs with what there is, and says so (once per change)."""
+        if share.missing and share.missing != self._said_missing:
+            log.warning("job %s: the fleet gives it %d worker processes, %d short of what it wants (%s); it runs "
+                        "with what there is", self.seat.job_id, share.target, share.missing, share.reason)
+        self._said_missing = share.missing
+
+
+def _share_text(share: pb.FleetShare) -> str:
+    return (f"{share.holding} processes now, target {share.target} of the fleet's {share.fleet_procs} on "
+            f"{share.hosts} hosts" + (f", {share.missing} short" if share.missing else "") +
+            (f" ({share.reason})" if share.reason else ""))

@@ -1,0 +1,179 @@
+"""The fleet's book: hosts and jobs from their beats, placement of moves on hosts, and what a fleet
+that started again learns back from the next beats."""
+
+from __future__ import annotations
+
+import pytest
+
+from stoker.accel.control.fleet import FleetBook, Job
+from stoker.protos.errors import ConfigError
+
+
+def _book(**kw) -> FleetBook:
+    return FleetBook(round_s=0.0, **kw)
+
+
+def _job(job_id: str, want: float | None, weight: float = 1.0, endpoint: str = "", min_cores: int = 0,
+         max_cores: int | None = None) -> Job:
+    return Job(job_id, weight, min_cores, max_cores, want, endpoint or f"tcp://{job_id}:1", 0.0)
+
+
+def _texts(decisions) -> str:
+    return "\n".join(d.text for d in decisions)
+
+
+def test_a_host_that_joins_is_given_work_at_once():
+    book = _book()
+    book.job_beat(_job("a", 3, endpoint="tcp://a:1"), now=0.0)
+    said = book.host_beat("h1", 4, {}, False, now=0.1)
+    assert book.plan_for("h1") == {"a": ("tcp://a:1", 3)}
+    assert "host h1 joined" in _texts(said) and "idle process on h1 -> job a" in _texts(said)
+
+
+def test_idle_processes_go_to_the_host_with_most_free_and_a_job_not_yet_measured_gets_its_fair_share():
+    book = _book()
+    book.host_beat("h1", 2, {}, False, now=0.0)
+    book.host_beat("h2", 3, {}, False, now=0.0)
+    book.job_beat(_job("a", None, endpoint="tcp://a:1"), now=0.1)  # not measured: the whole fleet is its share
+    assert book.holding() == {"a": 5}
+    book.job_beat(_job("b", None, endpoint="tcp://b:1"), now=0.2)
+    for t in range(3, 10):
+        book.rebalance(now=t)
+    assert book.holding() == {"a": 3, "b": 2} or book.holding() == {"a": 2, "b": 3}
+
+
+def test_a_job_that_leaves_frees_its_processes_for_a_job_that_wants_them():
+    book = _book()
+    book.host_beat("h1", 4, {}, False, now=0.0)
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=0.0)
+    book.job_beat(_job("b", 4, endpoint="tcp://b:1"), now=0.0)
+    assert book.holding() == {"a": 2, "b": 2}
+    said = book.job_leaves("a", now=1.0)
+    assert book.holding() == {"b": 4}
+    assert "job a left" in _texts(said)
+    assert book.share_of("b").missing == 0
+
+
+def test_moves_are_damped_to_max_moves_a_round():
+    book = _book(max_moves=1)
+    book.host_beat("h1", 6, {}, False, now=0.0)
+    book.job_beat(_job("a", 6, endpoint="tcp://a:1"), now=0.0)
+    book.job_beat(_job("b", 6, weight=2.0, endpoint="tcp://b:1"), now=0.0)  # its target is 4
+    assert book.holding() == {"a": 5, "b": 1}  # the one move of its joining round
+    book.rebalance(now=1.0)
+    assert book.holding() == {"a": 4, "b": 2}
+    for t in range(2, 6):
+        book.rebalance(now=t)
+    assert book.holding() == {"a": 2, "b": 4}
+    book.rebalance(now=7.0)
+    assert book.holding() == {"a": 2, "b": 4}  # converged: nothing moves back
+
+
+def test_rounds_wait_round_s_unless_a_host_or_job_comes_or_goes():
+    book = FleetBook(round_s=1.0, max_moves=1)
+    book.host_beat("h1", 4, {}, False, now=0.0)
+    book.job_beat(_job("a", 4, endpoint="tcp://a:1"), now=0.0)
+    book.job_beat(_job("b", 4, endpoint="tcp://b:1"), now=0.1)
+    held = dict(book.holding())
+    assert book.rebalance(now=0.5) == [] and book.holding() == held
+    assert book.rebalance(now=1.2) != []
+
+
+def test_a_silent_host_is_gone_and_its_processes_are_given_again_elsewhere():
+    book = _book(host_timeout_s=5.0)
+    book.host_beat("h1", 2, {}, False, now=0.0)
+    book.host_beat("h2", 2, {}, False, now=0.0)
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=0.0)
+    book.job_beat(_job("b", 2, endpoint="tcp://b:1"), now=0.0)
+    book.host_beat("h2", 2, {}, False, now=4.0)
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=4.0)
+    book.job_beat(_job("b", 2, endpoint="tcp://b:1"), now=4.0)
+    said = book.expire(now=6.0)
+    assert "host h1 is gone" in _texts(said)
+    assert book.capacity() == 2 and book.holding() == {"a": 1, "b": 1}
+
+
+def test_a_draining_host_gets_nothing_and_its_share_moves():
+    book = _book()
+    book.host_beat("h1", 2, {}, False, now=0.0)
+    book.host_beat("h2", 2, {}, False, now=0.0)
+    book.job_beat(_job("a", 4, endpoint="tcp://a:1"), now=0.0)
+    said = book.host_beat("h1", 2, {"a": 2}, True, now=1.0)
+    assert book.plan_for("h1") == {} and book.capacity() == 2
+    assert "draining" in _texts(said)
+
+
+def test_a_restarted_fleet_adopts_what_hosts_run_and_frees_what_no_job_claims_after_the_grace():
+    book = _book(job_timeout_s=10.0)
+    book.host_beat("h1", 4, {"a": 2, "gone": 2}, False, now=100.0)
+    assert book.assigned["h1"] == {"a": 2, "gone": 2}  # adopted: nothing stops before the jobs beat again
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=100.5)
+    assert book.plan_for("h1") == {"a": ("tcp://a:1", 2)}  # a job not registered (yet) is not in a plan
+    assert "gone" in book.assigned["h1"]
+    book.host_beat("h1", 4, {"a": 2}, False, now=105.0)
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=105.0)
+    assert book.expire(now=105.0) == [] and "gone" in book.assigned["h1"]
+    book.host_beat("h1", 4, {"a": 2}, False, now=110.5)
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=110.5)
+    said = book.expire(now=110.6)
+    assert "job gone has not registered since the fleet started" in _texts(said)
+    assert book.assigned["h1"] == {"a": 2}
+
+
+def test_a_host_that_comes_back_with_fewer_processes_sheds_the_excess():
+    book = _book()
+    book.host_beat("h1", 4, {}, False, now=0.0)
+    book.job_beat(_job("a", 4, endpoint="tcp://a:1"), now=0.0)
+    book.host_beat("h1", 2, {"a": 4}, False, now=1.0)
+    assert book.holding() == {"a": 2}
+
+
+def test_a_silent_job_frees_its_processes():
+    book = _book(job_timeout_s=3.0)
+    book.host_beat("h1", 2, {}, False, now=0.0)
+    book.job_beat(_job("a", 2, endpoint="tcp://a:1"), now=0.0)
+    book.host_beat("h1", 2, {"a": 2}, False, now=2.0)
+    said = book.expire(now=4.0)
+    assert "job a is gone" in _texts(said) and book.holding() == {}
+
+
+def test_a_host_offering_no_process_is_refused():
+    with pytest.raises(ConfigError, match="at least one process"):
+        _book().host_beat("h1", 0, {}, False, now=0.0)
+
+
+def test_a_job_asking_beyond_the_fleet_is_told_what_it_misses():
+    book = _book()
+    book.host_beat("h1", 3, {}, False, now=0.0)
+    book.job_beat(_job("a", 5, endpoint="tcp://a:1"), now=0.0)
+    share = book.share_of("a")
+    assert (share.target, share.holding, share.missing, share.fleet_procs) == (3, 3, 2, 3)
+
+
+def test_cores_become_processes_at_the_fleets_cores_per_process():
+    """Hosts that give each process half a core: a job needing 3 cores gets 6 processes, its limits too."""
+    book = _book()
+    book.host_beat("h1", 4, {}, False, now=0.0, cores=2.0)
+    book.host_beat("h2", 4, {}, False, now=0.0, cores=2.0)
+    assert book.cores_per_process() == 0.5
+    book.job_beat(_job("a", 3.0), now=0.1)
+    assert book.holding() == {"a": 6}
+    book.job_beat(_job("b", 10.0, max_cores=1, min_cores=1), now=0.2)
+    assert book.ask_of(book.jobs["b"], 8).max_cores == 2 and book.ask_of(book.jobs["b"], 8).min_cores == 2
+    assert book.processes_for(0.0) == 0 and book.processes_for(0.26) == 1
+
+
+def test_a_host_that_says_no_cores_counts_one_per_process_and_more_cores_than_processes_count_as_processes():
+    book = _book()
+    book.host_beat("h1", 2, {}, False, now=0.0)
+    book.host_beat("h2", 2, {}, False, now=0.0, cores=16.0)
+    assert book.cores_per_process() == 1.0
+
+
+def test_a_job_whose_weight_or_want_cannot_hold_is_refused():
+    book = _book()
+    with pytest.raises(ConfigError, match="weight must be a number above 0"):
+        book.job_beat(_job("a", 1.0, weight=0.0), now=0.0)
+    with pytest.raises(ConfigError, match="not a number of at least 0"):
+        book.job_beat(_job("a", float("nan")), now=0.0)
+    assert book.jobs == {}
