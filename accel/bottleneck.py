@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from stoker.accel.control.fleet_member import Need
 from stoker.accel.control.fleet_status import fleet_status, is_fleet
 from stoker.accel.cost import cores_text
 from stoker.protos.errors import ConfigError, DataError, ResourceError
@@ -94,6 +95,11 @@ class Diagnosis:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def need(self) -> Need:
+        """This rank's measure for its job's fleet seat (accel.control.fleet_member)."""
+        return Need(self.stage != "unknown" and self.cores_needed > 0, self.cores_needed, self.stall_fraction,
+                    self.cores_in_use, self.stage)
 
 
 def diagnose(old: Totals, new: Totals) -> Diagnosis:

@@ -25,9 +25,10 @@ from stoker.accel.accelerators import NullAccelerator, require
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.bottleneck import BottleneckMonitor, Totals
 from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
 from stoker.accel.control.link import DispatcherLink
+from stoker.accel.control.local import InProcessDispatcher
 from stoker.accel.control.remote import NotAConsumer, RankRefused
-from stoker.accel.fleet_member import DemandMeter, FleetMembership, Seat
 from stoker.accel.joining import LinkServices, Member, dispatcher_for, join
 from stoker.accel.ledger import Ledger
 from stoker.accel.metrics import ConsumerMetrics
@@ -43,7 +44,7 @@ from stoker.pipeline.cpu_clock import machine_id
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
-from stoker.protos.curve import CONSUMER, JOB, ClientKeys, ServerKeys
+from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.endpoints import serves
 from stoker.protos.errors import StateError, StokerError
 from stoker.protos.leases import LeaseSigner
@@ -113,6 +114,7 @@ class Consumer:
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self.totals, self.metrics.registry)
         self.fleet: FleetMembership | None = None  # with --fleet, rank 0's seat in it (once started)
+        self.dispatcher.need = lambda: self.bottleneck.latest.need()  # the dispatcher sums its ranks' for a fleet
 
     def _past_epoch_end(self, position: checkpoint.Position) -> checkpoint.Position:
         """A position after an image epoch's last step (a checkpoint of an older Stoker, saved before the
@@ -215,18 +217,15 @@ class Consumer:
 
     def _join_fleet(self) -> None:
         """With --fleet, the rank that runs the job's dispatcher registers the job (it fails here, at start,
-        when no fleet answers) and beats its need from the bottleneck monitor."""
-        cfg = self.cfg
-        if not cfg.fleet or cfg.dispatcher is not None or self.rank != 0:
+        when no fleet answers) and beats what its ranks measure."""
+        cfg, link = self.cfg, self.dispatcher
+        if not cfg.fleet or not isinstance(link, InProcessDispatcher) or link.server is None:
             return
-        start = cfg.fleet_start_cores
-        reason = ("--fleet-start-cores" if cfg.fleet_start_cores is not None
-                  else "not measured yet: its fair share until its device has stepped")
-        keys = ClientKeys.load(cfg.keys, cfg.fleet_key_name, JOB) if cfg.keys else None
-        seat = Seat(cfg.fleet, self.job.job_id, self.control_endpoint, cfg.weight, cfg.min_cores, cfg.max_cores,
-                    self.job.transform)
-        membership = FleetMembership(seat, DemandMeter(self.job.world_size, start, reason),
-                                     lambda: self.bottleneck.latest, keys)
+        membership = join_fleet(FleetSeat(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_key_name,
+                                          cfg.fleet_start_cores), self.job, link.control_endpoint,
+                                link.server.job_need, cfg.keys)
+        if membership is None:
+            return
         try:
             membership.join()
         except BaseException:

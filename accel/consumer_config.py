@@ -14,6 +14,7 @@ from stoker.accel.control.fleet_config import (
     fleet_max_cores,
     fleet_min_cores,
     fleet_problem,
+    fleet_start_cores,
     fleet_weight,
 )
 from stoker.protos.endpoints import MAX_PORT, NO_PORT, endpoint_problem
@@ -82,10 +83,7 @@ class ConsumerConfig:
     min_cores: int = fleet_min_cores()
     max_cores: int | None = fleet_max_cores()
     fleet_key_name: str = fleet_key_name()
-    fleet_start_cores: float | None = field(default=None, metadata={
-        "help": "with --fleet: the CPU cores to ask for before the job has measured its need (default: the "
-                "planner's estimate, where `stoker calibrate` measured the job's rate and the device's rate is known; "
-                "else its fair share)", "check": "above-zero"})
+    fleet_start_cores: float | None = fleet_start_cores()
     credit_budget_mb: float = field(default=1024.0, metadata={  # in flight or waiting, in all, in MB
         "help": "what this rank may have in flight or waiting, in all (default %(default)s MB)", "check": "seconds"})
 

@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from benchmarks.report import header, write_results
-from stoker.accel.fleet_member import HEADROOM
+from stoker.accel.control.fleet_member import HEADROOM
 from stoker.accel.profiles import profile_rate
 from stoker.calibrate import _pinned, imagenet_rate, wikipedia_entry
 from stoker.datasets import default_imagenet, default_wikipedia

@@ -395,18 +395,34 @@ class StartPosition(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., step: _Optional[int] = ..., units: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("unit_ids", "batches", "received", "redo", "waiting_s")
+    __slots__ = ("unit_ids", "batches", "received", "redo", "waiting_s", "need")
     UNIT_IDS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
     REDO_FIELD_NUMBER: _ClassVar[int]
     WAITING_S_FIELD_NUMBER: _ClassVar[int]
+    NEED_FIELD_NUMBER: _ClassVar[int]
     unit_ids: _containers.RepeatedScalarFieldContainer[int]
     batches: _containers.RepeatedScalarFieldContainer[int]
     received: _containers.RepeatedScalarFieldContainer[int]
     redo: _containers.RepeatedScalarFieldContainer[int]
     waiting_s: float
-    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ..., batches: _Optional[_Iterable[int]] = ..., received: _Optional[_Iterable[int]] = ..., redo: _Optional[_Iterable[int]] = ..., waiting_s: _Optional[float] = ...) -> None: ...
+    need: RankNeed
+    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ..., batches: _Optional[_Iterable[int]] = ..., received: _Optional[_Iterable[int]] = ..., redo: _Optional[_Iterable[int]] = ..., waiting_s: _Optional[float] = ..., need: _Optional[_Union[RankNeed, _Mapping]] = ...) -> None: ...
+
+class RankNeed(_message.Message):
+    __slots__ = ("measured", "cores_needed", "stall_fraction", "cores_in_use", "stage")
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    CORES_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    STALL_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    CORES_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    measured: bool
+    cores_needed: float
+    stall_fraction: float
+    cores_in_use: float
+    stage: str
+    def __init__(self, measured: _Optional[bool] = ..., cores_needed: _Optional[float] = ..., stall_fraction: _Optional[float] = ..., cores_in_use: _Optional[float] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class EpochSteps(_message.Message):
     __slots__ = ("epoch", "rank", "batches")

@@ -528,7 +528,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if job_command and args.drop_last and args.dataset and not kind_of(args.dataset).one_row_per_sample:
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
-    if command in ("run", "train"):
+    if command in ("run", "train", "dispatch"):
         _check_fleet_seat(parser, args)
     if job_command and args.stall_timeout_s and args.stall_report_s >= args.stall_timeout_s:
         parser.error(f"{command}: argument --stall-report: {args.stall_report_s:g} s is not below --stall-timeout "

@@ -3,7 +3,7 @@
 The estimate is the planner's arithmetic on two rates this machine knows: the device's (a simulated
 accelerator's --rate, or its --profile's rate times --scale) and one core's (the job's dataset or
 transform in `stoker calibrate`'s file). Where either is unknown there is no estimate, and the job
-asks for its fair share until its device has stepped (accel.fleet_member.DemandMeter)."""
+asks for its fair share until its device has stepped (accel.control.fleet_member.DemandMeter)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from stoker.accel.accelerators import AccelSpec
-from stoker.accel.fleet_member import HEADROOM
+from stoker.accel.control.fleet_member import HEADROOM
 from stoker.calibrate import checked_rate, load, transform_rate
 from stoker.protos.errors import ConfigError
 

@@ -70,6 +70,13 @@ def fleet_key_name() -> Any:
         "help": "with --fleet and --keys: the job's key (stoker keys add DIR NAME --role job; default %(default)s)"})
 
 
+def fleet_start_cores() -> Any:
+    return field(default=None, metadata={
+        "help": "with --fleet: the CPU cores to ask for before the job has measured its need (default: the "
+                "planner's estimate, where `stoker calibrate` measured the job's rate and the device's rate is known; "
+                "else its fair share)", "check": "above-zero"})
+
+
 def fleet_problem(fleet: str | None, weight: float, min_cores: int, max_cores: int | None) -> str | None:
     """What cannot work in a job's fleet options (None: all can): said at parse time and in a config."""
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf"):

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import zmq.asyncio
 
 from stoker.accel.control.dispatcher import DispatcherStats
+from stoker.accel.control.fleet_member import Need
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class CloseWait:
 
 class DispatcherLink(Protocol):
     total_units: int  # the units this link accounts for (the job's, or this rank's of it)
+    need: Callable[[], Need]  # what the rank measures (its consumer sets it); a fleet's job sums its ranks'
 
     @property
     def control_endpoint(self) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import zmq.asyncio
 
 from stoker.accel.control.dispatcher import Dispatcher, DispatcherStats
+from stoker.accel.control.fleet_member import NOT_MEASURED, Need
 from stoker.accel.control.link import CloseWait
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
@@ -65,6 +66,7 @@ class InProcessDispatcher:
         self.server: ControlServer | None = None
         self._endpoint = ""
         self._sockets: list[zmq.asyncio.Socket] = []
+        self.need: Callable[[], Need] = lambda: NOT_MEASURED  # what rank 0 measures (its consumer sets it)
 
     @property
     def control_endpoint(self) -> str:
@@ -88,10 +90,11 @@ class InProcessDispatcher:
 
     async def _heard(self, stop: threading.Event, server: ControlServer, waited_s: Callable[[], float]) -> None:
         """Rank 0 is alive while its loop runs (well within the host timeout), and says how long it has
-        waited for a batch, as a rank elsewhere does with its heartbeats."""
+        waited for a batch and what it measures, as a rank elsewhere does with its acks."""
         while not stop.is_set():
             self.dispatcher.liveness.rank_heard(0, self.consumer_id)
             server.watchdog.rank_waiting(0, waited_s())
+            server.heard_need(0, self.need())
             await asyncio.sleep(min(1.0, self.dispatcher.host_timeout_s / 4))
 
     def close(self) -> None:

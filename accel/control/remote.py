@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from stoker.accel.control.dispatcher import DispatcherStats
+from stoker.accel.control.fleet_member import NOT_MEASURED, Need, need_to_proto
 from stoker.accel.control.link import CloseWait
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
@@ -124,6 +125,7 @@ class RemoteDispatcher:
         self.finished = False  # every unit of the job is done (the dispatcher said so)
         self.on_failure: Callable[[str], None] = lambda reason: None  # the dispatcher says the job failed
         self.waited_s: Callable[[], float] = lambda: 0.0  # how long the rank has waited for a batch
+        self.need: Callable[[], Need] = lambda: NOT_MEASURED  # what the rank measures: its acks carry it
         self._stall_said_at = 0.0  # loop time the dispatcher's stall line was last logged here
         self._ids = itertools.count(secrets.randbits(40) + 1)  # its own: a reused identity gets no other's cache
         self._sock: zmq.asyncio.Socket | None = None
@@ -200,7 +202,8 @@ class RemoteDispatcher:
                                                                          batches=list(batch.values()),
                                                                          received=sorted(received),
                                                                          redo=sorted(redo),
-                                                                         waiting_s=self.waited_s())), stop)
+                                                                         waiting_s=self.waited_s(),
+                                                                         need=need_to_proto(self.need()))), stop)
                     self._in_flight = 0
                     if reply is None:
                         self._unsent.update(batch)

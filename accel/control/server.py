@@ -34,6 +34,7 @@ import zmq.asyncio
 
 from stoker.accel.aio import pump_batches
 from stoker.accel.control.dispatcher import Dispatcher, RankError
+from stoker.accel.control.fleet_member import Need, need_from_proto, summed
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.watchdog import StallBounds, Watchdog
 from stoker.pipeline.unit_wire import unit_to_proto
@@ -52,6 +53,9 @@ CLOSE_GRACE_S = 1.0  # a closed connection whose peer has not come back this lon
 CONNECTION_CLOSED = "connection_closed"  # the reason those units count under
 REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood of identities cannot grow it
 DAEMON_LIVE_BEATS = 3  # a daemon heard within this many heartbeat periods holds its host id against another
+
+
+NEED_FRESH_S = 10.0  # a rank's need older than this is not counted (the rank has gone quiet)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class ControlServer:
         self.run_id = secrets.token_hex(8)
         self.watchdog = Watchdog(stall or StallBounds(), dispatcher.clock)
         self._stall_said_at: float | None = None  # when the stall line was last logged
+        self._needs: dict[int, tuple[Need, float]] = {}  # rank -> what it last said it measures, and when
 
     def handle(self, frames: list) -> None:
         self.handle_all([frames])
@@ -267,6 +272,8 @@ class ControlServer:
         d, ack, rank = self.dispatcher, asked.request.ack, asked.rank
         assert rank is not None, "HANDLERS: an ack comes from an attached consumer"
         self.watchdog.rank_waiting(rank[0], ack.waiting_s)
+        if ack.HasField("need"):
+            self.heard_need(rank[0], need_from_proto(ack.need))
         for unit_id in ack.received:
             d.received(unit_id)
         for unit_id in ack.redo:
@@ -279,6 +286,15 @@ class ControlServer:
                  else pb.ControlReply(ok=pb.Ok()))
         reply.stats.CopyFrom(pb.JobStats(**asdict(d.stats())))
         return reply
+
+    def heard_need(self, rank: int, need: Need) -> None:
+        """What `rank` measures now (its acks carry it; rank 0 in this process says it directly)."""
+        self._needs[rank] = (need, self.dispatcher.clock())
+
+    def job_need(self) -> Need:
+        """The job's need for a fleet: its ranks' (heard within NEED_FRESH_S), summed."""
+        now = self.dispatcher.clock()
+        return summed([need for need, at in self._needs.values() if now - at <= NEED_FRESH_S])
 
     def _on_epoch_steps(self, asked: Asked) -> pb.ControlReply:
         e = asked.request.epoch_steps

@@ -30,6 +30,7 @@ from stoker.accel.aio import run_until_one_fails
 from stoker.accel.checkpoint import job_fields
 from stoker.accel.control.dispatch_config import DispatchConfig
 from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
 from stoker.accel.control.journal import Journal
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
@@ -119,16 +120,32 @@ class DispatchService:
             server = ControlServer(control, self.dispatcher, job_to_proto(self.job), self.metrics,
                                    self.leases, access, self.stall)
             server.update_gauges()
+            fleet = self._join_fleet(server)
             self.ready.set()
             if on_ready is not None:
                 on_ready(self)
-            await run_until_one_fails([*serve_control(control, monitor, server, self.stop), self._until_done()],
-                                      self.stop)
+            try:
+                await run_until_one_fails([*serve_control(control, monitor, server, self.stop), self._until_done()],
+                                          self.stop)
+            finally:
+                if fleet is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, fleet.leave)
         finally:
             control.close(0)
             if authenticator is not None:
                 authenticator.stop()
             end_context(ctx)
+
+    def _join_fleet(self, server: ControlServer) -> FleetMembership | None:
+        """With --fleet: register the job (no fleet answering fails it here, naming the address) and beat
+        what its ranks measure (their acks say it)."""
+        cfg = self.cfg
+        membership = join_fleet(FleetSeat(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_key_name,
+                                          cfg.fleet_start_cores), self.job, self.endpoint, server.job_need, cfg.keys)
+        if membership is not None:
+            membership.join()
+            membership.start()
+        return membership
 
     async def _until_done(self) -> None:
         while not self.stop.is_set() and not self.dispatcher.over:

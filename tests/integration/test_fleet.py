@@ -257,3 +257,32 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
     finally:
         ctx.destroy(linger=0)
         fleet.stop()
+
+
+def test_a_separate_dispatcher_registers_with_the_fleet_and_asks_for_what_its_rank_measures(manifest, fleet, log_dir):
+    """`stoker dispatch --fleet`: the job's need comes from its rank's acks (the rank runs elsewhere), so the
+    fleet hears a measured need, and the job still gets every sample once."""
+    hosts(fleet, log_dir, 1, 2)
+    control, data, secret = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}", log_dir / "j.secret"
+    with open(log_dir / "dispatch.log", "w") as out:
+        dispatch = subprocess.Popen([sys.executable, "-m", "stoker", "--log-level", "INFO", "dispatch", "--data",
+                                     manifest.uri, "--epochs", "12", "--batch-size", "16", "--unit-batches", "2",
+                                     "--control-bind", control, "--metrics-port", "-1", "--job-secret", str(secret),
+                                     "--fleet", fleet.endpoint, "--weight", "2"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(secret.exists, timeout=30)
+        rank = Job(Consumer(ConsumerConfig(data_bind=data, dispatcher=control, metrics_port=None,
+                                           job_secret=str(secret)), None, given(SimulatedAccelerator(rate=300))),
+                   log_dir, start_workers=False)
+        job_id = rank.consumer.job.job_id
+        assert wait_for(lambda: "measured:" in fleet.output() and f"job {job_id} now wants" in fleet.output(),
+                        timeout=60), fleet.output()
+        assert fleet.metrics()[f"stoker_fleet_job_weight{{job={job_id}}}"] == 2
+        assert_exactly_once(rank.finish(180), manifest.num_samples, 12)
+        rank.consumer.stop()
+        assert dispatch.wait(30) == 0
+        assert wait_for(lambda: f"job {job_id} left" in fleet.output(), timeout=15), fleet.output()
+    finally:
+        if dispatch.poll() is None:
+            dispatch.kill()
+            dispatch.wait(10)

@@ -1,11 +1,12 @@
 """A job's seat in a fleet (`--fleet ENDPOINT`): it registers, says what it needs once a second,
-and hears what it holds.
+and hears what it holds. The job's dispatcher holds the seat (rank 0's, or `stoker dispatch`): its
+ranks say what they measure with their acks (accel.control.server), and the seat sums them.
 
 What the job asks for (`DemandMeter`): before its device has stepped, the planner's estimate
 (`--fleet-start-cores`: from the calibrated per-core rate and a simulated device's rate, where both
-are known) or, without one, its fair share; then its measured need, from the bottleneck monitor:
-the CPU cores that keep its device from waiting (rows the device takes per step-second over rows
-the workers make per CPU-second, so it holds on a shared host), times its ranks, plus HEADROOM.
+are known) or, without one, its fair share; then its measured need, from its ranks' bottleneck monitors:
+the CPU cores that keep each device from waiting (rows the device takes per step-second over rows
+the workers make per CPU-second, so it holds on a shared host), summed over its ranks, plus HEADROOM.
 The first WARMUP_BEATS measurements are not acted on (they hold the workers' start-up); a need
 that rises must hold for UP_AFTER beats, one that falls by more than 10% for DOWN_AFTER, so a
 noisy window neither grabs processes nor hands one back to ask for it again. The fleet turns cores into
@@ -19,6 +20,7 @@ until the fleet returns), and the job keeps beating so that a fleet that starts 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -26,10 +28,10 @@ from dataclasses import dataclass
 
 import zmq
 
-from stoker.accel.bottleneck import Diagnosis
+from stoker.pipeline.job import JobConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
-from stoker.protos.curve import ClientKeys
+from stoker.protos.curve import JOB, ClientKeys
 from stoker.protos.endpoints import why_unreachable
 from stoker.protos.errors import ConfigError, PeerError
 
@@ -46,24 +48,61 @@ BEAT_ANSWER_S = 2.0
 LEAVE_ANSWER_S = 2.0
 
 
-class DemandMeter:
-    """How many CPU cores the job asks for, from its bottleneck monitor's diagnosis."""
+@dataclass(frozen=True)
+class Need:
+    """What a job's ranks measure, summed over them (accel.bottleneck's diagnosis, in the control plane's
+    words): whether it is measured yet, the cores that keep every device fed, the worst stall."""
 
-    def __init__(self, ranks: int, start: float | None, start_reason: str) -> None:
-        self.ranks = ranks
+    measured: bool = False
+    cores_needed: float = 0.0
+    stall_fraction: float = 0.0
+    cores_in_use: float = 0.0
+    stage: str = "unknown"  # what bounds it (the largest rank's bottleneck)
+
+
+NOT_MEASURED = Need()
+
+
+def summed(needs: list[Need]) -> Need:
+    """A job's need from its ranks': their cores add up; its stall is the worst rank's."""
+    measured = [n for n in needs if n.measured]
+    if not measured:
+        return NOT_MEASURED
+    worst = max(measured, key=lambda n: n.stall_fraction)
+    return Need(True, sum(n.cores_needed for n in measured), worst.stall_fraction,
+                sum(n.cores_in_use for n in measured), worst.stage)
+
+
+def need_to_proto(need: Need) -> pb.RankNeed:
+    return pb.RankNeed(measured=need.measured, cores_needed=need.cores_needed, stall_fraction=need.stall_fraction,
+                       cores_in_use=need.cores_in_use, stage=need.stage)
+
+
+def need_from_proto(need: pb.RankNeed) -> Need:
+    """A rank's need as its ack says it; figures that are not finite and at least 0 count as not measured."""
+    figures = (need.cores_needed, need.stall_fraction, need.cores_in_use)
+    if not need.measured or not all(math.isfinite(f) and f >= 0 for f in figures):
+        return NOT_MEASURED
+    return Need(True, need.cores_needed, min(need.stall_fraction, 1.0), need.cores_in_use, need.stage[:32])
+
+
+class DemandMeter:
+    """How many CPU cores the job asks for, from what its ranks measure."""
+
+    def __init__(self, start: float | None, start_reason: str) -> None:
         self.want = start
         self.reason = start_reason
         self._measured = 0
         self._higher: list[tuple[float, str]] = []  # consecutive beats above the ask: (need, why)
         self._lower: list[tuple[float, str]] = []  # ... and below it by more than LOWER_BY
 
-    def update(self, d: Diagnosis) -> tuple[float | None, str]:
-        if d.stage == "unknown" or d.cores_needed <= 0:
+    def update(self, d: Need) -> tuple[float | None, str]:
+        if not d.measured or d.cores_needed <= 0:
             return self.want, self.reason
         self._measured += 1
         if self._measured <= WARMUP_BEATS:
             return self.want, self.reason
-        cores = d.cores_needed * self.ranks
+        cores = d.cores_needed
         need = cores * HEADROOM
         reason = (f"measured: {cores:.2f} cores keep the device fed (stall {100 * d.stall_fraction:.1f}%, bound by "
                   f"{d.stage}), +{100 * (HEADROOM - 1):.0f}%")
@@ -80,6 +119,30 @@ class DemandMeter:
 
 
 @dataclass(frozen=True)
+class FleetSeat:
+    """A job's fleet options, as ConsumerConfig and DispatchConfig hold them."""
+
+    fleet: str | None
+    weight: float = 1.0
+    min_cores: int = 0
+    max_cores: int | None = None
+    key_name: str = "job"
+    start_cores: float | None = None
+
+
+def join_fleet(seat: FleetSeat, job: JobConfig, dispatcher: str, need: Callable[[], Need],
+               keys: str | None) -> FleetMembership | None:
+    """The membership of the job whose dispatcher is at `dispatcher` (None without a fleet); `join()` it."""
+    if not seat.fleet:
+        return None
+    reason = ("--fleet-start-cores (or the planner's estimate)" if seat.start_cores is not None
+              else "not measured yet: its fair share until its device has stepped")
+    client_keys = ClientKeys.load(keys, seat.key_name, JOB) if keys else None
+    return FleetMembership(Seat(seat.fleet, job.job_id, dispatcher, seat.weight, seat.min_cores, seat.max_cores,
+                                job.transform), DemandMeter(seat.start_cores, reason), need, client_keys)
+
+
+@dataclass(frozen=True)
 class Seat:
     """What the job registers with: who it is and what it is worth."""
 
@@ -93,11 +156,12 @@ class Seat:
 
 
 class FleetMembership:
-    def __init__(self, seat: Seat, meter: DemandMeter, diagnosis: Callable[[], Diagnosis],
+    def __init__(self, seat: Seat, meter: DemandMeter, need: Callable[[], Need],
                  keys: ClientKeys | None = None) -> None:
+        """`need()`: what the job's ranks measure now, summed (accel.control.server.ControlServer.job_need)."""
         self.seat = seat
         self.meter = meter
-        self.diagnosis = diagnosis
+        self.need = need
         self.ctx = zmq.Context()
         self.client = ControlClient(self.ctx, seat.fleet, f"job/{seat.job_id}", curve=keys, fleet=True)
         self.share: pb.FleetShare | None = None  # the fleet's latest answer
@@ -156,12 +220,12 @@ class FleetMembership:
                 log.error("job %s: the fleet refused a beat: %s", self.seat.job_id, exc)
 
     def _beat(self, give_up_after_s: float) -> pb.FleetShare:
-        d = self.diagnosis()
+        d = self.need()
         want, reason = self.meter.update(d)
         seat = self.seat
         beat = pb.FleetJob(job_id=seat.job_id, endpoint=seat.dispatcher, weight=seat.weight,
                            min_cores=seat.min_cores, want_reason=reason, stall_fraction=d.stall_fraction,
-                           cores_needed=d.cores_needed * self.meter.ranks, cores_in_use=d.cores_in_use,
+                           cores_needed=d.cores_needed, cores_in_use=d.cores_in_use,
                            transform=seat.transform)
         if seat.max_cores is not None:
             beat.max_cores = seat.max_cores
