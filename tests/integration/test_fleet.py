@@ -109,13 +109,13 @@ def finished(job: Job, fleet: Fleet, timeout: float = 180):
     return summary
 
 
-def test_two_jobs_share_the_fleets_hosts_and_each_gets_every_sample_once(manifest, fleet, log_dir):
+def test_three_jobs_share_the_fleets_hosts_and_each_gets_every_sample_once(manifest, fleet, log_dir):
     daemons = hosts(fleet, log_dir, 2, 2)
-    a = Job(fleet_job(manifest, fleet.endpoint, epochs=8, rate=300), log_dir, start_workers=False)
-    b = Job(fleet_job(manifest, fleet.endpoint, epochs=8, rate=300), log_dir, start_workers=False)
-    assert wait_for(lambda: fleet.held(a.consumer) > 0 and fleet.held(b.consumer) > 0, timeout=30), fleet.output()
-    assert_exactly_once(finished(a, fleet), manifest.num_samples, 8)
-    assert_exactly_once(finished(b, fleet), manifest.num_samples, 8)
+    jobs = [Job(fleet_job(manifest, fleet.endpoint, epochs=6, rate=250, weight=weight), log_dir, start_workers=False)
+            for weight in (1.0, 1.0, 2.0)]
+    assert wait_for(lambda: all(fleet.held(job.consumer) > 0 for job in jobs), timeout=30), fleet.output()
+    for job in jobs:
+        assert_exactly_once(finished(job, fleet), manifest.num_samples, 6)
     assert wait_for(lambda: fleet.metrics()["stoker_fleet_processes_idle"] == 4, timeout=10), fleet.output()
     metrics = fleet.metrics()
     assert metrics["stoker_fleet_hosts"] == 2 and metrics["stoker_fleet_processes"] == 4
