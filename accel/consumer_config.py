@@ -131,4 +131,4 @@ def consumer_config_problem(cfg: ConsumerConfig) -> str | None:
         why = None if value is None and name in ("dispatcher", "fleet") else endpoint_problem(value)
         if why:
             return f"{name} {why}"
-    return fleet_problem(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores)
+    return fleet_problem(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_start_cores)

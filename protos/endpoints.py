@@ -73,8 +73,12 @@ def why_unreachable(endpoint: str, timeout_s: float = 2.0, fleet: bool = False) 
     host = host.strip("[]")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return (f"something listens there but does not answer: a {'fleet' if fleet else 'dispatcher'} that wants "
-                    "CURVE keys (give this host --keys DIR --key-name NAME), a busy one, or another service")
+            if fleet:
+                return ("something listens there but does not answer: a fleet that wants CURVE keys and does not "
+                        "admit this one (a host's is a worker key, a job's a job key: stoker keys add DIR NAME --role "
+                        "job), a busy one, or another service")
+            return ("something listens there but does not answer: a dispatcher that wants CURVE keys (give this "
+                    "host --keys DIR --key-name NAME), a busy one, or another service")
     except socket.gaierror as exc:
         return f"the name {host!r} does not resolve ({exc.strerror})"
     except ConnectionRefusedError:

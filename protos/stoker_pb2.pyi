@@ -613,7 +613,7 @@ class FleetHost(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., procs: _Optional[int] = ..., pid: _Optional[int] = ..., serving: _Optional[_Iterable[_Union[FleetJobProcs, _Mapping]]] = ..., leaving: _Optional[bool] = ..., cores: _Optional[float] = ...) -> None: ...
 
 class FleetJob(_message.Message):
-    __slots__ = ("job_id", "endpoint", "weight", "min_cores", "max_cores", "want_cores", "want_reason", "stall_fraction", "cores_needed", "cores_in_use", "leaving", "transform")
+    __slots__ = ("job_id", "endpoint", "weight", "min_cores", "max_cores", "want_cores", "want_reason", "stall_fraction", "cores_needed", "cores_in_use", "leaving", "transform", "stage")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -626,6 +626,7 @@ class FleetJob(_message.Message):
     CORES_IN_USE_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     endpoint: str
     weight: float
@@ -638,7 +639,8 @@ class FleetJob(_message.Message):
     cores_in_use: float
     leaving: bool
     transform: str
-    def __init__(self, job_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., weight: _Optional[float] = ..., min_cores: _Optional[int] = ..., max_cores: _Optional[int] = ..., want_cores: _Optional[float] = ..., want_reason: _Optional[str] = ..., stall_fraction: _Optional[float] = ..., cores_needed: _Optional[float] = ..., cores_in_use: _Optional[float] = ..., leaving: _Optional[bool] = ..., transform: _Optional[str] = ...) -> None: ...
+    stage: str
+    def __init__(self, job_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., weight: _Optional[float] = ..., min_cores: _Optional[int] = ..., max_cores: _Optional[int] = ..., want_cores: _Optional[float] = ..., want_reason: _Optional[str] = ..., stall_fraction: _Optional[float] = ..., cores_needed: _Optional[float] = ..., cores_in_use: _Optional[float] = ..., leaving: _Optional[bool] = ..., transform: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class FleetPlan(_message.Message):
     __slots__ = ("jobs",)

@@ -529,7 +529,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
                      f"by the packing)")
     if command in ("run", "train", "dispatch"):
-        _check_fleet_seat(parser, args)
+        _check_fleet_seat(parser, args, ranked)
     if job_command and args.stall_timeout_s and args.stall_report_s >= args.stall_timeout_s:
         parser.error(f"{command}: argument --stall-report: {args.stall_report_s:g} s is not below --stall-timeout "
                      f"{args.stall_timeout_s:g} s: the job would fail before anyone was told why")
@@ -567,15 +567,28 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                              f"trusted network")
 
 
-def _check_fleet_seat(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A job's ask of a fleet, refused at parse time when it cannot work; `stoker run --fleet` starts
-    no workers of its own unless --hosts says so."""
+def _check_fleet_seat(parser: argparse.ArgumentParser, args: argparse.Namespace, ranked: bool) -> None:
+    """A job's ask of a fleet, refused at parse time when it cannot work: whoever runs the job's dispatcher
+    registers it (rank 0, or `stoker dispatch`), and `stoker run --fleet` starts no workers of its own."""
     from stoker.accel.control.fleet_config import fleet_problem
 
-    bad_seat = fleet_problem(args.fleet, args.weight, args.min_cores, args.max_cores)
+    command = args.command
+    bad_seat = fleet_problem(args.fleet, args.weight, args.min_cores, args.max_cores, args.fleet_start_cores)
     if bad_seat:
-        parser.error(f"{args.command}: {bad_seat.replace('_', '-')}")
-    if args.command == "run":
+        field = bad_seat.split(" ", 1)[0]
+        flag = f"argument --{field.replace('_', '-')}: " if field in ("weight", "min_cores", "max_cores",
+                                                                      "fleet_start_cores") else ""
+        parser.error(f"{command}: {flag}{bad_seat.replace('_', '-')}")
+    if args.fleet_key_name != "job" and not (args.fleet and getattr(args, "keys", None)):
+        parser.error(f"{command}: argument --fleet-key-name: the job's key at a keyed fleet: give --fleet and --keys "
+                     "too")
+    if args.fleet and command == "train" and (ranked or args.dispatcher):
+        parser.error("train: argument --fleet: the job registers where its dispatcher runs (rank 0, or `stoker "
+                     "dispatch --fleet`); a rank attached to it measures and says so with its acks")
+    if command == "run":
+        if args.fleet and args.hosts is not None:
+            parser.error("run: argument --hosts: with --fleet the fleet's hosts serve the job (stoker worker --fleet "
+                         "on each); this machine's own hosts would be unknown to the fleet")
         args.hosts = (0 if args.fleet else 2) if args.hosts is None else args.hosts
         if args.hosts == 0 and not args.fleet:
             parser.error("run: argument --hosts: 0 hosts would feed nothing (without --fleet)")

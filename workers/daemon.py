@@ -105,7 +105,10 @@ class WorkerDaemon:
         self.target = target
 
     def _request_stop(self, signum: int, _frame: object) -> None:
-        if not self.stopping:
+        if not self.stopping and self.target is not None:  # a fleet's job daemon: its host's daemon asks
+            log.info("%s: job %s's processes here are to stop (the fleet gave them to other jobs, or the host "
+                     "drains): draining", self.host_id, self._job_id)
+        elif not self.stopping:
             log.info("%s: %s received, draining", self.host_id, signal.Signals(signum).name)
         self.stopping = True
 
@@ -265,7 +268,7 @@ class WorkerDaemon:
     def _resize(self, children: list[_Child], job: JobConfig) -> list[_Child]:
         """Under a fleet: start processes up to the target, or drain the newest beyond it (SIGTERM: each
         finishes the batch in hand; `_reap` hands its units back once it has exited)."""
-        if self.target is None or self._job_over:
+        if self.target is None or self._job_over or self.failed:  # over, or this host cannot serve it
             return children
         children = [c for c in children if not (c.finished and c.retire_by is not None)]  # retired: gone
         active = [c for c in children if not c.finished and c.retire_by is None]

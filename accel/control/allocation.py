@@ -5,7 +5,8 @@ and carries out the moves it returns.
 
 A job asks for `want` processes: what its live demand says it can use now (a fed job, stalling
 under its target with credit waiting, wants no more than it holds; a starving one, what its
-calibrated rate says it needs). Its `min_cores` are given first, as far as the fleet holds them;
+calibrated rate says it needs). Its `min_cores` are given first, as far as the fleet holds them
+(a guarantee: even beyond its want, and at other jobs' expense);
 then processes go one at a time to the job whose share (processes over weight) is the smallest
 among those still short of their cap (the smaller of `want` and `max_cores`): weighted max-min
 fairness by progressive filling. Idle processes always go to a job that wants them (work-
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 
 from stoker.protos.errors import ConfigError
 
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6  # weights are relative: beyond these they only overflow a share
+
 
 @dataclass(frozen=True)
 class JobAsk:
@@ -34,8 +37,9 @@ class JobAsk:
 
     def __post_init__(self) -> None:
         """Refused at registration with one line (issue 36: invalid weights or limits)."""
-        if not self.weight > 0 or self.weight != self.weight or self.weight == float("inf"):
-            raise ConfigError(f"job {self.job_id}: weight must be a number above 0, not {self.weight!r}")
+        if not MIN_WEIGHT <= self.weight <= MAX_WEIGHT:  # NaN fails it too
+            raise ConfigError(f"job {self.job_id}: weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, "
+                              f"not {self.weight!r}")
         if self.min_cores < 0 or self.want < 0:
             raise ConfigError(f"job {self.job_id}: want and min cores cannot be negative")
         if self.max_cores is not None and self.max_cores < max(self.min_cores, 1):
@@ -80,8 +84,9 @@ def fair_targets(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
 
 
 def _floors(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
-    """Min cores, capped at what each wants; when they do not all fit, shared by weight (max-min)."""
-    wanted = {a.job_id: min(a.min_cores, a.cap) for a in asks}
+    """Min cores (a guarantee, whatever the job measures it wants; capped at its max); when they do not
+    all fit, shared by weight (max-min)."""
+    wanted = {a.job_id: a.min_cores if a.max_cores is None else min(a.min_cores, a.max_cores) for a in asks}
     if sum(wanted.values()) <= capacity:
         return wanted
     floors = dict.fromkeys(wanted, 0)

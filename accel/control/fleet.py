@@ -29,6 +29,11 @@ from dataclasses import dataclass, field
 from stoker.accel.control.allocation import Allocation, JobAsk, Move, allocate
 from stoker.protos.errors import ConfigError
 
+MOST_HOST_PROCS = 1024  # a host offering more is not a Stoker daemon (one caps itself at 4 a core)
+MOST_CORES = 1e6  # a job asking more cores than this asks for nothing any fleet holds: refused
+MOST_PROCESSES = 1_000_000  # what a job's cores become, at most
+STALL_TARGET = 0.02  # a job stalling more than this ...
+CONSUMER_BOUND = ("compute", "device_copy")  # ... for a reason on the workers' side earns one process more
 HOST_TIMEOUT_S = 5.0  # a host that has not beaten for this long is gone
 JOB_TIMEOUT_S = 10.0  # a job silent this long (or one a restarted fleet has not heard from yet) frees its processes
 ROUND_S = 1.0  # the least time between two rounds of moves: each round moves at most max_moves processes
@@ -42,6 +47,7 @@ class Host:
     leaving: bool = False
     running: dict[str, int] = field(default_factory=dict)  # job -> processes the host says it runs
     cores: float = 0.0  # the CPU its processes may use in all (0: not said; one a process)
+    pid: int = 0  # its daemon's: a second live daemon under the same host id is refused
 
 
 @dataclass
@@ -58,6 +64,7 @@ class Job:
     cores_needed: float = 0.0
     cores_in_use: float = 0.0
     transform: str = ""
+    stage: str = ""  # what bounds it now ("": not measured)
 
 
 @dataclass(frozen=True)
@@ -98,24 +105,29 @@ class FleetBook:
     # ---- beats -------------------------------------------------------------------------------
 
     def host_beat(self, host_id: str, procs: int, running: dict[str, int], leaving: bool, now: float,
-                  cores: float = 0.0) -> list[Decision]:
+                  cores: float = 0.0, pid: int = 0) -> list[Decision]:
         """A host's beat; returns what changed. A new host is placed at once (it gets work within a
         second: the caller answers with `plan_for` right after)."""
         self._started = now if self._started is None else self._started
-        if procs < 1:
-            raise ConfigError(f"host {host_id}: a host must offer at least one process, not {procs}")
+        if not 1 <= procs <= MOST_HOST_PROCS:
+            raise ConfigError(f"host {host_id}: a host offers 1 to {MOST_HOST_PROCS} processes, not {procs}")
+        if not (math.isfinite(cores) and 0 <= cores <= procs * 1e3):
+            raise ConfigError(f"host {host_id}: its cores must be a number of at least 0, not {cores!r}")
         known = self.hosts.get(host_id)
+        if known is not None and pid and known.pid and known.pid != pid and now - known.seen < self.host_timeout_s:
+            raise ConfigError(f"host id {host_id} is in use by a live daemon (pid {known.pid}, heard "
+                              f"{now - known.seen:.1f} s ago): give each worker daemon its own --host-id")
         decisions = []
         if known is None:
             decisions.append(Decision(f"host {host_id} joined with {procs} processes"))
-            self.hosts[host_id] = Host(host_id, procs, now, leaving, dict(running), cores)
+            self.hosts[host_id] = Host(host_id, procs, now, leaving, dict(running), cores, pid)
             if host_id not in self.assigned:  # a fleet that started again: adopt what the host runs
                 self.assigned[host_id] = {job: n for job, n in running.items() if n > 0}
         else:
             if leaving and not known.leaving:
                 decisions.append(Decision(f"host {host_id} is draining: its processes go to other hosts"))
             known.procs, known.seen, known.leaving, known.running = procs, now, leaving, dict(running)
-            known.cores = cores
+            known.cores, known.pid = cores, pid
         if leaving:
             self.assigned[host_id] = {}
         else:
@@ -126,8 +138,9 @@ class FleetBook:
         """A job's beat (`job.seen` is set to `now`); ConfigError when its weight or limits cannot hold."""
         self._started = now if self._started is None else self._started
         JobAsk(job.job_id, 0, job.weight, job.min_cores, job.max_cores)  # refused here, with one line
-        if job.want_cores is not None and not (job.want_cores >= 0 and math.isfinite(job.want_cores)):
-            raise ConfigError(f"job {job.job_id}: wants {job.want_cores!r} cores, not a number of at least 0")
+        if job.want_cores is not None and not 0 <= job.want_cores <= MOST_CORES:
+            raise ConfigError(f"job {job.job_id}: wants {job.want_cores!r} cores, not a number from 0 to "
+                              f"{MOST_CORES:.0e}")
         known = self.jobs.get(job.job_id)
         decisions = []
         wants = "its fair share" if job.want_cores is None else f"{job.want_cores:.2f} cores"
@@ -187,8 +200,9 @@ class FleetBook:
         return cores / procs if procs else 1.0
 
     def processes_for(self, cores: float) -> int:
-        """The processes that give `cores` at the fleet's cores per process."""
-        return max(0, math.ceil(cores / self.cores_per_process() - 1e-9))
+        """The processes that give `cores` at the fleet's cores per process (at most MOST_PROCESSES: what a
+        job misses beyond the fleet is still said, and every figure fits the wire)."""
+        return max(0, min(MOST_PROCESSES, math.ceil(cores / self.cores_per_process() - 1e-9)))
 
     def ask_of(self, job: Job, capacity: int) -> JobAsk:
         """A job's ask in processes; one that has not measured its demand asks for the whole fleet: it gets
@@ -197,6 +211,8 @@ class FleetBook:
         most = None if job.max_cores is None else max(1, math.floor(job.max_cores / self.cores_per_process() + 1e-9))
         floor = floor if most is None else min(floor, most)
         want = max(capacity, floor) if job.want_cores is None else self.processes_for(job.want_cores)
+        if job.stage and job.stage not in CONSUMER_BOUND and job.stall_fraction > STALL_TARGET:
+            want = max(want, min(capacity, self.holding().get(job.job_id, 0) + 1))  # stalled: one more to try
         return JobAsk(job.job_id, want, job.weight, floor, most)
 
     def holding(self) -> dict[str, int]:
@@ -215,6 +231,9 @@ class FleetBook:
         asks = [self.ask_of(job, capacity) for job in self.jobs.values()]
         holding = {job: n for job, n in self.holding().items() if job in self.jobs}
         self.last = allocate(capacity, asks, holding, self.max_moves)
+        for job_id, job in self.jobs.items():  # its "want" is the whole fleet only as a stand-in: say so
+            if job.want_cores is None and not self.last.missing.get(job_id):
+                self.last.reasons[job_id] = f"not measured yet: its fair share, {self.last.targets[job_id]} processes"
         decisions = []
         for move in self.last.moves:
             for _ in range(move.processes):
@@ -235,9 +254,6 @@ class FleetBook:
         target = alloc.targets.get(job_id, 0) if alloc else 0
         missing = alloc.missing.get(job_id, 0) if alloc else 0
         reason = alloc.reasons.get(job_id, "") if alloc else ""
-        job = self.jobs.get(job_id)
-        if job is not None and job.want_cores is None and not missing:
-            reason = f"not measured yet: its fair share, {target} processes"
         return Share(target, self.holding().get(job_id, 0), missing, self.capacity(), len(self.hosts), reason)
 
     # ---- placing -----------------------------------------------------------------------------

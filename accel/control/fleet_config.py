@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.accel.control.fleet import HOST_TIMEOUT_S, JOB_TIMEOUT_S, ROUND_S
+from stoker.accel.control.allocation import MAX_WEIGHT, MIN_WEIGHT
+from stoker.accel.control.fleet import HOST_TIMEOUT_S, JOB_TIMEOUT_S, MOST_CORES, ROUND_S
 
 FLEET_PORT = 5570
 
@@ -77,15 +78,19 @@ def fleet_start_cores() -> Any:
                 "else its fair share)", "check": "above-zero"})
 
 
-def fleet_problem(fleet: str | None, weight: float, min_cores: int, max_cores: int | None) -> str | None:
+def fleet_problem(fleet: str | None, weight: float, min_cores: int, max_cores: int | None,
+                  start_cores: float | None = None) -> str | None:
     """What cannot work in a job's fleet options (None: all can): said at parse time and in a config."""
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < float("inf"):
-        return f"weight must be a number above 0, not {weight!r}"
+    if start_cores is not None and not 0 < start_cores <= MOST_CORES:
+        return f"fleet_start_cores must be a number above 0 and at most {MOST_CORES:.0e}, not {start_cores!r}"
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        return f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, not {weight!r}"
     if isinstance(min_cores, bool) or not isinstance(min_cores, int) or min_cores < 0:
         return f"min_cores must be an integer of at least 0, not {min_cores!r}"
     if max_cores is not None and (isinstance(max_cores, bool) or not isinstance(max_cores, int)
                                   or max_cores < max(min_cores, 1)):
         return f"max_cores must be an integer of at least min_cores ({min_cores}) and 1, not {max_cores!r}"
-    if fleet is None and (weight != 1.0 or min_cores or max_cores is not None):
-        return "weight, min_cores and max_cores are a job's ask of a fleet: give the fleet too (--fleet ENDPOINT)"
+    if fleet is None and (weight != 1.0 or min_cores or max_cores is not None or start_cores is not None):
+        return ("weight, min_cores, max_cores and fleet_start_cores are a job's ask of a fleet: give the fleet too "
+                "(--fleet ENDPOINT)")
     return None

@@ -226,7 +226,7 @@ class FleetMembership:
         beat = pb.FleetJob(job_id=seat.job_id, endpoint=seat.dispatcher, weight=seat.weight,
                            min_cores=seat.min_cores, want_reason=reason, stall_fraction=d.stall_fraction,
                            cores_needed=d.cores_needed, cores_in_use=d.cores_in_use,
-                           transform=seat.transform)
+                           transform=seat.transform, stage=d.stage if d.measured else "")
         if seat.max_cores is not None:
             beat.max_cores = seat.max_cores
         if want is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ from stoker.accel.control.server import bind_control
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog
-from stoker.protos.endpoints import advertised, serves
+from stoker.protos.endpoints import advertised, endpoint_problem, serves
 from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
 from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
@@ -126,10 +127,15 @@ class FleetServer:
         self.clock = clock
         self._drops = DropLog(log, "a fleet message", metrics.dropped)
         self.dropped = self._drops.counts
+        self._owners: dict[str, str] = {}  # job id -> the key name that registered it (keys only)
 
     def handle_all(self, batch: list[list]) -> None:
         for frames in batch:
-            self._handle_one(frames)
+            try:
+                self._handle_one(frames)
+            except Exception:  # one message, whatever it holds, never takes the fleet down for every job
+                log.exception("a fleet message could not be handled; dropped")
+                self._drops("bad_value", frame_bytes(frames[0]) if frames else b"")
         self.metrics.update(self.book)
 
     def tick(self) -> None:
@@ -156,6 +162,7 @@ class FleetServer:
                 reply.fleet_plan.CopyFrom(self._host(request.fleet_host))
             elif kind == "fleet_job":
                 self._need(caller, JOB, "a job key (stoker keys add DIR NAME --role job)")
+                self._own(request.fleet_job.job_id, caller if self.keyed else NOBODY)
                 reply.fleet_share.CopyFrom(self._job(request.fleet_job))
             else:
                 raise _Refused("not_fleet", "this is a fleet (stoker fleet), not a dispatcher: point workers at it "
@@ -163,35 +170,50 @@ class FleetServer:
         except _Refused as exc:
             self._drops(exc.reason, peer, str(exc))
             reply.error.message = str(exc)
-        except ConfigError as exc:
+        except (ConfigError, ValueError) as exc:  # a figure out of range for the wire too
             self._drops("bad_value", peer, str(exc))
             reply.error.message = str(exc)
         self._send(peer, reply)
+
+    def _own(self, job_id: str, caller: Caller) -> None:
+        """With keys a job id belongs to the key that registered it: no other job key may beat, leave or
+        re-point it (a job cannot free or take another job's processes)."""
+        owner = self._owners.get(job_id)
+        if job_id not in self.book.jobs:
+            self._owners[job_id] = caller.name
+        elif owner is not None and owner != caller.name:
+            raise _Refused("not_owner", f"refused: job {job_id} is registered by another job key")
 
     def _need(self, caller: Caller, role: str, what: str) -> None:
         if self.keyed and caller.role != role:
             raise _Refused(f"not_{role}", f"refused: this key is not allow-listed as a {role} (needs {what})")
 
     def _host(self, beat: pb.FleetHost) -> pb.FleetPlan:
-        _check_ids(beat.host_id, *(s.job_id for s in beat.serving), *(s.endpoint for s in beat.serving))
+        _check_name("host id", beat.host_id)
+        for serving in beat.serving:
+            _check_name("job id", serving.job_id)
         running = {s.job_id: s.procs for s in beat.serving}
-        self._log(self.book.host_beat(beat.host_id, beat.procs, running, beat.leaving, self.clock(), beat.cores))
+        self._log(self.book.host_beat(beat.host_id, beat.procs, running, beat.leaving, self.clock(), beat.cores,
+                                      pid=beat.pid))
         plan = pb.FleetPlan()
         for job_id, (endpoint, procs) in sorted(self.book.plan_for(beat.host_id).items()):
             plan.jobs.add(job_id=job_id, endpoint=endpoint, procs=procs)
         return plan
 
     def _job(self, beat: pb.FleetJob) -> pb.FleetShare:
-        _check_ids(beat.job_id, beat.endpoint)
-        if not beat.job_id or not beat.endpoint:
-            raise ConfigError("a job registers with its id and its dispatcher's endpoint")
+        _check_name("job id", beat.job_id)
+        why = endpoint_problem(beat.endpoint)
+        if why:
+            raise ConfigError(f"job {beat.job_id}: its dispatcher's endpoint {why}")
         now = self.clock()
         if beat.leaving:
             self._log(self.book.job_leaves(beat.job_id, now))
+            self._owners.pop(beat.job_id, None)
             return pb.FleetShare(fleet_procs=self.book.capacity(), hosts=len(self.book.hosts), reason="left")
         job = Job(beat.job_id, beat.weight, beat.min_cores, beat.max_cores if beat.HasField("max_cores") else None,
-                  beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint, now, beat.want_reason,
-                  beat.stall_fraction, beat.cores_needed, beat.cores_in_use, beat.transform)
+                  beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint, now,
+                  _printable(beat.want_reason), beat.stall_fraction, beat.cores_needed, beat.cores_in_use,
+                  _printable(beat.transform), beat.stage)
         self._log(self.book.job_beat(job, now))
         share = self.book.share_of(beat.job_id)
         return pb.FleetShare(target=share.target, holding=share.holding, missing=share.missing,
@@ -215,10 +237,17 @@ class _Refused(Exception):
         self.reason = reason
 
 
-def _check_ids(*values: str) -> None:
-    for value in values:
-        if len(value) > MAX_ID:
-            raise ConfigError(f"a name or endpoint of {len(value)} characters (at most {MAX_ID})")
+NAME = re.compile(rf"[A-Za-z0-9._:@+/-]{{1,{MAX_ID}}}")  # host and job ids: what a log line shows as it is
+
+
+def _check_name(what: str, value: str) -> None:
+    if not NAME.fullmatch(value):
+        raise ConfigError(f"a {what} of 1 to {MAX_ID} letters, digits and . _ : @ + / -, not {value[:40]!r}")
+
+
+def _printable(text: str) -> str:
+    """A peer's free text (a reason), on one line of the log."""
+    return "".join(c if c.isprintable() else " " for c in text[:300])
 
 
 class FleetService:

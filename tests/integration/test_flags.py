@@ -56,6 +56,12 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["fleet", "--max-moves", "0"], "--max-moves"),
     (["fleet", "--host-timeout", "0"], "--host-timeout"),
     (["lab", "up", "--fleet", "--", "--epochs", "2"], "--fleet"),
+    (["run", "--fleet-start-cores", "2"], "--fleet"),  # an ask of a fleet without the fleet
+    (["run", "--fleet", "tcp://127.0.0.1:1", "--fleet-start-cores", "5e9"], "--fleet-start-cores"),
+    (["run", "--fleet", "tcp://127.0.0.1:1", "--weight", "1e-300"], "--weight"),
+    (["run", "--fleet", "tcp://127.0.0.1:1", "--hosts", "2"], "--hosts"),
+    (["run", "--fleet", "tcp://127.0.0.1:1", "--fleet-key-name", "a"], "--fleet-key-name"),  # run takes no keys
+    (["train", "--dispatcher", "tcp://127.0.0.1:2", "--job-secret", "x", "--fleet", "tcp://127.0.0.1:1"], "--fleet"),
 ])
 def test_a_flag_that_cannot_work_is_refused_at_parse_time(args, flag):
     result, took = _stoker(*args)

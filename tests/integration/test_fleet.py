@@ -228,6 +228,7 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
     init_keys(keys)
     add_key(keys, "h1")
     add_key(keys, "j1", role=JOB)
+    add_key(keys, "j2", role=JOB)
     fleet = Fleet(log_dir, keys=keys)
     ctx = zmq.Context()
     try:
@@ -248,9 +249,28 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
         with pytest.raises(DispatcherUnreachable):
             ask(job, None)  # a stranger without keys: no handshake, no answer
         bad = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="k", endpoint="tcp://127.0.0.1:1", weight=-1.0))
-        assert "weight must be a number above 0" in ask(bad, as_job).error.message
+        assert "weight must be a number from" in ask(bad, as_job).error.message
+        # another job's key may not beat, leave or re-point job j: its processes stay j's, at j's dispatcher
+        other = ClientKeys.load(keys, "j2", JOB)
+        steal = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:2", weight=5.0))
+        leave = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:1", leaving=True))
+        for request in (steal, leave):
+            assert "job j is registered by another job key" in ask(request, other).error.message
+        assert ask(host, as_worker).fleet_plan.jobs[0].endpoint == "tcp://127.0.0.1:1"
+        # what a job or a host says is checked before anything uses it: no figure crashes the fleet
+        for beat, says in ((pb.FleetJob(job_id="x", endpoint="tcp://127.0.0.1:1", weight=1.0, want_cores=4.3e9),
+                            "not a number from 0 to"),
+                           (pb.FleetJob(job_id="x", endpoint="tcp://127.0.0.1:1", weight=5e-324), "weight must be"),
+                           (pb.FleetJob(job_id="x", endpoint="garbage endpoint", weight=1.0), "endpoint"),
+                           (pb.FleetJob(job_id="a\nb INFO forged", endpoint="tcp://127.0.0.1:1", weight=1.0),
+                            "a job id of 1 to 256 letters")):
+            assert says in ask(pb.ControlRequest(fleet_job=beat), other).error.message
+        huge = pb.ControlRequest(fleet_host=pb.FleetHost(host_id="h2", procs=1 << 20))
+        assert "a host offers 1 to 1024 processes" in ask(huge, as_worker).error.message
+        assert "forged" not in fleet.output()
         metrics = fleet.metrics()
         assert metrics["stoker_fleet_dropped_total{reason=not_job}"] == 1
+        assert metrics["stoker_fleet_dropped_total{reason=not_owner}"] == 2
         assert metrics["stoker_fleet_dropped_total{reason=not_worker}"] == 1
         assert metrics["stoker_fleet_auth_total{result=failed_handshake}"] >= 1
         assert metrics["stoker_fleet_hosts"] == 1 and metrics["stoker_fleet_job_processes{job=j}"] == 2
