@@ -29,7 +29,7 @@ from stoker.accel.aio import pump_batches, run_until_one_fails
 from stoker.accel.control.fleet import Decision, FleetBook, Job
 from stoker.accel.control.fleet_config import FleetConfig
 from stoker.accel.control.metrics import serve_registry
-from stoker.accel.control.server import bind_control
+from stoker.accel.control.server import guarded_control
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog
@@ -39,7 +39,7 @@ from stoker.protos.exposure import check_exposure
 from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
 from stoker.protos.sd_notify import Notifier
 from stoker.protos.sockets import end_context
-from stoker.protos.zap import KeyAuthenticator, count_handshakes
+from stoker.protos.zap import count_handshakes
 
 log = logging.getLogger("stoker.fleet")
 
@@ -279,16 +279,7 @@ class FleetService:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         ctx = zmq.asyncio.Context()
-        authenticator = KeyAuthenticator(ctx, self.keys) if self.keys else None
-        if authenticator is not None:
-            authenticator.start()
-        try:
-            sock, monitor, bound = bind_control(ctx, self.keys, self.cfg.bind)
-        except BaseException:
-            if authenticator is not None:
-                authenticator.stop()
-            end_context(ctx)
-            raise
+        authenticator, sock, monitor, bound = guarded_control(ctx, self.keys, self.cfg.bind)
         try:
             self.endpoint = advertised(bound, None)
             server = FleetServer(sock, self.book, self.metrics, self.keys is not None)

@@ -44,8 +44,8 @@ from stoker.protos.droplog import DropLog
 from stoker.protos.endpoints import bind
 from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
 from stoker.protos.leases import HOST_ID_IN_USE, REREGISTERED, UNREACHABLE, LeaseSigner
-from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, router, send_nowait
-from stoker.protos.zap import HANDSHAKE_EVENTS, count_handshakes
+from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, end_context, router, send_nowait
+from stoker.protos.zap import HANDSHAKE_EVENTS, KeyAuthenticator, count_handshakes
 
 log = logging.getLogger("stoker.dispatcher")
 MAX_NAME = 256  # longest host or worker id accepted
@@ -580,6 +580,23 @@ def bind_control(ctx: zmq.asyncio.Context, keys: ServerKeys | None,
         sock.close(0)
         raise
     return sock, monitor, bound
+
+
+def guarded_control(ctx: zmq.asyncio.Context, keys: ServerKeys | None,
+                    endpoint: str) -> tuple[KeyAuthenticator | None, zmq.asyncio.Socket, zmq.asyncio.Socket, str]:
+    """ZAP (with keys) started before the control ROUTER binds, then the bind (bind_control): a bind that
+    fails stops ZAP and ends the context before it raises, so nothing is left to wait on."""
+    authenticator = KeyAuthenticator(ctx, keys) if keys else None
+    if authenticator is not None:
+        authenticator.start()  # before the bind
+    try:
+        sock, monitor, bound = bind_control(ctx, keys, endpoint)
+    except BaseException:
+        if authenticator is not None:
+            authenticator.stop()
+        end_context(ctx)
+        raise
+    return authenticator, sock, monitor, bound
 
 
 def serve_control(control: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket, server: ControlServer,

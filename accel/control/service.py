@@ -33,7 +33,7 @@ from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
 from stoker.accel.control.journal import Journal
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
+from stoker.accel.control.server import AccessPolicy, ControlServer, guarded_control, serve_control
 from stoker.accel.control.watchdog import StallBounds
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_to_proto
@@ -44,7 +44,6 @@ from stoker.protos.endpoints import advertised, serves
 from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import KEY_BYTES, LeaseSigner
 from stoker.protos.sockets import end_context
-from stoker.protos.zap import KeyAuthenticator
 
 log = logging.getLogger("stoker.dispatcher")
 
@@ -103,16 +102,7 @@ class DispatchService:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         ctx = zmq.asyncio.Context()
-        authenticator = KeyAuthenticator(ctx, self.keys) if self.keys else None
-        if authenticator is not None:
-            authenticator.start()  # before the bind
-        try:
-            control, monitor, bound = bind_control(ctx, self.keys, self.cfg.control_bind)
-        except BaseException:
-            if authenticator is not None:
-                authenticator.stop()
-            end_context(ctx)
-            raise
+        authenticator, control, monitor, bound = guarded_control(ctx, self.keys, self.cfg.control_bind)
         try:
             self.endpoint = advertised(bound, self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,

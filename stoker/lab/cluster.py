@@ -259,16 +259,7 @@ class Lab:
         state.save()
         for rank in range(1, self.cfg.ranks):
             self._start_rank(state, rank, address, _step_options(train_args))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if not alive(member.pid):
-                raise LabError(f"the consumer exited at start; its log ({member.log}):\n{_tail(member.log)}")
-            try:
-                urllib.request.urlopen(member.metrics, timeout=1).read()
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise LabError(f"the consumer did not come up within 60 s; see {member.log}")
+        wait_for_metrics(member, "the consumer")
 
     def _start_rank(self, state: LabState, rank: int, address: str, step_options: list[str]) -> None:
         """Rank r: a consumer in the accelerator's namespace, attached to rank 0's dispatcher."""
@@ -438,6 +429,20 @@ def down() -> list[str]:
 
 
 # ---- helpers ----------------------------------------------------------------------------
+
+def wait_for_metrics(member: Member, what: str, timeout_s: float = 60.0) -> None:
+    """Until `member` serves its /metrics; LabError with its log's tail when it exits first or is late."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive(member.pid):
+            raise LabError(f"{what} exited at start; its log ({member.log}):\n{_tail(member.log)}")
+        try:
+            urllib.request.urlopen(member.metrics, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise LabError(f"{what} did not come up within {timeout_s:.0f} s; see {member.log}")
+
 
 def _member(state: LabState, name: str) -> Member:
     if name not in state.members:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from stoker.lab.cluster import (
@@ -25,6 +24,7 @@ from stoker.lab.cluster import (
     alive,
     current,
     state_dir,
+    wait_for_metrics,
 )
 from stoker.lab.system import LabError
 from stoker.protos.curve import add_key
@@ -62,7 +62,7 @@ def start_fleet(state: LabState) -> Member:
     member.pid = _spawn(cmd, member.netns, None, Path(member.log))
     state.members["accel"] = member
     state.save()
-    _wait_for_metrics(member, "the fleet")
+    wait_for_metrics(member, "the fleet")
     return member
 
 
@@ -114,16 +114,3 @@ def _job_index(name: str) -> int:
     if not (name.startswith("job") and name[3:].isdigit() and int(name[3:]) < JOB_KEYS):
         raise LabError(f"a lab job is named job0 .. job{JOB_KEYS - 1} (its key and its ports), not {name!r}")
     return int(name[3:])
-
-
-def _wait_for_metrics(member: Member, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not alive(member.pid):
-            raise LabError(f"{what} exited at start; its log ({member.log}):\n{_tail(member.log)}")
-        try:
-            urllib.request.urlopen(member.metrics, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise LabError(f"{what} did not come up within {timeout_s:.0f} s; see {member.log}")
