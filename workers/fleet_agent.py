@@ -33,6 +33,7 @@ from stoker.protos.endpoints import serves
 from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
 from stoker.protos.sd_notify import Notifier
+from stoker.protos.sockets import end_context
 from stoker.workers.lifeline import exit_with_parent, parent_alive
 from stoker.workers.metrics import serve_multiprocess
 from stoker.workers.worker_config import WorkerConfig, most_procs
@@ -121,7 +122,7 @@ class FleetAgent:
             self._beat(leaving=True)  # best effort: the fleet stops counting this host at once
             self._stop_all()
             self.client.close()
-            self.ctx.term()
+            end_context(self.ctx)  # nothing left to wait on: a gone fleet cannot hold the exit
         return 0
 
     def _sleep(self, seconds: float) -> None:
