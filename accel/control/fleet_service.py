@@ -29,7 +29,7 @@ from stoker.accel.aio import pump_batches, run_until_one_fails
 from stoker.accel.control.fleet import Decision, FleetBook, Job
 from stoker.accel.control.fleet_config import FleetConfig
 from stoker.accel.control.metrics import serve_registry
-from stoker.accel.control.server import guarded_control
+from stoker.accel.control.server import guarded_control, one_line
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog
@@ -38,7 +38,7 @@ from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
 from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
 from stoker.protos.sd_notify import Notifier
-from stoker.protos.sockets import end_context
+from stoker.protos.sockets import end_context, send_nowait
 from stoker.protos.zap import count_handshakes
 
 log = logging.getLogger("stoker.fleet")
@@ -212,17 +212,15 @@ class FleetServer:
             return pb.FleetShare(fleet_procs=self.book.capacity(), hosts=len(self.book.hosts), reason="left")
         job = Job(beat.job_id, beat.weight, beat.min_cores, beat.max_cores if beat.HasField("max_cores") else None,
                   beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint, now,
-                  _printable(beat.want_reason), beat.stall_fraction, beat.cores_needed, beat.cores_in_use,
-                  _printable(beat.transform), beat.stage)
+                  one_line(beat.want_reason[:300]), beat.stall_fraction, beat.cores_needed, beat.cores_in_use,
+                  one_line(beat.transform[:300]), beat.stage)
         self._log(self.book.job_beat(job, now))
         share = self.book.share_of(beat.job_id)
         return pb.FleetShare(target=share.target, holding=share.holding, missing=share.missing,
                              fleet_procs=share.fleet_procs, hosts=share.hosts, reason=share.reason)
 
     def _send(self, peer: bytes, reply: pb.ControlReply) -> None:
-        try:
-            self.socket.send_multipart([peer, reply.SerializeToString()], flags=zmq.NOBLOCK)
-        except (zmq.Again, zmq.error.ZMQError):  # the asker is gone (ROUTER_MANDATORY): it asks again
+        if send_nowait(self.socket, [peer, reply.SerializeToString()]) is not None:  # the asker is gone: it asks again
             self._drops("unroutable", peer)
 
     @staticmethod
@@ -244,10 +242,6 @@ def _check_name(what: str, value: str) -> None:
     if not NAME.fullmatch(value):
         raise ConfigError(f"a {what} of 1 to {MAX_ID} letters, digits and . _ : @ + / -, not {value[:40]!r}")
 
-
-def _printable(text: str) -> str:
-    """A peer's free text (a reason), on one line of the log."""
-    return "".join(c if c.isprintable() else " " for c in text[:300])
 
 
 class FleetService:

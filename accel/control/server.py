@@ -245,7 +245,7 @@ class ControlServer:
             self._sample_crashed(r)
         count = self.dispatcher.release(r.host_id, list(r.worker_ids) or None, r.reason or "released",
                                         list(r.unit_ids) or None, asked.caller.name if self.access.keyed else None)
-        log.info("host %s released %d units (%s)", r.host_id, count, _printable(r.reason))
+        log.info("host %s released %d units (%s)", r.host_id, count, one_line(r.reason))
         return pb.ControlReply(ok=pb.Ok())
 
     def _on_refuse(self, asked: Asked) -> pb.ControlReply:
@@ -314,7 +314,7 @@ class ControlServer:
             count = self.dispatcher.rewind_rank(attach.rank, attach.consumer_id, start.epoch, start.step, start.units,
                                                 start.batches)
         except RankError as exc:
-            log.error("refused consumer %s as rank %d: %s", _printable(attach.consumer_id[:MAX_NAME]), attach.rank, exc)
+            log.error("refused consumer %s as rank %d: %s", one_line(attach.consumer_id[:MAX_NAME]), attach.rank, exc)
             return str(exc)
         if count:
             log.warning("rank %d starts at step %d of epoch %d (its checkpoint): %d of its units done since then go "
@@ -339,8 +339,8 @@ class ControlServer:
     def _sample_crashed(self, release: pb.Release) -> None:
         """A worker process died transforming a sample: the second time, the sample is skipped from then on."""
         sample_id = release.crashed_sample
-        worker = _printable((release.worker_ids[0] if release.worker_ids else release.host_id)[:MAX_NAME])
-        how = f"{worker}, {_printable(release.reason[:100])}"
+        worker = one_line((release.worker_ids[0] if release.worker_ids else release.host_id)[:MAX_NAME])
+        how = f"{worker}, {one_line(release.reason[:100])}"
         log.error("worker process %s died transforming sample %d", how, sample_id)
         if self.dispatcher.poison.crashed(sample_id, how):
             self.metrics.poison_samples.inc()
@@ -351,7 +351,7 @@ class ControlServer:
         if refusal.job_id and refusal.job_id != self.job.job_id:
             return self._other_job()
         self.metrics.refusals.inc()
-        self._fail(f"host {refusal.host_id[:MAX_NAME]} refused the job: {_printable(refusal.reason[:1000])}")
+        self._fail(f"host {refusal.host_id[:MAX_NAME]} refused the job: {one_line(refusal.reason[:1000])}")
         return pb.ControlReply(ok=pb.Ok())
 
     def _fail(self, line: str) -> None:
@@ -464,11 +464,11 @@ class ControlServer:
         if stall is None:
             d.stall, self._stall_said_at = "", None
             return
-        line = _printable(stall.line)
+        line = one_line(stall.line)
         d.stall = line
         for h in stall.holders:
-            self.metrics.stall_holders.labels(rank=str(h.rank), unit=str(h.unit_id), host=_printable(h.host_id),
-                                              process=_printable(h.worker_id), phase=h.phase,
+            self.metrics.stall_holders.labels(rank=str(h.rank), unit=str(h.unit_id), host=one_line(h.host_id),
+                                              process=one_line(h.worker_id), phase=h.phase,
                                               sample=str(h.sample_id) if h.sample_id >= 0 else "").set(h.for_s)
         now = d.clock()
         if bounds.fail_s and stall.waited_s >= bounds.fail_s and stall.has_work:
@@ -540,7 +540,7 @@ HANDLERS: dict[str, Handler] = {
     "position": Handler(ControlServer._on_position, CONSUMER, attached=True),
 }
 
-def _printable(text: str) -> str:
+def one_line(text: str) -> str:
     """`text` on one line: a peer's free text cannot start a log line of its own."""
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in text)
 
