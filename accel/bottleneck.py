@@ -7,6 +7,9 @@ in wall seconds (protos StageSeconds), so the rules hold on a host that other wo
 - the device waits less than STALL_OK of the time: **compute** bounds the job;
 - the device waits while received batches sit in the prefetch queue: the consumer's own
   conversion/copy cannot keep up: **device_copy**;
+- worker processes spent HUNG of their time in transform calls that ran past --transform-timeout
+  (the dispatcher counts them, and skips those samples from then on): **transform**, whatever
+  else they waited for (a call asleep in C code uses no CPU, so it would read as contention);
 - the workers waited CONTENDED of their runnable time for a core: **throttled** when most of
   that was under a cgroup CPU quota, else **contention** (other processes took the CPU), unless
   they waited longer still for shard reads, or most of the wait was on hosts that run more worker
@@ -44,13 +47,15 @@ from stoker.accel.cost import cores_text
 from stoker.protos.errors import ConfigError, DataError, ResourceError
 
 WORK_STAGES = ("decode", "augment", "read", "examples", "pack")
-STAGES = (*WORK_STAGES, "contention", "throttled", "storage", "wire", "credit", "device_copy", "compute", "unknown")
+STAGES = (*WORK_STAGES, "transform", "contention", "throttled", "storage", "wire", "credit", "device_copy", "compute",
+          "unknown")
 WINDOW_S = 5.0
 STALL_OK = 0.05  # below this stall fraction the device is the bottleneck
 WORKERS_BUSY = 0.7  # above this busy share the workers are the bottleneck
 CONTENDED = 0.2  # workers that waited this share of their runnable time for a core are starved of CPU
 OTHERS_SHOWN = 0.05  # on an oversubscribed machine, a wait beyond the workers' own this large is named too
 STORAGE_WAIT = 0.3  # workers that wait this share of their time for reads wait for storage
+HUNG = 0.1  # workers that spent this share of their time in transforms past their time limit: the transform
 
 
 @dataclass
@@ -81,6 +86,7 @@ class Totals:
     host_machine: dict[str, tuple[str, float]] = field(default_factory=dict)  # host -> (machine id, machine cores)
     consumer_cpu_s: float = 0.0  # this consumer process's CPU (all its threads)
     consumer_machine: str = ""  # the machine it runs on (pipeline.cpu_clock.machine_id)
+    hung_s: float = 0.0  # worker seconds in transform calls past --transform-timeout (the dispatcher's count)
 
 
 @dataclass
@@ -116,11 +122,7 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     stall = min(1.0, (new.stall_s - old.stall_s) / wall)  # a wait that began before the window counts once
     step = new.step_s - old.step_s
     rows = new.rows - old.rows
-    received = max(new.received_batches - old.received_batches, 1)
-    transit = (new.transit_s - old.transit_s) / received
-    # time queued behind other batches: transit beyond the quickest batch's, which is the link's latency
-    # (and, between hosts, the clocks' offset, which the difference cancels)
-    queued = max(0.0, transit - new.min_transit_s) if new.min_transit_s != float("inf") else transit
+    transit, queued = _transit(old, new)
     cycle = wall / batches  # device seconds per batch
     demand = rows / step if step > 0 else 0.0  # rows/s the device takes when fed
     supply_per_core = rows / busy if busy > 0 else 0.0  # rows per CPU-second
@@ -131,6 +133,7 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
               "cpu_wait": cpu_wait / wall, "read_wait": read_wait / wall, "stall": stall, "step": step / wall,
               "copy": (new.copy_s - old.copy_s) / wall, "transit_per_batch_s": transit}
     worker_time = busy + waiting + cpu_wait + read_wait
+    hung_line = _hung(new.hung_s - old.hung_s, worker_time)
     busy_share = busy / worker_time if worker_time > 0 else 0.0
     device = f"the device waits {100 * stall:.0f}% of the time"
     # a slow store beside busy neighbours: both waits are real, and the longer one is what bounds the job
@@ -139,6 +142,8 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
         stage, detail = "compute", f"the device waits {100 * stall:.1f}% of the time"
     elif new.queue_depth > 0 and old.queue_depth > 0:
         stage, detail = "device_copy", f"{device} while batches queue on the consumer: conversion/copy is the limit"
+    elif hung_line:
+        stage, detail = "transform", f"{device}; {hung_line}"
     elif contended is not None and contended >= CONTENDED and not (storage_bound and read_wait > cpu_wait):
         stage, detail = _waited_for_a_core(old, new, contended, f"{device}; workers waited {100 * contended:.0f}% "
                                            f"of their time for a core", work, cores_in_use)
@@ -162,6 +167,23 @@ def diagnose(old: Totals, new: Totals) -> Diagnosis:
     if contended is None and stage != "compute":
         detail += " (the workers' wait for a core is not measured on their hosts)"
     return Diagnosis(stage, stall, cores_in_use, cores_needed, shares, detail, contended)
+
+
+def _transit(old: Totals, new: Totals) -> tuple[float, float]:
+    """A batch's transit over the window, and the time of it queued behind other batches: transit beyond
+    the quickest batch's, which is the link's latency (and, between hosts, the clocks' offset, which the
+    difference cancels)."""
+    transit = (new.transit_s - old.transit_s) / max(new.received_batches - old.received_batches, 1)
+    return transit, max(0.0, transit - new.min_transit_s) if new.min_transit_s != float("inf") else transit
+
+
+def _hung(hung: float, worker_time: float) -> str:
+    """What the workers lost to transform calls past their time limit, when it is HUNG of their time ("": not)."""
+    share = hung / (worker_time + hung) if hung > 0 else 0.0
+    if share < HUNG:
+        return ""
+    return (f"worker processes spent {hung:.0f} s in transform calls that ran past --transform-timeout "
+            f"({100 * share:.0f}% of their time; the worker and dispatcher logs name each sample, skipped since)")
 
 
 @dataclass
@@ -295,6 +317,7 @@ class BottleneckMonitor:
 ADVICE = {
     "compute": "the device is the limit: the hosts keep it fed",
     "device_copy": "the consumer's own conversion/copy is the limit",
+    "transform": "the transform ran past --transform-timeout on samples (the logs name them; they are skipped)",
     "contention": "other processes on the workers' hosts take their CPU: give the workers cores of their own",
     "throttled": "a cgroup CPU quota throttles the workers: raise the quota",
     "storage": "the workers wait for shard reads: a faster store, the shard cache, or more processes",

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stoker.accel.stepping import Stateful
-from stoker.pipeline.files import write_atomically
+from stoker.pipeline.files import replace_atomically, write_atomically
 from stoker.pipeline.plan import Cut, Resumed
 from stoker.protos.errors import DataError, ResourceError, StokerError
 
@@ -223,9 +223,13 @@ def _resume(job, state: object):
     return job, Position(saved.epoch, saved.step, ranks)
 
 
-def save(state: dict, path: str | Path) -> None:
-    """Write atomically (temp file, fsync, rename): a crash leaves the previous checkpoint."""
-    write_atomically(path, json.dumps(state))
+ELSEWHERE = "give another path"  # what a refused write says to do; the CLI names its flag
+
+
+def save(state: dict, path: str | Path, elsewhere: str = ELSEWHERE) -> None:
+    """Write atomically (temp file, fsync, rename): a crash, or a disk that fills up, leaves the previous
+    checkpoint; the system's refusal is one ResourceError naming the path and `elsewhere`."""
+    write_atomically(path, json.dumps(state), "checkpoint", elsewhere)
 
 
 def load(path: str | Path) -> dict:
@@ -241,19 +245,19 @@ def model_path(path: str | Path) -> Path:
     return Path(f"{path}.model.pt")
 
 
-def save_all(consumer, path: str | Path, answer_timeout_s: float | None = None) -> None:
+def save_all(consumer, path: str | Path, answer_timeout_s: float | None = None, elsewhere: str = ELSEWHERE) -> None:
     """The model (when the accelerator has one) first, then the data position, at one step boundary:
     a crash between the two leaves a data position that is not ahead of the model. `answer_timeout_s`:
-    the longest to wait for the dispatcher's answer (None: the consumer's default)."""
+    the longest to wait for the dispatcher's answer (None: the consumer's default). Each file is
+    written whole or not at all, as `save` writes."""
     state = consumer.state_dict() if answer_timeout_s is None else consumer.state_dict(answer_timeout_s)
     accelerator = consumer.accelerator
     if isinstance(accelerator, Stateful):
         import torch
 
-        tmp = model_path(path).with_suffix(".tmp")
-        torch.save(accelerator.state_dict(), tmp)
-        os.replace(tmp, model_path(path))
-    save(state, path)
+        model = accelerator.state_dict()
+        replace_atomically(model_path(path), lambda f: torch.save(model, f), "model checkpoint", elsewhere)
+    save(state, path, elsewhere)
 
 
 def load_model(accelerator, path: str | Path) -> bool:

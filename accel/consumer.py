@@ -172,7 +172,7 @@ class Consumer:
                       host_cores=dict(stages.host_cores) if stages else {},
                       host_procs=dict(stages.host_procs) if stages else {},
                       host_machine=dict(stages.host_machine) if stages else {},
-                      consumer_cpu_s=time.process_time(), consumer_machine=MACHINE)
+                      consumer_cpu_s=time.process_time(), consumer_machine=MACHINE, hung_s=self.dispatcher.hung_s())
 
     def books(self) -> Books:
         """What the books hold once every step handed back so far is settled (for the summary)."""
@@ -182,9 +182,14 @@ class Consumer:
             raise StateError("the consumer has not started: it has no books yet")
         return Books(samples=ledger.samples, unique_samples=ledger.unique_samples, duplicates=ledger.duplicate_samples,
                      skipped=sorted(ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id)),
-                     per_epoch_unique=[ledger.unique_in_epoch(e) for e in range(self.job.epochs)],
+                     per_epoch_unique=[ledger.unique_in_epoch(e) for e in range(self._epochs_reached(ledger))],
                      stages=receiver.stages, hosts=len(receiver.hosts_delivered), frames_dropped=dict(receiver.dropped),
                      bytes_received=receiver.bytes_received, text=receiver.text, dispatch=self.dispatcher.stats())
+
+    def _epochs_reached(self, ledger: Ledger) -> int:
+        """Epochs up to the one the rank is in (all of them once it is done): a summary lists these, not
+        every epoch of a job of 2**31 - 1 that Ctrl-C ended in its third."""
+        return max(min(self.job.epochs, self.position[0] + 1), ledger.epochs_with_books)
 
     def _count_release(self, reason: str, units: int) -> None:
         self.metrics.releases.labels(reason=reason).inc(units)

@@ -168,7 +168,8 @@ class _Converter:
 
             # no inner step: the feed calls decode() alone and the script steps (DecodingAccelerator's inner
             # is a Step for the training loop's use, which this is not)
-            dali = DaliJpegDecoder(job.image_size, job.batch_size, device, source.cfg.decode_threads)
+            dali = DaliJpegDecoder(job.image_size, job.batch_size, device, source.cfg.decode_threads,
+                                   job.corrupt_jpegs)
             self.decoder = DecodingAccelerator(None, dali, key_of=source.manifest.key_of)  # type: ignore[arg-type]
         self._stream: Any = None
 

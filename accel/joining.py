@@ -122,9 +122,8 @@ def dispatcher_for(cfg: ConsumerConfig, joined: Joined, plan: EpochPlan, start: 
     job = joined.job
     done = start.done_units(plan)
     if cfg.dispatcher:
-        mine = sum(len(plan.rank_units(e, me.rank)) for e in range(job.epochs))
-        return RemoteDispatcher(cfg.dispatcher, me.consumer_id, mine, me.client_keys, joined.credential,
-                                done_before=done, rank=me.rank, world_size=job.world_size,
+        return RemoteDispatcher(cfg.dispatcher, me.consumer_id, plan.rank_total_units(me.rank), me.client_keys,
+                                joined.credential, done_before=done, rank=me.rank, world_size=job.world_size,
                                 linger_s=cfg.finish_linger_s, start=_start_of(start, me.rank))
     if me.rank != 0:
         raise RankRefused(f"rank {me.rank} attaches to rank 0's dispatcher: give its endpoint (--dispatcher)")

@@ -14,7 +14,9 @@ A JPEG whose header parsed on the worker may still fail to decode. DALI then fai
 whole batch and its pipeline is no longer usable, so the pipeline is rebuilt before any
 further call, and the batch is decoded again one image at a time. An image DALI still
 refuses is decoded on the consumer's CPU with the host's decoder (counted as a fallback);
-only one that fails there too is dropped, counted, and reported with DALI's own error.
+only one that fails there too is dropped, counted, and reported with DALI's own error (a JPEG
+libjpeg says is corrupt fails there unless the job says `--corrupt-jpegs keep`; the worker skips
+such a file before it ships it unless it has a restart index, pipeline.corrupt).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.ledger import Skipped
 from stoker.accel.stepping import PreparedStep, Step, StepRunner
-from stoker.pipeline.augment import DecodeError, GivenCrop, decode_augment
+from stoker.pipeline.augment import DecodeError, GivenCrop, corrupt_jpegs, decode_augment
 from stoker.pipeline.transforms import Crop
 
 if TYPE_CHECKING:
@@ -60,11 +62,14 @@ class DaliJpegDecoder:
     thread), and rebuilt after any failure: DALI must not be called again on a pipeline
     that raised."""
 
-    def __init__(self, size: int, max_batch: int, device: str = "cpu", threads: int = 1) -> None:
+    def __init__(self, size: int, max_batch: int, device: str = "cpu", threads: int = 1,
+                 corrupt: str = "skip") -> None:
+        """`corrupt`: the job's --corrupt-jpegs, for the host decoder that stands in for DALI."""
         self.size = size
         self.max_batch = max_batch
         self.device = device
         self.threads = threads
+        self.corrupt = corrupt
         self.device_id = None if device == "cpu" else int(device.partition(":")[2] or 0)
         self.pipe: Pipeline | None = None
         self.fallbacks = 0  # images DALI refused that the host decoder made
@@ -129,7 +134,8 @@ class DaliJpegDecoder:
 
     def _on_host(self, jpeg: np.ndarray, crop: np.ndarray, flip: bool) -> np.ndarray:
         box = Crop(float(crop[0]), float(crop[1]), float(crop[2]), float(crop[3]), flip)
-        return decode_augment(jpeg.data, GivenCrop(box, self.size), None, "full").pixels[None]
+        with corrupt_jpegs(self.corrupt):
+            return decode_augment(jpeg.data, GivenCrop(box, self.size), None, "full").pixels[None]
 
 
 def _reason(exc: BaseException) -> str:

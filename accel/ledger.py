@@ -219,6 +219,11 @@ class Ledger:
         return len(self._open)
 
     @property
+    def epochs_with_books(self) -> int:
+        """Epochs up to the last one with books here (0: none)."""
+        return 1 + max((*self._closed, *self._open), default=-1)
+
+    @property
     def unique_samples(self) -> int:
         """Distinct samples delivered, summed over the epochs."""
         return sum(self.unique_in_epoch(epoch) for epoch in {*self._closed, *self._open})

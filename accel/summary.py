@@ -9,6 +9,7 @@ figures the training loop does not count itself.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from itertools import zip_longest
 from typing import Any
 
 from stoker.accel.control.dispatcher import DispatcherStats
@@ -40,7 +41,7 @@ class Summary:
     frames_dropped: dict[str, int]
     units_released: int  # units taken from a lost host (or a stale lease) and made again
     stage_seconds: dict[str, float]
-    per_epoch_unique: list[int] = field(default_factory=list)
+    per_epoch_unique: list[int] = field(default_factory=list)  # epochs 0.. up to the one the rank was in
     dataset: str = "imagenet"
     rank: int | None = 0  # None: a job's figures over its ranks (`ranks`)
     world_size: int = 1
@@ -96,13 +97,19 @@ def job_totals(ranks: list[Summary]) -> Summary:
     added = {name: sum(getattr(r, name) for r in ranks) for name in ADDED_UP if getattr(first, name) is not None}
     worst = max(ranks, key=lambda r: r.stall_fraction)
     return replace(first, **added, rank=None, ranks=list(ranks),
-                   per_epoch_unique=[sum(e) for e in zip(*(r.per_epoch_unique for r in ranks), strict=True)],
+                   per_epoch_unique=_per_epoch_unique(ranks),
                    stall_fraction=worst.stall_fraction, elapsed_s=max(r.elapsed_s for r in ranks),
                    skipped=[s for r in ranks for s in r.skipped], hosts=max(r.hosts for r in ranks),
                    cores_needed=sum(r.cores_needed for r in ranks),  # each rank's device wants its own supply
                    cores_in_use=sum(r.cores_in_use for r in ranks), **_cpu_totals(ranks),
                    bottleneck=worst.bottleneck, bottleneck_detail=worst.bottleneck_detail,
                    interrupted=any(r.interrupted for r in ranks))
+
+
+def _per_epoch_unique(ranks: list[Summary]) -> list[int]:
+    """Each epoch's unique samples over the ranks: an interrupted rank's list ends at the epoch it was in,
+    which may be one before another rank's."""
+    return [sum(epoch) for epoch in zip_longest(*(r.per_epoch_unique for r in ranks), fillvalue=0)]
 
 
 def _cpu_totals(ranks: list[Summary]) -> dict[str, Any]:

@@ -205,5 +205,6 @@ def _decoding(consumer: TrainingRank, accelerator: Any) -> Any:
         metrics.accel_decode_fallbacks.inc(fallbacks)
 
     device = str(accelerator.device)
-    decoder = DaliJpegDecoder(consumer.job.image_size, consumer.job.batch_size, device, consumer.cfg.decode_threads)
+    decoder = DaliJpegDecoder(consumer.job.image_size, consumer.job.batch_size, device, consumer.cfg.decode_threads,
+                              consumer.job.corrupt_jpegs)
     return DecodingAccelerator(accelerator, decoder, on_decode=count, key_of=consumer.manifest.key_of)

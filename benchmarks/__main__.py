@@ -1,17 +1,19 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
-ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, data_parallel,
+ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, corrupt_jpegs, data_parallel,
 transform_contract, transform_example, stability, plan_check, foreign, fleet) or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
 alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`; so
 does `repeat` (the tests behind the process and kill guarantees, RUNS times each, about 15 minutes), and
-`repeat_fleet` (the fleet's, about 20 minutes)."""
+`repeat_fleet` (the fleet's, about 20 minutes) and `repeat_hangs` (a hanging transform and a host out of
+processes, at the default timeouts: about 16 minutes)."""
 
 import os
 import sys
 
 from benchmarks import (
     control_plane,
+    corrupt_jpegs,
     data_parallel,
     dct_scale,
     fleet,
@@ -37,13 +39,14 @@ from benchmarks import (
 BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "overlap": overlap.main,
               "ratio": ratio.main, "loader": loader.main, "ingest": ingest.main, "object_storage": object_storage.main,
               "control_plane": control_plane.main, "journal_store": journal_store.main,
-              "dct_scale": dct_scale.main, "restart_index": restart_index.main,
+              "dct_scale": dct_scale.main, "restart_index": restart_index.main, "corrupt_jpegs": corrupt_jpegs.main,
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
               "transform_example": transform_example.main, "stability": stability.main,
               "plan_check": plan_check.main, "foreign": foreign.main, "fleet": fleet.main}
 
 ALONE = {"soak": soak.main, "repeat": repeat.main,  # never part of `all`
-         "repeat_fleet": lambda runs=10: repeat.main(runs, "repeat_fleet")}
+         "repeat_fleet": lambda runs=10: repeat.main(runs, "repeat_fleet"),
+         "repeat_hangs": lambda runs=10: repeat.main(runs, "repeat_hangs")}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

@@ -10,6 +10,11 @@ the passes per test, quiet and busy. The guarantees it repeats by default:
 - a `--once` daemon serves one job and leaves when another job takes its dispatcher's port;
 - two `stoker run`s at their defaults on one machine both finish, on ports of their own.
 
+A transform that hangs and a host out of processes (`python -m benchmarks repeat_hangs [RUNS]`, results in
+repeat_hangs.{json,md}): a sample past the default --transform-timeout, interruptible and stuck in C
+with its signal blocked, named once and waited on once in two epochs, the verdict `transform`; a
+daemon asked for 8 processes in a pids cgroup of 25 says so in one line and loses nothing.
+
 And a fleet's (`python -m benchmarks repeat_fleet [RUNS]`, results in repeat_fleet.{json,md}): every
 sample of every job once through a host SIGKILLed mid-job, a host drained with SIGTERM, the fleet
 SIGKILLed and started again, and processes moved between two running jobs by weight and back when one
@@ -47,7 +52,15 @@ FLEET_GUARANTEES = (
     FLEET + "test_the_fleet_killed_and_started_again_loses_nothing",
     FLEET + "test_a_weighted_job_takes_processes_from_a_running_one_and_gives_them_back_when_it_ends",
 )
-SETS = {"repeat": GUARANTEES, "repeat_fleet": FLEET_GUARANTEES}
+HANG = "tests/integration/test_own_transform.py::" \
+    "test_a_sample_whose_transform_passes_the_default_timeout_is_named_skipped_in_every_epoch_and_the_verdict_says_so"
+HANG_GUARANTEES = (  # at the default --transform-timeout (30 s): about 95 s a run
+    HANG + "[HangsOnOne-False]",
+    HANG + "[StuckOnOne-True]",
+    "tests/integration/test_lifecycle.py::"
+    "test_a_host_out_of_processes_says_so_once_naming_the_limit_and_the_job_loses_nothing",
+)
+SETS = {"repeat": GUARANTEES, "repeat_fleet": FLEET_GUARANTEES, "repeat_hangs": HANG_GUARANTEES}
 RUN_TIMEOUT_S = 900.0
 
 

@@ -6,22 +6,38 @@
  * iMCU columns that cover it (jpeg_crop_scanline). This module exposes exactly that:
  *
  *   header(data) -> (width, height, components, colorspace, progressive)
- *   decode(data, denom, left, top, right, bottom[, num[, restarts]]) -> (rgbx bytes, width, height, x, y, path)
+ *   decode(data, denom, left, top, right, bottom[, num[, restarts]], *, strict=False, channels=4)
+ *       -> (rgbx bytes, width, height, x, y, path)
  *
  * `decode` returns rows [top, bottom) of the image scaled by num/denom (num 1 and denom 1, 2, 4
  * or 8, or denom 8 and num 1..16: libjpeg-turbo scales the IDCT by any M/8), at least covering
  * columns [left, right): the region actually decoded starts at column x (iMCU-aligned, <= left)
  * and is `width` columns wide. Pixels are RGBX (4 bytes), the layout Pillow keeps RGB images
- * in, so Pillow can wrap the buffer without a copy. Greyscale is expanded by libjpeg. CMYK and YCCK
- * images raise NotImplementedError so the caller can use its general decoder. A premature end
- * of data inside the decoded rows raises ValueError; libjpeg's other warnings are ignored, as
- * Pillow ignores them. The GIL is released while libjpeg works.
+ * in, so Pillow can wrap the buffer without a copy; `channels` 3 gives RGB, the layout numpy
+ * wraps as (height, width, 3). Greyscale is expanded by libjpeg. CMYK and YCCK
+ * images raise NotImplementedError so the caller can use its general decoder. The GIL is released
+ * while libjpeg works.
  *
  * `restarts`, the restart index of a file transcoded by pipeline._jpegrestart (restart_index.h),
  * lets it entropy-decode only the restart intervals the window touches, instead of every row
  * down to the window's end: it splices those intervals into a small JPEG of their own. `path`
  * says what happened: "plain" (no index), "spliced", "whole" (the window needs the whole file)
  * or "rejected" (the index does not describe this file, which was then decoded without it).
+ *
+ * `strict` (keyword, default False): a file libjpeg says is corrupt (jpeg_errors.h: corrupt
+ * data, a premature end, ...) raises ValueError with libjpeg's words, wherever in the scan it is:
+ * the rows below the window are entropy-decoded too (no IDCT) and the markers read up to EOI,
+ * because a garbled scan often decodes as valid codes and is only noticed at its end. A file
+ * decoded through its restart index is exempt from that tail: the index is written only by
+ * `stoker prepare`'s transcoder, which refuses any file libjpeg warns about. Lenient, only a
+ * premature end inside the decoded rows raises ValueError; other warnings are ignored, as Pillow
+ * ignores them.
+ *
+ *   scan(data) -> None, or why libjpeg says the file is corrupt
+ *
+ * entropy-decodes the whole file at 1/8 scale without an IDCT (skipped rows) and reads it to EOI,
+ * for the decoders that cannot hear libjpeg's warnings themselves (Pillow's); ValueError when
+ * the file is not decodable at all.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -70,17 +86,36 @@ static PyObject *header(PyObject *self, PyObject *args) {
 
 /* The region can be wider than asked by at most one iMCU (<= 32 scaled columns) on each side. */
 #define CROP_SLACK 64
-#define BYTES_PER_PIXEL 4
 
 typedef struct {
     unsigned char *pixels;  /* caller's buffer of `capacity` bytes */
     size_t capacity;
+    int channels;     /* 4: RGBX, 3: RGB */
     JDIMENSION width, height, x;
-    int failed;       /* 1: libjpeg error, 2: truncated, 3: unsupported colour space, 4: bad window, 5: too big */
+    int failed;       /* 1: libjpeg error, 2: corrupt or truncated, 3: unsupported colour space, 4: bad window,
+                         5: too big */
 } decode_result;
 
+/* What libjpeg's warnings make of a file: 1 if the caller must refuse it. Strict: any corrupt-data
+ * warning; lenient: a premature end only. */
+static int refused(const error_state *err, int strict) { return strict ? err->corrupt : err->truncated; }
+
+/* The rest of the scan after the rows read: the rows below entropy-decoded and dropped (no IDCT),
+ * the last one read into a row of libjpeg's own pool (freed with cinfo, also after a longjmp), then
+ * the markers up to EOI, where a scan that ran long or short is noticed. */
+static void read_rest(struct jpeg_decompress_struct *cinfo, error_state *err) {
+    JDIMENSION last = cinfo->output_height - 1;
+    if (cinfo->output_scanline < last) jpeg_skip_scanlines(cinfo, last - cinfo->output_scanline);
+    JSAMPARRAY row = (*cinfo->mem->alloc_sarray)((j_common_ptr)cinfo, JPOOL_IMAGE,
+                                                  cinfo->output_width * (JDIMENSION)cinfo->output_components, 1);
+    while (cinfo->output_scanline < cinfo->output_height && !err->corrupt) jpeg_read_scanlines(cinfo, row, 1);
+    if (!err->corrupt) jpeg_finish_decompress(cinfo);
+}
+
+/* `strict` (refused) and `whole_scan`: read the rest of the scan after the window too (read_rest). */
 static void decode_window(const unsigned char *buf, size_t len, int num, int denom, JDIMENSION left, JDIMENSION top,
-                          JDIMENSION right, JDIMENSION bottom, error_state *err, decode_result *res) {
+                          JDIMENSION right, JDIMENSION bottom, int strict, int whole_scan, error_state *err,
+                          decode_result *res) {
     struct jpeg_decompress_struct cinfo;
     unsigned char *pixels = res->pixels;
     JSAMPROW rows[16];
@@ -98,7 +133,7 @@ static void decode_window(const unsigned char *buf, size_t len, int num, int den
         res->failed = 3;
         return;
     }
-    cinfo.out_color_space = JCS_EXT_RGBX;
+    cinfo.out_color_space = res->channels == 3 ? JCS_RGB : JCS_EXT_RGBX;
     cinfo.scale_num = (unsigned int)num;
     cinfo.scale_denom = (unsigned int)denom;
     jpeg_start_decompress(&cinfo);
@@ -111,14 +146,14 @@ static void decode_window(const unsigned char *buf, size_t len, int num, int den
     }
     JDIMENSION x = left, width = right - left;
     if (x > 0 || width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &x, &width);
-    size_t stride = (size_t)cinfo.output_width * BYTES_PER_PIXEL; /* output_width is now the cropped width */
+    size_t stride = (size_t)cinfo.output_width * res->channels; /* output_width is now the cropped width */
     if (stride * (bottom - top) > res->capacity) {
         jpeg_destroy_decompress(&cinfo);
         res->failed = 5;
         return;
     }
     if (top > 0) jpeg_skip_scanlines(&cinfo, top);
-    while (cinfo.output_scanline < bottom && !err->truncated) {
+    while (cinfo.output_scanline < bottom && !refused(err, strict)) {
         JDIMENSION want = bottom - cinfo.output_scanline;
         if (want > 16) want = 16;
         for (JDIMENSION i = 0; i < want; i++) rows[i] = pixels + stride * (cinfo.output_scanline - top + i);
@@ -127,9 +162,10 @@ static void decode_window(const unsigned char *buf, size_t len, int num, int den
     res->width = cinfo.output_width;
     res->height = bottom - top;
     res->x = x;
+    if (strict && whole_scan && !err->corrupt) read_rest(&cinfo, err);
     jpeg_abort_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
-    if (err->truncated) res->failed = 2;
+    if (refused(err, strict)) res->failed = 2;
 }
 
 /* ---- Splicing the restart intervals a window needs (files transcoded by pipeline._jpegrestart). ---- */
@@ -285,28 +321,63 @@ static splice_outcome splice_band(const unsigned char *b, size_t len, const unsi
  * file or the index does not fit it. Coordinates in and out are the whole image's. */
 static splice_outcome decode_indexed(const unsigned char *buf, size_t len, const unsigned char *index,
                                      size_t index_len, int num, int denom, JDIMENSION left, JDIMENSION top,
-                                     JDIMENSION right, JDIMENSION bottom, error_state *err, decode_result *res) {
+                                     JDIMENSION right, JDIMENSION bottom, int strict, error_state *err,
+                                     decode_result *res) {
     band cut;
     splice_outcome how = splice_band(buf, len, index, index_len, num, denom, left, top, right, bottom, &cut);
-    if (how != SPLICED) {
-        decode_window(buf, len, num, denom, left, top, right, bottom, err, res);
+    if (how != SPLICED) { /* a file its index fits was checked whole when the index was written */
+        decode_window(buf, len, num, denom, left, top, right, bottom, strict, how == INDEX_REJECTED, err, res);
         return how;
     }
-    decode_window(cut.buf, cut.len, num, denom, left - cut.x, top - cut.y, right - cut.x, bottom - cut.y, err, res);
+    decode_window(cut.buf, cut.len, num, denom, left - cut.x, top - cut.y, right - cut.x, bottom - cut.y, strict, 0,
+                  err, res);
     free(cut.buf);
     res->x += cut.x;
     return SPLICED;
 }
 
-static PyObject *decode(PyObject *self, PyObject *args) {
+/* libjpeg's warning as the reason a strict decoder refuses a file. */
+static PyObject *corrupt_reason(const error_state *err) {
+    return PyUnicode_FromFormat("%s: libjpeg warned '%s'", err->truncated ? "truncated JPEG" : "corrupt JPEG data",
+                                err->message);
+}
+
+static void raise_failure(const decode_result *res, const error_state *err) {
+    PyObject *reason;
+    switch (res->failed) {
+    case 1: PyErr_Format(PyExc_ValueError, "not a decodable JPEG: %s", err->message); break;
+    case 2:
+        reason = corrupt_reason(err);
+        if (reason != NULL) {
+            PyErr_SetObject(PyExc_ValueError, reason);
+            Py_DECREF(reason);
+        }
+        break;
+    case 3: PyErr_SetString(PyExc_NotImplementedError, "CMYK/YCCK JPEG"); break;
+    case 4: PyErr_SetString(PyExc_ValueError, "crop window outside the image"); break;
+    default: PyErr_SetString(PyExc_ValueError, "decoded region larger than its buffer"); break;
+    }
+}
+
+static PyObject *decode(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"data", "denom", "left", "top", "right", "bottom", "num", "restarts", "strict",
+                               "channels", NULL};
     Py_buffer data, index = {NULL};
-    int denom, num = 1;
+    int denom, num = 1, strict = 0, channels = 4;
     unsigned int left, top, right, bottom;
-    if (!PyArg_ParseTuple(args, "y*iIIII|iz*", &data, &denom, &left, &top, &right, &bottom, &num, &index)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*iIIII|iz*$pi", keywords, &data, &denom, &left, &top, &right,
+                                     &bottom, &num, &index, &strict, &channels))
+        return NULL;
     if (num == 1 ? (denom != 1 && denom != 2 && denom != 4 && denom != 8) : (denom != 8 || num < 1 || num > 16)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&index);
         PyErr_SetString(PyExc_ValueError, "the scale must be 1/1, 1/2, 1/4, 1/8 or M/8 with M in 1..16");
+        return NULL;
+    }
+    if (channels != 3 && channels != 4) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&index);
+        PyErr_SetString(PyExc_ValueError, "channels must be 4 (RGBX) or 3 (RGB)");
         return NULL;
     }
     if (right <= left || bottom <= top || right - left > 65535 || bottom - top > 65535) {
@@ -316,7 +387,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         return NULL;
     }
     /* The bytes object is the output buffer: libjpeg writes into it, then it is shrunk to fit. */
-    size_t capacity = ((size_t)(right - left) + CROP_SLACK) * BYTES_PER_PIXEL * (bottom - top);
+    size_t capacity = ((size_t)(right - left) + CROP_SLACK) * channels * (bottom - top);
     PyObject *pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)capacity);
     if (pixels == NULL) {
         PyBuffer_Release(&data);
@@ -324,39 +395,67 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         return NULL;
     }
     error_state err;
-    decode_result res = {(unsigned char *)PyBytes_AS_STRING(pixels), capacity, 0, 0, 0, 0};
+    decode_result res = {(unsigned char *)PyBytes_AS_STRING(pixels), capacity, channels, 0, 0, 0, 0};
     splice_outcome how = WHOLE_FILE;
     Py_BEGIN_ALLOW_THREADS
     if (index.buf != NULL)
         how = decode_indexed((const unsigned char *)data.buf, (size_t)data.len, (const unsigned char *)index.buf,
-                             (size_t)index.len, num, denom, left, top, right, bottom, &err, &res);
+                             (size_t)index.len, num, denom, left, top, right, bottom, strict, &err, &res);
     else
-        decode_window((const unsigned char *)data.buf, (size_t)data.len, num, denom, left, top, right, bottom, &err,
-                      &res);
+        decode_window((const unsigned char *)data.buf, (size_t)data.len, num, denom, left, top, right, bottom, strict,
+                      1, &err, &res);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&index);
     if (res.failed) {
         Py_DECREF(pixels);
-        switch (res.failed) {
-        case 1: PyErr_Format(PyExc_ValueError, "not a decodable JPEG: %s", err.message); break;
-        case 2: PyErr_Format(PyExc_ValueError, "truncated JPEG: %s", err.message); break;
-        case 3: PyErr_SetString(PyExc_NotImplementedError, "CMYK/YCCK JPEG"); break;
-        case 4: PyErr_SetString(PyExc_ValueError, "crop window outside the image"); break;
-        default: PyErr_SetString(PyExc_ValueError, "decoded region larger than its buffer"); break;
-        }
+        raise_failure(&res, &err);
         return NULL;
     }
-    if (_PyBytes_Resize(&pixels, (Py_ssize_t)res.width * res.height * BYTES_PER_PIXEL) < 0) return NULL;
+    if (_PyBytes_Resize(&pixels, (Py_ssize_t)res.width * res.height * channels) < 0) return NULL;
     const char *path = index.buf == NULL ? "plain" : how == SPLICED ? "spliced" : how == WHOLE_FILE ? "whole" : "rejected";
     return Py_BuildValue("(NIIIIs)", pixels, res.width, res.height, res.x, top, path);
 }
 
+/* Every entropy-coded byte of the file decoded at 1/8 scale, no pixels kept: 0, or 1 on a libjpeg error. */
+static int scan_file(const unsigned char *buf, size_t len, error_state *err) {
+    struct jpeg_decompress_struct cinfo;
+    cinfo.err = init_errors(err);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err->escape)) {
+        jpeg_destroy_decompress(&cinfo);
+        return 1;
+    }
+    jpeg_mem_src(&cinfo, buf, (unsigned long)len);
+    jpeg_read_header(&cinfo, TRUE);
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = 8;
+    jpeg_start_decompress(&cinfo);
+    read_rest(&cinfo, err);
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    error_state err;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = scan_file((const unsigned char *)data.buf, (size_t)data.len, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (failed) return PyErr_Format(PyExc_ValueError, "not a decodable JPEG: %s", err.message);
+    if (err.corrupt) return corrupt_reason(&err);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, components, colorspace, progressive)"},
-    {"decode", decode, METH_VARARGS,
-     "decode(data, denom, left, top, right, bottom[, num[, restarts]]) -> (rgbx bytes, width, height, x, y, path); "
-     "scale num/denom"},
+    {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS,
+     "decode(data, denom, left, top, right, bottom[, num[, restarts]], *, strict=False, channels=4) -> (rgbx bytes, "
+     "width, height, x, y, path); scale num/denom; strict: refuse a file libjpeg says is corrupt; channels 3: RGB"},
+    {"scan", scan, METH_VARARGS, "scan(data) -> None, or why libjpeg says the file is corrupt"},
     {NULL, NULL, 0, NULL},
 };
 

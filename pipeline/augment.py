@@ -14,6 +14,16 @@ and resizes just that box. Two decoders do this:
 "auto" picks "crop" when the extension was built, else "pillow"; CMYK/YCCK files always
 take the pillow path. "full" decodes at full resolution (the reference the others are
 tested against). All give the same crop; pixels agree within a tested tolerance.
+
+A JPEG that libjpeg says is corrupt (a garbled or truncated scan: "Corrupt JPEG data: ...",
+"Premature end of JPEG file") raises DecodeError with libjpeg's words on every path, so a worker
+skips and counts it rather than train on the grey or smeared pixels libjpeg makes of it (the
+job's `--corrupt-jpegs keep` trains on them, as before: `corrupt_jpegs`). The crop decoder hears
+libjpeg itself and, for a file without a restart index, entropy-decodes the rows below the window
+too (a garbled scan is mostly noticed at its end); pillow-simd drops libjpeg's warnings, so the
+pillow paths first `refuse_corrupt` (an entropy-only pass through the C extension), except for a
+file with a restart index: `stoker prepare`'s transcoder writes one only for a file libjpeg
+decoded without a warning.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ from __future__ import annotations
 import io
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
 
@@ -46,6 +58,10 @@ DECODERS = ("auto", "crop", "pillow", "full")
 # index did not match it; or pillow-simd.
 DECODE_PATHS = ("plain", "spliced", "whole", "rejected", "pillow")
 CROP_DECODER_AVAILABLE = _jpegcrop is not None
+# What a worker does with a JPEG libjpeg says is corrupt: skip it and count it with libjpeg's words
+# (default), or keep it and train on what libjpeg makes of it (Pillow's behaviour, and Stoker's before).
+CORRUPT_JPEGS = ("skip", "keep")
+_KEEP_CORRUPT: ContextVar[bool] = ContextVar("stoker_keep_corrupt_jpegs", default=False)
 _FILTER_MARGIN = 2  # scaled pixels decoded around the box so the bilinear filter sees its neighbours
 
 # MLPerf's reference (TF sample_distorted_bounding_box) and torchvision's defaults.
@@ -55,6 +71,39 @@ TORCHVISION_AREA = (0.08, 1.0)
 
 class DecodeError(StokerError, ValueError):
     """The bytes are not a decodable JPEG."""
+
+
+@contextmanager
+def corrupt_jpegs(policy: str) -> Iterator[None]:
+    """The decoders below treat corrupt JPEGs by `policy` (CORRUPT_JPEGS) inside this block, in this
+    thread: a worker sets its job's choice around each sample (pipeline.corrupt), as the decode calls
+    are the batching code's, which knows no job."""
+    if policy not in CORRUPT_JPEGS:
+        raise ConfigError(f"corrupt_jpegs must be one of {', '.join(CORRUPT_JPEGS)}, not {policy!r}")
+    token = _KEEP_CORRUPT.set(policy == "keep")
+    try:
+        yield
+    finally:
+        _KEEP_CORRUPT.reset(token)
+
+
+def refuse_corrupt(jpeg: bytes | memoryview) -> None:
+    """DecodeError, with libjpeg's words, when libjpeg says `jpeg` is corrupt or truncated: for the
+    decoders that do not pass its warnings on (pillow-simd's, DALI's). An entropy-only pass at 1/8
+    scale (docs/measurements.md). Without the C extension it can only let the file through."""
+    if _jpegcrop is None:
+        return
+    try:
+        reason = _jpegcrop.scan(jpeg)
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from exc
+    if reason:
+        raise DecodeError(reason)
+
+
+def _strict() -> bool:
+    """Whether a corrupt JPEG is refused here (corrupt_jpegs)."""
+    return not _KEEP_CORRUPT.get()
 
 
 class _CropOnly:
@@ -176,6 +225,7 @@ def decode_augment(
     `restarts`: the file's restart index (pipeline.shards), which only the crop decoder uses."""
     if decoder not in DECODERS:
         raise ConfigError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
+    strict = _strict()
     if decoder in ("auto", "crop") and _jpegcrop is not None:
         started = stage_clock()
         try:
@@ -183,8 +233,8 @@ def decode_augment(
         except ValueError as exc:
             raise DecodeError(str(exc)) from exc
         if colorspace not in ("cmyk", "ycck"):
-            return _decode_window(jpeg, transform, rng, width, height, started, restarts)
-    return _decode_pillow(jpeg, transform, rng, draft=decoder != "full")
+            return _decode_window(jpeg, transform, rng, width, height, started, restarts, strict)
+    return _decode_pillow(jpeg, transform, rng, draft=decoder != "full", check=strict and restarts is None)
 
 
 def jpeg_size(jpeg: bytes | memoryview) -> tuple[int, int]:
@@ -234,13 +284,13 @@ def _choose(transform: Transform, width: int, height: int, rng: random.Random | 
 
 
 def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.Random | None, width: int,
-                   height: int, started: float, restarts: bytes | memoryview | None) -> DecodedSample:
+                   height: int, started: float, restarts: bytes | memoryview | None, strict: bool) -> DecodedSample:
     crop = _choose(transform, width, height, rng)
     w = crop_window(width, height, crop, transform.crop_size)
     box = w.box
     try:
         pixels, region_w, region_h, x, y, path = _jpegcrop.decode(jpeg, w.denom, w.left, w.top, w.right, w.bottom, 1,
-                                                                  restarts)
+                                                                  restarts, strict=strict)
     except ValueError as exc:
         raise DecodeError(str(exc)) from exc
     decoded = stage_clock()
@@ -259,9 +309,13 @@ def _decode_pillow(
     transform: Transform,
     rng: random.Random | None,
     draft: bool,
+    check: bool,
 ) -> DecodedSample:
-    """pillow-simd: the whole image at the draft scale, then the box resized."""
+    """pillow-simd: the whole image at the draft scale, then the box resized. `check`: refuse a
+    corrupt file first (pillow-simd would decode it without a word)."""
     started = stage_clock()
+    if check:
+        refuse_corrupt(jpeg)
     try:
         image = Image.open(io.BytesIO(jpeg))
         if image.format != "JPEG":
@@ -288,8 +342,18 @@ def _decode_pillow(
 
 def decode_whole(data: bytes | memoryview) -> tuple[np.ndarray, float]:
     """The whole image as RGB pixels (H, W, 3) uint8, and the seconds it took: what a transform
-    that takes "pixels" gets. Any format pillow-simd reads; DecodeError when it reads none."""
+    that takes "pixels" gets. Any format pillow-simd reads; DecodeError when it reads none, or
+    when it is a JPEG libjpeg says is corrupt (unless corrupt_jpegs("keep")). A JPEG is decoded
+    by the C extension where it can (the same libjpeg calls as pillow-simd's, so the same pixels,
+    and it hears libjpeg's warnings in the same pass)."""
     started = stage_clock()
+    jpeg = bytes(data[:2]) == b"\xff\xd8"  # a shard's memoryview is of signed chars: compare bytes
+    if jpeg and _jpegcrop is not None:
+        pixels = _whole_jpeg(data)
+        if pixels is not None:
+            return pixels, stage_clock() - started
+    if jpeg and _strict():
+        refuse_corrupt(data)
     try:
         image: Image.Image = Image.open(io.BytesIO(data))
         image.load()
@@ -299,3 +363,15 @@ def decode_whole(data: bytes | memoryview) -> tuple[np.ndarray, float]:
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ...
         raise DecodeError(f"{type(exc).__name__}: {exc}") from exc
     return pixels, stage_clock() - started
+
+
+def _whole_jpeg(data: bytes | memoryview) -> np.ndarray | None:
+    """Every pixel of a JPEG by the crop decoder, as RGB; None for CMYK/YCCK (pillow-simd's)."""
+    try:
+        width, height, _, colorspace, _ = _jpegcrop.header(data)
+        if colorspace in ("cmyk", "ycck"):
+            return None
+        pixels, region_w, region_h, *_ = _jpegcrop.decode(data, 1, 0, 0, width, height, strict=_strict(), channels=3)
+    except ValueError as exc:
+        raise DecodeError(str(exc)) from exc
+    return np.frombuffer(pixels, dtype=np.uint8).reshape(region_h, region_w, 3)

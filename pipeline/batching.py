@@ -79,12 +79,13 @@ class HostTransform:
             pixels, decode_s = decode_whole(sample.data)
         else:
             pixels, decode_s = None, 0.0
-        started = stage_clock()
+        started, called = stage_clock(), time.monotonic()
         armed = self.limit.begin()
         try:
             out = transform(sample, rng, pixels)
         except TransformTimeout:
-            raise TransformFailed(f"transform ran past --transform-timeout {self.timeout_s:g} s") from None
+            raise TransformTimedOut(f"transform ran past --transform-timeout {self.timeout_s:g} s",
+                                    time.monotonic() - called) from None
         except BaseException as exc:  # the user's code, sys.exit() and all: the sample is skipped and counted
             raise TransformFailed(f"transform raised {type(exc).__name__}: {_text(exc)}") from None
         finally:
@@ -136,6 +137,15 @@ def _text(exc: BaseException) -> str:
 
 class TransformFailed(DecodeError):
     """The transform raised on one sample: skipped and counted with the text, as an undecodable JPEG is."""
+
+
+class TransformTimedOut(TransformFailed):
+    """The transform ran past --transform-timeout on one sample: skipped, and reported (`OnHang`) so that
+    the dispatcher skips it from then on."""
+
+    def __init__(self, message: str, seconds: float) -> None:
+        super().__init__(message)
+        self.seconds = seconds
 
 
 @dataclass(frozen=True)
@@ -222,15 +232,21 @@ class _Sample:
     prepared: Prepared
 
 
+OnHang = Callable[[int, int, float], None]  # (unit id, sample id, seconds): a transform call cut short at its limit
+
+
 def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, batch_size: int,
-                 seed: int, skip: Mapping[int, str] | None = None) -> Iterator[ImageBatch]:
+                 seed: int, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
+                 ) -> Iterator[ImageBatch]:
     """Every batch of `unit`: its rows in their seeded order, cut every `batch_size` rows (they may
     come from several shards: `reader_of(shard index)` gives a reader, or why the shard is
     unusable). An unusable image leaves its batch a row short, so a unit always gives
     ceil(size / batch_size) batches (at least one, possibly empty, marked last), cut as
     `pipeline.plan.batch_bounds` says. A `work` with `batch_rows(count)` (HostTransform) has each sample
     copied into its batch as soon as it is made, and its payload let go. `skip`: sample id -> why it
-    is not even read (it killed the processes that transformed it), skipped like an unusable one."""
+    is not even read (it killed or hung the processes that transformed it), skipped like an unusable
+    one; read at each sample, so a mapping that grows meanwhile is heeded. `on_hang`: told at once of
+    each call cut short at the time limit, before the batch is sent."""
     rows = unit.rows(seed)
     bounds = batch_bounds(len(rows), batch_size)
     batch_rows: Callable[[int], BatchRows] | None = getattr(work, "batch_rows", None)
@@ -241,8 +257,8 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
         reads = ReadTimes()
         filling = batch_rows(stop - start) if batch_rows is not None else None
         with limit:  # the transform's time limit, set once for the batch, off again before it is sent
-            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling, skip or {},
-                           reads)
+            _prepare_batch(reader_of, unit, work, seed, rows[start:stop], samples, skipped, filling,
+                           {} if skip is None else skip, reads, on_hang)
         batch = _assemble(work, samples, skipped, index, index == len(bounds) - 1, filling)
         batch.read_s, batch.read_wait_s = reads.cpu_s, max(0.0, reads.wall_s - reads.cpu_s)
         yield batch
@@ -258,7 +274,8 @@ class ReadTimes:
 
 def _prepare_batch(reader_of: Callable[[int], ShardReader | str], unit: Unit, work: SampleWork, seed: int,
                    rows: list[tuple[int, int, int]], samples: list[_Sample], skipped: list[tuple[int, str, str]],
-                   filling: BatchRows | None, skip: Mapping[int, str], reads: ReadTimes) -> None:
+                   filling: BatchRows | None, skip: Mapping[int, str], reads: ReadTimes,
+                   on_hang: OnHang | None = None) -> None:
     """Each of a batch's rows made into `samples`, or into `skipped` with the reason. What the process
     does is noted (pipeline.activity) sample by sample, for its daemon."""
     for shard, row, sample_id in rows:
@@ -278,6 +295,8 @@ def _prepare_batch(reader_of: Callable[[int], ShardReader | str], unit: Unit, wo
         try:
             prepared = work.prepare(sample, sample_random(seed, unit.epoch, sample_id), reader.restarts(row))
         except DecodeError as exc:
+            if isinstance(exc, TransformTimedOut) and on_hang is not None:
+                on_hang(unit.unit_id, sample_id, exc.seconds)
             skipped.append((sample_id, sample.key, str(exc)))
             continue
         if filling is not None:

@@ -12,7 +12,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 import numpy as np
 
 from stoker.pipeline import image_fit
-from stoker.pipeline.augment import DECODERS, REFERENCE_AREA
+from stoker.pipeline.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
@@ -71,6 +71,11 @@ class JobConfig:
         "help": "where JPEGs are decoded: host (the workers, default) or accelerator (workers ship the bytes and "
                 "crop; the consumer decodes with NVIDIA DALI, nvJPEG on a CUDA --device)",
         "choices": tuple(place.value for place in DecodeOn)})
+    corrupt_jpegs: str = field(default="skip", metadata={  # what workers do with a JPEG libjpeg says is corrupt
+        "help": "a JPEG libjpeg says is corrupt or truncated (valid header, garbled or missing scan data): skip "
+                "(default: skipped and counted with libjpeg's words, as an undecodable one is) or keep (train on the "
+                "pixels libjpeg makes of it, as Stoker did before)", "choices": CORRUPT_JPEGS,
+        "metavar": "{skip,keep}"})
     text: TextConfig = TextConfig()
     checksum: bool = field(default=False, metadata={
         "help": "CRC-32C of every batch's frames, checked by the consumer"})
@@ -98,6 +103,10 @@ class JobConfig:
             raise ConfigError(f"decode_on must be one of {', '.join(DecodeOn)}, not {self.decode_on!r}") from None
         if self.decode_on == DecodeOn.ACCELERATOR and not kind.encoded_images:
             raise ConfigError("--decode-on accelerator applies to imagenet (JPEG) jobs only")
+        if self.corrupt_jpegs not in CORRUPT_JPEGS:
+            raise ConfigError(f"corrupt_jpegs must be one of {', '.join(CORRUPT_JPEGS)}, not {self.corrupt_jpegs!r}")
+        if self.corrupt_jpegs != "skip" and not kind.encoded_images:
+            raise ConfigError("--corrupt-jpegs applies to imagenet (JPEG) jobs only")
         if self.drop_last and not kind.one_row_per_sample:
             raise ConfigError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
                              "and a short last text batch keeps its place (see docs/data-parallel.md, len() for text)")

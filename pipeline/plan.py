@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -215,8 +215,21 @@ class EpochPlan:
 
     @cached_property
     def total_units(self) -> int:
-        """Units of the whole job."""
-        return sum(self.units_in(epoch) for epoch in range(self.epochs))
+        """Units of the whole job: counted, not summed epoch by epoch (a job of 2**31 - 1 epochs, the
+        most --epochs takes, spent some 5 minutes here before its first lease)."""
+        return self.units_per_epoch * self.epochs + self._resumed_change(self.units_per_epoch, self.units)
+
+    def rank_total_units(self, rank: int) -> int:
+        """Units of `rank`'s streams over the whole job (what a rank attached to the dispatcher awaits)."""
+        per_epoch = self.units_per_rank[rank]
+        return per_epoch * self.epochs + self._resumed_change(per_epoch, lambda epoch: self.rank_units(epoch, rank))
+
+    def _resumed_change(self, per_epoch: int, units_of: Callable[[int], list[Unit]]) -> int:
+        """How many more units (or fewer: negative) the epoch a resumed job continues has than a whole
+        one; 0 for a job that was not resumed."""
+        if self.resumed is None:
+            return 0
+        return len(units_of(self.resumed.epoch)) - per_epoch
 
     def units(self, epoch: int) -> list[Unit]:
         """This epoch's units, rank by rank, each rank's in stream order."""

@@ -2,13 +2,16 @@
 
 Records come from a source (pipeline.record_sources: an ImageNet-layout folder, WebDataset tars,
 Parquet or Arrow tables); what happens to them here does not depend on which. Every JPEG is
-fully entropy-decoded (at 1/8 DCT scale, which is cheap) in a process pool, so a truncated,
-corrupt or non-JPEG record is reported and skipped here rather than in training. Each good one is
-then rewritten losslessly with restart markers and its restart index stored beside it
-(pipeline._jpegrestart), so the crop decoder can entropy-decode only the intervals a crop window
-touches; a progressive file is written sequential on the way (the same coefficients and pixels).
-A file the transcoder refuses (arithmetic-coded, CMYK, corrupt data, ...) is stored as it was and
-counted in the manifest. With `records="bytes"` records are stored as given, unchecked, and the
+fully entropy-decoded (at 1/8 DCT scale, which is cheap) in a process pool, so a record pillow-simd
+cannot decode at all (most truncated ones, non-JPEGs) is reported and skipped here rather than in
+training. Each good one is then rewritten losslessly with restart markers and its restart index
+stored beside it (pipeline._jpegrestart), so the crop decoder can entropy-decode only the intervals
+a crop window touches; a progressive file is written sequential on the way (the same coefficients
+and pixels). A file the transcoder refuses (arithmetic-coded, CMYK, corrupt data, ...) is stored as
+it was and counted in the manifest. One that libjpeg says is corrupt (its header valid, its scan
+garbled or cut short: pillow-simd decodes it without a word) is stored too, listed with libjpeg's
+words and what training does with it: skip it and count it, unless the job says `--corrupt-jpegs
+keep` (pipeline.corrupt). With `records="bytes"` records are stored as given, unchecked, and the
 manifest says so. Samples are shuffled (seeded) before they are written, so a contiguous work unit
 mixes classes: a folder's file list before any file is read, a stream through pipeline.spill.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
+from stoker.pipeline.augment import DecodeError, refuse_corrupt
 from stoker.pipeline.kinds import IMAGENET
 from stoker.pipeline.record_sources import FolderSource, Record, RecordSource
 from stoker.pipeline.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
@@ -43,6 +47,9 @@ RESTART_INTERVAL_PX = 32  # benchmarks/restart_index.py weighs 16, 32 and 64
 TRANSCODER_MISSING = "transcoder not built"
 JPEG, BYTES = RECORD_KINDS  # check and transcode every record; or store it as given
 CHUNK = 16  # records a pool process takes at a time
+# how the files training skips as corrupt are counted in the manifest, and what each one's line adds
+CORRUPT_KIND = "corrupt JPEG (training skips these unless --corrupt-jpegs keep)"
+TRAINING_SKIPS = "training skips it and counts it (--corrupt-jpegs keep trains on it)"
 
 
 def transcoder_available() -> bool:
@@ -80,6 +87,7 @@ class PrepareResult:
     manifest: Manifest
     skipped: list[dict[str, str]]
     kept_as_is: list[dict[str, str]] = field(default_factory=list)  # path and full reason, per file
+    corrupt: list[dict[str, str]] = field(default_factory=list)  # path and libjpeg's words: training skips these
 
 
 @dataclass
@@ -92,6 +100,7 @@ class Checked:
     skipped: str | None = None  # why the file is not stored
     kept_as_is: str | None = None  # why it is stored without restart markers
     was_progressive: bool = False  # transcoded from a progressive file
+    corrupt: str | None = None  # stored, but libjpeg says it is corrupt: why training skips it (its words)
 
 
 def check_jpeg(data: bytes) -> str | None:
@@ -106,6 +115,15 @@ def check_jpeg(data: bytes) -> str | None:
             image.load()
     except Exception as exc:  # PIL raises many types for bad data
         return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def corrupt_reason(data: bytes) -> str | None:
+    """Why training skips `data` as corrupt (pipeline.augment.refuse_corrupt: libjpeg's words), or None."""
+    try:
+        refuse_corrupt(data)
+    except DecodeError as exc:
+        return str(exc)
     return None
 
 
@@ -135,9 +153,10 @@ def _check(record: Record, interval_px: int, records: str) -> Checked:
     reason = check_jpeg(data)
     if reason:
         return Checked(record.where, skipped=reason)
-    if not interval_px:
-        return Checked(record.where, data)
-    return with_restart_index(record.where, data, interval_px)
+    checked = with_restart_index(record.where, data, interval_px) if interval_px else Checked(record.where, data)
+    if checked.restarts is None:  # one with an index was decoded whole without a warning by the transcoder
+        checked.corrupt = corrupt_reason(data)
+    return checked
 
 
 def _check_chunk(records: list[Record], interval_px: int, kind: str) -> list[Checked]:
@@ -177,6 +196,7 @@ class _Tally:
     skipped: list[dict[str, str]] = field(default_factory=list)
     kept: list[dict[str, str]] = field(default_factory=list)
     kept_as_is: Counter[str] = field(default_factory=Counter)
+    corrupt: list[dict[str, str]] = field(default_factory=list)
     transcoded: int = 0
     from_progressive: int = 0
     seen: int = 0
@@ -188,7 +208,11 @@ class _Tally:
         if checked.jpeg is None:
             self.skipped.append({"path": checked.path, "reason": checked.skipped or "unknown"})
             return False
-        if checked.kept_as_is:  # counted by kind ("corrupt or truncated JPEG"), listed with libjpeg's words
+        if checked.corrupt:  # listed with libjpeg's words and what training does with it
+            self.corrupt.append({"path": checked.path, "reason": checked.corrupt})
+            self.kept_as_is[CORRUPT_KIND] += 1
+            self.kept.append({"path": checked.path, "reason": f"{checked.corrupt}; {TRAINING_SKIPS}"})
+        elif checked.kept_as_is:  # counted by kind ("CMYK/YCCK JPEG"), listed with libjpeg's words
             self.kept_as_is[checked.kept_as_is.split(":")[0]] += 1
             self.kept.append({"path": checked.path, "reason": checked.kept_as_is})
         self.transcoded += checked.restarts is not None
@@ -209,7 +233,7 @@ def prepare_records(source: RecordSource, dst: str | Path, cfg: PrepareConfig = 
     with staged(dst) as folder:
         manifest, tally = _write_shards(source, folder, cfg)
     manifest.uri = join(dst, MANIFEST_NAME)
-    return PrepareResult(manifest, tally.skipped, tally.kept)
+    return PrepareResult(manifest, tally.skipped, tally.kept, tally.corrupt)
 
 
 def _write_shards(source: RecordSource, dst: Path, cfg: PrepareConfig) -> tuple[Manifest, _Tally]:

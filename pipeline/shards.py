@@ -105,7 +105,7 @@ class Manifest:
         data = asdict(self)
         data.pop("uri")
         data["num_samples"] = self.num_samples
-        write_atomically(path, json.dumps(data, indent=1))
+        write_atomically(path, json.dumps(data, indent=1), "manifest")
 
     @classmethod
     def load(cls, uri: str | Path) -> Manifest:
@@ -235,17 +235,9 @@ def _shard_entries(uri: str, entries: object) -> list[ShardInfo]:
     shards, expected_first = [], 0
     for number, entry in enumerate(entries):
         where = f"{uri}: shard entry {number}"
-        if not isinstance(entry, dict) or set(entry) != set(SHARD_FIELDS):
-            raise DataError(f"{where}: not a shard entry (it has the fields {', '.join(SHARD_FIELDS)})")
+        _check_entry(where, entry)
         path, sha = entry["path"], entry["sha256"]
         counts = {name: entry[name] for name in ("num_samples", "num_bytes", "first_sample_id")}
-        if not isinstance(path, str) or not isinstance(sha, str):
-            raise DataError(f"{where}: path and sha256 must be strings")
-        if not _inside_folder(path):
-            raise DataError(f"{where}: path {path[:200]!r} is not a file name inside the manifest's folder")
-        for name, value in counts.items():
-            if type(value) is not int or not 0 <= value <= MAX_SAMPLES << 16:
-                raise DataError(f"{where}: {name} {str(value)[:40]} is not a count")
         if counts["first_sample_id"] != expected_first:
             raise DataError(f"{where}: first_sample_id {counts['first_sample_id']}, where the shards before it "
                              f"end at {expected_first} (sample ids must run on with no gap and no overlap)")
@@ -254,6 +246,35 @@ def _shard_entries(uri: str, entries: object) -> list[ShardInfo]:
             raise DataError(f"{uri}: more than {MAX_SAMPLES} samples (split the data set into several manifests)")
         shards.append(ShardInfo(path, counts["num_samples"], counts["num_bytes"], sha, counts["first_sample_id"]))
     return shards
+
+
+MAX_COUNT = MAX_SAMPLES << 16  # the most a shard entry's count may say (num_bytes: 2**48)
+
+
+def _check_entry(where: str, entry: object) -> None:
+    """One shard entry's fields, each of its JSON type, as the top-level fields are checked: a string
+    `"num_samples": "88"` is said to be the string "88", not "num_samples 88 is not a count"."""
+    if not isinstance(entry, dict):
+        raise DataError(f"{where} is {_spelled(entry)}, not an object with the fields {', '.join(SHARD_FIELDS)}")
+    said = []
+    missing, unknown = [n for n in SHARD_FIELDS if n not in entry], sorted(set(entry) - set(SHARD_FIELDS))
+    if missing:
+        said.append(f"no field {', '.join(missing)}")
+    if unknown:
+        said.append(f"fields it does not know: {', '.join(json.dumps(name[:40]) for name in unknown[:5])}")
+    if said:
+        raise DataError(f"{where}: not a shard entry ({'; '.join(said)}; it has the fields {', '.join(SHARD_FIELDS)})")
+    for name in ("path", "sha256"):
+        if not isinstance(entry[name], str):
+            raise DataError(f'{where}: field "{name}" is {_spelled(entry[name])}, not a string')
+    if not _inside_folder(entry["path"]):
+        raise DataError(f"{where}: path {entry['path'][:200]!r} is not a file name inside the manifest's folder")
+    for name in ("num_samples", "num_bytes", "first_sample_id"):
+        value = entry[name]
+        if not _is_int(value):
+            raise DataError(f'{where}: field "{name}" is {_spelled(value)}, not a count (a whole number)')
+        if not 0 <= value <= MAX_COUNT:
+            raise DataError(f'{where}: field "{name}" is {value}, not a count (0 to {MAX_COUNT})')
 
 
 def _inside_folder(path: str) -> bool:

@@ -195,7 +195,7 @@ class Register(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., procs: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "manifest_uri", "data_endpoint", "batch_size", "image_size", "transform", "seed", "min_area", "max_area", "heartbeat_s", "checksum", "dataset", "text", "decoder", "epochs", "unit_batches", "decode_on", "world_size", "drop_last", "resumed_from", "transform_params", "transform_version", "transform_timeout_s")
+    __slots__ = ("job_id", "manifest_uri", "data_endpoint", "batch_size", "image_size", "transform", "seed", "min_area", "max_area", "heartbeat_s", "checksum", "dataset", "text", "decoder", "epochs", "unit_batches", "decode_on", "world_size", "drop_last", "resumed_from", "transform_params", "transform_version", "transform_timeout_s", "corrupt_jpegs")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_URI_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,7 @@ class JobSpec(_message.Message):
     TRANSFORM_PARAMS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_JPEGS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     manifest_uri: str
     data_endpoint: str
@@ -242,7 +243,8 @@ class JobSpec(_message.Message):
     transform_params: str
     transform_version: str
     transform_timeout_s: float
-    def __init__(self, job_id: _Optional[str] = ..., manifest_uri: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., batch_size: _Optional[int] = ..., image_size: _Optional[int] = ..., transform: _Optional[str] = ..., seed: _Optional[int] = ..., min_area: _Optional[float] = ..., max_area: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., checksum: _Optional[bool] = ..., dataset: _Optional[str] = ..., text: _Optional[_Union[TextSpec, _Mapping]] = ..., decoder: _Optional[str] = ..., epochs: _Optional[int] = ..., unit_batches: _Optional[int] = ..., decode_on: _Optional[str] = ..., world_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., resumed_from: _Optional[str] = ..., transform_params: _Optional[str] = ..., transform_version: _Optional[str] = ..., transform_timeout_s: _Optional[float] = ...) -> None: ...
+    corrupt_jpegs: str
+    def __init__(self, job_id: _Optional[str] = ..., manifest_uri: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., batch_size: _Optional[int] = ..., image_size: _Optional[int] = ..., transform: _Optional[str] = ..., seed: _Optional[int] = ..., min_area: _Optional[float] = ..., max_area: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., checksum: _Optional[bool] = ..., dataset: _Optional[str] = ..., text: _Optional[_Union[TextSpec, _Mapping]] = ..., decoder: _Optional[str] = ..., epochs: _Optional[int] = ..., unit_batches: _Optional[int] = ..., decode_on: _Optional[str] = ..., world_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., resumed_from: _Optional[str] = ..., transform_params: _Optional[str] = ..., transform_version: _Optional[str] = ..., transform_timeout_s: _Optional[float] = ..., corrupt_jpegs: _Optional[str] = ...) -> None: ...
 
 class TextSpec(_message.Message):
     __slots__ = ("seq_len", "max_predictions", "masked_lm_prob", "short_seq_prob", "whole_word_mask", "pack", "pack_max_sequences")
@@ -368,6 +370,36 @@ class Release(_message.Message):
     crashed_sample: int
     def __init__(self, host_id: _Optional[str] = ..., worker_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., unit_ids: _Optional[_Iterable[int]] = ..., run_id: _Optional[str] = ..., crashed_sample: _Optional[int] = ...) -> None: ...
 
+class SampleHung(_message.Message):
+    __slots__ = ("host_id", "worker_id", "unit_id", "sample_id", "seconds", "stuck", "run_id")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIT_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STUCK_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    worker_id: str
+    unit_id: int
+    sample_id: int
+    seconds: float
+    stuck: bool
+    run_id: str
+    def __init__(self, host_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., unit_id: _Optional[int] = ..., sample_id: _Optional[int] = ..., seconds: _Optional[float] = ..., stuck: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class PoisonQuery(_message.Message):
+    __slots__ = ("unit_ids",)
+    UNIT_IDS_FIELD_NUMBER: _ClassVar[int]
+    unit_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Skips(_message.Message):
+    __slots__ = ("samples",)
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[SkippedSample]
+    def __init__(self, samples: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ...) -> None: ...
+
 class Attach(_message.Message):
     __slots__ = ("consumer_id", "rank", "data_endpoint", "world_size", "start")
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -443,7 +475,7 @@ class PositionQuery(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("request_id", "register", "heartbeat", "lease", "release", "attach", "ack", "epoch_steps", "position", "refuse", "fleet_host", "fleet_job", "job_credential")
+    __slots__ = ("request_id", "register", "heartbeat", "lease", "release", "attach", "ack", "epoch_steps", "position", "refuse", "fleet_host", "fleet_job", "hung", "poison", "job_credential")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +488,8 @@ class ControlRequest(_message.Message):
     REFUSE_FIELD_NUMBER: _ClassVar[int]
     FLEET_HOST_FIELD_NUMBER: _ClassVar[int]
     FLEET_JOB_FIELD_NUMBER: _ClassVar[int]
+    HUNG_FIELD_NUMBER: _ClassVar[int]
+    POISON_FIELD_NUMBER: _ClassVar[int]
     JOB_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     register: Register
@@ -469,8 +503,10 @@ class ControlRequest(_message.Message):
     refuse: Refusal
     fleet_host: FleetHost
     fleet_job: FleetJob
+    hung: SampleHung
+    poison: PoisonQuery
     job_credential: bytes
-    def __init__(self, request_id: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., epoch_steps: _Optional[_Union[EpochSteps, _Mapping]] = ..., position: _Optional[_Union[PositionQuery, _Mapping]] = ..., refuse: _Optional[_Union[Refusal, _Mapping]] = ..., fleet_host: _Optional[_Union[FleetHost, _Mapping]] = ..., fleet_job: _Optional[_Union[FleetJob, _Mapping]] = ..., job_credential: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., epoch_steps: _Optional[_Union[EpochSteps, _Mapping]] = ..., position: _Optional[_Union[PositionQuery, _Mapping]] = ..., refuse: _Optional[_Union[Refusal, _Mapping]] = ..., fleet_host: _Optional[_Union[FleetHost, _Mapping]] = ..., fleet_job: _Optional[_Union[FleetJob, _Mapping]] = ..., hung: _Optional[_Union[SampleHung, _Mapping]] = ..., poison: _Optional[_Union[PoisonQuery, _Mapping]] = ..., job_credential: _Optional[bytes] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("host_id", "worker_id", "job_id", "reason")
@@ -535,7 +571,7 @@ class Error(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ControlReply(_message.Message):
-    __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "fleet_plan", "fleet_share", "stats")
+    __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "fleet_plan", "fleet_share", "skips", "stats")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -549,6 +585,7 @@ class ControlReply(_message.Message):
     OTHER_JOB_FIELD_NUMBER: _ClassVar[int]
     FLEET_PLAN_FIELD_NUMBER: _ClassVar[int]
     FLEET_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SKIPS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     registered: Registered
@@ -563,11 +600,12 @@ class ControlReply(_message.Message):
     other_job: OtherJob
     fleet_plan: FleetPlan
     fleet_share: FleetShare
+    skips: Skips
     stats: JobStats
-    def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., fleet_plan: _Optional[_Union[FleetPlan, _Mapping]] = ..., fleet_share: _Optional[_Union[FleetShare, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., fleet_plan: _Optional[_Union[FleetPlan, _Mapping]] = ..., fleet_share: _Optional[_Union[FleetShare, _Mapping]] = ..., skips: _Optional[_Union[Skips, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
 
 class JobStats(_message.Message):
-    __slots__ = ("pending", "leased", "done", "hosts_alive", "releases", "handed_back", "failure", "stall")
+    __slots__ = ("pending", "leased", "done", "hosts_alive", "releases", "handed_back", "failure", "stall", "hung_samples", "hung_s")
     PENDING_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
@@ -576,6 +614,8 @@ class JobStats(_message.Message):
     HANDED_BACK_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     STALL_FIELD_NUMBER: _ClassVar[int]
+    HUNG_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    HUNG_S_FIELD_NUMBER: _ClassVar[int]
     pending: int
     leased: int
     done: int
@@ -584,7 +624,9 @@ class JobStats(_message.Message):
     handed_back: int
     failure: str
     stall: str
-    def __init__(self, pending: _Optional[int] = ..., leased: _Optional[int] = ..., done: _Optional[int] = ..., hosts_alive: _Optional[int] = ..., releases: _Optional[int] = ..., handed_back: _Optional[int] = ..., failure: _Optional[str] = ..., stall: _Optional[str] = ...) -> None: ...
+    hung_samples: int
+    hung_s: float
+    def __init__(self, pending: _Optional[int] = ..., leased: _Optional[int] = ..., done: _Optional[int] = ..., hosts_alive: _Optional[int] = ..., releases: _Optional[int] = ..., handed_back: _Optional[int] = ..., failure: _Optional[str] = ..., stall: _Optional[str] = ..., hung_samples: _Optional[int] = ..., hung_s: _Optional[float] = ...) -> None: ...
 
 class FleetJobProcs(_message.Message):
     __slots__ = ("job_id", "endpoint", "procs")

@@ -299,14 +299,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         progress(c)
         steps += 1
         if args.checkpoint and steps % args.checkpoint_every == 0:
-            checkpoint.save_all(c, args.checkpoint)
+            checkpoint.save_all(c, args.checkpoint, elsewhere=CHECKPOINT_ELSEWHERE)
 
     try:
         summary = consumer.run(on_step=on_step, max_seconds=args.max_seconds)
         progress.close(consumer)
         if args.checkpoint:
             try:  # after a Ctrl-C, a dispatcher that does not answer at once is not waited on for long
-                checkpoint.save_all(consumer, args.checkpoint, INTERRUPTED_ANSWER_S if summary.interrupted else None)
+                checkpoint.save_all(consumer, args.checkpoint, INTERRUPTED_ANSWER_S if summary.interrupted else None,
+                                    CHECKPOINT_ELSEWHERE)
             except RuntimeError as exc:
                 if not summary.interrupted:
                     raise
@@ -330,6 +331,7 @@ def _with_fleet_start(cfg: ConsumerConfig, args: argparse.Namespace, spec, ranks
 
 
 INTERRUPTED_ANSWER_S = 5.0  # Ctrl-C: the checkpoint waits this long for the dispatcher, then the summary comes
+CHECKPOINT_ELSEWHERE = "pass --checkpoint elsewhere"  # what a checkpoint the disk refused says to do
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -506,6 +508,16 @@ COMMANDS = {"data": _cmd_data, "prepare": cli_prepare.run, "worker": _cmd_worker
             **cli_experiments.COMMANDS}
 
 
+def _check_dataset_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Job flags that only one kind of dataset can use, refused for the --dataset given."""
+    kind, command = kind_of(args.dataset), args.command
+    if args.drop_last and not kind.one_row_per_sample:
+        parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
+                     f"by the packing)")
+    if args.corrupt_jpegs != "skip" and not kind.encoded_images:
+        parser.error(f"{command}: argument --corrupt-jpegs: applies to image jobs only ({args.dataset} has no JPEGs)")
+
+
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Flags that cannot work together: refused before anything starts."""
     from stoker.protos.curve import is_loopback
@@ -525,9 +537,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      "--keys: the default job secret file is named after the port, unknown until it is bound, so "
                      "two such dispatchers would share one")
     job_command = command in ("run", "train", "dispatch")
-    if job_command and args.drop_last and args.dataset and not kind_of(args.dataset).one_row_per_sample:
-        parser.error(f"{command}: argument --drop-last: applies to imagenet jobs only (packed text batches are cut "
-                     f"by the packing)")
+    if job_command and args.dataset:
+        _check_dataset_flags(parser, args)
     if command in ("run", "train", "dispatch"):
         _check_fleet_seat(parser, args, ranked)
     if job_command and args.stall_timeout_s and args.stall_report_s >= args.stall_timeout_s:
@@ -621,9 +632,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush raises nothing
         return 141
     except (StokerError, OSError, ValueError, RuntimeError) as exc:  # Stoker's own, and a library's in its words
-        from stoker.accel.consumer import JobFailed  # loaded already where a job ran
+        return _failed(args, exc)
 
-        if isinstance(exc, JobFailed) and args.command in ("run", "train") and args.json:  # the summary, too
+
+def _failed(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit 2 with the error's line (and a failed job's --json summary, unless that cannot be written either)."""
+    from stoker.accel.consumer import JobFailed  # loaded already where a job ran
+
+    if isinstance(exc, JobFailed) and args.command in ("run", "train") and args.json:  # the summary, too
+        try:
             options.emit_json(args.json, {"failed": str(exc)})
-        print(f"stoker: error: {exc}", file=sys.stderr)
-        return 2
+        except OSError as unwritten:  # a full disk: said too, not a traceback in place of the job's error
+            print(f"stoker: error: {unwritten}", file=sys.stderr)
+    print(f"stoker: error: {exc}", file=sys.stderr)
+    return 2

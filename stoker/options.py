@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from stoker.accel.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
@@ -32,6 +31,7 @@ from stoker.configured import add_options, config_of, fields_of
 from stoker.flags import METRICS_PORT, POSITIVE, output_file
 from stoker.pipeline import image_fit
 from stoker.pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
+from stoker.pipeline.files import write_atomically
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import DATASETS, JOB_DEFAULTS, JobConfig
 from stoker.pipeline.kinds import IMAGENET, kind_of
@@ -271,5 +271,5 @@ def emit_json(target: str | None, data: object, what: str = "summary") -> None:
     if target == "-":
         print(text, flush=True)
         return
-    Path(target).write_text(text)
+    write_atomically(target, text, what, "pass --json elsewhere")  # a full disk: one line, the old file kept
     print(f"{what} written to {target}")

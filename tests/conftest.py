@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,9 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
 from stoker.pipeline.shards import Manifest, ShardReader, ShardWriter
 from stoker.pipeline.synth import SynthConfig, generate
+from tests.corrupt_jpegs import garbled, truncated, without_eoi
 from tests.helpers import Daemon, Job
-from tests.shard_edits import JOB, ROWS, expected_images, reshard
+from tests.shard_edits import JOB, ROWS, expected_images, reshard, write_shard
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,6 +60,37 @@ def no_daemon_outlives_its_test():
         Daemon.started.pop().stop()
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A folder on a 64 kB tmpfs of its own, and a function that fills it to the last byte: a write there
+    meets the real ENOSPC, as a checkpoint on a full disk does. Skipped, with the reason, where a
+    tmpfs cannot be mounted (not root, or no mount namespace of our own to do it in)."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs to fill needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield folder, lambda: _fill(folder)
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def _fill(folder: Path) -> None:
+    """Write into `folder` until the file system has no byte left (smaller and smaller writes)."""
+    with open(folder / "filler", "wb", buffering=0) as f:
+        for size in (1 << 16, 1 << 12, 1 << 8, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+
+
 @pytest.fixture(scope="session")
 def raw_images(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("raw")
@@ -88,6 +122,29 @@ def corrupt_manifest(manifest, tmp_path_factory) -> tuple[Manifest, str]:
     corrupt = Manifest(kind="imagenet", classes=manifest.classes, shards=writer.close())
     corrupt.save(dst / "manifest.json")
     return Manifest.load(dst / "manifest.json"), victim
+
+
+@pytest.fixture(scope="session")
+def broken_scans(manifest, raw_images, tmp_path_factory) -> tuple[Manifest, dict[str, str]]:
+    """The first shard's first 40 samples, six of them as `stoker prepare` stores a file it cannot
+    transcode (its original bytes, no restart index), broken in the scan (tests.corrupt_jpegs): four
+    garbled, one cut inside its scan, one without its EOI marker. Returns the manifest and key -> how
+    that sample is broken."""
+    dst = tmp_path_factory.mktemp("broken-scans")
+    originals = {path.stem: path for path in raw_images.rglob("*.JPEG")}
+    breaks = [("garbled", garbled)] * 4 + [("truncated", truncated), ("without EOI", without_eoi)]
+    reader, rows, broken = ShardReader(manifest.shard_uri(0)), [], {}
+    for row in range(40):
+        key, label, restarts = reader.key(row), reader.label(row), reader.restarts(row)
+        if row % 7 == 3:  # rows 3, 10, ..., 38
+            how, make = breaks[len(broken)]
+            broken[key] = how
+            rows.append((key, label, make(originals[key].read_bytes()), None))
+        else:
+            rows.append((key, label, bytes(reader.jpeg(row)), bytes(restarts) if restarts is not None else None))
+    made = Manifest(kind="imagenet", classes=manifest.classes, shards=[write_shard(dst / "train-00000.arrow", rows)])
+    made.save(dst / "manifest.json")
+    return Manifest.load(dst / "manifest.json"), broken
 
 
 @pytest.fixture(scope="session")

@@ -42,8 +42,9 @@ from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import HOST_ID_IN_USE
 from stoker.protos.sd_notify import Notifier
 from stoker.workers.lifeline import exit_with_parent, parent_alive
+from stoker.workers.limits import is_out_of_tasks, out_of_tasks_line, pids_cgroup
 from stoker.workers.metrics import WorkerMetrics, serve_multiprocess
-from stoker.workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_OTHER_JOB, ProcessSpec, process_main
+from stoker.workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_NO_TASKS, EXIT_OTHER_JOB, ProcessSpec, process_main
 from stoker.workers.worker_config import WorkerConfig, most_procs
 
 log = logging.getLogger("stoker.worker")
@@ -54,6 +55,16 @@ HOST_ID_TAKEN_GIVE_UP_S = 6.0  # refused as a second daemon of a live host id th
 FINISHED_GRACE_S = 2.0  # after the job is finished, processes still busy (nothing left to do) are stopped
 STEADY_S = 10.0  # a process that ran this long resets its crash count
 STOPPED_KILL_S = 5.0  # a process stopped (SIGSTOP, a debugger) this long is killed: its units are redone elsewhere
+SHORT_SAID_EVERY_S = 60.0  # a host short of processes or threads says so again at most this often
+SHORT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # retries of a process the host could not start, in a row
+# one thread each for BLAS and OpenMP in a decode process: it does not multiply matrices, and each of their
+# threads is a task a host's pids limit counts (numpy's OpenBLAS starts one per core at import)
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "JE_ARROW_MALLOC_CONF": "background_thread:false"}  # ... and none for pyarrow's jemalloc
+REFUSAL_COUNTS_S = 5.0  # a process that aborts this soon after its pids cgroup refused a task met the limit
+TASKS_PER_PROCESS = 10  # processes and threads one decode process holds (8 measured: its own, zmq's, pyarrow's)
+STUCK_GRACE_S = 5.0  # a transform still on one sample this long past --transform-timeout did not answer its
+# time limit (its signal is blocked inside C code): the process is killed
 
 
 class _Child:
@@ -68,6 +79,8 @@ class _Child:
         self.activity: ActivitySlot | None = None  # what its process is doing (pipeline.activity), one per index
         self.stopped_since: float | None = None  # its process was seen stopped (state T) since then
         self.retire_by: float | None = None  # told to drain (the fleet moved it to another job): killed past this
+        self.stuck_on: int | None = None  # the sample it was killed in, past the time limit (None: none)
+        self.short = 0  # starts in a row that failed for want of a process or thread (workers.limits)
 
 
 class WorkerDaemon:
@@ -103,6 +116,12 @@ class WorkerDaemon:
         self._run_id = ""  # ... and the run of it this daemon registered with (Registered.run_id)
         self._incarnations: dict[int, int] = {}  # process index -> its last incarnation, across jobs
         self.target = target
+        self._short_said_at: float | None = None  # when the host last said it cannot start a process or thread
+        self._pids_refused = 0  # the pids cgroup's refusals counted so far (a process's abort after one is no crash)
+        self._pids_refused_at: float | None = None  # ... and when that count last grew
+        self._young: dict[mp.process.BaseProcess, float] = {}  # processes started lately, and when
+        for name, value in ONE_THREAD.items():
+            os.environ.setdefault(name, value)  # the processes it spawns inherit them (the user's own win)
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping and self.target is not None:  # a fleet's job daemon: its host's daemon asks
@@ -188,8 +207,9 @@ class WorkerDaemon:
             time.sleep(1.0)  # its job is finished: wait for one that is not
         return None
 
-    def _spawn(self, child: _Child, job: JobConfig) -> mp.process.BaseProcess:
-        """Start the child's next incarnation; returns its process (also `child.process`)."""
+    def _spawn(self, child: _Child, job: JobConfig) -> mp.process.BaseProcess | None:
+        """Start the child's next incarnation; returns its process (also `child.process`), or None when the
+        host could not start one (out of processes, threads or memory): then it tries again after a back-off."""
         child.incarnation += 1
         self._incarnations[child.index] = child.incarnation
         child.restart_at = None
@@ -198,11 +218,65 @@ class WorkerDaemon:
         if child.activity is None:
             child.activity = ActivitySlot(self.mp)
         child.activity.set(Phase.IDLE)
+        child.stuck_on = None
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache,
                            self._run_id, child.activity, self.cfg.procs)
-        child.process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
-        child.process.start()
-        return child.process
+        cgroup = pids_cgroup()
+        room = cgroup.room() if cgroup is not None else None
+        if room is not None:
+            room -= self._starting_tasks()
+        if room is not None and room < TASKS_PER_PROCESS:  # it would fail to start, or abort starting a thread
+            self._short_of_tasks(child, f"cannot start worker process {worker_id} (room for {room} more tasks, one "
+                                        f"needs about {TASKS_PER_PROCESS})", no_room=True)
+            return None
+        process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
+        try:
+            process.start()
+        except (OSError, RuntimeError) as exc:
+            if not is_out_of_tasks(exc):
+                raise
+            self._short_of_tasks(child, f"cannot start worker process {worker_id} ({exc})")
+            return None
+        child.process = process
+        self._young[process] = time.monotonic()
+        return process
+
+    def _starting_tasks(self) -> int:
+        """The tasks processes started in the last STEADY_S will still add (they start their threads as they
+        import and connect), so a burst of starts does not count the same room twice."""
+        now, coming = time.monotonic(), 0
+        for process, started in list(self._young.items()):
+            if now - started > STEADY_S or not process.is_alive():
+                del self._young[process]
+                continue
+            try:
+                coming += max(0, TASKS_PER_PROCESS - len(os.listdir(f"/proc/{process.pid}/task")))
+            except OSError:
+                continue
+        return coming
+
+    def _short_of_tasks(self, child: _Child, what: str, no_room: bool = False) -> None:
+        """The host could not start a process or a thread for `child`: one line (again at most every
+        SHORT_SAID_EVERY_S) naming the limit met, and another try after a back-off; the other processes
+        go on, and so does the daemon."""
+        child.short += 1
+        delay = SHORT_BACKOFF_S[min(child.short - 1, len(SHORT_BACKOFF_S) - 1)]
+        child.restart_at = time.monotonic() + delay
+        now = time.monotonic()
+        if self._short_said_at is None or now - self._short_said_at >= SHORT_SAID_EVERY_S:
+            self._short_said_at = now
+            log.error("%s: %s; trying again in %.0f s (the other processes go on)", self.host_id,
+                      out_of_tasks_line(what, no_room), delay)
+        self.metrics.short_of_tasks.inc()
+
+    def _refused_a_task(self) -> bool:
+        """The pids cgroup refused a fork or thread lately (a process that aborted then met it; several
+        that met it at once are reaped one by one, so a refusal counts for REFUSAL_COUNTS_S)."""
+        cgroup = pids_cgroup()
+        now = time.monotonic()
+        if cgroup is not None and cgroup.refused > self._pids_refused:
+            self._pids_refused, self._pids_refused_at = cgroup.refused, now
+        return self._pids_refused_at is not None and now - self._pids_refused_at <= REFUSAL_COUNTS_S
 
     def _worker_id(self, child: _Child) -> str:
         return f"{self.host_id}/p{child.index}.{child.incarnation}"
@@ -229,6 +303,7 @@ class WorkerDaemon:
                 break
             for child in children:
                 self._kill_if_frozen(child)
+                self._watch_transform(child, job)
                 self._reap(child, job, finished_at is not None)
             if finished_at is None:
                 children = self._resize(children, job)
@@ -279,8 +354,9 @@ class WorkerDaemon:
                 child = _Child(index, self._incarnations.get(index, 0))
                 children.append(child)
                 process = self._spawn(child, job)
-                log.info("%s: the fleet gives job %s %d processes: started %s (pid %s)", self.host_id, job.job_id,
-                         want, self._worker_id(child), process.pid)
+                if process is not None:
+                    log.info("%s: the fleet gives job %s %d processes: started %s (pid %s)", self.host_id,
+                             job.job_id, want, self._worker_id(child), process.pid)
         for child in sorted(active, key=lambda c: -c.index)[:max(0, len(active) - want)]:
             child.retire_by = time.monotonic() + self.cfg.drain_timeout_s
             log.info("%s: the fleet gives job %s %d processes: draining %s", self.host_id, job.job_id, want,
@@ -338,6 +414,33 @@ class WorkerDaemon:
             child.stopped_since = None
             proc.kill()
 
+    def _watch_transform(self, child: _Child, job: JobConfig) -> None:
+        """A process cuts a transform call short at --transform-timeout and reports the sample itself; one
+        still on that sample STUCK_GRACE_S later does not answer its time limit (its signal is blocked
+        inside C code). It is reported here, so the dispatcher skips the sample from now on, then killed:
+        its unit, leased again, no longer holds that sample."""
+        proc, slot = child.process, child.activity
+        if slot is None or proc is None or child.finished or child.restart_at is not None or child.stuck_on is not None:
+            return
+        now = slot.read()
+        if now.phase != Phase.TRANSFORMING or now.for_s < job.transform_timeout_s + STUCK_GRACE_S or \
+                not proc.is_alive():
+            return
+        worker_id = self._worker_id(child)
+        log.error("%s: process %s (pid %s) has been transforming sample %d of unit %d for %.0f s and does not answer "
+                  "--transform-timeout %g s (stuck in C code with its signals blocked): killing it; the sample is "
+                  "skipped from now on and its units go back without it", self.host_id, worker_id, proc.pid,
+                  now.sample_id, now.unit_id, now.for_s, job.transform_timeout_s)
+        hung = pb.SampleHung(host_id=self.host_id, worker_id=worker_id, unit_id=max(now.unit_id, 0),
+                             sample_id=now.sample_id, seconds=now.for_s, stuck=True, run_id=self._run_id)
+        try:
+            self.client.request(pb.ControlRequest(hung=hung), give_up_after_s=5.0)
+        except DispatcherUnreachable as exc:
+            log.warning("%s: could not tell the dispatcher that sample %d is stuck (%s)", self.host_id,
+                        now.sample_id, exc)
+        child.stuck_on = now.sample_id
+        proc.kill()
+
     def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
         if child.retire_by is not None:
@@ -349,9 +452,14 @@ class WorkerDaemon:
                 child.finished = True
             elif time.monotonic() >= child.restart_at:
                 process = self._spawn(child, job)
-                log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), process.pid)
+                if process is not None and not child.short:
+                    log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), process.pid)
             return
-        if child.finished or proc is None or proc.is_alive():
+        if child.finished or proc is None:
+            return
+        if proc.is_alive():
+            if child.short and time.monotonic() - child.started >= STEADY_S:
+                child.short = 0  # it started and keeps running: the host had room after all
             return
         proc.join()
         multiprocess.mark_process_dead(proc.pid)
@@ -363,18 +471,31 @@ class WorkerDaemon:
             self._other_job = True
             child.finished = True
             return
+        if proc.exitcode == EXIT_NO_TASKS or (proc.exitcode == -signal.SIGABRT and self._refused_a_task()):
+            self._release([self._worker_id(child)], "process could not start a thread")
+            self._short_of_tasks(child, f"worker process {self._worker_id(child)} could not start a thread")
+            return
         if proc.exitcode == EXIT_BAD_JOB:  # restarting cannot help; the process logged why
             log.error("%s: process %s cannot serve job %s; not restarting it", self.host_id,
                       self._worker_id(child), job.job_id)
             self.failed = True
             child.finished = True
             return
+        self._crashed(child, job, job_finished)
+
+    def _crashed(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
+        """A process died before the job was over: say how (and on which sample, which the dispatcher
+        counts towards poison), hand its units back, and restart it after its back-off."""
+        proc = child.process
+        assert proc is not None, "_reap: only a process that ran has crashed"
         worker_id = self._worker_id(child)
         how = ("exited 0 before the job was finished (something in it called exit(): the transform, or a library "
                "it uses)") if proc.exitcode == 0 else f"died ({_exit_name(proc.exitcode)})"
         last = child.activity.read() if child.activity is not None else None
         crashed_sample = None
-        if last is not None and last.phase == Phase.TRANSFORMING:
+        if child.stuck_on is not None:  # reported as hung: the dispatcher skips the sample already
+            how = f"was killed, stuck in the transform of sample {child.stuck_on}"
+        elif last is not None and last.phase == Phase.TRANSFORMING:
             crashed_sample = last.sample_id
             how += f" while transforming sample {crashed_sample} of unit {last.unit_id}"
         log.warning("%s: process %s (pid %s) %s; handing its units back and restarting", self.host_id, worker_id,
@@ -385,6 +506,8 @@ class WorkerDaemon:
         if job_finished:
             child.finished = True
             return
+        if child.stuck_on is not None:  # no crash of its own: it starts again at once
+            child.crashes = 0
         child.crashes = child.crashes + 1 if time.monotonic() - child.started < STEADY_S else 1
         delay = RESTART_BACKOFF_S[min(child.crashes - 1, len(RESTART_BACKOFF_S) - 1)]
         child.restart_at = time.monotonic() + delay

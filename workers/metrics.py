@@ -46,6 +46,9 @@ class WorkerMetrics:
                                        registry=r)
         self.restarts = Counter("stoker_worker_process_restarts", "Worker processes restarted after a crash",
                                 registry=r)
+        self.short_of_tasks = Counter("stoker_worker_short_of_tasks", "Worker processes the host could not start, or "
+                                      "that could not start a thread (a pids, process or thread limit, or memory): "
+                                      "tried again after a back-off", registry=r)
         self.shard_fetches = Counter("stoker_worker_shard_fetches", "Shards fetched from object storage into this "
                                      "host's cache, by whether their bytes matched the manifest's sha256 (ok, "
                                      "mismatch)", ["result"], registry=r)

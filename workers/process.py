@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
+from collections import ChainMap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -46,6 +48,7 @@ from stoker.protos.errors import PeerError
 from stoker.protos.framing import encode_tensors
 from stoker.protos.leases import UNREACHABLE
 from stoker.workers.lifeline import exit_with_parent, parent_alive
+from stoker.workers.limits import is_out_of_tasks
 from stoker.workers.metrics import WorkerMetrics
 from stoker.workers.sender import DataSender, Lease, LeaseRefused, Rejected, SendTimedOut
 from stoker.workers.sources import BatchSource, Outgoing, make_source
@@ -59,12 +62,16 @@ EXIT_DISPATCHER_LOST = 3
 EXIT_REJECTED = 4
 EXIT_BAD_JOB = 5  # this host cannot serve the job (manifest or vocabulary unusable): do not restart
 EXIT_OTHER_JOB = 6  # the dispatcher serves another job now: the daemon registers again
+EXIT_NO_TASKS = 7  # it could not start a thread (the host's pids or thread limit): the daemon retries later
 UNREACHABLE_S = 10.0  # a rank's data socket silent this long while we wait on it: hand its unit back
 HELLO_GRACE_S = 0.5  # a new unit's rank gets this long to grant credit before the process leases around it
 LEASE_AGAIN_S = 0.5  # while holding units that cannot be sent, ask for another at most this often
 FORGET_SENDER_S = 60.0  # a data connection with no unit on it whose rank has been silent this long is closed
 REASON_CHARS = 250  # a refusal's line, within what the dispatcher accepts (accel.control.server.MAX_NAME)
 REFUSE_GIVE_UP_S = 10.0  # a dispatcher that does not answer a refusal this long: the process stops anyway
+MAX_POISON_HELD = 65536  # samples a process skips beside its leases' lists (accel.control.poison's bound)
+ASK_POISON_AFTER_S = 1.0  # after waiting this long for credit, ask which samples of the units in hand became poison
+REPORT_GIVE_UP_S = 5.0  # a dispatcher that does not hear a hung sample this long: the process goes on without
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,21 @@ def run_process(spec: ProcessSpec) -> int:
     exit_with_parent(spec.parent_pid, signal.SIGKILL)  # stuck in a transform's C code, it would outlive its daemon
     activity.install(spec.activity_slot)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return _serve(spec)
+    except Exception as exc:
+        if not is_out_of_tasks(exc):
+            raise
+        # the daemon says it once for the host, with the limit that was met (workers.limits)
+        log.debug("%s: could not start a thread (%s); its daemon tries again later", spec.worker_id, exc)
+        return EXIT_NO_TASKS
+
+
+def _serve(spec: ProcessSpec) -> int:
+    """Make the job's source and run the lease loop; a thread the host cannot start raises out of here.
+    zmq's I/O thread starts with its context, so the loop's context is made (and its threads started)
+    before anything is leased: a host out of threads costs no unit."""
+    _probe_thread()
     job = spec.job
     try:
         source = make_source(Manifest.load(job.manifest_uri), job, spec.cache)
@@ -157,6 +179,9 @@ class _LeaseLoop:
         self.lease_after = 0.0  # monotonic time before which no lease is asked for
         self.waited = 0.0  # seconds waited for credit since the last batch sent
         self.cpu = CpuAccount()  # the process's CPU, run delay and throttling, batch by batch
+        # samples skipped from now on in every unit, beside each lease's own list: those whose transform this
+        # process cut short at the time limit, and those the dispatcher made poison while it waited
+        self.poison: dict[int, str] = {}
 
     def run(self) -> int:
         while not self.stop():
@@ -208,8 +233,35 @@ class _LeaseLoop:
             traded.sender.end_unit()
         sender = self._sender_for(leased.data_endpoint)
         sender.start_unit(Lease(unit.unit_id, leased.lease_token))
-        skip = {s.sample_id: s.reason for s in leased.skip}
-        self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit, skip)))
+        skip = ChainMap({s.sample_id: s.reason for s in leased.skip}, self.poison)  # read at each sample
+        self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit, skip, self._hung)))
+
+    def _hung(self, unit_id: int, sample_id: int, seconds: float) -> None:
+        """The transform ran past --transform-timeout on a sample: say so now, skip it in every unit this
+        process makes from now on, and tell the dispatcher before the batch leaves, so that no unit it
+        leases from now on holds it."""
+        log.error("%s: the transform ran %.1f s on sample %d of unit %d, past --transform-timeout: the sample is "
+                  "skipped, from now on in every epoch (host %s)", self.spec.worker_id, seconds, sample_id, unit_id,
+                  self.spec.host_id)
+        if len(self.poison) < MAX_POISON_HELD:
+            self.poison[sample_id] = f"the transform ran past --transform-timeout on it ({self.spec.worker_id})"
+        hung = pb.SampleHung(host_id=self.spec.host_id, worker_id=self.spec.worker_id, unit_id=unit_id,
+                             sample_id=sample_id, seconds=seconds, run_id=self.spec.run_id)
+        try:
+            self.control.request(pb.ControlRequest(hung=hung), give_up_after_s=REPORT_GIVE_UP_S,
+                                 should_stop=self.stop)
+        except DispatcherUnreachable as exc:
+            log.warning("%s: could not tell the dispatcher that sample %d hung: %s", self.spec.worker_id, sample_id,
+                        exc)
+
+    def _ask_poison(self) -> None:
+        """After a long wait for credit: the samples of the units in hand that became poison meanwhile (another
+        process hung on one), so that this process does not wait on them again."""
+        reply = self.control.request(pb.ControlRequest(poison=pb.PoisonQuery(
+            unit_ids=[w.unit.unit_id for w in self.works.values()])), should_stop=self.stop)
+        for skip in reply.skips.samples if reply.WhichOneof("kind") == "skips" else ():
+            if len(self.poison) < MAX_POISON_HELD:
+                self.poison.setdefault(skip.sample_id, skip.reason)
 
     def _hand_back(self, work: _Work, reason: str) -> None:
         self.works.pop(work.unit.rank, None)
@@ -227,6 +279,8 @@ class _LeaseLoop:
     # ---- sending ---------------------------------------------------------------------------
     def _send_next(self, work: _Work) -> None:
         """Make the unit's next batch and send it (its rank holds credit for it)."""
+        if self.waited >= ASK_POISON_AFTER_S:
+            self._ask_poison()
         batch = next(work.batches, None)
         if batch is not None:
             try:
@@ -294,6 +348,14 @@ class _LeaseLoop:
         self.control.close()
         self.cpu.close()
         self.ctx.term()
+
+
+def _probe_thread() -> None:
+    """Start and join one thread: RuntimeError now, at start, where the host has no room for one (zmq
+    aborts the process where its own I/O thread cannot start, which no handler can catch)."""
+    probe = threading.Thread(target=lambda: None, name="stoker-probe")
+    probe.start()
+    probe.join(timeout=5.0)
 
 
 def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> int:

@@ -5,7 +5,8 @@ header fields that describe them, and how they count in the worker's metrics. A 
 cannot be opened or fails its checks (its sha256, row count or columns are not the manifest's)
 does not crash the process: its rows in the unit are reported as skipped, with the reason, as
 an undecodable JPEG is, so nothing is lost silently and the dispatcher does not hand the same
-broken unit out forever.
+broken unit out forever. So is a JPEG libjpeg says is corrupt, unless the job keeps those
+(`--corrupt-jpegs keep`, pipeline.corrupt).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Protocol
 import numpy as np
 
 from stoker.pipeline.augment import CROP_DECODER_AVAILABLE
-from stoker.pipeline.batching import sample_work, unit_batches
+from stoker.pipeline.batching import OnHang, unit_batches
+from stoker.pipeline.corrupt import job_sample_work
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA
 from stoker.pipeline.open_shards import OpenShards
@@ -46,8 +48,10 @@ class Outgoing:
 
 
 class BatchSource(Protocol):
-    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None) -> Iterator[Outgoing]:
-        """`skip`: sample id -> why it is skipped unread (it killed the processes that transformed it)."""
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
+                ) -> Iterator[Outgoing]:
+        """`skip`: sample id -> why it is skipped unread (it killed or hung the processes that transformed
+        it; read at each sample). `on_hang`: told of each transform call cut short at its time limit."""
         ...
 
 
@@ -75,12 +79,14 @@ class ImageSource:
         if self.decoder == "crop" and not CROP_DECODER_AVAILABLE:
             log.warning("the crop-window decoder was not built on this host (no libjpeg-turbo headers at "
                         "install time); decoding with pillow-simd")
-        self.work = sample_work(self.transform, self.decoder, job.decode_on, job.transform, job.transform_timeout_s)
+        self.work = job_sample_work(self.transform, job)  # under the job's --corrupt-jpegs
         self.shards = OpenShards(manifest, ShardCache(cache or CacheConfig.from_env()))
 
-    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None) -> Iterator[Outgoing]:
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
+                ) -> Iterator[Outgoing]:
         with self.shards.holding(s.shard_index for s in unit.segments):
-            for batch in unit_batches(self.shards.reader, unit, self.work, self.job.batch_size, self.job.seed, skip):
+            for batch in unit_batches(self.shards.reader, unit, self.work, self.job.batch_size, self.job.seed, skip,
+                                      on_hang):
                 header = _header(batch.sample_ids, batch.skipped, len(batch.sample_ids), batch.last,
                                  batch.batch_index)
                 header.stages.decode = batch.decode_s
@@ -130,8 +136,9 @@ class TextSource:
                 self.shards[index] = f"unreadable shard: {exc}"
         return self.shards[index]
 
-    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None) -> Iterator[Outgoing]:
-        """`skip` is not used: text has no user transform that could kill the process."""
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
+                ) -> Iterator[Outgoing]:
+        """`skip` and `on_hang` are not used: text has no user transform that could kill or hang the process."""
         for batch in unit_text_batches(self._shard, unit, self.cfg, self.job.seed, self.job.batch_size):
             header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
             header.stages.examples = batch.examples_s

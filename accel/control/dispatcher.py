@@ -40,6 +40,8 @@ class DispatcherStats:
     handed_back: int = 0  # units a worker process gave back, traded for an earlier one or unsendable (nothing lost)
     failure: str = ""  # why the job failed (a worker refused it); "" while it goes on
     stall: str = ""  # which rank waits for a batch, and who holds what it waits for (accel.control.watchdog)
+    hung_samples: int = 0  # samples whose transform ran past --transform-timeout (skipped from then on)
+    hung_s: float = 0.0  # the seconds worker processes spent in those calls (the bottleneck's `transform`)
 
 
 @dataclass
@@ -252,4 +254,4 @@ class Dispatcher:
         in_flight = len(self.leases) + len(self._received)
         return DispatcherStats(self.total_units - done - in_flight, in_flight, done,
                                len(self.liveness.live_hosts()), self._releases, self._handed_back, self.failure,
-                               self.stall)
+                               self.stall, self.poison.hung_samples, self.poison.hung_s)

@@ -70,6 +70,10 @@ class DispatcherLink(Protocol):
     def stats(self) -> DispatcherStats:
         ...
 
+    def hung_s(self) -> float:
+        """Seconds worker processes spent in transform calls past --transform-timeout (any thread may ask)."""
+        ...
+
     async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
         """Report this rank's `batches` of `epoch`; the epoch's steps on every rank once every rank
         has reported, else None (ask again)."""

@@ -108,10 +108,14 @@ class InProcessDispatcher:
         self.dispatcher.received(unit_id)
 
     def redo(self, unit_id: int) -> bool:
-        return self.dispatcher.redo(unit_id)
+        """As another rank's redo: through the control server, which holds it while a transform runs."""
+        return self.server.redo_short(0, unit_id) if self.server is not None else self.dispatcher.redo(unit_id)
 
     def stats(self) -> DispatcherStats:
         return self.dispatcher.stats()
+
+    def hung_s(self) -> float:
+        return self.dispatcher.poison.hung_s  # one float read: safe from the bottleneck monitor's thread
 
     async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
         return self.dispatcher.progress.epoch_steps(epoch, rank, batches)

@@ -156,6 +156,9 @@ class RemoteDispatcher:
         """The whole job's figures as the dispatcher gave them with its last answer to an ack."""
         return self._job_stats
 
+    def hung_s(self) -> float:
+        return self._job_stats.hung_s
+
     @property
     def control_endpoint(self) -> str:
         return self.endpoint

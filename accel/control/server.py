@@ -55,6 +55,7 @@ REPLY_CACHE_PEERS = 4096  # peers whose last reply is kept for retries; a flood 
 DAEMON_LIVE_BEATS = 3  # a daemon heard within this many heartbeat periods holds its host id against another
 
 
+MAX_QUERIED_UNITS = 64  # units one poison query may ask about (a process holds one per rank)
 NEED_FRESH_S = 10.0  # a rank's need older than this is not counted (the rank has gone quiet)
 
 
@@ -248,6 +249,32 @@ class ControlServer:
         log.info("host %s released %d units (%s)", r.host_id, count, one_line(r.reason))
         return pb.ControlReply(ok=pb.Ok())
 
+    def _on_hung(self, asked: Asked) -> pb.ControlReply:
+        """A worker process ran a transform past --transform-timeout on a sample (it cut the call short and
+        skipped it), or its daemon found it stuck there and kills it. The sample is skipped from now on."""
+        hung = asked.request.hung
+        if self._other_run("", hung.run_id):
+            return self._other_job()
+        worker = one_line((hung.worker_id or hung.host_id)[:MAX_NAME])
+        how = f"{worker}, {hung.seconds:.0f} s" + (", stuck in C code: killed" if hung.stuck else "")
+        log.error("worker process %s ran its transform on sample %d of unit %d for %.0f s, past --transform-timeout"
+                  "%s", worker, hung.sample_id, hung.unit_id, hung.seconds,
+                  " without answering its time limit (stuck in C code): its daemon kills it" if hung.stuck else "")
+        poison = self.dispatcher.poison
+        if poison.hung(hung.sample_id, how, hung.seconds):
+            self.metrics.poison_samples.inc()
+            log.error("sample %d is skipped from now on: %s", hung.sample_id, poison.why(hung.sample_id))
+        return pb.ControlReply(ok=pb.Ok())
+
+    def _on_poison(self, asked: Asked) -> pb.ControlReply:
+        """A worker process that waited with units in hand: their samples that became poison meanwhile."""
+        skips = pb.Skips()
+        for unit_id in asked.request.poison.unit_ids[:MAX_QUERIED_UNITS]:
+            unit = self.dispatcher.plan.unit(unit_id)
+            for sample_id, why in (self.dispatcher.poison.in_unit(unit).items() if unit is not None else ()):
+                skips.samples.add(sample_id=sample_id, reason=why)
+        return pb.ControlReply(skips=skips)
+
     def _on_refuse(self, asked: Asked) -> pb.ControlReply:
         return self._refused(asked.request.refuse)
 
@@ -277,8 +304,7 @@ class ControlServer:
         for unit_id in ack.received:
             d.received(unit_id)
         for unit_id in ack.redo:
-            if d.redo(unit_id):
-                log.warning("rank %d: unit %d ended short of its samples; leasing it again", rank[0], unit_id)
+            self.redo_short(rank[0], unit_id)
         counts = list(ack.batches)
         for i, unit_id in enumerate(ack.unit_ids):
             d.ack(unit_id, counts[i] if i < len(counts) else None)
@@ -286,6 +312,23 @@ class ControlServer:
                  else pb.ControlReply(ok=pb.Ok()))
         reply.stats.CopyFrom(pb.JobStats(**asdict(d.stats())))
         return reply
+
+    def redo_short(self, rank: int, unit_id: int) -> bool:
+        """The rank got a unit short (its sender went silent in the middle): lease it again; unless its
+        holder is, by its daemon's last heartbeat, transforming a sample of it. Then the daemon ends
+        that call at --transform-timeout (a report that makes the sample poison, and for a process stuck
+        in C code a kill that releases the unit), so the unit is leased again only once the sample
+        that held it up is known, never with that sample still in it."""
+        lease = self.dispatcher.leases.get(unit_id)
+        holder = self.watchdog.holder(lease) if lease is not None else None
+        if holder is not None and holder.phase == "transforming" and holder.working_on == unit_id:
+            log.warning("rank %d: unit %d's sender went silent while %s; not leasing it again until its daemon "
+                        "ends that call (at --transform-timeout)", rank, unit_id, holder.describe())
+            return False
+        if self.dispatcher.redo(unit_id):
+            log.warning("rank %d: unit %d ended short of its samples; leasing it again", rank, unit_id)
+            return True
+        return False
 
     def heard_need(self, rank: int, need: Need) -> None:
         """What `rank` measures now (its acks carry it; rank 0 in this process says it directly)."""
@@ -532,6 +575,8 @@ HANDLERS: dict[str, Handler] = {
     "lease": Handler(ControlServer._on_lease, WORKER),
     "release": Handler(ControlServer._on_release, WORKER),
     "refuse": Handler(ControlServer._on_refuse, WORKER),
+    "hung": Handler(ControlServer._on_hung, WORKER),
+    "poison": Handler(ControlServer._on_poison, WORKER),
     "fleet_host": Handler(ControlServer._on_fleet_beat, WORKER),  # misdirected: answered with what this is
     "fleet_job": Handler(ControlServer._on_fleet_beat, WORKER),
     "attach": Handler(ControlServer._on_attach, CONSUMER),

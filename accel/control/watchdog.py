@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.lease_table import Lease
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError
 
@@ -116,8 +117,7 @@ class Watchdog:
         if not waits:
             return None
         waited_s, rank = max(waits)
-        holders = tuple(self._holder(lease.unit.rank, lease.unit.unit_id, lease.host_id, lease.worker_id)
-                        for lease in dispatcher.leases.of_rank(rank))
+        holders = tuple(self.holder(lease) for lease in dispatcher.leases.of_rank(rank))
         pending, first = dispatcher.queue.open_of_rank(rank)
         line = f"rank {rank} has waited {waited_s:.0f} s for its next batch"
         if holders:
@@ -129,10 +129,31 @@ class Watchdog:
         elif first is not None:
             hosts = len(dispatcher.liveness.live_hosts())
             line += (f": its next unit {first.unit_id} is pending and no worker process has leased it "
-                     f"({hosts} worker host{'s' if hosts != 1 else ''} alive)")
+                     f"({hosts} worker host{'s' if hosts != 1 else ''} alive{self._stuck_text()})")
         else:
             line += ": none of its units is pending or leased (it waits for the other ranks)"
         return Stall(rank, waited_s, holders, line, has_work=bool(holders) or first is not None)
+
+    def _stuck_text(self) -> str:
+        """The processes that sit in one sample's transform longer than the report bound: with every unit
+        pending and nobody leasing, they are why (a transform stuck where no time limit reaches it)."""
+        now, stuck = self.clock(), []
+        for host_id, heard in self._hosts.items():
+            if now - heard.at > STALE_S:
+                continue
+            for worker_id, a in heard.processes.items():
+                if a.phase == "transforming" and a.for_s + (now - heard.at) >= self.bounds.report_s:
+                    stuck.append(Holder(-1, a.unit_id, host_id, worker_id, a.phase, a.sample_id,
+                                        a.for_s + (now - heard.at), a.unit_id))
+        if not stuck:
+            return ""
+        named = "; ".join(f"{h.worker_id} transforming sample {h.sample_id} of unit {h.unit_id} for {h.for_s:.0f} s"
+                          for h in sorted(stuck, key=lambda h: -h.for_s)[:HOLDERS_NAMED])
+        return f"; stuck: {named}" + (f" and {len(stuck) - HOLDERS_NAMED} more" if len(stuck) > HOLDERS_NAMED else "")
+
+    def holder(self, lease: Lease) -> Holder:
+        """Who holds `lease` and what it does now, as its daemon last said."""
+        return self._holder(lease.unit.rank, lease.unit.unit_id, lease.host_id, lease.worker_id)
 
     def _holder(self, rank: int, unit_id: int, host_id: str, worker_id: str) -> Holder:
         heard = self._hosts.get(host_id)

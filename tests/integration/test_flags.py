@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +46,8 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["dispatch", "--data", "x", "--control-bind", "tcp://127.0.0.1:0"], "--control-bind"),  # its secret's name
     (["run", "--world-size", "0"], "--world-size"),
     (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
+    (["run", "--corrupt-jpegs", "ignore"], "--corrupt-jpegs"),
+    (["run", "--dataset", "wikipedia", "--corrupt-jpegs", "keep"], "--corrupt-jpegs"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
     (["run", "--fleet", "tcp://127.0.0.1:1", "--weight", "0"], "--weight"),
     (["run", "--fleet", "not-an-endpoint"], "--fleet"),
@@ -168,6 +172,48 @@ def test_an_output_file_in_a_folder_that_exists_or_standard_output_is_taken(tmp_
     assert parser.parse_args(["run", "--json"]).json == parser.parse_args(["run", "--json", "-"]).json == "-"
     checkpoint = parser.parse_args(["train", "--data", "x", "--checkpoint", str(tmp_path / "ck.pt")]).checkpoint
     assert checkpoint == str(tmp_path / "ck.pt")
+
+
+def test_a_summary_on_a_full_disk_is_one_line_naming_it_and_the_summary_before_stays(manifest, full_disk):
+    """`stoker run --json` whose disk is full by the job's end: one line naming the file and the flag (it was
+    "[Errno 28] No space left on device" alone, with the summary before truncated to nothing)."""
+    folder, fill = full_disk
+    summary = folder / "summary.json"
+    summary.write_text('{"samples": 1}')
+    fill()
+    result, _ = _stoker("run", "--data", manifest.uri, "--hosts", "1", "--accel", "null", "--no-progress",
+                        "--metrics-port", "-1", "--json", str(summary), timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"stoker: error: cannot write summary {summary}: no space left on device (free space there or pass --json "
+        f"elsewhere)"), result.stderr[-3000:]
+    assert summary.read_text() == '{"samples": 1}' and sorted(p.name for p in folder.iterdir()) == [
+        "filler", "summary.json"]
+
+
+def test_the_most_epochs_a_job_takes_start_at_once_and_stop_at_ctrl_c(manifest, tmp_path):
+    """`stoker run --epochs 2147483647` (the most --epochs takes: the wire's epoch is a uint32, the flag an
+    int32) was silent for 20 s and more before its first line: the plan summed its units epoch by epoch.
+    Started now in a few seconds; Ctrl-C ends it with a summary of the epochs it was in, not a list of
+    2**31 - 1 of them."""
+    summary = tmp_path / "summary.json"
+    started = time.monotonic()
+    job = subprocess.Popen([sys.executable, "-m", "stoker", "run", "--data", manifest.uri, "--epochs", "2147483647",
+                            "--hosts", "1", "--accel", "null", "--no-progress", "--metrics-port", "-1",
+                            "--json", str(summary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = job.stderr.readline()
+        took = time.monotonic() - started
+        assert first.startswith("stoker: job ") and took < 10, (first, took)
+        time.sleep(2)
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=30)
+    finally:
+        job.kill()
+    assert job.returncode == 130 and "Traceback" not in err, err[-3000:]
+    data = json.loads(summary.read_text())
+    assert data["epochs"] == 2147483647 and 1 <= len(data["per_epoch_unique"]) < 100, data["per_epoch_unique"]
+    assert sum(data["per_epoch_unique"]) == data["unique_samples"]
 
 
 def _taken_ports(count: int) -> list[socket.socket]:

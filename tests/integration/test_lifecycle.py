@@ -292,3 +292,54 @@ def test_a_frozen_worker_process_on_a_live_host_has_its_unit_leased_again_at_the
         except ProcessLookupError:
             pass
     assert_exactly_once(job.finish(timeout=60), manifest.num_samples, 3)
+
+
+PIDS_ROOT = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy (this machine's); v2 hosts skip with the reason
+
+
+def _pids_cgroup(name: str, limit: int) -> str:
+    folder = os.path.join(PIDS_ROOT, name)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "pids.max"), "w") as f:
+            f.write(str(limit))
+    except OSError as exc:
+        pytest.skip(f"needs root and a writable cgroup v1 pids hierarchy at {PIDS_ROOT}: {exc}")
+    return folder
+
+
+def test_a_host_out_of_processes_says_so_once_naming_the_limit_and_the_job_loses_nothing(manifest, log_dir):
+    """8 processes asked (the most allowed here) in a pids cgroup of 25, as a container's --pids-limit gives:
+    the daemon runs the processes that fit, says once which limit it met and what to change, and retries with
+    back-off; no tracebacks, no process aborting inside zmq, no message dropped, every sample once, and the
+    daemon exits 0 (it used to die of "[Errno 11] Resource temporarily unavailable", after 9-22 process deaths
+    and a dropped message)."""
+    folder = _pids_cgroup(f"stoker-test-{os.getpid()}", 25)
+    recorder = RecordingAccelerator(rate=5000)
+    cfg = ConsumerConfig(data_bind=f"tcp://127.0.0.1:{free_port()}", control_bind=f"tcp://127.0.0.1:{free_port()}",
+                         metrics_port=0)
+    consumer = Consumer(cfg, JobConfig(manifest_uri=manifest.uri, epochs=2, batch_size=16, unit_batches=2, seed=3),
+                        given(recorder))
+    consumer.start()
+    log_path = log_dir / "h0.log"
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "stoker", "--log-level", "INFO", "worker", "--dispatcher",
+                                   consumer.control_endpoint, "--procs", "8", "--host-id", "h0", "--metrics-port",
+                                   "-1", "--once"], stdout=log, stderr=subprocess.STDOUT,
+                                  preexec_fn=lambda: open(os.path.join(folder, "cgroup.procs"), "w").write(
+                                      str(os.getpid())))
+    try:
+        summary = consumer.run()
+    finally:
+        consumer.stop()
+        try:
+            daemon.wait(timeout=30)
+        finally:
+            daemon.kill()
+    out = log_path.read_text()
+    assert daemon.returncode == 0, out[-3000:]
+    assert summary.unique_samples == summary.samples == 2 * manifest.num_samples and summary.skipped_samples == 0
+    assert summary.frames_dropped == {}, summary.frames_dropped
+    assert "Traceback" not in out and "Resource temporarily unavailable (src/thread.cpp" not in out, out[-3000:]
+    assert out.count("this host's pids limit is reached") == 1, out[-3000:]
+    assert f"in cgroup {folder}): raise pids.max" in out and "died (" not in out

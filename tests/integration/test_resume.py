@@ -142,3 +142,25 @@ def test_train_cli_checkpoints_model_and_data_and_resumes(manifest, tmp_path, lo
     again = subprocess.run([*common, "--resume", str(ckpt)], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert "model and optimizer restored" in again.stdout and "delivered 0 samples" in again.stdout
+
+
+def test_train_on_a_full_disk_says_which_checkpoint_in_one_line_and_keeps_the_last(manifest, full_disk, log_dir):
+    """`stoker train --checkpoint` whose disk fills up: it used to end in "stoker: error: [Errno 28] No space
+    left on device" and leave ckpt.json.tmp beside the checkpoint; now one line names the file and the flag,
+    and the checkpoint before stays as it was."""
+    folder, fill = full_disk
+    ckpt = folder / "ckpt.json"
+    ckpt.write_text('{"version": 3}')  # the one before (its content does not matter here)
+    fill()
+    control = f"tcp://127.0.0.1:{free_port()}"
+    train = subprocess.Popen(
+        [sys.executable, "-m", "stoker", "train", "--data", manifest.uri, "--epochs", "1", "--batch-size", "16",
+         "--image-size", "64", "--accel", "simulated", "--rate", "500", "--no-progress", "--metrics-port", "-1",
+         "--data-bind", f"tcp://127.0.0.1:{free_port()}", "--control-bind", control, "--checkpoint", str(ckpt),
+         "--checkpoint-every", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    Daemon(control, "h0", 1, log_dir)
+    _, err = train.communicate(timeout=120)
+    assert train.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"stoker: error: cannot write checkpoint {ckpt}: no space left on device "
+                                            f"(free space there or pass --checkpoint elsewhere)"), err[-3000:]
+    assert ckpt.read_text() == '{"version": 3}' and sorted(p.name for p in folder.iterdir()) == ["ckpt.json", "filler"]

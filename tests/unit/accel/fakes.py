@@ -77,6 +77,9 @@ class FakeDispatcher:
         return DispatcherStats(pending=self.total_units - done, leased=0, done=done, hosts_alive=1,
                                releases=self.releases)
 
+    def hung_s(self) -> float:
+        return 0.0
+
     async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
         return batches
 

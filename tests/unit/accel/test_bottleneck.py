@@ -224,3 +224,15 @@ def test_a_watch_frame_of_a_dispatchers_metrics_shows_its_failure_not_a_tracebac
     frame = watch_frame(None, {"stage": "failed", "failure": "host h0 refused", "stalled": [],
                                "text": "the job failed: host h0 refused"}, 1.0, "http://127.0.0.1:9559/metrics")
     assert frame.splitlines() == ["the dispatcher at http://127.0.0.1:9559/metrics", "the job failed: host h0 refused"]
+
+
+def test_time_in_transform_calls_past_their_limit_is_the_transform_not_contention():
+    """A call asleep in C code uses no CPU while the processes' other waits make a contended share: the
+    seconds the dispatcher counted past --transform-timeout name the transform instead."""
+    old, new = _window(stall_s=6.0, step_s=4.0, decode=1.0, augment=0.2, cpu_wait=1.0)
+    assert diagnose(old, new).stage == "contention"
+    new.hung_s = 30.0
+    hung = diagnose(old, new)
+    assert hung.stage == "transform" and "30 s in transform calls that ran past --transform-timeout" in hung.detail
+    new.hung_s = 0.1  # a trace of it (under 10% of their time) leaves the verdict to the other rules
+    assert diagnose(old, new).stage == "contention"

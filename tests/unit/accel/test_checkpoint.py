@@ -8,8 +8,10 @@ import pytest
 
 from stoker.accel import checkpoint
 from stoker.accel.checkpoint import CheckpointError, Position
+from stoker.accel.stepping import Stateful
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Resumed
+from stoker.protos.errors import ResourceError
 
 
 def _job(**fields) -> JobConfig:
@@ -89,3 +91,47 @@ def test_a_checkpoint_path_that_is_not_a_regular_file_is_refused_without_blockin
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
         checkpoint.load(fifo)
+
+
+class _Model(Stateful):
+    def __init__(self, weights: bytes) -> None:
+        self.weights = weights
+
+    def state_dict(self) -> dict:
+        return {"weights": self.weights}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weights = state["weights"]
+
+
+class _Consumer:
+    """What save_all asks of a consumer: its data position and its accelerator."""
+
+    def __init__(self, state: dict, accelerator: object) -> None:
+        self.state, self.accelerator = state, accelerator
+
+    def state_dict(self, answer_timeout_s: float | None = None) -> dict:
+        return self.state
+
+
+def test_a_checkpoint_on_a_full_disk_names_its_file_and_keeps_the_previous_one(full_disk):
+    """`stoker train --checkpoint` on a full disk said "[Errno 28] No space left on device" alone; each of its
+    two files is now refused in one line naming it, and the previous checkpoint is left whole."""
+    folder, fill = full_disk
+    path = folder / "ck.json"
+    old_state = _state(_job(), step=1)
+    checkpoint.save_all(_Consumer(old_state, _Model(b"old")), path)
+    fill()
+    new = _Consumer(_state(_job(), step=4), _Model(b"new" * 5000))
+    with pytest.raises(ResourceError) as refused:
+        checkpoint.save_all(new, path, elsewhere="pass --checkpoint elsewhere")
+    assert str(refused.value) == (f"cannot write model checkpoint {checkpoint.model_path(path)}: no space left on "
+                                  f"device (free space there or pass --checkpoint elsewhere)")
+    new.accelerator = None  # no model: the data position alone
+    with pytest.raises(ResourceError, match=rf"^cannot write checkpoint {path}: no space left on device \(free space "
+                                            rf"there or give another path\)$"):
+        checkpoint.save_all(new, path)
+    assert checkpoint.load(path) == old_state and sorted(p.name for p in folder.iterdir()) == [
+        "ck.json", "ck.json.model.pt", "filler"]
+    model = _Model(b"")
+    assert checkpoint.load_model(model, path) and model.weights == b"old"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from stoker.accel.summary import Summary, job_totals
 
@@ -25,6 +26,14 @@ def test_a_job_adds_its_ranks_counts_and_takes_the_worst_stall_and_the_longest_t
     assert (job.stall_fraction, job.bottleneck, job.bottleneck_detail) == (0.3, "stage1", "d1")
     assert (job.elapsed_s, job.hosts, job.cores_needed, job.cores_in_use) == (11.0, 3, 3.0, 2.0)
     assert job.rank is None and job.ranks == ranks and job.sequences is None  # images: no text figures
+
+
+def test_ranks_interrupted_in_different_epochs_add_up_epoch_by_epoch():
+    """A rank's list ends at the epoch it was in (not the job's 2**31 - 1): Ctrl-C may find one rank an epoch
+    ahead of another, and the job's figures add what each was in (zip strict=True raised here)."""
+    ranks = [_rank(0, 100, 0.1, interrupted=True), replace(_rank(1, 60, 0.3, interrupted=True),
+                                                            per_epoch_unique=[30, 30, 5])]
+    assert job_totals(ranks).per_epoch_unique == [80, 80, 5]
 
 
 def test_text_figures_add_up_only_for_text():

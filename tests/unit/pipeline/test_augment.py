@@ -1,4 +1,4 @@
-"""Decode + augment: crop sampling, determinism, draft decoding accuracy, odd JPEG modes."""
+"""Decode + augment: crop sampling, determinism, draft decoding accuracy, odd JPEG modes, corrupt scans."""
 
 import io
 
@@ -6,9 +6,23 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
+from stoker.pipeline import augment
+from stoker.pipeline.augment import (
+    DecodeError,
+    EvalTransform,
+    TrainTransform,
+    corrupt_jpegs,
+    decode_augment,
+    decode_whole,
+    refuse_corrupt,
+)
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.shards import ShardReader
+from stoker.protos.errors import ConfigError
+from tests.awkward import cases, encode
+from tests.corrupt_jpegs import garbled, truncated, without_eoi
+
+needs_extension = pytest.mark.skipif(not augment.CROP_DECODER_AVAILABLE, reason="built without libjpeg-turbo headers")
 
 
 def _jpeg(mode="RGB", size=(500, 375), **save):
@@ -71,3 +85,68 @@ def test_corrupt_and_foreign_bytes_raise_decode_error():
     Image.new("RGB", (300, 300)).save(png, "PNG")
     with pytest.raises(DecodeError, match="not a JPEG"):
         decode_augment(png.getvalue(), TrainTransform(), sample_random(0, 0, 0))
+
+
+FLAVOURS = [("RGB", {}), ("L", {}), ("CMYK", {}), ("RGB", {"progressive": True})]
+BROKEN = {"garbled": (garbled, "corrupt JPEG data: libjpeg warned 'Corrupt JPEG data: "),
+          "truncated": (truncated, "truncated JPEG: libjpeg warned 'Premature end of JPEG file'"),
+          "without EOI": (without_eoi, "truncated JPEG: libjpeg warned 'Premature end of JPEG file'")}
+
+
+def _decode(data: bytes, decoder: str, index: int = 0) -> np.ndarray:
+    """What a worker's transform gets from `data` by `decoder` ("whole": a transform that takes pixels)."""
+    if decoder == "whole":
+        return decode_whole(data)[0]
+    return decode_augment(data, TrainTransform(), sample_random(0, 0, index), decoder).pixels
+
+
+@needs_extension
+@pytest.mark.parametrize("broken", list(BROKEN))
+@pytest.mark.parametrize("mode,save", FLAVOURS, ids=["rgb", "grey", "cmyk", "progressive"])
+@pytest.mark.parametrize("decoder", ["auto", "pillow", "full", "whole"])
+def test_every_decode_path_refuses_a_broken_scan_in_libjpegs_words(decoder, mode, save, broken):
+    """Today pillow-simd and the crop decoder below its window hand these over as grey or smeared pixels."""
+    make, words = BROKEN[broken]
+    data = make(_jpeg(mode, **save))
+    for index in range(8):  # crops all over the image: the garble is below some, above others
+        with pytest.raises(DecodeError) as refused:
+            _decode(data, decoder, index)
+        assert str(refused.value).startswith(words) or (broken == "garbled" and "decodable" in str(refused.value))
+
+
+@needs_extension
+@pytest.mark.parametrize("mode,save", FLAVOURS, ids=["rgb", "grey", "cmyk", "progressive"])
+@pytest.mark.parametrize("decoder", ["auto", "pillow", "full", "whole"])
+def test_keep_decodes_a_garbled_scan_as_before(decoder, mode, save):
+    data = garbled(_jpeg(mode, **save))
+    with corrupt_jpegs("keep"):
+        pixels = _decode(data, decoder)
+    assert pixels.dtype == np.uint8 and pixels.shape[-1] == 3
+    with pytest.raises(DecodeError, match="libjpeg warned"):
+        _decode(data, decoder)  # the policy holds inside the block only
+
+
+@needs_extension
+@pytest.mark.parametrize("decoder", ["auto", "pillow", "full", "whole"])
+def test_awkward_but_valid_jpegs_are_not_taken_for_corrupt(decoder):
+    for index, case in enumerate(cases()):
+        data = encode(seed=index, **case)
+        refuse_corrupt(data)
+        assert _decode(data, decoder, index).shape[-1] == 3, case
+
+
+def test_a_transform_that_takes_pixels_gets_pillow_simds_pixels():
+    """decode_whole decodes a JPEG with the C extension where it can: the same libjpeg calls, the same pixels."""
+    for mode, save in FLAVOURS:
+        data = _jpeg(mode, size=(333, 250), **save)
+        pixels, _ = decode_whole(data)
+        assert np.array_equal(pixels, np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))), mode
+    png = io.BytesIO()
+    Image.new("RGB", (30, 20), (1, 2, 3)).save(png, "PNG")
+    assert decode_whole(png.getvalue())[0].shape == (20, 30, 3)  # any format pillow-simd reads
+
+
+def test_a_policy_that_cannot_work_is_refused():
+    with pytest.raises(ConfigError, match="skip, keep"):
+        with corrupt_jpegs("ignore"):
+            pass

@@ -18,6 +18,10 @@ def test_a_job_that_cannot_work_is_refused_when_made():
         JobConfig(manifest_uri="m", dataset="wikipedia", drop_last=True)
     with pytest.raises(ValueError, match="--decode-on accelerator applies to imagenet"):
         JobConfig(manifest_uri="m", dataset="wikipedia", decode_on="accelerator")
+    with pytest.raises(ValueError, match="--corrupt-jpegs applies to imagenet"):
+        JobConfig(manifest_uri="m", dataset="wikipedia", corrupt_jpegs="keep")
+    with pytest.raises(ValueError, match="corrupt_jpegs must be one of skip, keep, not 'ignore'"):
+        JobConfig(manifest_uri="m", corrupt_jpegs="ignore")  # as a wire from a stranger could say
 
 
 def test_shards_of_another_kind_are_refused_with_the_fix(manifest):

@@ -20,6 +20,10 @@ def test_a_job_survives_the_wire_exactly():
     decoded_there = JobConfig(manifest_uri="m", decode_on=DecodeOn.ACCELERATOR)
     assert job_to_proto(decoded_there).decode_on == "accelerator"
     assert job_from_proto(job_to_proto(decoded_there)).decode_on is DecodeOn.ACCELERATOR
+    keeps_corrupt = JobConfig(manifest_uri="m", corrupt_jpegs="keep")  # the workers must hear it to honour it
+    assert job_to_proto(keeps_corrupt).corrupt_jpegs == "keep" and job_from_proto(job_to_proto(keeps_corrupt)) == \
+        keeps_corrupt
+    assert job_from_proto(pb.JobSpec(manifest_uri="m")).corrupt_jpegs == "skip"  # an older sender's: the default
 
 
 def test_a_zero_the_sender_set_stays_zero_and_a_field_it_left_out_takes_the_default():

@@ -1,4 +1,5 @@
-"""The crop-window decoder (pipeline._jpegcrop) against the pillow-simd path, and its fallback."""
+"""The crop-window decoder (pipeline._jpegcrop) against the pillow-simd path, its fallback, and what it makes of
+a corrupt scan."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from stoker.pipeline import augment
 from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.shards import ShardReader
+from tests.corrupt_jpegs import garbled, truncated, without_eoi
 
 pytestmark = pytest.mark.skipif(not augment.CROP_DECODER_AVAILABLE, reason="built without libjpeg-turbo headers")
 
@@ -97,3 +99,74 @@ def test_an_m_over_8_scale_gives_libjpegs_size_and_a_bad_scale_is_refused(manife
     for denom, num in ((4, 3), (8, 0), (8, 17), (3, 1)):
         with pytest.raises(ValueError, match="scale must be"):
             _jpegcrop.decode(data, denom, 0, 0, 8, 8, num)
+
+
+def _rgb(out: tuple) -> np.ndarray:
+    pixels, width, height = out[:3]
+    return np.frombuffer(pixels, np.uint8).reshape(height, width, -1)[..., :3]
+
+
+def test_strict_refuses_a_garble_below_the_window_that_lenient_never_reads(manifest):
+    """A garbled scan is mostly noticed at its end: strict, the decoder entropy-decodes on past the window."""
+    from stoker.pipeline import _jpegcrop
+
+    original = _jpeg_from_pillow(manifest)
+    data = garbled(original)
+    width, height = _jpegcrop.header(data)[:2]
+    window = (2, 0, 0, width // 2, height // 16)  # the top rows, far above the garble
+    lenient = _jpegcrop.decode(data, *window)
+    assert np.array_equal(_rgb(lenient), _rgb(_jpegcrop.decode(original, *window)))  # nothing wrong up there
+    with pytest.raises(ValueError, match="^corrupt JPEG data: libjpeg warned 'Corrupt JPEG data: "):
+        _jpegcrop.decode(data, *window, strict=True)
+    assert np.array_equal(_rgb(_jpegcrop.decode(original, *window, strict=True)), _rgb(lenient))
+    with pytest.raises(ValueError, match="^truncated JPEG: libjpeg warned 'Premature end of JPEG file'"):
+        _jpegcrop.decode(without_eoi(original), *window, strict=True)
+
+
+def test_strict_trusts_a_restart_index_and_reads_the_whole_scan_when_it_does_not_fit(manifest):
+    """Only `stoker prepare`'s transcoder writes an index, and only for a file libjpeg decoded without a
+    warning: a window spliced through it is not read past its band. An index that does not fit the file
+    (rejected) leaves the file unchecked, so the whole scan is read."""
+    from stoker.pipeline import _jpegcrop, _jpegrestart
+
+    jpeg, index, _ = _jpegrestart.transcode(_jpeg_from_pillow(manifest), 32)
+    width, height = _jpegcrop.header(jpeg)[:2]
+    window = (2, width // 8, 0, width // 4, height // 16)
+    assert _jpegcrop.decode(jpeg, *window, 1, index, strict=True)[5] == "spliced"
+    broken = garbled(_jpeg_from_pillow(manifest))
+    other_index = _jpegrestart.transcode(bytes(ShardReader(manifest.shard_uri(0)).jpeg(3)), 32)[1]
+    for restarts in (None, other_index):
+        with pytest.raises(ValueError, match="libjpeg warned"):
+            _jpegcrop.decode(broken, *window, 1, restarts, strict=True)
+
+
+def test_scan_hears_what_libjpeg_says_of_every_flavour(manifest):
+    from stoker.pipeline import _jpegcrop
+
+    for key, data in _flavours(manifest)[:80] + _flavours(manifest)[-40:]:
+        assert _jpegcrop.scan(data) is None, key
+    original = _jpeg_from_pillow(manifest)
+    assert _jpegcrop.scan(garbled(original)).startswith("corrupt JPEG data: libjpeg warned 'Corrupt JPEG data: ")
+    assert _jpegcrop.scan(truncated(original)) == "truncated JPEG: libjpeg warned 'Premature end of JPEG file'"
+    with pytest.raises(ValueError, match="not a decodable JPEG"):
+        _jpegcrop.scan(b"\xff\xd8 not really")
+
+
+def test_three_channels_are_the_rgbx_pixels_without_their_fourth_byte(manifest):
+    from stoker.pipeline import _jpegcrop
+
+    data = bytes(ShardReader(manifest.shard_uri(0)).jpeg(2))
+    width, height = _jpegcrop.header(data)[:2]
+    rgbx = _jpegcrop.decode(data, 1, 0, 0, width, height)
+    rgb = _jpegcrop.decode(data, 1, 0, 0, width, height, channels=3)
+    assert len(rgb[0]) == width * height * 3 and np.array_equal(_rgb(rgb), _rgb(rgbx))
+    with pytest.raises(ValueError, match="channels"):
+        _jpegcrop.decode(data, 1, 0, 0, width, height, channels=2)
+
+
+def _jpeg_from_pillow(manifest) -> bytes:
+    """A real photograph of the test set saved by pillow-simd: baseline, no restart markers."""
+    out = io.BytesIO()
+    Image.open(io.BytesIO(bytes(ShardReader(manifest.shard_uri(0)).jpeg(0)))).convert("RGB").save(out, "JPEG",
+                                                                                                    quality=90)
+    return out.getvalue()

@@ -2,6 +2,7 @@
 
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -180,6 +181,8 @@ def test_a_job_resumed_at_other_world_sizes_steps_every_sample_of_the_epoch_once
         assert [u.unit_id for u in units] == list(range(epoch * plan.units_per_epoch,
                                                         epoch * plan.units_per_epoch + len(units)))
         assert all(plan.unit(u.unit_id) == u for u in units)
+        assert plan.total_units == sum(plan.units_in(e) for e in range(3))  # counted, not summed: the same
+        assert all(plan.rank_total_units(r) == sum(len(plan.rank_units(e, r)) for e in range(3)) for r in range(world))
         rows = [u.size for r in range(world) for u in plan.rank_units(epoch, r)]
         streams = [sum(u.size for u in plan.rank_units(epoch, r)) for r in range(world)]
         assert max(streams) - min(streams) <= (0 if drop_last else 1) and all(rows)
@@ -190,6 +193,16 @@ def test_a_job_resumed_at_other_world_sizes_steps_every_sample_of_the_epoch_once
         assert sorted(stepped + left) == expected
     assert plan.units(epoch + 1) == EpochPlan(manifest, batch * unit_batches, 3, 7, worlds[-1], batch,
                                               drop_last).units(epoch + 1)  # later epochs: the new world size's
+
+
+def test_the_most_epochs_a_job_takes_are_counted_at_once(manifest):
+    """`stoker run --epochs 2147483647` was silent for 20 s and more before its first line: the dispatcher's
+    count of the job's units (and an attached rank's of its own) summed them epoch by epoch."""
+    plan = EpochPlan(manifest, 16, 2**31 - 1, 0, 3, 8)
+    started = time.monotonic()
+    assert plan.total_units == plan.units_per_epoch * (2**31 - 1)
+    assert [plan.rank_total_units(r) for r in range(3)] == [n * (2**31 - 1) for n in plan.units_per_rank]
+    assert time.monotonic() - started < 1.0
 
 
 def test_a_plan_asked_for_units_from_two_threads_keeps_its_cache_whole(manifest):

@@ -19,7 +19,13 @@ from PIL import Image
 from stoker.pipeline.augment import TrainTransform, decode_augment
 from stoker.pipeline.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import Segment, Unit
-from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet, prepare_records
+from stoker.pipeline.prepare import (
+    CORRUPT_KIND,
+    TRAINING_SKIPS,
+    PrepareConfig,
+    prepare_imagenet,
+    prepare_records,
+)
 from stoker.pipeline.record_sources import RecordSource
 from stoker.pipeline.shards import (
     MANIFEST_VERSION,
@@ -34,6 +40,7 @@ from stoker.pipeline.spill import SPILL_NAME
 from stoker.pipeline.stats import folder_stats, image_files
 from stoker.pipeline.table_records import TableSource
 from stoker.pipeline.tar_records import TarSource
+from tests.corrupt_jpegs import garbled, truncated
 from tests.packing import add_member, folder_samples, write_arrow_binary, write_hf_parquet, write_tars
 from tests.shard_edits import rows_of
 
@@ -78,18 +85,49 @@ def test_files_the_transcoder_refuses_are_kept_as_they_were_and_counted(raw_imag
                              str(tmp_path / "dst")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "skipped 0 file(s); 2 with restart markers (1 of them were progressive), kept as they were: " \
-           "1 CMYK/YCCK JPEG, 1 corrupt or truncated JPEG" in result.stdout
-    assert f"kept as it was (no restart markers) {src / 'junk.JPEG'}: corrupt or truncated JPEG: Corrupt JPEG " \
-           "data: 3 extraneous bytes before marker 0xdb" in result.stderr
+           f"1 CMYK/YCCK JPEG, 1 {CORRUPT_KIND}" in result.stdout
+    assert f"kept as it was (no restart markers) {src / 'junk.JPEG'}: corrupt JPEG data: libjpeg warned 'Corrupt " \
+           f"JPEG data: 3 extraneous bytes before marker 0xdb'; {TRAINING_SKIPS}" in result.stderr
     manifest = Manifest.load(tmp_path / "dst")
     assert (manifest.transcoded, manifest.from_progressive) == (2, 1)
-    assert manifest.kept_as_is == {"CMYK/YCCK JPEG": 1, "corrupt or truncated JPEG": 1}
+    assert manifest.kept_as_is == {"CMYK/YCCK JPEG": 1, CORRUPT_KIND: 1}
     reader = manifest.open_shard(0)
     for row in range(len(reader)):
         key = reader.key(row)
         assert (reader.restarts(row) is None) == (key in ("cmyk", "junk"))
         if key in ("cmyk", "junk"):
             assert bytes(reader.jpeg(row)) == (src / f"{key}.JPEG").read_bytes()
+
+
+@pytest.mark.parametrize("interval", ["32", "0"])
+def test_a_corrupt_scan_is_stored_and_listed_with_what_training_does_with_it(raw_images, tmp_path, interval):
+    """pillow-simd decodes a garbled scan without a word; libjpeg warns. Prepare stores the file (the job
+    may keep it), lists it with libjpeg's words and says training skips it, transcoding or not."""
+    src = tmp_path / "src" / "train" / "n01440764"
+    src.mkdir(parents=True)
+    files = image_files(raw_images)[:4]
+    for path in files:
+        shutil.copy(path, src / path.name)
+    (src / "garbled.JPEG").write_bytes(garbled(files[0].read_bytes()))
+    (src / "cut.JPEG").write_bytes(truncated(files[1].read_bytes()))
+    result = subprocess.run([sys.executable, "-m", "stoker", "prepare", "imagenet", str(tmp_path / "src"),
+                             str(tmp_path / "dst"), "--restart-interval-px", interval],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stderr.splitlines() if "garbled.JPEG" in line)
+    assert line.startswith(f"kept as it was (no restart markers) {src / 'garbled.JPEG'}: corrupt JPEG data: libjpeg "
+                           "warned 'Corrupt JPEG data: ") and line.endswith(f"'; {TRAINING_SKIPS}"), line
+    assert f"1 {CORRUPT_KIND}" in result.stdout and "skipped 1 file(s)" in result.stdout
+    assert f"skipped {src / 'cut.JPEG'}: OSError: image file is truncated" in result.stderr  # pillow-simd fails it
+    manifest = Manifest.load(tmp_path / "dst")
+    assert manifest.kept_as_is.get(CORRUPT_KIND) == 1 and manifest.num_samples == len(files) + 1
+    reader = manifest.open_shard(0)
+    row = next(r for r in range(len(reader)) if reader.key(r) == "garbled")
+    assert bytes(reader.jpeg(row)) == (src / "garbled.JPEG").read_bytes() and reader.restarts(row) is None
+    again = prepare_imagenet(tmp_path / "src", tmp_path / "again", PrepareConfig(
+        progress=False, processes=1, restart_interval_px=int(interval)))
+    words = "corrupt JPEG data: libjpeg warned 'Corrupt JPEG data: "
+    assert [(c["path"], c["reason"][:len(words)]) for c in again.corrupt] == [(str(src / "garbled.JPEG"), words)]
 
 
 def test_a_restart_interval_that_cannot_work_is_refused_at_parse_time(tmp_path):

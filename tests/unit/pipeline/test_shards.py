@@ -79,8 +79,7 @@ def _entry(path="s0.arrow", num_samples=10, num_bytes=1000, sha256="", first_sam
     ([_entry(path="/dev/zero")], "is not a file name inside the manifest's folder"),
     ([_entry(path="s3://bucket/s0.arrow")], "is not a file name inside the manifest's folder"),
     ([_entry(path="a/./b")], "is not a file name inside the manifest's folder"),
-    ([_entry(num_samples=-3)], "num_samples -3 is not a count"),
-    ([_entry(num_samples=True)], "num_samples True is not a count"),
+    ([_entry(num_samples=-3)], 'field "num_samples" is -3, not a count'),
     ([_entry(num_samples=10**12)], "more than 4294967296 samples"),
     ([_entry(), _entry(path="s1.arrow", first_sample_id=12)], "where the shards before it end at 10"),
     ([_entry(), _entry(path="s1.arrow", first_sample_id=5)], "no gap and no overlap"),
@@ -96,6 +95,33 @@ def test_a_manifest_that_leaves_its_folder_or_miscounts_is_refused_when_loaded(t
                                                         "shards": shards}))
     with pytest.raises(ValueError, match=says):
         Manifest.load(tmp_path)
+
+
+@pytest.mark.parametrize("entry, says", [
+    (_entry(num_samples="88"), 'field "num_samples" is the string "88", not a count (a whole number)'),
+    (_entry(num_samples=88.0), 'field "num_samples" is the number 88.0, not a count (a whole number)'),
+    (_entry(num_samples=True), 'field "num_samples" is true, not a count (a whole number)'),
+    (_entry(num_samples=None), 'field "num_samples" is null, not a count (a whole number)'),
+    (_entry(num_bytes="1000"), 'field "num_bytes" is the string "1000", not a count (a whole number)'),
+    (_entry(first_sample_id=[0]), 'field "first_sample_id" is a list [0], not a count (a whole number)'),
+    (_entry(num_bytes=-1), 'field "num_bytes" is -1, not a count (0 to 281474976710656)'),
+    (_entry(path=7), 'field "path" is the number 7, not a string'),
+    (_entry(sha256=None), 'field "sha256" is null, not a string'),
+    ("s0.arrow", 'is the string "s0.arrow", not an object with the fields path, num_samples, num_bytes, sha256, '
+                 'first_sample_id'),
+    ({"path": "s0.arrow", "num_samples": 1}, "not a shard entry (no field num_bytes, sha256, first_sample_id; it has "
+                                             "the fields path, num_samples, num_bytes, sha256, first_sample_id)"),
+    (_entry() | {"size": 3}, 'not a shard entry (fields it does not know: "size"; it has the fields'),
+])
+def test_a_shard_entry_field_of_the_wrong_type_is_refused_naming_its_type(tmp_path, entry, says):
+    """`"num_samples": "88"` used to be refused as "num_samples 88 is not a count", as if 88 were wrong, and
+    `"path": 7` as "path and sha256 must be strings", naming neither the field nor what it held."""
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": 2, "kind": "imagenet", "classes": ["a"],
+                                                        "shards": [entry]}))
+    with pytest.raises(DataError) as refused:
+        Manifest.load(tmp_path)
+    assert str(refused.value).startswith(f"{tmp_path}/manifest.json: shard entry 0")
+    assert says in str(refused.value) and "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize("fields, says", [

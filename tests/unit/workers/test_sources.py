@@ -104,3 +104,26 @@ def test_a_shard_unlike_its_manifest_is_skipped_unit_after_unit_and_counted_once
             batch.observe(metrics)
     assert metrics.decode_errors._value.get() == 10
     assert metrics.shards_refused.labels(reason="rows")._value.get() == 1
+
+
+@pytest.mark.parametrize("corrupt_jpegs", ["skip", "keep"])
+def test_a_broken_scan_is_skipped_counted_and_named_in_the_batch_header_unless_the_job_keeps_it(
+        broken_scans, metrics, corrupt_jpegs):
+    """JPEGs with a valid header and a garbled or cut scan: libjpeg's words in the header, counted as
+    decode errors; with --corrupt-jpegs keep the garbled ones are delivered, as before."""
+    manifest, broken = broken_scans
+    job = JobConfig(manifest_uri=manifest.uri, batch_size=16, image_size=64, corrupt_jpegs=corrupt_jpegs)
+    batches = list(make_source(manifest, job).batches(Unit(0, 0, (Segment(0, 0, manifest.num_samples, 0),))))
+    skipped = {s.key: s.reason for b in batches for s in b.header.skipped}
+    before = metrics.decode_errors._value.get()
+    for batch in batches:
+        batch.observe(metrics)
+    assert metrics.decode_errors._value.get() - before == len(skipped)
+    if corrupt_jpegs == "skip":
+        assert set(skipped) == set(broken)
+        assert all("libjpeg warned 'Corrupt JPEG data: " in skipped[key] for key, how in broken.items()
+                   if how == "garbled")
+        assert all(reason.endswith("'Premature end of JPEG file'") for key, reason in skipped.items()
+                   if broken[key] != "garbled")
+    else:
+        assert set(skipped) <= {key for key, how in broken.items() if how != "garbled"}  # cut short: as before

@@ -29,3 +29,11 @@ def test_a_flood_of_single_crashes_keeps_a_bounded_count():
     for sample in range(3 * CRASHES_KEPT):
         poison.crashed(sample, "x")
     assert len(poison._crashes) == CRASHES_KEPT
+
+
+def test_a_sample_past_its_time_limit_is_poison_at_once_and_its_seconds_are_counted_every_time():
+    poison = PoisonList()
+    assert poison.hung(7, "h0/p0.1, 30 s", 30.0) and "ran past --transform-timeout" in poison.why(7)
+    assert not poison.hung(7, "h1/p0.1, 35 s, stuck in C code: killed", 35.0)  # already poison: said once
+    assert poison.hung_samples == 1 and poison.hung_s == 65.0
+    assert "h0/p0.1" in poison.why(7)

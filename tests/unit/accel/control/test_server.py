@@ -317,6 +317,7 @@ def test_every_control_request_of_the_proto_has_one_handler_that_says_who_may_se
     kinds = {f.name for f in pb.ControlRequest.DESCRIPTOR.oneofs_by_name["kind"].fields}
     assert set(HANDLERS) == kinds
     assert {kind for kind, h in HANDLERS.items() if h.role == WORKER} == {"register", "heartbeat", "lease", "release",
-                                                                           "refuse", "fleet_host", "fleet_job"}
+                                                                           "refuse", "hung", "poison", "fleet_host",
+                                                                           "fleet_job"}
     assert all(h.role in (WORKER, CONSUMER) for h in HANDLERS.values())
     assert all(h.role == CONSUMER for h in HANDLERS.values() if h.attached)  # only a consumer attaches
