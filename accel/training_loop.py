@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Protocol, TypeVar
 
 from stoker.accel.bottleneck import Diagnosis, Totals, diagnose
@@ -147,7 +147,13 @@ class _Loop:
         consumer, job, p = self.consumer, self.consumer.job, self.p
         elapsed = time.perf_counter() - self.started
         steady = max(elapsed - self.startup, 1e-9)
-        verdict = diagnose(self.steady_from, consumer.totals()) if self.steady_from is not None else None
+        # over the steady run, but with every transform call past its limit counted, start-up's too: one that
+        # hung in the first batch is what made start-up long
+        totals = consumer.totals()
+        verdict = diagnose(replace(self.steady_from, hung_s=0.0), totals) if self.steady_from is not None else None
+        if verdict is not None and verdict.stage != "transform" and totals.hung_s > 0:
+            verdict.detail += (f" (and worker processes spent {totals.hung_s:.0f} s in transform calls past "
+                               f"--transform-timeout: the logs name each sample)")
         books = consumer.books()
         stages = books.stages
         work = {name: getattr(stages, name) for name in job.kind.stages}

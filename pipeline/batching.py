@@ -90,6 +90,10 @@ class HostTransform:
             raise TransformFailed(f"transform raised {type(exc).__name__}: {_text(exc)}") from None
         finally:
             self.limit.end(armed)
+        took = time.monotonic() - called
+        if 0 < self.timeout_s < took:  # it caught its interruptions (a retry loop's bare except) and returned late
+            raise TransformTimedOut(f"transform ran past --transform-timeout {self.timeout_s:g} s (it returned after "
+                                    f"{took:.1f} s, having caught its interruption)", took)
         check_outputs(self.name, self.declared, out)
         return Prepared(out, decode_s, resize_s + stage_clock() - started, path)
 

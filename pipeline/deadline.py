@@ -30,6 +30,7 @@ class TransformTimeout(BaseException):
 
 
 REPEAT_S = 0.5
+MIN_CALL_LIMIT_S = 0.01  # the shortest limit: a timer shorter than the handler's own run fires again inside it
 
 
 def _raise(signum: int, frame: object) -> None:
@@ -100,7 +101,7 @@ def _run_handler(signum: int, frame: object) -> None:
         return
     left = run.seconds - (time.monotonic() - run.started)
     if left > 0:  # the timer counted earlier calls too: this one has time left
-        signal.setitimer(signal.ITIMER_REAL, left)
+        signal.setitimer(signal.ITIMER_REAL, max(left, MIN_CALL_LIMIT_S))
         return
     signal.setitimer(signal.ITIMER_REAL, REPEAT_S)  # and again while the call goes on, as `arm` does
     raise TransformTimeout

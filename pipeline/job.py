@@ -13,6 +13,7 @@ import numpy as np
 
 from stoker.pipeline import image_fit
 from stoker.pipeline.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
+from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
@@ -116,8 +117,9 @@ class JobConfig:
             raise ConfigError(f"resumed_from is not a resumed epoch: {exc}") from None
         if not 0 < self.heartbeat_s <= 3600:
             raise ConfigError(f"heartbeat_s {self.heartbeat_s} must lie in (0, 3600]")
-        if not 0 < self.transform_timeout_s <= 86400:
-            raise ConfigError(f"transform timeout {self.transform_timeout_s} s must lie in (0, 86400]")
+        if not MIN_CALL_LIMIT_S <= self.transform_timeout_s <= 86400:
+            raise ConfigError(f"transform timeout {self.transform_timeout_s} s must lie in [{MIN_CALL_LIMIT_S:g}, "
+                             f"86400] (a shorter time limit would fire again inside its own handler)")
         if not 0 < self.min_area <= self.max_area <= 1:
             raise ConfigError(f"crop area range {self.min_area}-{self.max_area} must lie in (0, 1]")
         if self.builtin_transform or self.kind.text:  # a transform of your own is checked when it is pinned

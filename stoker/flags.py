@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
 from stoker.protos.endpoints import endpoint_problem
 
 MAX_PORT = 65535
@@ -185,7 +186,8 @@ METRICS_PORT = port(allow_off=True)
 CHECKS: dict[str, Callable[[str], object]] = {
     "positive": POSITIVE, "non-negative": NON_NEGATIVE, "seconds": SECONDS, "above-zero": SECONDS, "fraction": FRACTION,
     "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
-    "transform-timeout": float_in(0.0, 86400.0), "scale": float_in(0.0, 1.0), "seq-len": int_at_least(8),
+    "transform-timeout": float_in(MIN_CALL_LIMIT_S, 86400.0, low_open=False), "scale": float_in(0.0, 1.0),
+    "seq-len": int_at_least(8),
     "endpoint": endpoint, "seed": SEED,
     "host-id": host_id, "procs": procs, "seconds-or-never": float_in(0.0, 7 * 86400.0, low_open=False),
 }

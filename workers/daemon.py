@@ -42,7 +42,7 @@ from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import HOST_ID_IN_USE
 from stoker.protos.sd_notify import Notifier
 from stoker.workers.lifeline import exit_with_parent, parent_alive
-from stoker.workers.limits import is_out_of_tasks, out_of_tasks_line, pids_cgroup
+from stoker.workers.limits import NPROC, Room, is_out_of_tasks, out_of_tasks_line, pids_cgroup, task_room
 from stoker.workers.metrics import WorkerMetrics, serve_multiprocess
 from stoker.workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_NO_TASKS, EXIT_OTHER_JOB, ProcessSpec, process_main
 from stoker.workers.worker_config import WorkerConfig, most_procs
@@ -120,6 +120,7 @@ class WorkerDaemon:
         self._pids_refused = 0  # the pids cgroup's refusals counted so far (a process's abort after one is no crash)
         self._pids_refused_at: float | None = None  # ... and when that count last grew
         self._young: dict[mp.process.BaseProcess, float] = {}  # processes started lately, and when
+        self._children: list[_Child] = []  # the job's processes now (for the line that says how many run)
         for name, value in ONE_THREAD.items():
             os.environ.setdefault(name, value)  # the processes it spawns inherit them (the user's own win)
 
@@ -221,13 +222,12 @@ class WorkerDaemon:
         child.stuck_on = None
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache,
                            self._run_id, child.activity, self.cfg.procs)
-        cgroup = pids_cgroup()
-        room = cgroup.room() if cgroup is not None else None
-        if room is not None:
-            room -= self._starting_tasks()
-        if room is not None and room < TASKS_PER_PROCESS:  # it would fail to start, or abort starting a thread
-            self._short_of_tasks(child, f"cannot start worker process {worker_id} (room for {room} more tasks, one "
-                                        f"needs about {TASKS_PER_PROCESS})", no_room=True)
+        room = task_room()
+        if room is not None and room.tasks - self._starting_tasks() < TASKS_PER_PROCESS:  # it would fail to start,
+            coming = self._starting_tasks()  # or abort starting a thread
+            self._short_of_tasks(child, f"cannot start worker process {worker_id} (room for {room.tasks} more tasks, "
+                                        f"{coming} of them for processes starting now; one needs about "
+                                        f"{TASKS_PER_PROCESS})", room)
             return None
         process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         try:
@@ -255,7 +255,7 @@ class WorkerDaemon:
                 continue
         return coming
 
-    def _short_of_tasks(self, child: _Child, what: str, no_room: bool = False) -> None:
+    def _short_of_tasks(self, child: _Child, what: str, short: Room | None = None) -> None:
         """The host could not start a process or a thread for `child`: one line (again at most every
         SHORT_SAID_EVERY_S) naming the limit met, and another try after a back-off; the other processes
         go on, and so does the daemon."""
@@ -265,17 +265,22 @@ class WorkerDaemon:
         now = time.monotonic()
         if self._short_said_at is None or now - self._short_said_at >= SHORT_SAID_EVERY_S:
             self._short_said_at = now
-            log.error("%s: %s; trying again in %.0f s (the other processes go on)", self.host_id,
-                      out_of_tasks_line(what, no_room), delay)
+            running = sum(c.process is not None and c.process.is_alive() and c.restart_at is None
+                          for c in self._children)
+            log.error("%s: %s; trying again in %.0f s (%d of this host's %d processes run meanwhile)", self.host_id,
+                      out_of_tasks_line(what, short, TASKS_PER_PROCESS), delay, running, self.cfg.procs)
         self.metrics.short_of_tasks.inc()
 
     def _refused_a_task(self) -> bool:
-        """The pids cgroup refused a fork or thread lately (a process that aborted then met it; several
-        that met it at once are reaped one by one, so a refusal counts for REFUSAL_COUNTS_S)."""
-        cgroup = pids_cgroup()
+        """The pids cgroup refused a fork or thread lately, or the user is near its process limit (a process
+        that aborted then met it; several that met it at once are reaped one by one, so a refusal counts
+        for REFUSAL_COUNTS_S)."""
+        cgroup, room = pids_cgroup(), task_room()
         now = time.monotonic()
         if cgroup is not None and cgroup.refused > self._pids_refused:
             self._pids_refused, self._pids_refused_at = cgroup.refused, now
+        elif room is not None and room.limit == NPROC and room.tasks < 2 * TASKS_PER_PROCESS:  # no counter to read:
+            self._pids_refused_at = now  # near ulimit -u (counted without the process that died) is the reason
         return self._pids_refused_at is not None and now - self._pids_refused_at <= REFUSAL_COUNTS_S
 
     def _worker_id(self, child: _Child) -> str:
@@ -283,7 +288,7 @@ class WorkerDaemon:
 
     def _run_job(self, job: JobConfig) -> bool:
         """Serve one job; True when it is finished, False when we left it (or were stopped)."""
-        children = [_Child(i, self._incarnations.get(i, 0)) for i in range(self._wanted())]
+        children = self._children = [_Child(i, self._incarnations.get(i, 0)) for i in range(self._wanted())]
         self._other_job, self._other_job_id, self._job_id = False, "", job.job_id
         self._job_over = False  # a process said the job is finished: none is started for it any more
         for child in children:
@@ -306,7 +311,7 @@ class WorkerDaemon:
                 self._watch_transform(child, job)
                 self._reap(child, job, finished_at is not None)
             if finished_at is None:
-                children = self._resize(children, job)
+                children = self._children = self._resize(children, job)
             if finished_at is None and time.monotonic() >= next_beat:  # once finished, nobody listens any more
                 answer = self._heartbeat(children)
                 next_beat = time.monotonic() + job.heartbeat_s
@@ -417,8 +422,9 @@ class WorkerDaemon:
     def _watch_transform(self, child: _Child, job: JobConfig) -> None:
         """A process cuts a transform call short at --transform-timeout and reports the sample itself; one
         still on that sample STUCK_GRACE_S later does not answer its time limit (its signal is blocked
-        inside C code). It is reported here, so the dispatcher skips the sample from now on, then killed:
-        its unit, leased again, no longer holds that sample."""
+        inside C code, or the transform ignores, disarms or keeps swallowing it; or it hangs in `crop`,
+        which the limit does not cover). It is reported here, so the dispatcher skips the sample from now
+        on, then killed: its unit, leased again, no longer holds that sample."""
         proc, slot = child.process, child.activity
         if slot is None or proc is None or child.finished or child.restart_at is not None or child.stuck_on is not None:
             return
@@ -428,9 +434,9 @@ class WorkerDaemon:
             return
         worker_id = self._worker_id(child)
         log.error("%s: process %s (pid %s) has been transforming sample %d of unit %d for %.0f s and does not answer "
-                  "--transform-timeout %g s (stuck in C code with its signals blocked): killing it; the sample is "
-                  "skipped from now on and its units go back without it", self.host_id, worker_id, proc.pid,
-                  now.sample_id, now.unit_id, now.for_s, job.transform_timeout_s)
+                  "--transform-timeout %g s (stuck in C code with its signals blocked, or it ignores or swallows its "
+                  "time limit): killing it; the sample is skipped from now on and its units go back without it",
+                  self.host_id, worker_id, proc.pid, now.sample_id, now.unit_id, now.for_s, job.transform_timeout_s)
         hung = pb.SampleHung(host_id=self.host_id, worker_id=worker_id, unit_id=max(now.unit_id, 0),
                              sample_id=now.sample_id, seconds=now.for_s, stuck=True, run_id=self._run_id)
         try:

@@ -66,6 +66,32 @@ def _read(folder: Path) -> PidsCgroup | None:
     return PidsCgroup(folder, None if raw == "max" else int(raw), current, refused)
 
 
+@dataclass(frozen=True)
+class Room:
+    """How many more tasks (processes and threads) this host lets the daemon start, and which limit says so."""
+
+    tasks: int
+    limit: str  # PIDS or NPROC
+
+
+PIDS, NPROC = "pids", "nproc"
+
+
+def task_room() -> Room | None:
+    """The tightest of this process's pids cgroup and its user's process limit (ulimit -u, which root is
+    not held to); None where neither is set."""
+    rooms = []
+    cgroup = pids_cgroup()
+    if cgroup is not None and cgroup.room() is not None:
+        rooms.append(Room(cgroup.room() or 0, PIDS))
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
+        tasks = _user_tasks()
+        if tasks is not None:
+            rooms.append(Room(max(0, soft - tasks), NPROC))
+    return min(rooms, key=lambda room: room.tasks, default=None)
+
+
 def is_out_of_tasks(exc: BaseException) -> bool:
     """`exc` is a failure to start a process or thread for want of a resource (not a bug)."""
     if isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM):
@@ -75,17 +101,19 @@ def is_out_of_tasks(exc: BaseException) -> bool:
         "Resource temporarily unavailable" in text
 
 
-def out_of_tasks_line(what: str, no_room: bool = False) -> str:
+def out_of_tasks_line(what: str, short: Room | None = None, near: int = 0) -> str:
     """One line: `what` (e.g. "cannot start worker process h0/p3") failed, which limit it met, and what to
-    change. `no_room`: the pids cgroup had no room for another process (nothing was tried)."""
+    change. `short`: the limit that had no room for another process (nothing was tried); `near`: a limit
+    within this many tasks of full counts as met (a process's worth: its tasks are gone once it died)."""
     cgroup = pids_cgroup()
-    if cgroup is not None and (no_room or cgroup.met()):
+    if cgroup is not None and ((short is not None and short.limit == PIDS) or cgroup.met()):
         return (f"{what}: this host's pids limit is reached ({cgroup.current} of {cgroup.limit} processes and threads "
                 f"in cgroup {cgroup.path}): raise pids.max (TasksMax= for a systemd unit, --pids-limit for a "
                 f"container) or run fewer --procs")
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     tasks = _user_tasks()
-    if soft != resource.RLIM_INFINITY and tasks is not None and tasks >= NEAR * soft:
+    if soft != resource.RLIM_INFINITY and tasks is not None and (
+            (short is not None and short.limit == NPROC) or tasks >= min(NEAR * soft, soft - near)):
         return (f"{what}: this user's process limit is reached ({tasks} of {soft} processes and threads, ulimit -u): "
                 f"raise it (LimitNPROC= for a systemd unit) or run fewer --procs")
     threads_max = _int(Path("/proc/sys/kernel/threads-max"))

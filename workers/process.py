@@ -70,7 +70,8 @@ FORGET_SENDER_S = 60.0  # a data connection with no unit on it whose rank has be
 REASON_CHARS = 250  # a refusal's line, within what the dispatcher accepts (accel.control.server.MAX_NAME)
 REFUSE_GIVE_UP_S = 10.0  # a dispatcher that does not answer a refusal this long: the process stops anyway
 MAX_POISON_HELD = 65536  # samples a process skips beside its leases' lists (accel.control.poison's bound)
-ASK_POISON_AFTER_S = 1.0  # after waiting this long for credit, ask which samples of the units in hand became poison
+ASK_POISON_EVERY_S = 1.0  # a unit in hand this long (or since the last ask): ask which of its samples became poison
+PROBE_THREADS = 5  # threads a process starts beside its own: zmq's I/O and reaper twice, pyzmq's garbage collector
 REPORT_GIVE_UP_S = 5.0  # a dispatcher that does not hear a hung sample this long: the process goes on without
 
 
@@ -116,7 +117,7 @@ def _serve(spec: ProcessSpec) -> int:
     """Make the job's source and run the lease loop; a thread the host cannot start raises out of here.
     zmq's I/O thread starts with its context, so the loop's context is made (and its threads started)
     before anything is leased: a host out of threads costs no unit."""
-    _probe_thread()
+    _start_threads()
     job = spec.job
     try:
         source = make_source(Manifest.load(job.manifest_uri), job, spec.cache)
@@ -182,6 +183,7 @@ class _LeaseLoop:
         # samples skipped from now on in every unit, beside each lease's own list: those whose transform this
         # process cut short at the time limit, and those the dispatcher made poison while it waited
         self.poison: dict[int, str] = {}
+        self.poison_asked_at = 0.0  # when it last asked the dispatcher for them (time.monotonic)
 
     def run(self) -> int:
         while not self.stop():
@@ -255,8 +257,9 @@ class _LeaseLoop:
                         exc)
 
     def _ask_poison(self) -> None:
-        """After a long wait for credit: the samples of the units in hand that became poison meanwhile (another
-        process hung on one), so that this process does not wait on them again."""
+        """The samples of the units in hand that became poison since they were leased (another process hung on
+        one meanwhile), so that this process does not wait on them again: asked before a batch of a unit held
+        ASK_POISON_EVERY_S, at most that often (a unit is made in well under a second unless it waits)."""
         reply = self.control.request(pb.ControlRequest(poison=pb.PoisonQuery(
             unit_ids=[w.unit.unit_id for w in self.works.values()])), should_stop=self.stop)
         for skip in reply.skips.samples if reply.WhichOneof("kind") == "skips" else ():
@@ -279,7 +282,9 @@ class _LeaseLoop:
     # ---- sending ---------------------------------------------------------------------------
     def _send_next(self, work: _Work) -> None:
         """Make the unit's next batch and send it (its rank holds credit for it)."""
-        if self.waited >= ASK_POISON_AFTER_S:
+        now = time.monotonic()
+        if now - max(work.started, self.poison_asked_at) >= ASK_POISON_EVERY_S:
+            self.poison_asked_at = now
             self._ask_poison()
         batch = next(work.batches, None)
         if batch is not None:
@@ -350,12 +355,25 @@ class _LeaseLoop:
         self.ctx.term()
 
 
-def _probe_thread() -> None:
-    """Start and join one thread: RuntimeError now, at start, where the host has no room for one (zmq
-    aborts the process where its own I/O thread cannot start, which no handler can catch)."""
-    probe = threading.Thread(target=lambda: None, name="stoker-probe")
-    probe.start()
-    probe.join(timeout=5.0)
+def _start_threads() -> None:
+    """Start, at once, the threads this process will run, before it leases anything: where the host has no
+    room for them, RuntimeError here, or zmq's abort (which no handler catches: its I/O thread could not
+    start) before a unit is in hand or a batch half sent. First PROBE_THREADS threads held together (as
+    many as zmq's and pyzmq's will be), then pyzmq's garbage collector, which otherwise starts with the
+    first zero-copy send, with a zmq context and threads of its own."""
+    release = threading.Event()
+    probes = [threading.Thread(target=release.wait, name="stoker-probe") for _ in range(PROBE_THREADS)]
+    try:
+        for probe in probes:
+            probe.start()
+    finally:
+        release.set()
+        for probe in probes:
+            if probe.ident is not None:
+                probe.join(timeout=5.0)
+    from zmq.utils.garbage import gc
+    if not gc.is_alive():
+        gc.start()
 
 
 def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> int:

@@ -47,6 +47,7 @@ def _stoker(*args: str, timeout: float = 10) -> tuple[subprocess.CompletedProces
     (["run", "--world-size", "0"], "--world-size"),
     (["run", "--dataset", "wikipedia", "--drop-last"], "--drop-last"),
     (["run", "--corrupt-jpegs", "ignore"], "--corrupt-jpegs"),
+    (["run", "--transform-timeout", "1e-9"], "--transform-timeout"),  # its timer would fire inside its handler
     (["run", "--dataset", "wikipedia", "--corrupt-jpegs", "keep"], "--corrupt-jpegs"),
     (["sweep", "--hosts", "0,1"], "--hosts"),
     (["run", "--fleet", "tcp://127.0.0.1:1", "--weight", "0"], "--weight"),

@@ -108,3 +108,29 @@ def test_the_time_limit_is_per_call_though_its_timer_is_set_per_batch(manifest):
     [batch] = unit_batches(_readers(manifest), unit, HostTransform(Slowish(made), timeout_s=0.2), 16, 0)
     assert [reason for _, _, reason in batch.skipped] == ["transform ran past --transform-timeout 0.2 s"]
     assert len(batch.sample_ids) == 15 and slow not in batch.sample_ids
+
+
+def test_a_call_that_catches_its_interruption_and_returns_late_is_skipped_and_reported(manifest):
+    """A retry loop's bare `except:` swallows the time limit's interruption, then the call returns: the
+    sample is skipped all the same, and `on_hang` hears of it with the seconds (it used to be kept)."""
+    import time
+
+    unit = EpochPlan(manifest, 16, 1, 0).units(0)[0]
+    swallower = unit.rows(0)[3][2]
+
+    class Swallows(_Returns):
+        def __call__(self, sample, rng, pixels):
+            if sample.sample_id == swallower:
+                for _ in range(3):
+                    try:
+                        time.sleep(0.3)
+                    except BaseException:  # noqa: BLE001 - what the user's code does
+                        continue
+            return super().__call__(sample, rng, pixels)
+
+    heard: list[tuple[int, int, float]] = []
+    [batch] = unit_batches(_readers(manifest), unit, HostTransform(Swallows(lambda p: {"image": p}), timeout_s=0.2),
+                           16, 0, on_hang=lambda *hang: heard.append(hang))
+    [(sample_id, _, reason)] = batch.skipped
+    assert sample_id == swallower and reason.startswith("transform ran past --transform-timeout 0.2 s (it returned")
+    assert [(u, s) for u, s, _ in heard] == [(unit.unit_id, swallower)] and heard[0][2] >= 0.2

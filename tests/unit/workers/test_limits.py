@@ -50,3 +50,26 @@ def test_without_a_limit_met_the_line_says_what_it_could_be(monkeypatch):
     monkeypatch.setattr(limits, "_user_tasks", lambda: 10)
     line = out_of_tasks_line("cannot start worker process h0/p3")
     assert "out of memory" in line and "ulimit -u" in line and "fewer --procs" in line
+
+
+def test_the_room_is_the_tightest_limits(monkeypatch, tmp_path):
+    monkeypatch.setattr(limits, "pids_cgroup", lambda: PidsCgroup(tmp_path, 25, 22, 0))
+    monkeypatch.setattr(limits.resource, "getrlimit", lambda which: (40, 40))
+    monkeypatch.setattr(limits.os, "geteuid", lambda: 1000)  # root is not held to ulimit -u
+    monkeypatch.setattr(limits, "_user_tasks", lambda: 39)
+    assert limits.task_room() == limits.Room(1, limits.NPROC)
+    monkeypatch.setattr(limits, "_user_tasks", lambda: 10)
+    assert limits.task_room() == limits.Room(3, limits.PIDS)
+    monkeypatch.setattr(limits.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(limits, "pids_cgroup", lambda: None)
+    assert limits.task_room() is None
+
+
+def test_a_user_within_a_process_of_its_limit_is_named_as_out_of_it(monkeypatch):
+    """26 of 30 tasks is under 90%, but the process that failed held the other four when it died."""
+    monkeypatch.setattr(limits, "pids_cgroup", lambda: None)
+    monkeypatch.setattr(limits.resource, "getrlimit", lambda which: (30, 30))
+    monkeypatch.setattr(limits, "_user_tasks", lambda: 26)
+    assert "this user's process limit is reached (26 of 30" in out_of_tasks_line("x", near=10)
+    assert "ulimit -u" in out_of_tasks_line("x", limits.Room(0, limits.NPROC))
+    assert "out of memory" in out_of_tasks_line("x")
