@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 from collections import ChainMap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import zmq
@@ -235,7 +235,7 @@ class _LeaseLoop:
             traded.sender.end_unit()
         sender = self._sender_for(leased.data_endpoint)
         sender.start_unit(Lease(unit.unit_id, leased.lease_token))
-        skip = ChainMap({s.sample_id: s.reason for s in leased.skip}, self.poison)  # read at each sample
+        skip = _Skips(ChainMap({s.sample_id: s.reason for s in leased.skip}, self.poison), self._refresh_poison)
         self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit, skip, self._hung)))
 
     def _hung(self, unit_id: int, sample_id: int, seconds: float) -> None:
@@ -247,6 +247,7 @@ class _LeaseLoop:
                   self.spec.host_id)
         if len(self.poison) < MAX_POISON_HELD:
             self.poison[sample_id] = f"the transform ran past --transform-timeout on it ({self.spec.worker_id})"
+        self.poison_asked_at = 0.0  # others may have hung on samples meanwhile: ask before the next one
         hung = pb.SampleHung(host_id=self.spec.host_id, worker_id=self.spec.worker_id, unit_id=unit_id,
                              sample_id=sample_id, seconds=seconds, run_id=self.spec.run_id)
         try:
@@ -255,6 +256,15 @@ class _LeaseLoop:
         except DispatcherUnreachable as exc:
             log.warning("%s: could not tell the dispatcher that sample %d hung: %s", self.spec.worker_id, sample_id,
                         exc)
+
+    def _refresh_poison(self) -> None:
+        """Before a sample: ask again when a unit has been in hand ASK_POISON_EVERY_S since it was leased or
+        since the last ask, and always after this process hung on a sample (others may have meanwhile)."""
+        now = time.monotonic()
+        if self.works and now - max(min(w.started for w in self.works.values()), self.poison_asked_at) \
+                >= ASK_POISON_EVERY_S:
+            self.poison_asked_at = now
+            self._ask_poison()
 
     def _ask_poison(self) -> None:
         """The samples of the units in hand that became poison since they were leased (another process hung on
@@ -282,10 +292,6 @@ class _LeaseLoop:
     # ---- sending ---------------------------------------------------------------------------
     def _send_next(self, work: _Work) -> None:
         """Make the unit's next batch and send it (its rank holds credit for it)."""
-        now = time.monotonic()
-        if now - max(work.started, self.poison_asked_at) >= ASK_POISON_EVERY_S:
-            self.poison_asked_at = now
-            self._ask_poison()
         batch = next(work.batches, None)
         if batch is not None:
             try:
@@ -374,6 +380,28 @@ def _start_threads() -> None:
     from zmq.utils.garbage import gc
     if not gc.is_alive():
         gc.start()
+
+
+class _Skips(Mapping[int, str]):
+    """A unit's samples to skip unread, as the batching code reads them at each sample: the lease's list,
+    then what this process knows is poison, refreshed (`refresh`, rate-limited) before each look, so a
+    sample that became poison while the unit was in hand, even mid-batch, is not waited on again."""
+
+    def __init__(self, known: Mapping[int, str], refresh: Callable[[], None]) -> None:
+        self.known, self.refresh = known, refresh
+
+    def __contains__(self, sample_id: object) -> bool:
+        self.refresh()
+        return sample_id in self.known
+
+    def __getitem__(self, sample_id: int) -> str:
+        return self.known[sample_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.known)
+
+    def __len__(self) -> int:
+        return len(self.known)
 
 
 def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> int:
