@@ -332,8 +332,8 @@ class Consumer:
         """Close everything. Rank 0 with the job's dispatcher first waits (a while) for the other
         ranks to finish, and gives live hosts a moment to hear that the job is finished; a rank
         linked to a dispatcher elsewhere waits for its last acks to arrive there."""
-        if self.loop.alive:
-            for wait in self.dispatcher.close_waits(self.order.done):
+        if self.loop.alive:  # done: every step taken (not only received: a script may stop at its max_steps)
+            for wait in self.dispatcher.close_waits(self.position[0] >= self.job.epochs):
                 deadline = time.monotonic() + wait.seconds
                 while self.loop.call(wait.waiting) and time.monotonic() < deadline:
                     time.sleep(wait.poll_s)

@@ -1,9 +1,16 @@
 """A rank's steps as batches: what `for batch in loader:` runs, and the built-in training loop too.
 
-Each pass is one epoch: the rank's scheduled steps (accel.steps), each converted to the
-requested format on the device (or handed to a `prepare` hook), batch N+1 on a prefetch
-thread while step N runs (`overlap`). Asking for the next batch means the step of the last
-one is over: its books close and its credit goes back (`StepSource.step_done`).
+The rank's scheduled steps (accel.steps) are one stream, each converted to the requested
+format on the device (or handed to a `prepare` hook), batch N+1 on a prefetch thread while
+step N runs (`overlap`). Asking for the next batch means the step of the last one is over:
+its books close and its credit goes back (`StepSource.step_done`).
+
+`iter()` restarts nothing: every iterator (`FeedPass`) draws from that one stream and stops at
+the end of the epoch of its first batch, so no framework's iteration habit loses or repeats a
+batch. A pass that took an epoch's last batch without asking once more (a trainer that takes
+`len(loader)` batches) leaves the epoch's end unseen: the next pass passes over it and begins
+the next epoch. A pass left mid-epoch is continued by the next one. An older iterator asked
+again after a newer one finished its epoch is over: it stops, having lost nothing.
 """
 
 from __future__ import annotations
@@ -91,27 +98,74 @@ class Feed:
             self._ahead = queue.Queue(maxsize=1)
             threading.Thread(target=self._fill, name="stoker-prefetch", daemon=True).start()
         self._pending: Scheduled | None = None  # yielded and not yet handed back
+        self._peeked: tuple[Scheduled, Batch] | EpochDone | None = None  # taken from the stream, not yet given
+        self.in_hand: int | None = None  # the epoch of the last batch given, until that epoch's end is seen
+        self._ended = False  # the stream gave its end
+        self._failed: BaseException | None = None  # the error the stream ended with
 
-    def __iter__(self) -> Iterator[Batch]:
-        """The next epoch's batches; nothing once every epoch is done."""
-        source = self.source
-        if source.position[0] >= source.job.epochs:
-            return
-        while True:
-            self.hand_back()  # asking for the next batch means the step of the last one is over
-            item = self._take()
+    def __iter__(self) -> FeedPass:
+        """A pass: the batches left of the epoch in hand, or the next epoch's; nothing once every epoch is done."""
+        return FeedPass(self)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the batch in hand, until its end is seen; else the epoch the next batch comes from."""
+        return self.in_hand if self.in_hand is not None else self.source.position[0]
+
+    def next_of(self, feed_pass: FeedPass) -> Batch | None:
+        """The pass's next batch, or None at its epoch's end (a later epoch's item stays for the next pass)."""
+        self.hand_back()  # asking for the next batch means the step of the last one is over
+        if feed_pass.epoch is None:
+            item = self._first_of_pass()
             if item is None:
-                return
-            if isinstance(item, EpochDone):
-                self.epoch_steps[item.epoch] = item.steps
-                source.epoch_done(item)
-                return
-            scheduled, batch = item
-            self._pending = scheduled
-            source.taken(scheduled)
-            if batch.ready is not None:
-                _wait_for_copy(batch)
-            yield batch
+                return None
+            feed_pass.epoch = item.epoch if isinstance(item, EpochDone) else item[0].epoch
+        item = self._peek()
+        if isinstance(item, EpochDone):
+            if item.epoch == feed_pass.epoch:
+                self._end_epoch(item)
+            return None
+        if item is None or item[0].epoch != feed_pass.epoch:
+            return None
+        self._peeked = None
+        scheduled, batch = item
+        self._pending, self.in_hand = scheduled, scheduled.epoch
+        self.source.taken(scheduled)
+        if batch.ready is not None:
+            _wait_for_copy(batch)
+        return batch
+
+    def _first_of_pass(self) -> tuple[Scheduled, Batch] | EpochDone | None:
+        """Where a new pass begins: past the end of an epoch whose batches an earlier pass took (all of them,
+        without asking once more), or None once every epoch is done (the stream is not waited on then)."""
+        if self.in_hand is None and self.source.position[0] >= self.source.job.epochs:
+            return None
+        item = self._peek()
+        if isinstance(item, EpochDone) and item.epoch == self.in_hand:
+            self._end_epoch(item)
+            if self.source.position[0] >= self.source.job.epochs:
+                return None
+            item = self._peek()
+        return item
+
+    def _peek(self) -> tuple[Scheduled, Batch] | EpochDone | None:
+        """The stream's next item, kept until given; None once the stream ended (then not waited on again),
+        and the error it ended with raised again to whoever asks after it."""
+        if self._failed is not None:
+            raise self._failed
+        if self._peeked is None and not self._ended:
+            try:
+                self._peeked = self._take()
+            except Exception as exc:  # not a Ctrl-C: that interrupts the wait, not the stream
+                self._failed = exc
+                raise
+            self._ended = self._peeked is None
+        return self._peeked
+
+    def _end_epoch(self, end: EpochDone) -> None:
+        self._peeked, self.in_hand = None, None
+        self.epoch_steps[end.epoch] = end.steps
+        self.source.epoch_done(end)
 
     def hand_back(self) -> None:
         """The step of the batch yielded last is over: its credit and books go back."""
@@ -150,6 +204,25 @@ class Feed:
             self._ahead.put((item, None))
             if item is None:
                 return
+
+
+class FeedPass(Iterator[Batch]):
+    """One `iter()` of a feed: the batches of one epoch, from where the stream stands (accel.feed's docstring)."""
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self.epoch: int | None = None  # set by the first batch (or epoch end) the pass meets
+        self.over = False
+
+    def __iter__(self) -> FeedPass:
+        return self
+
+    def __next__(self) -> Batch:
+        batch = None if self.over else self.feed.next_of(self)
+        if batch is None:
+            self.over = True
+            raise StopIteration
+        return batch
 
 
 class _Converter:

@@ -19,6 +19,11 @@ step that uses them; with decoding on the accelerator the loader decodes (NVIDIA
 converting. `batch.rows` says how many rows a batch holds (a rank's last batch of an epoch
 may be short, never padded); `batch.sample_ids` which samples they are.
 
+`iter(loader)` restarts nothing: each iterator gives one epoch's batches from where the rank's
+one stream stands, so a trainer's iteration habit (taking exactly `len(loader)` batches, leaving
+a loop mid-epoch, two `iter()` calls before a `next`) never loses or repeats one (accel.feed).
+`loader.epoch` is the epoch of the batch in hand; `batch.epoch` says it for each batch.
+
 `state_dict()` is the job's data position after the batches yielded so far, the same on
 every rank (accel.checkpoint); `load_state_dict()` before the first pass continues from it.
 """
@@ -36,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+from stoker.accel import checkpoint
 from stoker.accel.accelerators import require
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.consumer import Consumer
@@ -91,7 +97,7 @@ def _rank_config(config: ConsumerConfig | None, where: Place, keys: str | None, 
     its own `workers` are all that must find it; checked now, so a rank that cannot listen says so at once."""
     if config is not None and (keys is not None or insecure is not None):
         raise ConfigError("give keys and insecure in the ConsumerConfig when you give one")
-    cfg = config or default_config(where, keys, insecure)
+    cfg = config or replace(default_config(where, keys, insecure), metrics_port_or_free=True)  # a default port
     if workers and config is None:  # one machine's own workers: free ports, which nobody else must know
         cfg = replace(cfg, metrics_port=0, control_bind=(cfg.control_bind.rsplit(":", 1)[0] + ":0"
                                                          if where.world_size == 1 else cfg.control_bind))
@@ -160,8 +166,10 @@ class Loader:
         `workers`: start that many worker processes on this machine, as a local daemon that serves
         this job and dies with the loader (0, the default: the job's worker daemons are started
         apart, `stoker worker`). Every rank that asks starts its own, as DataLoader's num_workers;
-        all of them serve the job's one plan. With workers and no `config`, /metrics (and, for a
-        single process, the dispatcher) take free ports: `metrics_port` and `control_endpoint` say which."""
+        all of them serve the job's one plan. With workers and no `config`, /metrics and the dispatcher
+        (of a single process, or of ranks that meet through the process group's store) take free ports:
+        `metrics_port` and `control_endpoint` say which. Without `config`, a default /metrics port another
+        job holds gives way to a free one."""
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         if format != "numpy" and prepare is None:  # said now, not at the first batch after workers started
@@ -177,6 +185,7 @@ class Loader:
         if job is not None and job.world_size != self.world_size:
             job = replace(job, world_size=self.world_size)
         self.cfg = cfg
+        self._config_given = config is not None
         self.job_config = job
         self.device = device
         self.format = format
@@ -213,7 +222,10 @@ class Loader:
         keyed = bool(self.cfg.keys)
         if self.rank == 0 and not self.cfg.dispatcher:
             secret = None if store is None or keyed else secrets.token_hex(32).encode()
-            consumer = Consumer(self.cfg, self.job_config, metrics=self.metrics, resume=self._resume, rank=0,
+            cfg = self.cfg
+            if store is not None and self.workers and not self._config_given:  # its own workers and the ranks
+                cfg = replace(cfg, control_bind=cfg.control_bind.rsplit(":", 1)[0] + ":0")  # learn the port
+            consumer = Consumer(cfg, self.job_config, metrics=self.metrics, resume=self._resume, rank=0,
                                 credential=secret)
             consumer.start()
             if store is not None:
@@ -268,8 +280,9 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next pass runs."""
-        return self.consumer.position[0]
+        """The epoch of the batch in hand (the last one yielded, until its epoch's end is seen); before a
+        batch and after an epoch's end, the epoch the next batch comes from. `batch.epoch` is the one to log."""
+        return self._feed.epoch if self._feed is not None else self.consumer.position[0]
 
     @property
     def epochs(self) -> int:
@@ -281,7 +294,7 @@ class Loader:
         plan. Text (rows depend on the examples): exact once the epoch's streams are all in,
         before that the previous epoch's, or at first the number of documents over the batch size."""
         consumer = self.consumer
-        epoch = min(consumer.position[0], consumer.job.epochs - 1)
+        epoch = min(self.epoch, consumer.job.epochs - 1)
         if consumer.job.kind.one_row_per_sample:
             return consumer.steps_of(epoch, 0)
         known = self._feed.epoch_steps if self._feed is not None else {}
@@ -293,13 +306,16 @@ class Loader:
 
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        """The next epoch's batches; nothing once every epoch is done."""
+        """One epoch's batches, from where this rank's stream stands: the rest of the epoch in hand, else the
+        next epoch's; nothing once every epoch is done. Nothing restarts: an iterator left mid-epoch is
+        continued by the next one, and one that took an epoch's last batch without asking again (a trainer
+        that takes len(loader) batches) leaves the next one to begin the next epoch (accel.feed)."""
         if self._closed:
             raise LoaderClosed("the loader is closed: iterate it inside its `with` (or before close())")
         consumer = self.consumer
         if self._feed is None:
             self._feed = Feed(consumer, self.device, self.format, self.overlap, self.prepare)
-        yield from self._feed
+        return iter(self._feed)
 
     @classmethod
     def over(cls, consumer: Consumer, **options: Any) -> Loader:
@@ -319,10 +335,33 @@ class Loader:
         return self.consumer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` (another job's is refused with the reason); before the first pass."""
-        if self._consumer is not None:
-            raise LoaderClosed("load_state_dict() goes before the loader is first used")
-        self._resume = state
+        """Continue from `state` (another job's is refused with the reason); before the loader is first used.
+        Once used (len(), a property) and before its first batch, the position it already starts from is
+        accepted again: a trainer that restores its loaders after asking their length (Lightning) gives
+        the state the loader was made with."""
+        if self._consumer is None:
+            self._resume = state
+            return
+        if self._closed or not self._starts_from(state):
+            raise LoaderClosed(f"load_state_dict() goes before the loader is first used (len(), a property, iter()); "
+                               f"this one already runs from epoch {self.consumer.start_position.epoch} step "
+                               f"{self.consumer.start_position.step}, which `state` does not name: give the state "
+                               f"to a new Loader before using it (with Lightning, stoker.lightning.StokerDataModule "
+                               f"does)")
+
+    def _starts_from(self, state: dict) -> bool:
+        """`state` names the position this loader started from, and it has not stepped since."""
+        consumer = self.consumer
+        start = consumer.start_position
+        stepped = self._feed is not None and self._feed.in_hand is not None
+        if stepped or consumer.position != (start.epoch, start.step):
+            return False
+        try:
+            job, position = checkpoint.resume(consumer.job, state)
+        except StokerError:
+            return False
+        return job.job_id == consumer.job.job_id and (position.epoch, position.step) == (start.epoch, start.step) \
+            and [tuple(r) for r in position.ranks] == [tuple(r) for r in start.ranks]
 
     # ---- lifetime -------------------------------------------------------------------------
     def close(self) -> None:

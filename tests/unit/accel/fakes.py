@@ -44,6 +44,7 @@ class FakeDispatcher:
         self.positions: list[tuple[int, int]] = []  # the (epoch, step) every position() was asked for
         self.still_busy = 0  # close_waits: how many more times its wait says "still waiting"
         self.asked_busy = 0
+        self.closed_done: list[bool] = []  # close_waits' stream_done, each time a rank closed
 
     @property
     def control_endpoint(self) -> str:
@@ -88,6 +89,8 @@ class FakeDispatcher:
         return [(step // 2, step % 2)]
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
+        self.closed_done.append(stream_done)
+
         def waiting() -> bool:
             self.asked_busy += 1
             return self.asked_busy <= self.still_busy

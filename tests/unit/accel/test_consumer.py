@@ -8,8 +8,9 @@ import pytest
 from stoker.accel.consumer import Consumer, JobFailed
 from stoker.accel.control.link import DispatcherLink
 from stoker.accel.control.remote import RankRefused
+from stoker.accel.feed import Feed
 from stoker.accel.receive_loop import END
-from tests.unit.accel.fakes import CONFIG, SAMPLES, FakeDispatcher, InlineLoop, job, rank, send_job
+from tests.unit.accel.fakes import CONFIG, PEER, SAMPLES, FakeDispatcher, InlineLoop, job, rank, send_job
 
 
 def _fake(consumer: Consumer) -> FakeDispatcher:
@@ -83,6 +84,30 @@ def test_stop_waits_for_what_the_dispatcher_link_says_it_waits_for(monkeypatch, 
     fake.still_busy = 3
     consumer.stop()
     assert fake.asked_busy == 4 and consumer.loop.stopping.is_set()
+
+
+def test_a_rank_that_stops_before_its_last_step_does_not_wait_for_the_others_to_finish(monkeypatch, tmp_path):
+    """Stopped early (a script's max_steps), with every batch of its stream already received: it used to wait
+    the 60 s a finished rank gives the other ranks' last acks."""
+    consumer = rank(monkeypatch, tmp_path, epochs=1)
+    send_job(consumer)
+    feed = Feed(consumer, format="numpy", overlap=False)
+    batches = [next(iter(feed)) for _ in range(4)]
+    loop = consumer.loop
+    assert isinstance(loop, InlineLoop) and loop.receiver is not None
+    while loop.messages:  # the last batch arrives before the script stops
+        loop.receiver.handle([PEER, *loop.messages.pop(0)])
+    assert consumer.order.done and len(batches) == 4  # every unit released, one step not taken
+    consumer.stop()
+    assert _fake(consumer).closed_done == [False]
+
+
+def test_a_rank_that_took_its_last_step_waits_for_the_others_to_finish(monkeypatch, tmp_path):
+    consumer = rank(monkeypatch, tmp_path, epochs=1)
+    send_job(consumer)
+    assert len(list(Feed(consumer, format="numpy", overlap=False))) == 5
+    consumer.stop()
+    assert _fake(consumer).closed_done == [True]
 
 
 def test_the_stream_ends_at_once_for_a_job_resumed_after_its_end(monkeypatch, tmp_path):

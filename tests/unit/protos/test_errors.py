@@ -61,7 +61,8 @@ BUILTIN_RAISES_ALLOWED = {
     ("stoker/__init__.py", "AttributeError"): "the module's __getattr__ (the attribute protocol)",
     ("stoker/calibrate.py", "IsADirectoryError"): "caught on the next lines and raised as a ResourceError",
 }
-NOT_ERRORS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit"}  # how a process ends, not an error
+NOT_ERRORS = {"SystemExit", "KeyboardInterrupt", "GeneratorExit",  # how a process ends, not an error
+              "StopIteration"}  # how an iterator ends (the protocol), not an error
 
 
 def builtin_raises() -> list[tuple[str, str, int]]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stoker.loader import Loader
+from stoker.accel.consumer import Consumer
+from stoker.loader import Loader, LoaderClosed
 from stoker.protos.errors import ConfigError
-from tests.unit.accel.fakes import SAMPLES, rank, send_job
+from tests.unit.accel.fakes import CONFIG, SAMPLES, rank, send_job
+from tests.unit.accel.fakes import job as fake_job
 
 
 def _loader(monkeypatch, tmp_path, epochs: int = 2) -> Loader:
@@ -83,3 +85,41 @@ def test_workers_take_free_ports_so_two_jobs_of_one_machine_do_not_collide():
     loader = Loader(rank=0, world_size=1, workers=1)
     assert loader.cfg.metrics_port == 0 and loader.cfg.control_bind.endswith(":0")
     assert Loader(rank=0, world_size=1).cfg.control_bind.endswith(":5561")  # daemons started apart must know it
+
+
+def test_taking_exactly_len_batches_then_iter_again_gives_every_epoch_and_the_epoch_in_hand(monkeypatch, tmp_path):
+    """PyTorch Lightning's habit: len(loader) batches per iterator, never the next() that sees the end.
+    Before: epoch 1 had 0 steps, and loader.epoch said 1 during epoch 0's last step."""
+    loader = _loader(monkeypatch, tmp_path)
+    seen = []
+    for epoch in range(loader.epochs):
+        batches = iter(loader)
+        for _ in range(len(loader)):
+            batch = next(batches)
+            assert loader.epoch == batch.epoch == epoch
+            seen.append(batch.sample_ids.tolist())
+    assert sorted(sum(seen[:5], [])) == sorted(sum(seen[5:], [])) == list(range(SAMPLES))
+    assert list(loader) == [] and loader.epoch == 2
+    loader.close()
+
+
+def test_load_state_dict_after_len_takes_only_the_position_it_starts_from(monkeypatch, tmp_path):
+    """Lightning asks len() and then restores its loaders: the state the loader was made with is taken
+    again; any other, or any state once a batch was given, is refused with the fix."""
+    first = _loader(monkeypatch, tmp_path)
+    batches = iter(first)
+    next(batches), next(batches), next(batches)
+    saved = first.state_dict()
+    first.close()
+    consumer = Consumer(CONFIG, fake_job(tmp_path, epochs=2), resume=saved)
+    consumer.start()
+    resumed = Loader.over(consumer, format="numpy", overlap=False)
+    assert len(resumed) == 5
+    resumed.load_state_dict(saved)  # the same position: taken
+    with pytest.raises(LoaderClosed, match="already runs from epoch 0 step 3, which `state` does not name"):
+        resumed.load_state_dict({**saved, "step": 2, "ranks": [[1, 0]]})
+    send_job(consumer)
+    assert [b.step for b in resumed] == [3, 4]
+    with pytest.raises(LoaderClosed, match="goes before the loader is first used"):
+        resumed.load_state_dict(saved)
+    resumed.close()
