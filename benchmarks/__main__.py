@@ -6,7 +6,8 @@ transform_contract, transform_example, stability, plan_check, foreign, fleet) or
 alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`; so
 does `repeat` (the tests behind the process and kill guarantees, RUNS times each, about 15 minutes), and
 `repeat_fleet` (the fleet's, about 20 minutes) and `repeat_hangs` (a hanging transform and a host out of
-processes, at the default timeouts: about 16 minutes)."""
+processes, at the default timeouts: about 16 minutes), and `repeat_trainers` (Lightning and Accelerate
+end to end, a kill and a resume from each one's checkpoint: about 20 minutes)."""
 
 import os
 import sys
@@ -46,7 +47,8 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
 
 ALONE = {"soak": soak.main, "repeat": repeat.main,  # never part of `all`
          "repeat_fleet": lambda runs=10: repeat.main(runs, "repeat_fleet"),
-         "repeat_hangs": lambda runs=10: repeat.main(runs, "repeat_hangs")}
+         "repeat_hangs": lambda runs=10: repeat.main(runs, "repeat_hangs"),
+         "repeat_trainers": lambda runs=10: repeat.main(runs, "repeat_trainers")}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

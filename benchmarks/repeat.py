@@ -20,6 +20,11 @@ sample of every job once through a host SIGKILLed mid-job, a host drained with S
 SIGKILLed and started again, and processes moved between two running jobs by weight and back when one
 ends (within 10 s).
 
+The trainers' (`python -m benchmarks repeat_trainers [RUNS]`, results in repeat_trainers.{json,md}):
+PyTorch Lightning's two epochs in full (it takes exactly len(loader) batches), its DDP ranks fed by one
+daemon, a resume from its mid-epoch checkpoint; an `accelerate launch` of two processes SIGKILLed right
+after a mid-epoch save_state and run again: every sample once per epoch.
+
 `python -m benchmarks repeat [RUNS]`; results: benchmarks/results/repeat.{json,md}.
 """
 
@@ -60,7 +65,16 @@ HANG_GUARANTEES = (  # at the default --transform-timeout (30 s): about 95 s a r
     "tests/integration/test_lifecycle.py::"
     "test_a_host_out_of_processes_says_so_once_naming_the_limit_and_the_job_loses_nothing",
 )
-SETS = {"repeat": GUARANTEES, "repeat_fleet": FLEET_GUARANTEES, "repeat_hangs": HANG_GUARANTEES}
+TRAINER_GUARANTEES = (  # about 100 s a run
+    "tests/integration/test_lightning.py::test_a_two_epoch_trainer_steps_every_sample_once_in_each_epoch[plain-loader]",
+    "tests/integration/test_lightning.py::test_ddp_ranks_fed_by_one_set_of_local_workers_step_every_sample_once",
+    "tests/integration/test_lightning.py::"
+    "test_a_run_resumed_from_a_mid_epoch_checkpoint_steps_only_what_the_checkpoint_had_not",
+    "tests/integration/test_accelerate.py::"
+    "test_accelerate_launch_run_again_after_a_crash_continues_from_load_state_every_sample_once",
+)
+SETS = {"repeat": GUARANTEES, "repeat_fleet": FLEET_GUARANTEES, "repeat_hangs": HANG_GUARANTEES,
+        "repeat_trainers": TRAINER_GUARANTEES}
 RUN_TIMEOUT_S = 900.0
 
 
