@@ -124,7 +124,8 @@ def dispatcher_for(cfg: ConsumerConfig, joined: Joined, plan: EpochPlan, start: 
     if cfg.dispatcher:
         return RemoteDispatcher(cfg.dispatcher, me.consumer_id, plan.rank_total_units(me.rank), me.client_keys,
                                 joined.credential, done_before=done, rank=me.rank, world_size=job.world_size,
-                                linger_s=cfg.finish_linger_s, start=_start_of(start, me.rank))
+                                linger_s=cfg.finish_linger_s, start=_start_of(start, me.rank),
+                                give_up_s=cfg.stall_timeout_s)
     if me.rank != 0:
         raise RankRefused(f"rank {me.rank} attaches to rank 0's dispatcher: give its endpoint (--dispatcher)")
     dispatcher = Dispatcher(plan, cfg.host_timeout_s, cfg.lease_timeout_s, on_release=services.on_release,

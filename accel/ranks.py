@@ -76,12 +76,30 @@ def _launcher() -> tuple[int, int] | None:
     return None
 
 
+def made_too_early(rank: int, world_size: int) -> str | None:
+    """The line refusing a loader whose rank an initialised process group now contradicts (it was made before
+    the group existed, as a script does that PyTorch Lightning's launcher runs again for each rank); None
+    when they agree or there is no group."""
+    launched = _launcher()
+    if launched is None or launched == (rank, world_size):
+        return None
+    return (f"this Loader took itself for rank {rank} of {world_size} when it was made, but the process group now "
+            f"says rank {launched[0]} of {launched[1]}: it was made before its launcher's process group existed "
+            f"(PyTorch Lightning starts its ranks inside fit()); make it once the group exists "
+            f"(stoker.lightning.StokerDataModule does)")
+
+
 def place(rank: int | None = None, world_size: int | None = None, local_rank: int | None = None) -> Place:
     """Arguments first, then torchrun's environment, then an initialised torch.distributed or
     jax.distributed, then a single rank."""
     launched = _launcher()
     world = world_size if world_size is not None else _env_int("WORLD_SIZE")
     rank_ = rank if rank is not None else _env_int("RANK")
+    if rank_ is None and launched is None and (world or 1) > 1:
+        raise ConfigError(f"$WORLD_SIZE={world} is set but $RANK is not, and no process group is initialised: this "
+                          f"process cannot tell which rank it is (PyTorch Lightning's own launcher says it only inside "
+                          f"fit()); make the Loader once the process group exists (stoker.lightning.StokerDataModule "
+                          f"does), or give rank=")
     if launched is not None:
         world = launched[1] if world is None else world
         rank_ = launched[0] if rank_ is None else rank_

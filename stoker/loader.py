@@ -55,6 +55,7 @@ from stoker.accel.ranks import (
     Rendezvous,
     RendezvousTimeout,
     default_config,
+    made_too_early,
     meeting_key,
     place,
     rank_zero_dispatcher,
@@ -89,6 +90,20 @@ def _checked_workers(workers: object) -> int:
         raise ConfigError(f"workers must be a whole number from 0 (start none here) to {most_procs()} (4 per core "
                           f"this process may run on), not {workers!r}")
     return workers
+
+
+def _check_device(device: str) -> None:
+    """A device torch cannot name, or CUDA where there is none, is refused now, not at the first batch after
+    the workers started."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={device!r} is not a torch device ({exc})") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r}, but torch sees no CUDA device here: give device=\"cpu\", or run where "
+                          f"one is")
 
 
 def _rank_config(config: ConsumerConfig | None, where: Place, keys: str | None, insecure: bool | None,
@@ -174,8 +189,11 @@ class Loader:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         if format != "numpy" and prepare is None:  # said now, not at the first batch after workers started
             require(format, f"Loader(format={format!r})")
+        if format == "torch" and prepare is None:
+            _check_device(device)
         self.workers = _checked_workers(workers)
         where = place(rank, world_size, local_rank)
+        self._rank_given = rank is not None or world_size is not None
         self.rank, self.world_size, self.local_rank = where.rank, where.world_size, where.local_rank
         cfg = _rank_config(config, where, keys, insecure, self.workers)
         self._meeting_key = meeting_key() if self.world_size > 1 and not cfg.dispatcher else None
@@ -206,12 +224,20 @@ class Loader:
         if self._consumer is None:
             if self._closed:
                 raise LoaderClosed("the loader is closed")
+            self._check_place()
             self._consumer = self._make_consumer()
             if self.workers:
                 self._local = LocalWorkers(self._consumer, self.workers)
                 # a loader dropped without close() (a notebook cell run again) takes its processes with it
                 weakref.finalize(self, self._local.close, False)
         return self._consumer
+
+    def _check_place(self) -> None:
+        """A loader made before its launcher's process group existed took itself for another rank than the
+        group says: refused, before it serves (or joins) a job of the wrong shape."""
+        problem = None if self._rank_given else made_too_early(self.rank, self.world_size)
+        if problem:
+            raise ConfigError(problem)
 
     def _make_consumer(self) -> Consumer:
         """Rank 0 (with the job's dispatcher) binds, then tells the other ranks where it is and the job
@@ -314,6 +340,7 @@ class Loader:
             raise LoaderClosed("the loader is closed: iterate it inside its `with` (or before close())")
         consumer = self.consumer
         if self._feed is None:
+            self._check_place()  # used (`with`) before the group existed: refused before its first batch
             self._feed = Feed(consumer, self.device, self.format, self.overlap, self.prepare)
         return iter(self._feed)
 
@@ -343,11 +370,13 @@ class Loader:
             self._resume = state
             return
         if self._closed or not self._starts_from(state):
-            raise LoaderClosed(f"load_state_dict() goes before the loader is first used (len(), a property, iter()); "
-                               f"this one already runs from epoch {self.consumer.start_position.epoch} step "
-                               f"{self.consumer.start_position.step}, which `state` does not name: give the state "
-                               f"to a new Loader before using it (with Lightning, stoker.lightning.StokerDataModule "
-                               f"does)")
+            start, (epoch, step) = self.consumer.start_position, self.consumer.position
+            since = f" and has given batches since (it stands at epoch {epoch} step {step})" \
+                if (epoch, step) != (start.epoch, start.step) else ""
+            raise LoaderClosed(f"load_state_dict() goes before the loader is first used (len(), a property, iter()): "
+                               f"this one started from epoch {start.epoch} step {start.step}{since}, and `state` "
+                               f"names another position; give the state to a new Loader before using it (Accelerate: "
+                               f"load_state before the first batch; Lightning: stoker.lightning.StokerDataModule)")
 
     def _starts_from(self, state: dict) -> bool:
         """`state` names the position this loader started from, and it has not stepped since."""

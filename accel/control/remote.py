@@ -102,9 +102,13 @@ class RemoteDispatcher:
 
     def __init__(self, endpoint: str, consumer_id: str, total_units: int, curve: ClientKeys | None,
                  credential: bytes = b"", done_before: frozenset[int] = frozenset(), rank: int = 0,
-                 world_size: int = 1, linger_s: float = 3.0, start: pb.StartPosition | None = None) -> None:
+                 world_size: int = 1, linger_s: float = 3.0, start: pb.StartPosition | None = None,
+                 give_up_s: float = 0.0) -> None:
         """`total_units`: this rank's units of the whole job; `linger_s`: how long a closing rank
-        waits for its last acks to reach the dispatcher."""
+        waits for its last acks to reach the dispatcher; `give_up_s`: after the dispatcher has not
+        answered this long (--stall-timeout; 0: never), the job fails here (rank 0 died, or the
+        `stoker dispatch` process): only the dispatcher watches for stalls, so without this a rank
+        whose dispatcher is gone would wait for ever."""
         self.endpoint = endpoint
         self.consumer_id = consumer_id
         self.total_units = total_units  # this rank's units of the whole job
@@ -113,6 +117,8 @@ class RemoteDispatcher:
         self.rank = rank
         self.world_size = world_size
         self.linger_s = linger_s
+        self.give_up_s = give_up_s
+        self._gave_up = False
         # where this rank starts, told with its first attach only: the dispatcher takes back what it counts done
         # past it. A re-attach (the dispatcher restarted from its journal, this consumer lives on) says nothing:
         # what the journal holds as done, this consumer stepped
@@ -242,9 +248,11 @@ class RemoteDispatcher:
         """One request and its answer, re-attaching on a fresh socket until the dispatcher answers;
         None when stopped first."""
         assert self._lock is not None
+        silent_from = asyncio.get_running_loop().time()
         async with self._lock:
             while not stop.is_set():
                 if self._sock is None and not await self._connect(reply_timeout_s):
+                    self._give_up_after(silent_from)
                     await asyncio.sleep(0.2)
                     continue
                 try:
@@ -255,10 +263,20 @@ class RemoteDispatcher:
                     if reply is not None:
                         return reply
                     log.warning("the dispatcher at %s did not answer; retrying", self.endpoint)
+                self._give_up_after(silent_from)
                 assert self._sock is not None, "open since _connect: _exchange keeps it"
                 self._sock.close(0)
                 self._sock = None
         return None
+
+    def _give_up_after(self, silent_from: float) -> None:
+        """Once the dispatcher has been silent `give_up_s`, fail the job here, once, with what to do."""
+        silent_s = asyncio.get_running_loop().time() - silent_from
+        if self.give_up_s and silent_s >= self.give_up_s and not self._gave_up:
+            self._gave_up = True
+            self.on_failure(f"the dispatcher at {self.endpoint} has not answered for {silent_s:.0f} s (--stall-timeout "
+                            f"{self.give_up_s:g} s): rank 0 or the `stoker dispatch` process is gone; this rank "
+                            f"stops. Start the job again from its last checkpoint")
 
     async def _connect(self, timeout_s: float) -> bool:
         sock = dealer(self._ctx, self.consumer_id, CONTROL_MESSAGE_BYTES, self.curve, immediate=False)

@@ -233,3 +233,24 @@ def test_a_max_epochs_other_than_the_jobs_is_refused_in_one_line_before_any_work
     assert "\n" not in line and f"Trainer(max_epochs={given})" in line and "epochs=2" in line, line
     assert "give Trainer(max_epochs=2)" in line, line
     assert data.loader is None
+
+
+@pytest.mark.parametrize("entered", [False, True], ids=["made", "entered"])
+def test_a_loader_made_before_lightnings_own_launcher_starts_the_ranks_is_refused_not_run_twice(manifest, tmp_path,
+                                                                                               entered):
+    """`python script.py` with Trainer(devices=2, strategy="ddp") and a Loader made at the top of the script:
+    Lightning runs the script again for rank 1 with LOCAL_RANK and WORLD_SIZE but no RANK. Each process took
+    itself for a rank 0 (of 1 and of 2): two jobs, samples stepped twice, then a hang SIGTERM did not end.
+    Now the run fails with one line that says to make the loader once the group exists, and ends."""
+    script = tmp_path / "too_early.py"
+    body = textwrap.dedent(PLAIN).replace("devices=1", 'devices=2, strategy="ddp", enable_progress_bar=False')
+    if not entered:  # made, and given to fit without a `with`
+        body = body.replace("with Loader(job, workers=2) as loader:", "loader = Loader(job, workers=2)\nif True:")
+    script.write_text(body)
+    env = {**_env(), "PYTHONPATH": str(ROOT)}
+    job = subprocess.run([sys.executable, str(script), manifest.uri], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=RUN_S)
+    assert job.returncode != 0
+    said = job.stdout + job.stderr
+    assert "StokerDataModule does" in said and ("$WORLD_SIZE=2 is set but $RANK is not" in said
+                                                or "this Loader took itself for rank 0 of 1" in said), said[-3000:]

@@ -11,6 +11,7 @@ from stoker.accel.ranks import (
     RendezvousTimeout,
     TorchStore,
     default_config,
+    made_too_early,
     meeting_key,
     node_address,
     place,
@@ -125,3 +126,30 @@ def test_ranks_that_disagree_on_keys_are_told_which_setting_to_match():
     with pytest.raises(ValueError, match="rank 0 uses none"):
         Meeting("tcp://10.0.0.1:5561", "ab" * 32).check(1, keyed=True)
     Meeting("tcp://10.0.0.1:5561", "", keyed=True).check(1, keyed=True)
+
+
+def test_a_world_size_without_a_rank_and_no_group_is_refused(monkeypatch):
+    """PyTorch Lightning's launcher runs the script again with LOCAL_RANK and WORLD_SIZE but no RANK: a Loader
+    made there took itself for rank 0 of 2, beside the real rank 0 (samples twice, then a hang)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ConfigError, match=r"\$WORLD_SIZE=2 is set but \$RANK is not, and no process group is "
+                                          r"initialised: .*StokerDataModule does\), or give rank="):
+        place()
+    assert place(rank=1).rank == 1
+
+
+def test_a_loader_made_before_its_process_group_is_told_when_the_group_says_otherwise(monkeypatch, tmp_path):
+    """Made from torchrun-like variables (rank 1 of 2), then a group of one process: the group disagrees."""
+    import torch.distributed as dist
+
+    assert made_too_early(1, 2) is None  # no group: nothing to disagree with
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert made_too_early(0, 1) is None
+        line = made_too_early(1, 2)
+        assert line is not None and line.startswith("this Loader took itself for rank 1 of 2 when it was made, but "
+                                                     "the process group now says rank 0 of 1")
+    finally:
+        dist.destroy_process_group()

@@ -116,10 +116,22 @@ def test_load_state_dict_after_len_takes_only_the_position_it_starts_from(monkey
     resumed = Loader.over(consumer, format="numpy", overlap=False)
     assert len(resumed) == 5
     resumed.load_state_dict(saved)  # the same position: taken
-    with pytest.raises(LoaderClosed, match="already runs from epoch 0 step 3, which `state` does not name"):
+    with pytest.raises(LoaderClosed, match="this one started from epoch 0 step 3, and `state` names another position"):
         resumed.load_state_dict({**saved, "step": 2, "ranks": [[1, 0]]})
     send_job(consumer)
     assert [b.step for b in resumed] == [3, 4]
-    with pytest.raises(LoaderClosed, match="goes before the loader is first used"):
+    with pytest.raises(LoaderClosed, match=r"started from epoch 0 step 3 and has given batches since \(it stands at "
+                                           r"epoch 1 step 0\)"):
         resumed.load_state_dict(saved)
     resumed.close()
+
+
+@pytest.mark.parametrize("device, said", [("banana", "is not a torch device"), ("cuda", "torch sees no CUDA device")])
+def test_a_device_that_cannot_work_is_refused_at_construction(device, said):
+    """It used to fail at the first batch, after the workers started, in torch's words."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match=said):
+        Loader(rank=0, world_size=1, device=device)
