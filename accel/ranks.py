@@ -95,7 +95,7 @@ def place(rank: int | None = None, world_size: int | None = None, local_rank: in
     launched = _launcher()
     world = world_size if world_size is not None else _env_int("WORLD_SIZE")
     rank_ = rank if rank is not None else _env_int("RANK")
-    if rank_ is None and launched is None and (world or 1) > 1:
+    if rank_ is None and world_size is None and launched is None and (world or 1) > 1:
         raise ConfigError(f"$WORLD_SIZE={world} is set but $RANK is not, and no process group is initialised: this "
                           f"process cannot tell which rank it is (PyTorch Lightning's own launcher says it only inside "
                           f"fit()); make the Loader once the process group exists (stoker.lightning.StokerDataModule "

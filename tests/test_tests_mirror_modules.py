@@ -46,7 +46,6 @@ COVERED_BY = {
     "accel/bert_accel": [E2E + "test_torch_step.py"],
     "accel/control/link": ["tests/unit/accel/test_consumer.py", "tests/unit/accel/test_joining.py"],
     "accel/control/metrics": [E2E + "test_deploy.py", E2E + "test_dispatch.py"],
-    "accel/control/remote": [E2E + "test_dispatch.py", E2E + "test_data_parallel.py"],
     "accel/control/service": [E2E + "test_dispatch.py"],
     "accel/control/fleet_service": [E2E + "test_fleet.py"],
     "workers/fleet_agent": [E2E + "test_fleet.py"],
