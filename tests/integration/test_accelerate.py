@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from stoker.pipeline.shards import Manifest
+from tests.helpers import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "accelerate_train.py"
@@ -52,24 +53,6 @@ def _env(folder: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT)
     env["HF_HOME"] = str(folder / "hf")  # accelerate reads a default config from there: none
     return env
-
-
-def _descendants(pid: int) -> dict[int, list[str]]:
-    """Every live descendant of `pid` and its command line, read from /proc."""
-    parents, cmdlines = {}, {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmdlines[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            except (OSError, IndexError, ValueError):
-                continue
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return {p: cmdlines[p] for p in found}
 
 
 def _daemons(cmdlines: list[list[str]]) -> set[tuple[str, str]]:
@@ -111,14 +94,14 @@ def _launch(manifest: Manifest, records: Path, checkpoint: Path, *extra: str, cr
                 _kill(pids)  # the processes known already, at once: the ranks step on while /proc is read
                 break
             if time.monotonic() - scanned > 0.25:
-                pids = _descendants(job.pid)
+                pids = descendants(job.pid)
                 daemons |= _daemons(list(pids.values()))
                 scanned = time.monotonic()
             time.sleep(0.01)
     finally:
         code = job.poll()
         if code is None:  # the ranks are in sessions of their own: each is killed by its pid
-            _kill([*pids, *_descendants(job.pid)])
+            _kill([*pids, *descendants(job.pid)])
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(10)
     return code, log.read_text(), daemons

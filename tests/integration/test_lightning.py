@@ -28,7 +28,7 @@ from stoker.lightning import StokerDataModule
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.shards import Manifest
 from stoker.protos.errors import ConfigError
-from tests.helpers import free_port
+from tests.helpers import descendants, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "lightning_train.py"
@@ -59,20 +59,8 @@ def _start(out: Path, ranks: int, script: Path, *args: str) -> subprocess.Popen:
 
 
 def _descendants(pid: int) -> dict[int, str]:
-    """Every live descendant of `pid` -> its command line, read from /proc."""
-    parents, commands = {}, {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return {p: commands[p] for p in found}
+    """Every live descendant of `pid` -> its command line, as one string."""
+    return {p: " ".join(args) for p, args in descendants(pid).items()}
 
 
 def _finish(job: subprocess.Popen, out: Path) -> None:

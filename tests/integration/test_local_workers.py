@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, wait_for
+from tests.helpers import descendants, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,22 +27,6 @@ def _script(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(body))
     return path
-
-
-def _children_of(pid: int) -> set[int]:
-    """Every live descendant of `pid`, read from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -129,7 +113,7 @@ def test_the_workers_die_with_the_loader_however_it_ends(manifest, tmp_path, end
     try:
         assert script.stdout is not None
         assert script.stdout.readline().strip() == "stepping", script.stderr.read() if script.poll() else ""
-        started = _children_of(script.pid)
+        started = set(descendants(script.pid))
         assert len(_alive(started)) >= 3, started  # the daemon and its two decode processes at least
         if end == "close":
             assert script.stdout.readline().strip() == "closed"
@@ -283,7 +267,7 @@ def test_a_closed_loader_keeps_its_position_refuses_to_iterate_and_a_dropped_one
         said = json.loads(line)
         assert said["after"]["epoch"] == said["before"]["epoch"] and said["after"]["step"] >= 3
         assert "closed" in said["again"]
-        started = _children_of(script.pid)
+        started = set(descendants(script.pid))
         assert script.stdout.readline().strip() == "dropped"
         assert wait_for(lambda: not _alive(started), timeout=30), f"still alive: {_alive(started)}"
         assert script.poll() is None  # the script lives on: its workers went with the loader
