@@ -108,6 +108,11 @@ class Feed:
         return FeedPass(self)
 
     @property
+    def ended(self) -> bool:
+        """The stream gave its end (every epoch done, or the job stopped early): no pass gives a batch again."""
+        return self._ended
+
+    @property
     def epoch(self) -> int:
         """The epoch of the batch in hand, until its end is seen; else the epoch the next batch comes from."""
         return self.in_hand if self.in_hand is not None else self.source.position[0]

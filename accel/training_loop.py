@@ -98,7 +98,8 @@ class _Loop:
         rank = self.consumer
         job = rank.job
         feed = Feed(rank, format="numpy", overlap=rank.cfg.overlap, prepare=self.runner.prepare)
-        while rank.position[0] < job.epochs and not self.time_boxed:
+        # A stop before the last epoch ends the stream short of it: then no pass gives a batch again.
+        while rank.position[0] < job.epochs and not self.time_boxed and not feed.ended:
             batches = iter(feed)
             while not self.time_boxed:
                 waited_from = time.perf_counter()

@@ -175,9 +175,13 @@ class Job:
         return "\n".join(d.output()[-3000:] for d in self.daemons)
 
     def close(self) -> None:
+        """Stop the daemons and the consumer; the consumer's thread must end with them (a run that went on
+        after its stream ended once spun a core for the rest of the test session)."""
         for d in self.daemons:
             d.stop()
         self.consumer.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the consumer's run went on for 30 s after stop()"
 
 
 def assert_exactly_once(summary: Summary, num_samples: int, epochs: int, skipped_per_epoch: int = 0) -> None:

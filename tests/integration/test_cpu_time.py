@@ -40,12 +40,14 @@ def _median_ratio(quiet: list[float], busy: list[float]) -> float:
 
 def _assert_agrees(quiet: list[tuple[float, float, float]], busy: list[tuple[float, float, float]], what: str) -> None:
     """(per CPU-second, by the clock, the fixed loop) quiet and busy: the busy loops took the clock, and the
-    rate per CPU-second fell no further than the fixed loop did, plus AGREE."""
+    rate per CPU-second moved no further than the fixed loop did, plus AGREE: down when a busy sibling or a
+    lower clock slowed the hardware, up when the host's other tenants left it faster for the busy half (a
+    shared CI host's fixed loop once ran 1.48 times faster in it)."""
     wall = _median_ratio([w for _, w, _ in quiet], [w for _, w, _ in busy])
     assert wall < 0.8, f"the busy loops took no CPU from {what} (by the clock {wall:.2f}): it shows nothing"
     cpu = _median_ratio([c for c, _, _ in quiet], [c for c, _, _ in busy])
     hardware = _median_ratio([h for _, _, h in quiet], [h for _, _, h in busy])
-    assert min(1.0, hardware) - AGREE <= cpu <= 1 + AGREE, (
+    assert min(1.0, hardware) - AGREE <= cpu <= max(1.0, hardware) + AGREE, (
         f"{what}, per CPU-second: busy / quiet = {cpu:.3f} (by the clock {wall:.3f}; a fixed loop of interpreter "
         f"work {hardware:.3f}, what the hardware itself lost): quiet {quiet}, busy {busy}")
 

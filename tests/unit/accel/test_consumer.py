@@ -3,6 +3,8 @@ the test's thread; no sockets, no processes. The end-to-end runs: tests/integrat
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from stoker.accel.consumer import Consumer, JobFailed
@@ -50,6 +52,30 @@ def test_each_step_reaches_on_step_and_the_position_follows(monkeypatch, tmp_pat
     consumer.run(on_step=lambda c: seen.append(c.position))
     # steps 1..4 of an epoch's 5, then its last step moves the position to the next epoch's start
     assert seen == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 0)]
+
+
+def test_a_stream_stopped_short_of_the_last_epoch_ends_the_run(monkeypatch, tmp_path):
+    """A stop ends the stream mid-job (the receive loop queues its end): the run returns with what it stepped.
+    It used to ask for a new pass of the ended stream for ever, a core spinning in a thread nobody joined."""
+    consumer = rank(monkeypatch, tmp_path, epochs=2)
+    send_job(consumer)
+    loop = consumer.loop
+    assert isinstance(loop, InlineLoop)
+
+    def stop_after_two_steps(c: Consumer) -> None:
+        if c.position == (0, 2):
+            loop.messages.clear()
+            while not loop.queue.empty():
+                loop.queue.get_nowait()
+            loop.queue.put(END)
+
+    summaries = []
+    running = threading.Thread(target=lambda: summaries.append(consumer.run(on_step=stop_after_two_steps)),
+                               daemon=True)
+    running.start()
+    running.join(timeout=30)
+    assert not running.is_alive(), "the run went on asking an ended stream for batches"
+    assert summaries[0].steps == 2 and consumer.position == (0, 2)
 
 
 def test_a_failed_job_ends_the_run_with_job_failed(monkeypatch, tmp_path):
