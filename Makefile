@@ -58,7 +58,7 @@ soak: setup
 	$(BIN)/python -m benchmarks soak
 
 protos: setup
-	cd protos && ../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. stoker.proto
+	cd stoker/protos && ../../$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. stoker.proto
 
 lock: setup
 	$(BIN)/pip-compile -q --generate-hashes --extra accel --extra dev --allow-unsafe --strip-extras --no-emit-index-url \

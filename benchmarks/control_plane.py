@@ -253,7 +253,7 @@ def _clients(endpoint: str, first_host: int, hosts: int, rate: float, seconds: f
                 pusher.send(str(reply.unit.unit_id).encode())
             finished = finished or kind == "finished"
             if ident.name.endswith("/daemon"):
-                ident.next_at = ident.sent_at + HEARTBEAT_S  # a daemon's pace (workers/daemon.py)
+                ident.next_at = ident.sent_at + HEARTBEAT_S  # a daemon's pace (stoker/workers/daemon.py)
             else:
                 ident.next_at = max(answered, ident.next_at + period) if period else answered
             idle.add(ident)

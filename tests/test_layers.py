@@ -1,10 +1,11 @@
-"""The house's rooms and which way its arrows may point.
+"""The house's rooms (pyproject.toml's [tool.stoker.rooms], read by tests/rooms.py) and which way
+its arrows may point.
 
-protos/ (the wire: messages, framing, sockets, keys) is the floor and knows no images or text;
-pipeline/ (the data model, no sockets) stands on its message-level modules only, to translate the
-job and its units into messages; workers/ (CPU hosts) and accel/ (the consumer) each stand on both
-and never on each other; the control plane in accel/control/ is used by the consumer and uses none
-of it. stoker/ (the CLI), benchmarks/ and tests/ sit on top. Every import is read from the
+protos (the wire: messages, framing, sockets, keys) is the floor and knows no images or text;
+pipeline (the data model, no sockets) stands on its message-level modules only, to translate the
+job and its units into messages; workers (CPU hosts) and accel (the consumer) each stand on both
+and never on each other; the control plane in accel/control is used by the consumer and uses none
+of it. The modules of stoker/ itself (the CLI), benchmarks/ and tests/ sit on top. Every import is read from the
 source, including imports inside functions, so a lazy import cannot hide an arrow."""
 
 from __future__ import annotations
@@ -14,28 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.rooms import MAY_IMPORT, PACKAGE
+
 ROOT = Path(__file__).resolve().parent.parent
-MAY_IMPORT = {
-    "pipeline": {"pipeline", "protos"},
-    "protos": {"protos"},
-    "workers": {"workers", "protos", "pipeline"},
-    "accel": {"accel", "protos", "pipeline"},
-}
-OURS = {"pipeline", "protos", "workers", "accel", "stoker", "benchmarks", "tests"}
-# what the control plane may use from the rest of accel/: small shared pieces, not the consumer
+# what the control plane may use from the rest of stoker/accel/: small shared pieces, not the consumer
 CONTROL_MAY_USE = {"accel.control", "accel.aio", "accel.checkpoint"}
 # what the data model may use of the wire: the messages and their limits, not sockets, keys or clients
 PIPELINE_MAY_USE = {"protos.stoker_pb2", "protos.framing", "protos.message_fit", "protos.errors"}
-
-
-def in_repository(name: str) -> str:
-    """A dotted name as the folders spell it: the rooms are installed as stoker.<room>."""
-    first, _, rest = name.partition(".")
-    return rest if first == "stoker" and rest.split(".")[0] in MAY_IMPORT else name
+GRAPH_FOLDERS = ("stoker", "benchmarks", "tests")
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every import in the file, named as the repository's folders name them."""
+    """(line, module) of every import in the file, by its full dotted name."""
     tree = ast.parse(path.read_text(), str(path))
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -46,23 +37,28 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level:
             raise AssertionError(f"{path}:{node.lineno}: relative import; spell the package out")
-    return [(line, in_repository(name)) for line, name in found]
+    return found
 
 
-def broken_arrows(package: str, root: Path = ROOT) -> list[str]:
+def broken_arrows(room: str, package: Path = PACKAGE) -> list[str]:
+    """Each import in `room` (a folder of `package`, the stoker/ folder) of a room it may not use, named
+    relative to the package: "workers.bad:2 imports accel.consumer"."""
     bad = []
-    for path in sorted((root / package).rglob("*.py")):
-        name = ".".join(path.relative_to(root).with_suffix("").parts)
+    for path in sorted((package / room).rglob("*.py")):
+        name = ".".join(path.relative_to(package).with_suffix("").parts)
         seen = set()
-        for line, target in imports_of(path):
+        for line, full in imports_of(path):
+            if not full.startswith("stoker."):
+                continue
+            target = full.removeprefix("stoker.")
             top = target.split(".")[0]
-            if top in OURS and top not in MAY_IMPORT[package] and (line, top) not in seen:
+            if top in MAY_IMPORT and top not in MAY_IMPORT[room] and (line, top) not in seen:
                 seen.add((line, top))
                 bad.append(f"{name}:{line} imports {target}")
-            if name.startswith("accel.control.") and target.startswith("accel.") and _is_module(root, target) \
+            if name.startswith("accel.control.") and target.startswith("accel.") and _is_module(package, target) \
                     and not any(target == ok or target.startswith(ok + ".") for ok in CONTROL_MAY_USE):
                 bad.append(f"{name}:{line} imports {target} (the control plane uses no consumer code)")
-            if package == "pipeline" and top == "protos" and target != "protos" and _is_module(root, target) \
+            if room == "pipeline" and top == "protos" and target != "protos" and _is_module(package, target) \
                     and not any(target == ok or target.startswith(ok + ".") for ok in PIPELINE_MAY_USE):
                 bad.append(f"{name}:{line} imports {target} (the data model uses only the wire's messages)")
     return bad
@@ -73,19 +69,19 @@ def _is_module(root: Path, dotted: str) -> bool:
     return where.with_suffix(".py").exists() or where.is_dir()
 
 
-@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
-def test_no_upward_or_sideways_import(package):
-    assert broken_arrows(package) == []
+@pytest.mark.parametrize("room", sorted(MAY_IMPORT))
+def test_no_upward_or_sideways_import(room):
+    assert broken_arrows(room) == []
 
 
 def test_the_walk_catches_an_arrow(tmp_path):
     """The check itself: a lazy import of the consumer from a worker, and the control plane
     importing the receiver, are both found."""
-    for package in ("workers", "accel/control"):
-        (tmp_path / package).mkdir(parents=True)
-    (tmp_path / "workers" / "bad.py").write_text("def f():\n    from accel.consumer import Consumer\n")
+    for room in ("workers", "accel/control"):
+        (tmp_path / room).mkdir(parents=True)
+    (tmp_path / "workers" / "bad.py").write_text("def f():\n    from stoker.accel.consumer import Consumer\n")
     (tmp_path / "accel" / "receiver.py").write_text("")
-    (tmp_path / "accel" / "control" / "bad.py").write_text("from accel import receiver\n")
+    (tmp_path / "accel" / "control" / "bad.py").write_text("from stoker.accel import receiver\n")
     assert broken_arrows("workers", tmp_path) == ["workers.bad:2 imports accel.consumer"]
     assert broken_arrows("accel", tmp_path) == [
         "accel.control.bad:1 imports accel.receiver (the control plane uses no consumer code)"]
@@ -98,8 +94,8 @@ def test_the_walk_catches_the_data_model_reaching_for_a_socket(tmp_path):
     for module in ("stoker_pb2", "framing", "sockets"):
         (tmp_path / "protos" / f"{module}.py").write_text("")
     (tmp_path / "pipeline" / "bad.py").write_text(
-        "from protos import stoker_pb2 as pb\nfrom protos.framing import ALLOWED_DTYPES\n"
-        "def f():\n    from protos.sockets import dealer\n")
+        "from stoker.protos import stoker_pb2 as pb\nfrom stoker.protos.framing import ALLOWED_DTYPES\n"
+        "def f():\n    from stoker.protos.sockets import dealer\n")
     assert broken_arrows("pipeline", tmp_path) == [
         "pipeline.bad:4 imports protos.sockets (the data model uses only the wire's messages)"]
 
@@ -110,8 +106,8 @@ def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
     the package). Lazy imports and `if TYPE_CHECKING:` imports count: each is an arrow a reader
     must follow."""
     modules = {}
-    for package in OURS:
-        for path in sorted((root / package).rglob("*.py")):
+    for folder in GRAPH_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph = {}
@@ -175,11 +171,11 @@ def test_no_import_cycle_between_modules():
 def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
     """a -> b at the top, b -> c inside a function, c -> a under TYPE_CHECKING: one cycle of three;
     d imports a and is in none."""
-    accel = tmp_path / "accel"
-    accel.mkdir()
+    accel = tmp_path / "stoker" / "accel"
+    accel.mkdir(parents=True)
     (accel / "__init__.py").write_text("")
-    (accel / "a.py").write_text("from accel.b import thing\n")
-    (accel / "b.py").write_text("def thing():\n    from accel import c\n")
-    (accel / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import accel.a\n")
-    (accel / "d.py").write_text("import accel.a\n")
-    assert import_cycles(tmp_path) == [["accel.a", "accel.b", "accel.c"]]
+    (accel / "a.py").write_text("from stoker.accel.b import thing\n")
+    (accel / "b.py").write_text("def thing():\n    from stoker.accel import c\n")
+    (accel / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import stoker.accel.a\n")
+    (accel / "d.py").write_text("import stoker.accel.a\n")
+    assert import_cycles(tmp_path) == [["stoker.accel.a", "stoker.accel.b", "stoker.accel.c"]]

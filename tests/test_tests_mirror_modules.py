@@ -29,39 +29,39 @@ import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pipeline", "protos", "workers", "accel", "stoker")
-GRAPH_FOLDERS = (*PACKAGES, "tests", "examples", "benchmarks")
+GRAPH_FOLDERS = ("stoker", "tests", "examples", "benchmarks")  # the product (stoker/ and its rooms) and its users
 E2E = "tests/integration/"
 # module -> where it is exercised instead (the daemons, sockets and training steps it drives)
 COVERED_BY = {
-    "pipeline/image_layout": ["tests/unit/pipeline/test_kinds.py"],
-    "pipeline/photos": ["tests/unit/pipeline/test_prepare.py"],
-    "pipeline/synth": ["tests/unit/pipeline/test_prepare.py"],
-    "pipeline/tensors": ["tests/unit/pipeline/test_kinds.py"],
-    "pipeline/text/layout": ["tests/unit/pipeline/text/test_packing.py"],
-    "workers/process": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py"],
-    "accel/accelerators": ["tests/unit/accel/test_stepping.py"],
-    "accel/aio": [E2E + "test_exactly_once.py"],
-    "accel/batch": [E2E + "test_text_job.py"],
-    "accel/bert_accel": [E2E + "test_torch_step.py"],
-    "accel/control/link": ["tests/unit/accel/test_consumer.py", "tests/unit/accel/test_joining.py"],
-    "accel/control/metrics": [E2E + "test_deploy.py", E2E + "test_dispatch.py"],
-    "accel/control/service": [E2E + "test_dispatch.py"],
-    "accel/control/fleet_service": [E2E + "test_fleet.py"],
-    "workers/fleet_agent": [E2E + "test_fleet.py"],
+    "stoker/pipeline/image_layout": ["tests/unit/stoker/pipeline/test_kinds.py"],
+    "stoker/pipeline/photos": ["tests/unit/stoker/pipeline/test_prepare.py"],
+    "stoker/pipeline/synth": ["tests/unit/stoker/pipeline/test_prepare.py"],
+    "stoker/pipeline/tensors": ["tests/unit/stoker/pipeline/test_kinds.py"],
+    "stoker/pipeline/text/layout": ["tests/unit/stoker/pipeline/text/test_packing.py"],
+    "stoker/workers/process": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py"],
+    "stoker/accel/accelerators": ["tests/unit/stoker/accel/test_stepping.py"],
+    "stoker/accel/aio": [E2E + "test_exactly_once.py"],
+    "stoker/accel/batch": [E2E + "test_text_job.py"],
+    "stoker/accel/bert_accel": [E2E + "test_torch_step.py"],
+    "stoker/accel/control/link": ["tests/unit/stoker/accel/test_consumer.py",
+                                  "tests/unit/stoker/accel/test_joining.py"],
+    "stoker/accel/control/metrics": [E2E + "test_deploy.py", E2E + "test_dispatch.py"],
+    "stoker/accel/control/service": [E2E + "test_dispatch.py"],
+    "stoker/accel/control/fleet_service": [E2E + "test_fleet.py"],
+    "stoker/workers/fleet_agent": [E2E + "test_fleet.py"],
     "stoker/lab/fleet_lab": [E2E + "test_lab.py"],
-    "accel/jpeg_decode": [E2E + "test_decode_on_accelerator.py", E2E + "test_awkward_jpegs.py"],
-    "accel/metrics": [E2E + "test_deploy.py", "tests/unit/accel/test_receiver.py"],
-    "accel/models/resnet": [E2E + "test_torch_step.py"],
-    "accel/optimizers": [E2E + "test_torch_step.py"],
-    "accel/profiles": ["tests/unit/accel/test_stepping.py", "tests/unit/stoker/test_planning.py"],
-    "accel/receive_loop": ["tests/unit/accel/test_consumer.py", E2E + "test_exactly_once.py"],
-    "accel/schema": ["tests/unit/accel/test_receiver.py", "tests/unit/workers/test_sources.py"],
-    "accel/steps": [E2E + "test_data_parallel.py"],
-    "accel/stream": ["tests/unit/accel/test_receiver.py", E2E + "test_data_parallel.py"],
-    "accel/torch_accel": [E2E + "test_torch_step.py"],
-    "accel/training": [E2E + "test_torch_step.py"],
-    "accel/training_loop": [E2E + "test_torch_step.py", E2E + "test_exactly_once.py"],
+    "stoker/accel/jpeg_decode": [E2E + "test_decode_on_accelerator.py", E2E + "test_awkward_jpegs.py"],
+    "stoker/accel/metrics": [E2E + "test_deploy.py", "tests/unit/stoker/accel/test_receiver.py"],
+    "stoker/accel/models/resnet": [E2E + "test_torch_step.py"],
+    "stoker/accel/optimizers": [E2E + "test_torch_step.py"],
+    "stoker/accel/profiles": ["tests/unit/stoker/accel/test_stepping.py", "tests/unit/stoker/test_planning.py"],
+    "stoker/accel/receive_loop": ["tests/unit/stoker/accel/test_consumer.py", E2E + "test_exactly_once.py"],
+    "stoker/accel/schema": ["tests/unit/stoker/accel/test_receiver.py", "tests/unit/stoker/workers/test_sources.py"],
+    "stoker/accel/steps": [E2E + "test_data_parallel.py"],
+    "stoker/accel/stream": ["tests/unit/stoker/accel/test_receiver.py", E2E + "test_data_parallel.py"],
+    "stoker/accel/torch_accel": [E2E + "test_torch_step.py"],
+    "stoker/accel/training": [E2E + "test_torch_step.py"],
+    "stoker/accel/training_loop": [E2E + "test_torch_step.py", E2E + "test_exactly_once.py"],
     "stoker/cli": [E2E + "test_flags.py", "tests/unit/stoker/test_options.py"],
     "stoker/cli_experiments": [E2E + "test_bottleneck.py", "tests/unit/stoker/test_planning.py"],
     "stoker/datasets": [E2E + "test_exactly_once.py"],
@@ -81,18 +81,9 @@ def project_modules(root: Path) -> dict[str, Path]:
     return modules
 
 
-ROOMS = ("pipeline", "protos", "workers", "accel")  # top-level folders, installed as stoker.<room>
-
-
-def in_repository(name: str) -> str:
-    """A dotted name as the repository's folders spell it: stoker.pipeline.job is pipeline/job.py."""
-    first, _, rest = name.partition(".")
-    return rest if first == "stoker" and rest.split(".")[0] in ROOMS else name
-
-
 def _with_packages(name: str, modules: dict[str, Path]) -> set[str]:
     """`name` and the packages above it, those of them that are project modules."""
-    parts = in_repository(name).split(".")
+    parts = name.split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & modules.keys()
 
 
@@ -127,7 +118,7 @@ def _started(node: ast.AST, name: str, path: Path, modules: dict[str, Path], scr
                 if flag == "-m" and f"{package}.__main__" in modules}
     if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
         return set()
-    head = in_repository(node.value.partition(":")[0])
+    head = node.value.partition(":")[0]
     if "." in head and head in modules:
         return _with_packages(head, modules)
     if node.value in scripts:
@@ -235,13 +226,12 @@ def wrong_entries(covered_by: dict[str, list[str]], root: Path = ROOT) -> list[s
 
 def modules_with_logic() -> list[str]:
     found = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            if path.name in ("__init__.py", "__main__.py") or path.name.endswith("_pb2.py"):
-                continue
-            if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                   for node in ast.parse(path.read_text()).body):
-                found.append(path.relative_to(ROOT).with_suffix("").as_posix())
+    for path in sorted((ROOT / "stoker").rglob("*.py")):  # the product: stoker/ and its rooms
+        if path.name in ("__init__.py", "__main__.py") or path.name.endswith("_pb2.py"):
+            continue
+        if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+               for node in ast.parse(path.read_text()).body):
+            found.append(path.relative_to(ROOT).with_suffix("").as_posix())
     return found
 
 
@@ -272,9 +262,9 @@ def test_the_list_of_exceptions_points_at_real_tests_and_does_not_go_stale():
 
 
 def test_a_planted_entry_whose_test_never_reaches_its_module_is_caught():
-    planted = {"workers/daemon": ["tests/unit/pipeline/test_plan.py"],  # plans epochs, starts no daemon
-               "protos/curve": [E2E + "test_curve.py"]}  # right: it runs `stoker keys` and imports protos.curve
-    assert wrong_entries(planted) == ["tests/unit/pipeline/test_plan.py never reaches workers/daemon"]
+    planted = {"stoker/workers/daemon": ["tests/unit/stoker/pipeline/test_plan.py"],  # plans epochs, starts no daemon
+               "stoker/protos/curve": [E2E + "test_curve.py"]}  # right: it runs `stoker keys` and imports protos.curve
+    assert wrong_entries(planted) == ["tests/unit/stoker/pipeline/test_plan.py never reaches stoker/workers/daemon"]
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -285,28 +275,30 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 def test_the_source_graph_follows_lazy_imports_processes_scripts_and_fixtures(tmp_path):
     _write(tmp_path, {
-        "pipeline/__init__.py": "", "pipeline/lazy.py": "def f():\n    from . import deep\n",
-        "pipeline/deep.py": "", "pipeline/alone.py": "", "pipeline/by_name.py": "", "pipeline/fixed.py": "",
-        "pipeline/unused_by_fixture.py": "",
+        "stoker/pipeline/__init__.py": "", "stoker/pipeline/lazy.py": "def f():\n    from . import deep\n",
+        "stoker/pipeline/deep.py": "", "stoker/pipeline/alone.py": "", "stoker/pipeline/by_name.py": "",
+        "stoker/pipeline/fixed.py": "",
+        "stoker/pipeline/unused_by_fixture.py": "",
         "stoker/__init__.py": "", "stoker/__main__.py": "from stoker import cli\n", "stoker/cli.py": "",
-        "tests/__init__.py": "", "tests/tool.py": "import pipeline.alone\n",
-        "tests/conftest.py": "from pipeline import fixed\nfrom pipeline import unused_by_fixture\nimport pytest\n\n"
+        "tests/__init__.py": "", "tests/tool.py": "import stoker.pipeline.alone\n",
+        "tests/conftest.py": "from stoker.pipeline import fixed\nfrom stoker.pipeline import unused_by_fixture\n"
+                             "import pytest\n\n"
                              "@pytest.fixture\ndef data():\n    return fixed\n",
-        "tests/test_lazy.py": "def test():\n    import pipeline.lazy\n",
+        "tests/test_lazy.py": "def test():\n    import stoker.pipeline.lazy\n",
         "tests/test_cli.py": "CMD = ['python', '-m', 'stoker', 'run']\n",
-        "tests/test_script.py": "SCRIPT = 'tool.py'\nSPEC = 'pipeline.by_name:Thing'\n"
-                                "CODE = 'from pipeline import in_code; in_code.run()'\n",
-        "pipeline/in_code.py": "",
+        "tests/test_script.py": "SCRIPT = 'tool.py'\nSPEC = 'stoker.pipeline.by_name:Thing'\n"
+                                "CODE = 'from stoker.pipeline import in_code; in_code.run()'\n",
+        "stoker/pipeline/in_code.py": "",
         "tests/test_fixture.py": "def test(data):\n    assert data\n",
     })
-    assert reaches("tests/test_lazy.py", "pipeline/deep", tmp_path)  # a lazy import of a lazy import
+    assert reaches("tests/test_lazy.py", "stoker/pipeline/deep", tmp_path)  # a lazy import of a lazy import
     assert reaches("tests/test_cli.py", "stoker/cli", tmp_path)  # `python -m stoker`
-    assert reaches("tests/test_script.py", "pipeline/alone", tmp_path)  # a script it runs by file name
-    assert reaches("tests/test_script.py", "pipeline/by_name", tmp_path)  # a module named in a string
-    assert reaches("tests/test_script.py", "pipeline/in_code", tmp_path)  # code it runs with python -c
-    assert reaches("tests/test_fixture.py", "pipeline/fixed", tmp_path)  # through the fixture it asks for
-    assert not reaches("tests/test_fixture.py", "pipeline/unused_by_fixture", tmp_path)
-    assert not reaches("tests/test_lazy.py", "pipeline/alone", tmp_path)
-    assert not reaches("tests/test_cli.py", "pipeline/deep", tmp_path)
-    assert wrong_entries({"pipeline/deep": ["tests/test_cli.py", "tests/test_lazy.py"]}, tmp_path) == [
-        "tests/test_cli.py never reaches pipeline/deep"]
+    assert reaches("tests/test_script.py", "stoker/pipeline/alone", tmp_path)  # a script it runs by file name
+    assert reaches("tests/test_script.py", "stoker/pipeline/by_name", tmp_path)  # a module named in a string
+    assert reaches("tests/test_script.py", "stoker/pipeline/in_code", tmp_path)  # code it runs with python -c
+    assert reaches("tests/test_fixture.py", "stoker/pipeline/fixed", tmp_path)  # through the fixture it asks for
+    assert not reaches("tests/test_fixture.py", "stoker/pipeline/unused_by_fixture", tmp_path)
+    assert not reaches("tests/test_lazy.py", "stoker/pipeline/alone", tmp_path)
+    assert not reaches("tests/test_cli.py", "stoker/pipeline/deep", tmp_path)
+    assert wrong_entries({"stoker/pipeline/deep": ["tests/test_cli.py", "tests/test_lazy.py"]}, tmp_path) == [
+        "tests/test_cli.py never reaches stoker/pipeline/deep"]

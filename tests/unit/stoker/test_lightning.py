@@ -1,5 +1,5 @@
 """stoker/lightning.py: the refusals and the worker split on their own, and real Lightning Trainers over a
-StokerDataModule whose loader's rank runs on the fakes (tests/unit/accel/fakes.py: the real receiver and
+StokerDataModule whose loader's rank runs on the fakes (tests/unit/stoker/accel/fakes.py: the real receiver and
 books, a fake dispatcher and worker; no sockets, no processes). Real workers, DDP and the example script:
 tests/integration/test_lightning.py."""
 
@@ -15,8 +15,8 @@ from stoker.accel.consumer import Consumer
 from stoker.lightning import StokerDataModule, epochs_mismatch, workers_here
 from stoker.loader import Loader
 from stoker.protos.errors import ConfigError, StateError
-from tests.unit.accel import fakes
-from tests.unit.accel.fakes import CONFIG, SAMPLES, send_job
+from tests.unit.stoker.accel import fakes
+from tests.unit.stoker.accel.fakes import CONFIG, SAMPLES, send_job
 
 STEPS = 5  # fakes.job: 20 samples in batches of 4
 

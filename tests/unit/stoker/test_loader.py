@@ -1,4 +1,4 @@
-"""stoker/loader.py over a rank with fakes (tests/unit/accel/fakes.py): the real receiver and
+"""stoker/loader.py over a rank with fakes (tests/unit/stoker/accel/fakes.py): the real receiver and
 books, a fake dispatcher and a fake worker; no sockets. Ranks that meet through torchrun's
 store, and real workers: tests/integration/test_data_parallel.py."""
 
@@ -10,8 +10,8 @@ import pytest
 from stoker.accel.consumer import Consumer
 from stoker.loader import Loader, LoaderClosed
 from stoker.protos.errors import ConfigError
-from tests.unit.accel.fakes import CONFIG, SAMPLES, rank, send_job
-from tests.unit.accel.fakes import job as fake_job
+from tests.unit.stoker.accel.fakes import CONFIG, SAMPLES, rank, send_job
+from tests.unit.stoker.accel.fakes import job as fake_job
 
 
 def _loader(monkeypatch, tmp_path, epochs: int = 2) -> Loader:

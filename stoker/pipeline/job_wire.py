@@ -1,0 +1,65 @@
+"""The job as it travels: a `JobConfig` <-> `pb.JobSpec`, field by field of the same name.
+
+This is the one translation, and it lives with the data model so that the wire (stoker/protos/) knows
+no job: a field the sender left out takes the default JobConfig writes, and a config field with
+no wire field of its name is caught at import, not lost on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from google.protobuf.message import Message
+
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.text.examples import TextConfig
+from stoker.protos import stoker_pb2 as pb
+
+
+def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:
+    """The job as it travels; `data_endpoint`: the data socket of the rank a worker registers with."""
+    spec = pb.JobSpec(data_endpoint=data_endpoint)
+    _fill(spec, job)
+    return spec
+
+
+def job_from_proto(spec: pb.JobSpec) -> JobConfig:
+    """The job a dispatcher serves, as a worker or a consumer rank receives it."""
+    return _read(JobConfig, spec)
+
+
+def _fill(message: Message, config: Any) -> None:
+    """Copy a config dataclass into the message fields of the same names (nested configs too)."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if is_dataclass(value):
+            _fill(getattr(message, f.name), value)
+        else:
+            setattr(message, f.name, value)
+
+
+def _read(cls: Any, message: Message) -> Any:
+    """The config a message describes: every field the sender set, the defaults for the rest."""
+    given = {}
+    for f in fields(cls):  # a config dataclass
+        if is_dataclass(f.default):
+            given[f.name] = _read(type(f.default), getattr(message, f.name))
+        elif message.HasField(f.name) if _has_presence(message, f.name) else getattr(message, f.name):
+            given[f.name] = getattr(message, f.name)
+    return cls(**given)
+
+
+def _has_presence(message: Message, name: str) -> bool:
+    return message.DESCRIPTOR.fields_by_name[name].has_presence
+
+
+def _check_wire_names() -> None:
+    """Every field of the configs has a wire field of its name: nothing is dropped on the way."""
+    for config, message in ((JobConfig, pb.JobSpec), (TextConfig, pb.TextSpec)):
+        missing = {f.name for f in fields(config)} - set(message.DESCRIPTOR.fields_by_name)
+        if missing:
+            raise TypeError(f"{message.__name__} lacks {sorted(missing)}: add them to stoker/protos/stoker.proto")
+
+
+_check_wire_names()

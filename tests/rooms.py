@@ -1,0 +1,15 @@
+"""The house's rooms as pyproject.toml's [tool.stoker.rooms] lists them: the one list every rule of
+the tests reads (benchmarks/layout.py reads the same table)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "stoker"  # the one installed package; the rooms are its folders
+# room (a dotted path under stoker) -> the rooms its modules may import
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    room: frozenset(allowed)
+    for room, allowed in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["stoker"]["rooms"].items()}
+ROOMS: tuple[str, ...] = tuple(MAY_IMPORT)

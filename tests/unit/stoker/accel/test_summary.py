@@ -1,0 +1,51 @@
+"""stoker/accel/summary.py: one form for a rank's summary and a job's, and its JSON round trip."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from stoker.accel.summary import Summary, job_totals
+
+
+def _rank(rank: int, samples: int, stall: float, **more) -> Summary:
+    return Summary(samples=samples, unique_samples=samples, duplicates_dropped=1, epochs=2, elapsed_s=10.0 + rank,
+                   startup_s=1.0, delivered_samples_per_s=samples / 9, stall_fraction=stall, batches=samples // 4,
+                   hosts=2 + rank, procs_per_host=1, skipped_samples=rank, skipped=[{"sample_id": rank}] * rank,
+                   frames_dropped={}, units_released=0, stage_seconds={"step": 1.0},
+                   per_epoch_unique=[samples // 2] * 2,
+                   rank=rank, world_size=2, rows=samples, bottleneck=f"stage{rank}", bottleneck_detail=f"d{rank}",
+                   cores_needed=1.5, cores_in_use=1.0, **more)
+
+
+def test_a_job_adds_its_ranks_counts_and_takes_the_worst_stall_and_the_longest_time():
+    ranks = [_rank(0, 100, 0.1), _rank(1, 60, 0.3)]
+    job = job_totals(ranks)
+    assert (job.samples, job.unique_samples, job.duplicates_dropped, job.batches, job.rows) == (160, 160, 2, 40, 160)
+    assert job.per_epoch_unique == [80, 80] and job.skipped == [{"sample_id": 1}]
+    assert (job.stall_fraction, job.bottleneck, job.bottleneck_detail) == (0.3, "stage1", "d1")
+    assert (job.elapsed_s, job.hosts, job.cores_needed, job.cores_in_use) == (11.0, 3, 3.0, 2.0)
+    assert job.rank is None and job.ranks == ranks and job.sequences is None  # images: no text figures
+
+
+def test_ranks_interrupted_in_different_epochs_add_up_epoch_by_epoch():
+    """A rank's list ends at the epoch it was in (not the job's 2**31 - 1): Ctrl-C may find one rank an epoch
+    ahead of another, and the job's figures add what each was in (zip strict=True raised here)."""
+    ranks = [_rank(0, 100, 0.1, interrupted=True), replace(_rank(1, 60, 0.3, interrupted=True),
+                                                            per_epoch_unique=[30, 30, 5])]
+    assert job_totals(ranks).per_epoch_unique == [80, 80, 5]
+
+
+def test_text_figures_add_up_only_for_text():
+    ranks = [_rank(0, 100, 0.1, sequences=30, tokens=900), _rank(1, 60, 0.3, sequences=20, tokens=500)]
+    assert (job_totals(ranks).sequences, job_totals(ranks).tokens) == (50, 1400)
+
+
+def test_the_json_round_trip_keeps_every_figure_and_ignores_what_a_printer_added():
+    rank = _rank(1, 60, 0.3)
+    data = json.loads(json.dumps(rank.as_dict()))
+    assert "ranks" not in data
+    assert Summary.from_dict({**data, "cores": {"cores_needed": 1}}) == rank
+    job = job_totals([_rank(0, 100, 0.1), rank])
+    again = Summary.from_dict(json.loads(json.dumps(job.as_dict())))
+    assert again == job and again.ranks[1] == rank

@@ -1,0 +1,15 @@
+"""stoker/protos/leases.py: a lease token proves one unit to one worker of one job, and nothing else."""
+
+from stoker.protos.leases import LeaseSigner
+
+
+def test_a_token_proves_only_its_own_lease():
+    signer = LeaseSigner.new("job-1")
+    token = signer.token(7, "host-a", "host-a/p0.1", "cpu-0")
+    assert signer.valid(token, 7, "host-a", "host-a/p0.1", "cpu-0")
+    for other in ((8, "host-a", "host-a/p0.1", "cpu-0"), (7, "host-b", "host-a/p0.1", "cpu-0"),
+                  (7, "host-a", "host-a/p0.2", "cpu-0"), (7, "host-a", "host-a/p0.1", "rogue")):
+        assert not signer.valid(token, *other)
+    assert not LeaseSigner(signer.key, "job-2").valid(token, 7, "host-a", "host-a/p0.1", "cpu-0")
+    assert not LeaseSigner.new("job-1").valid(token, 7, "host-a", "host-a/p0.1", "cpu-0")  # another key
+    assert not signer.valid(token[:-1], 7, "host-a", "host-a/p0.1", "cpu-0")

@@ -1,0 +1,129 @@
+"""stoker/workers/sources.py: what a worker process makes of a leased unit, checked against the consumer's schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stoker.accel.schema import schema_of
+from stoker.pipeline.augment import DECODE_PATHS
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.plan import Segment, Unit
+from stoker.pipeline.shard_cache import CacheConfig
+from stoker.pipeline.shards import Manifest
+from stoker.pipeline.text.examples import TextConfig
+from stoker.workers.metrics import WorkerMetrics
+from stoker.workers.sources import ImageSource, make_source
+
+
+def _whole_first_shard(manifest: Manifest) -> Unit:
+    info = manifest.shards[0]
+    return Unit(0, 0, (Segment(0, 0, min(40, info.num_samples), info.first_sample_id),))
+
+
+def _parts(tensors: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+    return {name: [array] for name, array in tensors.items()}
+
+
+@pytest.fixture
+def metrics() -> WorkerMetrics:
+    return WorkerMetrics(CollectorRegistry())
+
+
+@pytest.mark.parametrize("decode_on", ["host", "accelerator"])
+def test_image_batches_fit_the_schema_and_count_every_sample(manifest, decode_on, metrics):
+    job = JobConfig(manifest_uri=manifest.uri, batch_size=16, image_size=64, decode_on=decode_on)
+    unit = _whole_first_shard(manifest)
+    batches = list(make_source(manifest, job).batches(unit))
+    assert [b.header.batch_index for b in batches] == list(range(len(batches)))
+    assert batches[-1].header.last_in_unit and not any(b.header.last_in_unit for b in batches[:-1])
+    ids = [i for b in batches for i in b.header.sample_ids]
+    first = unit.segments[0].first_sample_id
+    assert sorted(ids) == list(range(first, first + unit.size))  # every sample once (shuffled within the unit)
+    for batch in batches:
+        schema_of(job).check(batch.header, _parts(batch.tensors))  # raises FrameError if it would be dropped
+    before = metrics.samples._value.get()
+    for batch in batches:
+        batch.observe(metrics)
+    assert metrics.samples._value.get() - before == unit.size
+    decodes = {path: metrics.decodes.labels(path=path)._value.get() for path in DECODE_PATHS}
+    if decode_on == "host":  # the test set's shards carry the restart index: most crops splice
+        assert sum(decodes.values()) == unit.size and decodes["spliced"] > unit.size / 2
+        assert decodes["rejected"] == 0
+    else:
+        assert sum(decodes.values()) == 0
+
+
+def test_text_batches_fit_the_schema(wiki_manifest):
+    job = JobConfig(manifest_uri=wiki_manifest.uri, dataset="wikipedia", batch_size=16,
+                    text=TextConfig(seq_len=128, pack=True))
+    batches = list(make_source(wiki_manifest, job).batches(_whole_first_shard(wiki_manifest)))
+    assert sum(b.header.text.sequences for b in batches) > 0
+    for batch in batches:
+        schema_of(job).check(batch.header, _parts(batch.tensors))
+
+
+def test_a_shard_that_cannot_be_read_is_reported_skipped_not_fatal(manifest, tmp_path):
+    info = manifest.shards[0]
+    broken = Manifest(kind=manifest.kind, classes=manifest.classes, shards=[info])
+    broken.save(tmp_path / "manifest.json")  # the shard file is not beside this manifest
+    broken = Manifest.load(tmp_path / "manifest.json")
+    job = JobConfig(manifest_uri=broken.uri, batch_size=16, image_size=64)
+    batches = list(ImageSource(broken, job).batches(_whole_first_shard(broken)))
+    skipped = [s for b in batches for s in b.header.skipped]
+    assert len(skipped) == min(40, info.num_samples) and "unreadable shard" in skipped[0].reason
+    assert all(not b.tensors for b in batches)
+
+
+def test_a_worker_refuses_shards_of_another_kind(wiki_manifest):
+    with pytest.raises(ValueError, match="holds 'wikipedia' shards, not imagenet"):
+        make_source(wiki_manifest, JobConfig(manifest_uri=wiki_manifest.uri))
+
+
+def test_a_shard_unlike_its_manifest_is_skipped_unit_after_unit_and_counted_once(sixteen, tmp_path, metrics):
+    import shutil
+
+    from tests.shard_edits import JOB
+
+    folder = tmp_path / "shards"
+    shutil.copytree(Path(sixteen.uri).parent, folder)
+    manifest = Manifest.load(folder / "manifest.json")
+    manifest.shards[2].num_samples -= 1  # a manifest that says the shard is one row short of what it holds
+    job = JobConfig(manifest_uri=manifest.uri, **JOB)
+    source = ImageSource(manifest, job, CacheConfig(tmp_path / "cache"))
+    info = manifest.shards[2]
+    halves = [Unit(i, 0, (Segment(2, start, start + 5, info.first_sample_id),)) for i, start in enumerate((0, 5))]
+    for unit in halves:
+        batches = list(source.batches(unit))
+        reasons = {s.reason for b in batches for s in b.header.skipped}
+        assert reasons == {f"shard {info.path}: 16 rows, the manifest says 15"} and not any(b.tensors for b in batches)
+        for batch in batches:
+            batch.observe(metrics)
+    assert metrics.decode_errors._value.get() == 10
+    assert metrics.shards_refused.labels(reason="rows")._value.get() == 1
+
+
+@pytest.mark.parametrize("corrupt_jpegs", ["skip", "keep"])
+def test_a_broken_scan_is_skipped_counted_and_named_in_the_batch_header_unless_the_job_keeps_it(
+        broken_scans, metrics, corrupt_jpegs):
+    """JPEGs with a valid header and a garbled or cut scan: libjpeg's words in the header, counted as
+    decode errors; with --corrupt-jpegs keep the garbled ones are delivered, as before."""
+    manifest, broken = broken_scans
+    job = JobConfig(manifest_uri=manifest.uri, batch_size=16, image_size=64, corrupt_jpegs=corrupt_jpegs)
+    batches = list(make_source(manifest, job).batches(Unit(0, 0, (Segment(0, 0, manifest.num_samples, 0),))))
+    skipped = {s.key: s.reason for b in batches for s in b.header.skipped}
+    before = metrics.decode_errors._value.get()
+    for batch in batches:
+        batch.observe(metrics)
+    assert metrics.decode_errors._value.get() - before == len(skipped)
+    if corrupt_jpegs == "skip":
+        assert set(skipped) == set(broken)
+        assert all("libjpeg warned 'Corrupt JPEG data: " in skipped[key] for key, how in broken.items()
+                   if how == "garbled")
+        assert all(reason.endswith("'Premature end of JPEG file'") for key, reason in skipped.items()
+                   if broken[key] != "garbled")
+    else:
+        assert set(skipped) <= {key for key, how in broken.items() if how != "garbled"}  # cut short: as before
