@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from stoker.pipeline.augment import TrainTransform
 from stoker.pipeline.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.store.shards import Manifest, ShardReader
 
 
 def batches(manifest: Manifest, batch_size: int, unit_batches_each: int, seed: int, epochs: int) -> Iterator:

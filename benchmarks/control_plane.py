@@ -45,7 +45,7 @@ from stoker.accel.control.journal import Journal
 from stoker.accel.ledger import Ledger
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.protos import stoker_pb2 as pb
 
 IMAGENET_1K = 1_281_167
@@ -144,7 +144,7 @@ def restart_seconds(manifest: Path, epochs: int, path: Path) -> dict:
     """A fresh interpreter replays the journal and builds its dispatcher, as `stoker dispatch` does
     when it restarts: the seconds for that alone (after the imports) and for the whole process."""
     code = ("from benchmarks.control_plane import job; from stoker.accel.control.dispatcher import Dispatcher;"
-            "from stoker.accel.control.journal import Journal; from stoker.pipeline.shards import Manifest;"
+            "from stoker.accel.control.journal import Journal; from stoker.pipeline.store.shards import Manifest;"
             "from stoker.accel.checkpoint import job_fields; import time; t = time.perf_counter();"
             f"cfg = job({str(manifest)!r}, {epochs}); j = Journal({str(path)!r}, job_fields(cfg), b'k' * 32);"
             "d = Dispatcher(cfg.plan(Manifest.load(cfg.manifest_uri)), journal=j, planned_batches=cfg.planned_batches);"

@@ -30,7 +30,7 @@ from stoker.pipeline import _jpegcrop
 from stoker.pipeline.augment import TrainTransform, corrupt_jpegs, decode_augment, decode_whole
 from stoker.pipeline.corrupt import scan_bounds
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 
 CORE = 0
 WHOLE_IMAGES = 500

@@ -27,7 +27,7 @@ from benchmarks.report import CoreWatch, header, write_results
 from stoker.datasets import default_imagenet
 from stoker.pipeline import _jpegcrop
 from stoker.pipeline.augment import TrainTransform
-from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.store.shards import Manifest, ShardReader
 
 CORE = 0
 SIZE = 224

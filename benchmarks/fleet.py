@@ -25,11 +25,11 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from benchmarks.report import header, write_results
+from stoker.accel.backends.profiles import profile_rate
 from stoker.accel.control.fleet_member import HEADROOM
-from stoker.accel.profiles import profile_rate
 from stoker.calibrate import _pinned, imagenet_rate, wikipedia_entry
 from stoker.datasets import default_imagenet, default_wikipedia
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 
 HOSTS, PROCS, CORES_PER_HOST = 4, 2, 0.3  # 1.2 cores of the machine's 2 for workers: the rest for the jobs' consumers
 RESNET_SCALE, BERT_SEQ_LEN = 0.2, 512

@@ -39,7 +39,7 @@ from pathlib import Path
 from benchmarks.report import header, write_results
 from benchmarks.suite import WORK, build_tj_loop, json_of
 from stoker.calibrate import _pinned, imagenet_rate
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 
 PACKAGE, VERSION = "opencv-python", "4.10.0.84"
 ARCHIVE = f"{PACKAGE}-{VERSION}.tar.gz"

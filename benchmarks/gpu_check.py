@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from benchmarks.report import header, write_results
-from stoker.accel.accelerators import AccelSpec, make_accelerator
+from stoker.accel.backends.accelerators import AccelSpec, make_accelerator
 from stoker.accel.consumer import ConsumerConfig
 from stoker.embedded import RunConfig, run_embedded
 from stoker.pipeline.image_layout import DecodeOn

@@ -23,7 +23,7 @@ from benchmarks.report import header, write_results
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_imagenet
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.storage import upload_folder
+from stoker.pipeline.store.storage import upload_folder
 
 WORKER_CORE, SERVER_CORE = "0", "1"
 BUCKET = "bench"

@@ -27,15 +27,15 @@ import torch
 
 from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
-from stoker.accel.accelerators import AccelSpec, make_accelerator
+from stoker.accel.backends.accelerators import AccelSpec, make_accelerator
+from stoker.accel.backends.torch_accel import TorchAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.stepping import given
-from stoker.accel.torch_accel import TorchAccelerator
 from stoker.datasets import default_imagenet
 from stoker.pipeline.augment import TrainTransform, decode_augment
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.store.shards import Manifest, ShardReader
 
 SIZE, BATCH, EPOCHS = 112, 32, 1
 SPEC = AccelSpec(kind="torch", model="resnet18", lr=0.05)

@@ -24,7 +24,7 @@ from benchmarks.stability import TRIVIALAUGMENT
 from benchmarks.transform_example import EXAMPLE
 from stoker.calibrate import _pinned, imagenet_rate, wikipedia_entry
 from stoker.datasets import default_imagenet, default_wikipedia
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.plan_check import CheckConfig, describe, run_check
 
 CALIBRATE_SECONDS = 15.0  # as `stoker calibrate`

@@ -21,7 +21,7 @@ from benchmarks.report import header, write_results
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_imagenet
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 
 WORKER_CORE, CONSUMER_CORE = "0", 1
 

@@ -28,7 +28,7 @@ from benchmarks.transform_example import EXAMPLE
 from stoker.calibrate import _pinned as pinned
 from stoker.calibrate import imagenet_rate, wikipedia_rate
 from stoker.datasets import default_imagenet, default_wikipedia
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 
 SECONDS = 4.0  # CPU-seconds per calibration
 AGREE = 0.10  # the goal: busy within 10% of quiet

@@ -41,7 +41,7 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import MANIFEST_VERSION, Manifest
+from stoker.pipeline.store.shards import MANIFEST_VERSION, Manifest
 from stoker.pipeline.text.batching import TextUnitSource, unit_sequences
 from stoker.pipeline.text.docs import read_doc_shard
 from stoker.pipeline.text.examples import Specials, TextConfig

@@ -31,7 +31,7 @@ from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_wikipedia
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
 from stoker.pipeline.text.docs import read_doc_shard
 from stoker.pipeline.text.examples import Specials, TextConfig

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from benchmarks.text import in_process
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 
 

@@ -40,7 +40,7 @@ from stoker.pipeline.batching import HostTransform, unit_batches
 from stoker.pipeline.job import JOB_DEFAULTS
 from stoker.pipeline.plan import EpochPlan, Unit, batch_bounds
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.store.shards import Manifest, ShardReader
 
 CORE = 0
 BATCH = 64

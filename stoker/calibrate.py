@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from stoker.machine import machine_kind
 from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
 from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.transforms import parse_params, resolve
 from stoker.planning import transform_key

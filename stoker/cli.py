@@ -213,7 +213,7 @@ RUN_PROFILE = "a100"
 
 
 def _accel_spec(args: argparse.Namespace):
-    from stoker.accel.accelerators import AccelSpec
+    from stoker.accel.backends.accelerators import AccelSpec
 
     if args.accel == "torch":  # the loss every few steps is what a person training wants to see
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
@@ -242,7 +242,7 @@ def _cmd_data(args: argparse.Namespace) -> int:
                          processes=args.procs)
         print(f"wrote {args.images} images ({total / 1e6:.1f} MB) to {args.dir}/train")
         return 0
-    from stoker.pipeline.stats import folder_stats
+    from stoker.pipeline.store.stats import folder_stats
 
     print(json.dumps(folder_stats(args.dir).as_dict(), indent=1))
     return 0

@@ -100,17 +100,17 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _source(args: argparse.Namespace):
-    """The record source the sub-command names (pipeline.record_sources)."""
+    """The record source the sub-command names (pipeline.store.record_sources)."""
     if args.prepare_command == "webdataset":
-        from stoker.pipeline.tar_records import TarSource
+        from stoker.pipeline.store.tar_records import TarSource
 
         return TarSource(args.src, data_ext=args.data_ext, label_field=args.label_field)
     if args.prepare_command == "parquet":
-        from stoker.pipeline.table_records import TableSource
+        from stoker.pipeline.store.table_records import TableSource
 
         return TableSource(args.src, image_column=args.image_column, label_column=args.label_column,
                            key_column=args.key_column, batch_rows=args.batch_rows)
-    from stoker.pipeline.record_sources import FolderSource
+    from stoker.pipeline.store.record_sources import FolderSource
 
     return FolderSource(args.src)
 

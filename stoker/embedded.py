@@ -26,11 +26,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from stoker.accel.accelerators import AccelSpec
+from stoker.accel.backends.accelerators import AccelSpec
+from stoker.accel.backends.profiles import PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.cost import cores_text
-from stoker.accel.profiles import PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.summary import Summary, job_totals
 from stoker.configured import command_line
 from stoker.datasets import default_manifest

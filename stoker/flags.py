@@ -111,8 +111,8 @@ def endpoint(text: str) -> str:
 endpoint.__name__ = "endpoint"
 
 def gigabytes(text: str) -> float:
-    """A shard cache's size limit, as $STOKER_SHARD_CACHE_GB has always been read (pipeline.shard_cache)."""
-    from stoker.pipeline.shard_cache import parse_gb
+    """A shard cache's size limit, as $STOKER_SHARD_CACHE_GB has always been read (pipeline.store.shard_cache)."""
+    from stoker.pipeline.store.shard_cache import parse_gb
 
     try:
         return parse_gb(text, "GB")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from stoker.accel.accelerators import AccelSpec
+from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.control.fleet_member import HEADROOM
 from stoker.calibrate import checked_rate, load, transform_rate
 from stoker.protos.errors import ConfigError
@@ -44,7 +44,7 @@ def _device_rate(spec: AccelSpec, dataset: str) -> float | None:
     if spec.kind != "simulated":
         return None
     if spec.profile:
-        from stoker.accel.profiles import profile_rate
+        from stoker.accel.backends.profiles import profile_rate
 
         return profile_rate(spec.profile, dataset, spec.scale)
     return spec.rate

@@ -42,12 +42,12 @@ from dataclasses import replace
 from typing import Any
 
 from stoker.accel import checkpoint
-from stoker.accel.accelerators import require
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.feed import FORMATS, Batch, Feed
 from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.optional import require
 from stoker.accel.ranks import (
     HOST_ENV,
     Meeting,

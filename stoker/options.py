@@ -25,17 +25,17 @@ import json
 import os
 import sys
 
-from stoker.accel.accelerators import AccelSpec
+from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import add_options, config_of, fields_of
 from stoker.flags import METRICS_PORT, POSITIVE, output_file
 from stoker.pipeline import image_fit
 from stoker.pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
-from stoker.pipeline.files import write_atomically
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import DATASETS, JOB_DEFAULTS, JobConfig
 from stoker.pipeline.kinds import IMAGENET, kind_of
-from stoker.pipeline.shard_cache import LIMIT_ENV, parse_gb
+from stoker.pipeline.store.files import write_atomically
+from stoker.pipeline.store.shard_cache import LIMIT_ENV, parse_gb
 from stoker.pipeline.text.examples import TextConfig
 from stoker.workers.worker_config import WorkerConfig
 
@@ -243,7 +243,7 @@ def dataset(args: argparse.Namespace, manifest_uri: str | None) -> str:
     if args.dataset:
         return args.dataset
     if manifest_uri:
-        from stoker.pipeline.shards import Manifest
+        from stoker.pipeline.store.shards import Manifest
 
         return Manifest.load(manifest_uri).kind
     return IMAGENET.name

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from stoker.accel.backends.profiles import PROFILES, profile_rate
 from stoker.accel.cost import rate_figure
-from stoker.accel.profiles import PROFILES, profile_rate
 from stoker.pipeline.kinds import kind_of
 from stoker.pipeline.transforms import parse_params
 from stoker.protos.errors import ConfigError
@@ -23,7 +23,7 @@ from stoker.protos.errors import ConfigError
 @dataclass(frozen=True)
 class System:
     name: str
-    profile: str  # accel.profiles name of one accelerator in it
+    profile: str  # accel.backends.profiles name of one accelerator in it
     count: int  # accelerators of that profile in the system
     price: float | None  # US dollars; None: give --accel-price
     host_cores: int  # host CPU cores the system brings (a DGX has its own CPUs)
@@ -110,7 +110,7 @@ def make_plan(inp: PlanInput) -> Plan:
 
 
 def decode_note(system: str) -> str:
-    """What moving JPEG decode to the system's accelerators would change for the host (accel.profiles)."""
+    """What moving JPEG decode to the system's accelerators would change for the host (accel.backends.profiles)."""
     return PROFILES[SYSTEMS[system].profile].decode_on_accelerator
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from stoker.accel.backends.profiles import profile_rate
 from stoker.accel.bottleneck import CONTENDED
-from stoker.accel.profiles import profile_rate
-from stoker.pipeline.files import write_atomically
 from stoker.pipeline.kinds import kind_of
+from stoker.pipeline.store.files import write_atomically
 from stoker.planning import transform_key
 from stoker.protos.errors import ConfigError
 
@@ -320,7 +320,7 @@ def _per_system(point: Point) -> str:
 
 def plot(points: list[Point], path: Path) -> None:
     """Delivered rate and stall fraction against host cores per accelerator, the knee marked."""
-    from stoker.accel.accelerators import require
+    from stoker.accel.optional import require
 
     require("matplotlib", "stoker sweep's plot")
     import matplotlib
@@ -376,7 +376,7 @@ def plot_time_to_train(parent: Path, path: Path) -> Path | None:
                      for points in [load_points(folder)] if points), key=lambda ps: ps[0].dataset)
     if not sweeps:
         return None
-    from stoker.accel.accelerators import require
+    from stoker.accel.optional import require
 
     require("matplotlib", "stoker sweep's plot")
     import matplotlib

@@ -12,7 +12,7 @@ import pytest
 
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
-from stoker.pipeline.shards import Manifest, ShardReader, ShardWriter
+from stoker.pipeline.store.shards import Manifest, ShardReader, ShardWriter
 from stoker.pipeline.synth import SynthConfig, generate
 from tests.corrupt_jpegs import garbled, truncated, without_eoi
 from tests.helpers import Daemon, Job

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from stoker import ConsumerConfig, JobConfig, Loader
-from stoker.accel.models.resnet import resnet18
+from stoker.accel.backends.models.resnet import resnet18
 
 
 def make_model(kind: str, image_size: int) -> nn.Module:

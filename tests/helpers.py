@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.stepping import given
 from stoker.accel.summary import Summary

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.pipeline.stats import image_files
+from stoker.pipeline.store.stats import image_files
 
 Sample = tuple[str, int, bytes]  # key, label, bytes
 

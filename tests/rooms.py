@@ -13,3 +13,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     room: frozenset(allowed)
     for room, allowed in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["stoker"]["rooms"].items()}
 ROOMS: tuple[str, ...] = tuple(MAY_IMPORT)
+
+
+def room_of(dotted: str) -> str | None:
+    """The room a module or package under stoker belongs to ("accel.control.server" -> "accel.control",
+    "pipeline.text.vocab" -> "pipeline"), or None for the modules of stoker/ itself."""
+    while dotted and dotted not in MAY_IMPORT:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None

@@ -11,7 +11,7 @@ import pyarrow as pa
 from stoker.pipeline.batching import HostTransform
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import IMAGE_SCHEMA, Manifest, ShardInfo, ShardReader, file_sha256
+from stoker.pipeline.store.shards import IMAGE_SCHEMA, Manifest, ShardInfo, ShardReader, file_sha256
 from stoker.pipeline.transforms import Sample
 from stoker.workers.sources import transform_of
 

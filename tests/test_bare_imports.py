@@ -1,7 +1,7 @@
 """Every module has one name: a room of stoker is imported as `stoker.<room>`, never by its bare name,
 anywhere in the tree (product, tests, benchmarks, examples, docs, configs). With a checkout's root on
 sys.path a bare `from accel.credit import CreditBook` once loaded a second copy of the module and its
-classes, and a probe that patched `accel.accelerators` patched nothing the CLI used."""
+classes, and a probe that patched `accel.backends.accelerators` patched nothing the CLI used."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ TOPS = sorted({room.split(".")[0] for room in ROOMS})
 _NAME = "|".join(TOPS)
 # an import in code or prose (`from accel.x import`, `import pipeline`), a `python -m workers.x`, or a
 # "module:Name" spec (an entry point, a transform) that starts at a room
-BARE = re.compile(rf"(?<![\w.])(?:(?:from|import)\s+|-m\s+)(?:{_NAME})(?:\.\w+)*\b(?!\s*/)"
+BARE = re.compile(rf"(?<![\w.])(?:from\s+|(?<!stoker )import\s+|-m\s+)(?:{_NAME})(?:\.\w+)*\b(?!\s*/)"
                   rf"|(?<![\w./\-])(?:{_NAME})(?:\.\w+)+:[A-Za-z_]")
-# the one place a bare name is meant: the wheel test's training script imports its OWN packages named as
-# Stoker's rooms, to show they do not collide with the installed stoker
-THE_USERS_OWN = {"tests/integration/test_wheel.py"}
+# where a bare name is meant: the wheel test's training script imports its OWN packages named as
+# Stoker's rooms, to show they do not collide with the installed stoker; and this rule's own examples
+THE_USERS_OWN = {"tests/integration/test_wheel.py", "tests/test_bare_imports.py"}
 
 
 def bare_imports_in_code(path: str, text: str) -> list[str]:
@@ -28,6 +28,8 @@ def bare_imports_in_code(path: str, text: str) -> list[str]:
         names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
             [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
         found += [f"{path}:{node.lineno} imports {name}" for name in names if name.split(".")[0] in TOPS]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):  # code a test runs: python -c "..."
+            found += [f"{path}:{node.lineno} {hit.split(' ', 1)[1]}" for hit in bare_names_in_text(path, node.value)]
     return found
 
 
@@ -55,8 +57,10 @@ def test_no_room_is_imported_by_its_bare_name_anywhere_in_the_tree():
 
 
 def test_the_rule_sees_each_shape_of_a_bare_name():
-    code = "import accel\nfrom pipeline.job import JobConfig\nimport stoker.accel.feed\nfrom stoker import protos\n"
-    assert bare_imports_in_code("x.py", code) == ["x.py:1 imports accel", "x.py:2 imports pipeline.job"]
+    code = ("import accel\nfrom pipeline.job import JobConfig\nimport stoker.accel.feed\nfrom stoker import protos\n"
+            "CODE = 'import os\\nfrom workers.multiproc import prepare'\n")
+    assert bare_imports_in_code("x.py", code) == ["x.py:1 imports accel", "x.py:2 imports pipeline.job",
+                                                  "x.py:5 'from workers.multiproc'"]
     prose = ("run `python -m workers.daemon` or `--transform pipeline.augment:TrainTransform`;\n"
              "see stoker/accel/feed.py, `stoker.pipeline.augment:TrainTransform`, `from stoker.protos import x`;\n"
              "the workers/ keys, the accel/ room, a pipeline of transforms imports numpy, workers.bad:2 at a line\n")

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stoker.accel.stepping import Stateful
-from stoker.pipeline.files import replace_atomically, write_atomically
 from stoker.pipeline.plan import Cut, Resumed
+from stoker.pipeline.store.files import replace_atomically, write_atomically
 from stoker.protos.errors import DataError, ResourceError, StokerError
 
 STATE_VERSION = 3

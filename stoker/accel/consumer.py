@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from stoker.accel import checkpoint
-from stoker.accel.accelerators import NullAccelerator, require
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.bottleneck import BottleneckMonitor, Totals
 from stoker.accel.consumer_config import ConsumerConfig
@@ -32,10 +31,11 @@ from stoker.accel.control.remote import NotAConsumer, RankRefused
 from stoker.accel.joining import LinkServices, Member, dispatcher_for, join
 from stoker.accel.ledger import Ledger
 from stoker.accel.metrics import ConsumerMetrics
+from stoker.accel.optional import require
 from stoker.accel.receive_loop import ANSWER_TIMEOUT_S, END, DataSocket, ReceiveLoop
 from stoker.accel.receiver import Receiver
 from stoker.accel.schema import batch_bytes, schema_of
-from stoker.accel.stepping import StepFactory, given
+from stoker.accel.stepping import NullAccelerator, StepFactory, given
 from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
 from stoker.accel.stream import StreamOrder
 from stoker.accel.summary import Books, Summary
@@ -43,7 +43,7 @@ from stoker.accel.training_loop import train
 from stoker.pipeline.cpu_clock import machine_id
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.endpoints import serves
 from stoker.protos.errors import StateError, StokerError

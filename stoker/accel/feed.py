@@ -29,7 +29,7 @@ from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos.errors import ConfigError
 
 FORMATS = ("torch", "numpy", "jax")

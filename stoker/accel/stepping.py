@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from stoker.accel.batch import ReceivedBatch
     from stoker.pipeline.job import JobConfig
-    from stoker.pipeline.shards import Manifest
+    from stoker.pipeline.store.shards import Manifest
 
 
 class Step(ABC):
@@ -92,3 +92,13 @@ class StepRunner:
             self.inner.step_prepared(prepared)
         else:
             self.inner.step(received)
+
+
+class NullAccelerator(Step):
+    """Consumes instantly: measures what the data path alone delivers (the step a rank takes when it is
+    given none)."""
+
+    name: str = "null"
+
+    def step(self, batch: ReceivedBatch) -> None:
+        return None

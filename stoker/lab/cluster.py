@@ -39,7 +39,7 @@ from stoker.lab.system import (
     remove_cgroup_tree,
     run,
 )
-from stoker.pipeline.files import write_atomically
+from stoker.pipeline.store.files import write_atomically
 from stoker.protos.curve import add_key, init_keys
 from stoker.workers.worker_config import WorkerConfig
 

@@ -222,7 +222,7 @@ def decode_augment(
     restarts: bytes | memoryview | None = None,
 ) -> DecodedSample:
     """Decode a JPEG (only as much and as finely as the crop needs) and apply the transform.
-    `restarts`: the file's restart index (pipeline.shards), which only the crop decoder uses."""
+    `restarts`: the file's restart index (pipeline.store.shards), which only the crop decoder uses."""
     if decoder not in DECODERS:
         raise ConfigError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
     strict = _strict()

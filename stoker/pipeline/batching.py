@@ -27,7 +27,7 @@ from stoker.pipeline.deadline import CallLimit, TransformTimeout
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.store.shards import ShardReader
 from stoker.pipeline.transforms import Crop, ImageTransform, Sample, check_outputs
 from stoker.protos.errors import ConfigError
 

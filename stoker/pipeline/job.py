@@ -17,7 +17,7 @@ from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve

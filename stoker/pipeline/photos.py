@@ -1,6 +1,6 @@
 """Real photographs that ship inside PyPI wheels, used as the raw material of synthetic data.
 
-Only the image files below are read out of the wheels (see pipeline.wheels).
+Only the image files below are read out of the wheels (see pipeline.store.wheels).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from stoker.pipeline.wheels import WheelSource, cache_dir, fetch_wheel
+from stoker.pipeline.store.wheels import WheelSource, cache_dir, fetch_wheel
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from functools import cached_property
 import numpy as np
 
 from stoker.pipeline.seeds import derived_rng
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos.errors import ConfigError, DataError
 
 _UNIT_ORDER_KEY = "unit-order"

@@ -1,6 +1,6 @@
 """`stoker prepare imagenet|webdataset|parquet`: records -> Arrow IPC shards + manifest.
 
-Records come from a source (pipeline.record_sources: an ImageNet-layout folder, WebDataset tars,
+Records come from a source (pipeline.store.record_sources: an ImageNet-layout folder, WebDataset tars,
 Parquet or Arrow tables); what happens to them here does not depend on which. Every JPEG is
 fully entropy-decoded (at 1/8 DCT scale, which is cheap) in a process pool, so a record pillow-simd
 cannot decode at all (most truncated ones, non-JPEGs) is reported and skipped here rather than in
@@ -13,7 +13,7 @@ garbled or cut short: pillow-simd decodes it without a word) is stored too, list
 words and what training does with it: skip it and count it, unless the job says `--corrupt-jpegs
 keep` (pipeline.corrupt). With `records="bytes"` records are stored as given, unchecked, and the
 manifest says so. Samples are shuffled (seeded) before they are written, so a contiguous work unit
-mixes classes: a folder's file list before any file is read, a stream through pipeline.spill.
+mixes classes: a folder's file list before any file is read, a stream through pipeline.store.spill.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from tqdm import tqdm
 
 from stoker.pipeline.augment import DecodeError, refuse_corrupt
 from stoker.pipeline.kinds import IMAGENET
-from stoker.pipeline.record_sources import FolderSource, Record, RecordSource
-from stoker.pipeline.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
-from stoker.pipeline.spill import SPILL_NAME, Spill
-from stoker.pipeline.storage import join, staged
+from stoker.pipeline.store.record_sources import FolderSource, Record, RecordSource
+from stoker.pipeline.store.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
+from stoker.pipeline.store.spill import SPILL_NAME, Spill
+from stoker.pipeline.store.storage import join, staged
 from stoker.protos.errors import ConfigError, DataError
 
 try:

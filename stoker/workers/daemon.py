@@ -32,7 +32,7 @@ from prometheus_client import multiprocess
 from stoker.pipeline.activity import ActivitySlot, Phase
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_from_proto
-from stoker.pipeline.shard_cache import CacheConfig
+from stoker.pipeline.store.shard_cache import CacheConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys

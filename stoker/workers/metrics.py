@@ -83,7 +83,7 @@ class WorkerMetrics:
             self.throttled_batches.inc()
 
     def count_shard_events(self, events: Tally[str]) -> None:
-        """pipeline.open_shards' events (the shard cache's, and shards refused) as these metrics."""
+        """pipeline.store.open_shards' events (the shard cache's, and shards refused) as these metrics."""
         for event, count in events.items():
             if event == "fetched":
                 self.shard_fetches.labels(result="ok").inc(count)

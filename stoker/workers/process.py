@@ -37,8 +37,8 @@ from stoker.pipeline.activity import ActivitySlot, Phase
 from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Unit
-from stoker.pipeline.shard_cache import CacheConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shard_cache import CacheConfig
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.transforms import TransformOutputError, TransformRefused
 from stoker.pipeline.unit_wire import unit_from_proto
 from stoker.protos import stoker_pb2 as pb

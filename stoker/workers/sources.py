@@ -24,10 +24,10 @@ from stoker.pipeline.batching import OnHang, unit_batches
 from stoker.pipeline.corrupt import job_sample_work
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA
-from stoker.pipeline.open_shards import OpenShards
 from stoker.pipeline.plan import Unit
-from stoker.pipeline.shard_cache import CacheConfig, ShardCache
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.open_shards import OpenShards
+from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
 from stoker.pipeline.text.docs import ShardError, read_doc_shard
 from stoker.pipeline.text.examples import Specials

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from tests.helpers import descendants
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from stoker.pipeline.augment import TrainTransform, decode_augment
 from stoker.pipeline.batching import ShipEncoded
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.store.shards import ShardReader
 from stoker.pipeline.transforms import Sample
 from tests.awkward import encode, write_awkward_set
 from tests.corrupt_jpegs import garbled, truncated, without_eoi

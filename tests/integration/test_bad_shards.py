@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from tests.helpers import assert_exactly_once, run_recorded
 from tests.shard_edits import ROWS, flip_inside_a_jpeg, rows_of, write_shard
 

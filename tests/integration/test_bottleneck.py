@@ -11,7 +11,7 @@ import time
 import pytest
 
 from benchmarks.stability import busy_loops
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.bottleneck import WINDOW_S
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.stepping import given

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from stoker.pipeline.shards import Manifest, ShardReader, ShardWriter
+from stoker.pipeline.store.shards import Manifest, ShardReader, ShardWriter
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient
 from tests.helpers import Daemon, free_port, scrape, wait_for

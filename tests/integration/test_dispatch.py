@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.control.journal import replay
 from stoker.accel.control.remote import NotAConsumer, attach

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import zmq
 
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.cost import cores_text
 from stoker.accel.stepping import given

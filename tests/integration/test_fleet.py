@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig, JobFailed
 from stoker.accel.stepping import given
 from stoker.pipeline.job import JobConfig

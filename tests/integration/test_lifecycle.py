@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stoker.accel import checkpoint
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.stepping import given
 from stoker.pipeline.job import JobConfig

@@ -26,7 +26,7 @@ from lightning.pytorch import LightningModule, Trainer
 
 from stoker.lightning import StokerDataModule
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos.errors import ConfigError
 from tests.helpers import descendants, free_port
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stoker.lab.system import can_use_namespaces, run
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos.curve import add_key, init_keys
 from tests.helpers import free_port, wait_for
 

@@ -160,7 +160,7 @@ def _upload(endpoint: str, manifest, prefix: str) -> str:
 @pytest.mark.parametrize("damage", ["flipped", "truncated"])
 def test_a_damaged_cached_copy_is_fetched_again_and_no_wrong_pixel_trains(s3, sixteen, expected, tmp_path, log_dir,
                                                                           monkeypatch, damage):
-    from stoker.pipeline.shards import Manifest
+    from stoker.pipeline.store.shards import Manifest
     from tests.helpers import run_recorded
     from tests.shard_edits import rows_of
 
@@ -217,8 +217,8 @@ def test_the_cache_limit_holds_with_two_processes_fetching_at_once(s3, sixteen, 
     2 x (1 + IDLE_KEEP) shards at once, which is the limit here, less than the ten shards of the set."""
     import threading
 
-    from stoker.pipeline.open_shards import IDLE_KEEP
-    from stoker.pipeline.shard_cache import CacheConfig, ShardCache
+    from stoker.pipeline.store.open_shards import IDLE_KEEP
+    from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache
 
     uri = _upload(s3, sixteen, "limited")
     gb = 2 * (1 + IDLE_KEEP) * max(s.num_bytes for s in sixteen.shards) / (1 << 30)
@@ -252,7 +252,7 @@ def test_a_slow_store_is_named_storage_by_the_bottleneck(s3, sixteen, tmp_path):
     """The bucket behind a relay that passes 2 MB/s, and a shard cache that keeps only what one process
     has open: every unit fetches its shard again from the slow store. The workers spend most of their
     time waiting on those reads, and the run's bottleneck says storage, not the workers' cores."""
-    from stoker.pipeline.open_shards import IDLE_KEEP
+    from stoker.pipeline.store.open_shards import IDLE_KEEP
     from tests.helpers import DelayProxy
 
     uri = _upload(s3, sixteen, "slow")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from stoker.accel import checkpoint
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.bottleneck import read_status
 from stoker.accel.consumer import Consumer, ConsumerConfig, JobFailed
 from stoker.accel.stepping import given
@@ -482,7 +482,7 @@ def test_records_that_are_not_images_prepared_from_parquet_train_through_a_trans
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stoker.pipeline.shards import Manifest
+    from stoker.pipeline.store.shards import Manifest
 
     arrays = {f"r{i:03d}": np.random.default_rng(i).integers(0, 256, (6, 6, 3), dtype=np.uint8) for i in range(60)}
     pq.write_table(pa.table({"data": pa.array([a.tobytes() for a in arrays.values()], pa.binary()),

@@ -149,7 +149,7 @@ def test_a_flood_of_hellos_does_not_lock_out_a_worker(manifest, log_dir):
 def test_waiting_for_credit_keeps_a_slot_and_silence_loses_it(manifest, log_dir):
     """A slow consumer and a 1 s sender timeout: the real worker waits for credit far longer than
     that and keeps its slot; a leaseholder that stops answering pings loses its own."""
-    from stoker.accel.accelerators import SimulatedAccelerator
+    from stoker.accel.backends.accelerators import SimulatedAccelerator
 
     consumer = _consumer(manifest, SimulatedAccelerator(rate=60), credit_window=1, sender_timeout_s=1.0,
                          host_timeout_s=3.0)

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from stoker.accel.accelerators import SimulatedAccelerator
+from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.batch import ReceivedBatch
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.layout import attention_blocks
 from tests.helpers import assert_exactly_once, consumer_for, scrape

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.accel.accelerators import AccelSpec, make_accelerator
-from stoker.accel.models.resnet import resnet18, resnet50
+from stoker.accel.backends.accelerators import AccelSpec, make_accelerator
+from stoker.accel.backends.models.resnet import resnet18, resnet50
 from tests.helpers import assert_exactly_once, consumer_for
 
 
@@ -72,7 +72,7 @@ def test_a_packed_row_gives_each_sequence_the_same_hidden_states_as_alone():
 def test_large_batch_optimizers_fit_a_small_problem(name):
     import torch
 
-    from stoker.accel.optimizers import LAMB, LARS
+    from stoker.accel.backends.optimizers import LAMB, LARS
 
     torch.manual_seed(0)
     x = torch.randn(256, 16)
@@ -90,7 +90,7 @@ def test_large_batch_optimizers_fit_a_small_problem(name):
 
 
 def test_optimizer_choice_reaches_the_backends(manifest):
-    from stoker.accel.optimizers import LAMB, LARS
+    from stoker.accel.backends.optimizers import LAMB, LARS
 
     resnet = make_accelerator(AccelSpec(kind="torch", model="resnet18", width=16, optimizer="lars"), "imagenet", 4)
     bert = make_accelerator(AccelSpec(kind="torch", model="bert-tiny", optimizer="lamb", lr=1e-3), "wikipedia", 0,

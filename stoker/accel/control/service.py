@@ -37,7 +37,7 @@ from stoker.accel.control.server import AccessPolicy, ControlServer, guarded_con
 from stoker.accel.control.watchdog import StallBounds
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_to_proto
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos import job_secret
 from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, serves

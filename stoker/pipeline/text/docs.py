@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.pipeline.shards import ShardInfo
-from stoker.pipeline.storage import filesystem
+from stoker.pipeline.store.shards import ShardInfo
+from stoker.pipeline.store.storage import filesystem
 from stoker.protos.errors import StokerError
 
 DOC_SCHEMA = pa.schema([("doc_key", pa.string()), ("sentences", pa.list_(pa.list_(pa.int32())))])

@@ -20,8 +20,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stoker.pipeline.kinds import WIKIPEDIA
-from stoker.pipeline.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
-from stoker.pipeline.storage import join, staged
+from stoker.pipeline.store.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
+from stoker.pipeline.store.storage import join, staged
 from stoker.pipeline.text.docs import write_doc_shard
 from stoker.pipeline.text.sentences import split_sentences
 from stoker.pipeline.text.vocab import Vocab

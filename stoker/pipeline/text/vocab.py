@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.pipeline.storage import read_bytes
+from stoker.pipeline.store.storage import read_bytes
 from stoker.protos.errors import StokerError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -15,7 +15,7 @@ from stoker.pipeline.augment import TrainTransform, jpeg_size
 from stoker.pipeline.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.store.shards import ShardReader
 from stoker.pipeline.transforms import Sample, TransformError, resolve
 from tests.unit.examples.conftest import EXAMPLES
 

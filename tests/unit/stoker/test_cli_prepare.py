@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from tests.packing import folder_samples, write_hf_parquet, write_tars
 
 IMAGES = 12

@@ -138,7 +138,7 @@ def test_a_rank_is_told_its_consumer_and_device_by_the_flags_stoker_train_reads_
     import os
 
     from stoker import options
-    from stoker.accel.accelerators import AccelSpec
+    from stoker.accel.backends.accelerators import AccelSpec
     from stoker.accel.consumer_config import ConsumerConfig
     from stoker.cli import _accel_spec, _check_args, build_parser
     from stoker.configured import command_line

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from stoker.accel.accelerators import AccelSpec
+from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.summary import Summary, job_totals
 from stoker.embedded import cores_answer, cores_line, print_summary
 

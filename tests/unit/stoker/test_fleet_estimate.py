@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stoker.accel.accelerators import AccelSpec
+from stoker.accel.backends.accelerators import AccelSpec
 from stoker.fleet_estimate import start_cores
 
 

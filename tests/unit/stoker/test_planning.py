@@ -120,7 +120,7 @@ def test_plan_check_and_pack_are_refused_where_they_cannot_work(tmp_path):
 
 
 def test_every_profile_names_its_source_and_what_decoding_on_the_accelerator_changes():
-    from stoker.accel.profiles import PROFILES
+    from stoker.accel.backends.profiles import PROFILES
     from stoker.planning import SYSTEMS
 
     assert {"h100", "h200", "b200"} <= set(PROFILES) and {"h200", "b200"} <= set(SYSTEMS)

@@ -24,7 +24,7 @@ from stoker.accel.control.link import CloseWait, DispatcherLink
 from stoker.accel.receive_loop import END, ReceiveLoop
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Unit
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.protos import stoker_pb2 as pb
 
 HOST, WORKER, PEER = "h0", "h0/p0.1", b"peer-1"

@@ -10,7 +10,7 @@ from stoker.accel.control.local import InProcessDispatcher
 from stoker.accel.control.remote import RankRefused, RemoteDispatcher
 from stoker.accel.joining import Joined, LinkServices, Member, dispatcher_for, join
 from stoker.accel.metrics import ConsumerMetrics
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.protos.leases import LeaseSigner
 from tests.unit.stoker.accel.fakes import job
 

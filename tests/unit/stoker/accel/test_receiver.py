@@ -14,7 +14,7 @@ from stoker.accel.schema import schema_of
 from stoker.accel.stream import EpochEnd, StreamOrder
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.pipeline.text.examples import TextConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.framing import MAX_FRAME_BYTES

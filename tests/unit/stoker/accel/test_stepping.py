@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from stoker.accel import checkpoint
-from stoker.accel.accelerators import AccelSpec, ConvertingSimulatedAccelerator, NullAccelerator, SimulatedAccelerator
+from stoker.accel.backends.accelerators import (
+    AccelSpec,
+    ConvertingSimulatedAccelerator,
+    NullAccelerator,
+    SimulatedAccelerator,
+)
 from stoker.accel.stepping import PreparedStep, Stateful, Step, StepRunner, given
 
 

@@ -17,7 +17,7 @@ from stoker.pipeline.augment import (
     refuse_corrupt,
 )
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.store.shards import ShardReader
 from stoker.protos.errors import ConfigError
 from tests.awkward import cases, encode
 from tests.corrupt_jpegs import garbled, truncated, without_eoi

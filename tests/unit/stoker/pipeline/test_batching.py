@@ -12,7 +12,7 @@ from stoker.pipeline.augment import TrainTransform, decode_augment
 from stoker.pipeline.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.store.shards import Manifest, ShardReader
 from stoker.pipeline.transforms import Output, Sample, TransformOutputError
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 from stoker.pipeline import augment
 from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
 from stoker.pipeline.seeds import sample_random
-from stoker.pipeline.shards import ShardReader
+from stoker.pipeline.store.shards import ShardReader
 from tests.corrupt_jpegs import garbled, truncated, without_eoi
 
 pytestmark = pytest.mark.skipif(not augment.CROP_DECODER_AVAILABLE, reason="built without libjpeg-turbo headers")
@@ -73,7 +73,7 @@ def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
         "import sys; sys.modules['stoker.pipeline._jpegcrop'] = None\n"
         "from stoker.pipeline import augment\n"
         "from stoker.pipeline.seeds import sample_random\n"
-        "from stoker.pipeline.shards import Manifest, ShardReader\n"
+        "from stoker.pipeline.store.shards import Manifest, ShardReader\n"
         "assert not augment.CROP_DECODER_AVAILABLE\n"
         f"data = ShardReader(Manifest.load({manifest.uri!r}).shard_uri(0)).jpeg(0)\n"
         "for decoder in ('auto', 'crop'):\n"

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from stoker.pipeline import augment, prepare
-from stoker.pipeline.shards import RESTART_INDEX_VERSION
-from stoker.pipeline.stats import image_files
+from stoker.pipeline.store.shards import RESTART_INDEX_VERSION
+from stoker.pipeline.store.stats import image_files
 
 pytestmark = pytest.mark.skipif(not (augment.CROP_DECODER_AVAILABLE and prepare.transcoder_available()),
                                 reason="built without libjpeg-turbo headers")

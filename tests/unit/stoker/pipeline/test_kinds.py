@@ -41,7 +41,7 @@ def test_a_text_layout_follows_packing():
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_every_kind_says_what_plans_and_small_experiments_need(name):
-    from stoker.accel.profiles import PROFILES, profile_rate
+    from stoker.accel.backends.profiles import PROFILES, profile_rate
 
     kind = kind_of(name)
     assert kind.workload.samples > 0 and kind.pod16_over_dgx > 0

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from stoker.pipeline.augment import TrainTransform
 from stoker.pipeline.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
-from stoker.pipeline.shards import Manifest, ShardInfo, ShardReader
+from stoker.pipeline.store.shards import Manifest, ShardInfo, ShardReader
 
 
 def _readers(manifest):

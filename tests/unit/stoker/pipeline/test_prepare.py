@@ -26,8 +26,8 @@ from stoker.pipeline.prepare import (
     prepare_imagenet,
     prepare_records,
 )
-from stoker.pipeline.record_sources import RecordSource
-from stoker.pipeline.shards import (
+from stoker.pipeline.store.record_sources import RecordSource
+from stoker.pipeline.store.shards import (
     MANIFEST_VERSION,
     PLAIN_IMAGE_SCHEMA,
     RESTART_INDEX_VERSION,
@@ -36,10 +36,10 @@ from stoker.pipeline.shards import (
     ShardReader,
     file_sha256,
 )
-from stoker.pipeline.spill import SPILL_NAME
-from stoker.pipeline.stats import folder_stats, image_files
-from stoker.pipeline.table_records import TableSource
-from stoker.pipeline.tar_records import TarSource
+from stoker.pipeline.store.spill import SPILL_NAME
+from stoker.pipeline.store.stats import folder_stats, image_files
+from stoker.pipeline.store.table_records import TableSource
+from stoker.pipeline.store.tar_records import TarSource
 from tests.corrupt_jpegs import garbled, truncated
 from tests.packing import add_member, folder_samples, write_arrow_binary, write_hf_parquet, write_tars
 from tests.shard_edits import rows_of

@@ -34,7 +34,7 @@ def test_every_error_stoker_defines_has_the_one_root():
 
 
 def test_each_keeps_the_builtin_kind_it_had_so_older_handlers_still_catch_it():
-    from stoker.pipeline.storage import StorageError
+    from stoker.pipeline.store.storage import StorageError
     from stoker.protos.framing import FrameError
 
     assert issubclass(StorageError, OSError) and issubclass(FrameError, ValueError)
@@ -50,8 +50,8 @@ def test_a_config_that_cannot_work_is_a_config_error_a_user_catches_at_the_root(
 # subclass must write, a container's protocol), never a user's to catch and act on.
 BUILTIN_RAISES_ALLOWED = {
     ("stoker/pipeline/plan.py", "AssertionError"): "unreachable: a Resumed has at least one cut",
-    ("stoker/pipeline/record_sources.py", "NotImplementedError"): "the method each record source writes",
-    ("stoker/pipeline/shards.py", "IndexError"): "a shard reader's __getitem__ (the sequence protocol)",
+    ("stoker/pipeline/store/record_sources.py", "NotImplementedError"): "the method each record source writes",
+    ("stoker/pipeline/store/shards.py", "IndexError"): "a shard reader's __getitem__ (the sequence protocol)",
     ("stoker/pipeline/job_wire.py", "TypeError"): "a config field with no wire field, found at import",
     ("stoker/configured.py", "KeyError"): "an options dataclass named a field it does not have",
     ("stoker/pipeline/text/batching.py", "ValueError"): "a text unit spanning shards given to the one-shard path",

@@ -18,7 +18,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_a_fresh_folder_is_made_set_and_removed():
-    result = _run("import os\nfrom workers.multiproc import prepare_multiproc_dir, remove_multiproc_dir\n"
+    result = _run("import os\nfrom stoker.workers.multiproc import prepare_multiproc_dir, remove_multiproc_dir\n"
                   "path = prepare_multiproc_dir()\n"
                   "assert os.environ['PROMETHEUS_MULTIPROC_DIR'] == path and os.path.isdir(path)\n"
                   "import prometheus_client\nprometheus_client.Counter('c', 'c').inc()\n"
@@ -37,6 +37,6 @@ def test_a_given_folder_is_wiped_of_stale_counts(tmp_path):
 
 
 def test_too_late_after_prometheus_client_loaded():
-    result = _run("import prometheus_client\nfrom workers.multiproc import prepare_multiproc_dir\n"
+    result = _run("import prometheus_client\nfrom stoker.workers.multiproc import prepare_multiproc_dir\n"
                   "prepare_multiproc_dir()")
     assert result.returncode != 0 and "imported before its multi-process directory was set" in result.stderr

@@ -12,8 +12,8 @@ from stoker.accel.schema import schema_of
 from stoker.pipeline.augment import DECODE_PATHS
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Segment, Unit
-from stoker.pipeline.shard_cache import CacheConfig
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shard_cache import CacheConfig
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.workers.metrics import WorkerMetrics
 from stoker.workers.sources import ImageSource, make_source

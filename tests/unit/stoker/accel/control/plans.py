@@ -1,7 +1,7 @@
 """Small plans built without a dataset on disk: a manifest names shards, nothing reads them."""
 
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 
 
 def small_plan(samples: int = 40, unit_size: int = 8, epochs: int = 2, world_size: int = 1) -> EpochPlan:

@@ -7,7 +7,7 @@ from stoker.accel.control.dispatcher import Dispatcher, RankError
 from stoker.accel.control.journal import Journal
 from stoker.accel.ledger import InvalidBatch, Ledger, ShortUnit, Step
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 
 
 def attached(*args, **kwargs) -> Dispatcher:

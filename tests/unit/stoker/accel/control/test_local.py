@@ -12,7 +12,7 @@ from stoker.accel.control.local import Closing, ControlSocket, InProcessDispatch
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.server import AccessPolicy
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.leases import LeaseSigner
 

@@ -14,7 +14,7 @@ from stoker.accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, Control
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import MAX_SENDERS
 from stoker.pipeline.plan import EpochPlan
-from stoker.pipeline.shards import Manifest, ShardInfo
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.protos import stoker_pb2 as pb
 from tests.unit.stoker.accel.test_receiver import JOB, SIGNER, RecordingSocket, hello, make_receiver
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stoker.pipeline.plan import Segment, Unit
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.batching import TextUnitSource
 from stoker.pipeline.text.docs import read_doc_shard
 from stoker.pipeline.text.examples import Specials, TextConfig

@@ -7,7 +7,7 @@ import multiprocessing as mp
 
 import pyarrow as pa
 
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.batching import TextUnitSource
 from stoker.pipeline.text.docs import DOC_SCHEMA, flatten
 from stoker.pipeline.text.examples import Specials, TextConfig

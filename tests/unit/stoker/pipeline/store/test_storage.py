@@ -1,4 +1,4 @@
-"""stoker/pipeline/storage.py: URIs, and a fetch that hashes what it writes."""
+"""stoker/pipeline/store/storage.py: URIs, and a fetch that hashes what it writes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from stoker.pipeline.storage import StorageError, copy_hashed, file_size, is_remote, join, read_bytes
+from stoker.pipeline.store.storage import StorageError, copy_hashed, file_size, is_remote, join, read_bytes
 
 
 class Recording(io.BytesIO):

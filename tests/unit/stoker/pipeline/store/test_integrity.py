@@ -1,4 +1,4 @@
-"""stoker/pipeline/integrity.py: a shard file checked against its sha256, once per host."""
+"""stoker/pipeline/store/integrity.py: a shard file checked against its sha256, once per host."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-import stoker.pipeline.integrity as integrity
-from stoker.pipeline.integrity import Markers, ShardRefused, check_file, mismatch
+import stoker.pipeline.store.integrity as integrity
+from stoker.pipeline.store.integrity import Markers, ShardRefused, check_file, mismatch
 
 
 @pytest.fixture

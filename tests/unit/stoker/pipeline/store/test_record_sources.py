@@ -1,10 +1,10 @@
-"""stoker/pipeline/record_sources.py: the files a SRC names, the label rule, and the folder source."""
+"""stoker/pipeline/store/record_sources.py: the files a SRC names, the label rule, and the folder source."""
 
 from __future__ import annotations
 
 import pytest
 
-from stoker.pipeline.record_sources import (
+from stoker.pipeline.store.record_sources import (
     MAX_LABEL,
     FolderSource,
     expand_braces,
@@ -12,7 +12,7 @@ from stoker.pipeline.record_sources import (
     parse_label,
     source_files,
 )
-from stoker.pipeline.stats import image_files
+from stoker.pipeline.store.stats import image_files
 
 
 def test_braces_expand_as_webdataset_names_its_shards():

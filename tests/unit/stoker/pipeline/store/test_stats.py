@@ -1,11 +1,11 @@
-"""stoker/pipeline/stats.py: what an ImageNet-layout folder holds, read from JPEG headers."""
+"""stoker/pipeline/store/stats.py: what an ImageNet-layout folder holds, read from JPEG headers."""
 
 from __future__ import annotations
 
 import pytest
 from PIL import Image
 
-from stoker.pipeline.stats import folder_stats, image_files
+from stoker.pipeline.store.stats import folder_stats, image_files
 
 
 def _jpeg(path, size, mode="RGB", **save) -> None:

@@ -1,6 +1,6 @@
-"""stoker/pipeline/shard_cache.py: remote shards fetched once per host, checked, and kept under a limit.
+"""stoker/pipeline/store/shard_cache.py: remote shards fetched once per host, checked, and kept under a limit.
 
-A `file://` URI stands in for the object store (pipeline.storage reads both through pyarrow.fs);
+A `file://` URI stands in for the object store (pipeline.store.storage reads both through pyarrow.fs);
 tests/integration/test_object_storage.py runs the same paths against a real S3-protocol server.
 """
 
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-import stoker.pipeline.shard_cache as shard_cache
-from stoker.pipeline.integrity import ShardRefused
-from stoker.pipeline.shard_cache import CacheConfig, ShardCache, parse_gb
+import stoker.pipeline.store.shard_cache as shard_cache
+from stoker.pipeline.store.integrity import ShardRefused
+from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache, parse_gb
 
 SHARD = 256 << 10
 

@@ -1,4 +1,5 @@
-"""stoker/pipeline/shards.py: a shard opened with its manifest entry is checked (bytes, rows, columns) before use."""
+"""stoker/pipeline/store/shards.py: a shard opened with its manifest entry is checked (bytes, rows, columns)
+before use."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import json
 import pyarrow as pa
 import pytest
 
-import stoker.pipeline.integrity as integrity
-from stoker.pipeline.integrity import ShardRefused
-from stoker.pipeline.shards import PLAIN_IMAGE_SCHEMA, Manifest, ShardReader
+import stoker.pipeline.store.integrity as integrity
+from stoker.pipeline.store.integrity import ShardRefused
+from stoker.pipeline.store.shards import PLAIN_IMAGE_SCHEMA, Manifest, ShardReader
 from stoker.protos.errors import DataError
 from tests.shard_edits import flip_inside_a_jpeg, rows_of, write_shard
 

@@ -1,6 +1,6 @@
 """The image shards one worker process has open, for the units it holds.
 
-Each shard is opened (and checked against the manifest: pipeline.shards) when a unit first needs
+Each shard is opened (and checked against the manifest: pipeline.store.shards) when a unit first needs
 it, kept while any unit in hand uses it and for a few units after (IDLE_KEEP: the next unit may
 use it too), then closed, so that a process keeps open only what its units need and the host's
 shard cache can evict the rest. A shard that cannot be used is refused for the life of the
@@ -15,9 +15,9 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from stoker.pipeline.integrity import ShardRefused
-from stoker.pipeline.shard_cache import ShardCache
-from stoker.pipeline.shards import Manifest, ShardReader
+from stoker.pipeline.store.integrity import ShardRefused
+from stoker.pipeline.store.shard_cache import ShardCache
+from stoker.pipeline.store.shards import Manifest, ShardReader
 
 log = logging.getLogger("stoker.worker")
 

@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from stoker.pipeline.locks import HeldLock, acquire
+from stoker.pipeline.store.locks import HeldLock, acquire
 from stoker.protos.errors import StokerError
 
 log = logging.getLogger("stoker.shards")

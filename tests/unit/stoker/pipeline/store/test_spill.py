@@ -1,4 +1,4 @@
-"""stoker/pipeline/spill.py: a seeded shuffle of rows through a file, which is gone afterwards."""
+"""stoker/pipeline/store/spill.py: a seeded shuffle of rows through a file, which is gone afterwards."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stoker.pipeline.spill import Spill
+from stoker.pipeline.store.spill import Spill
 
 
 def _rows(n: int) -> list[tuple[str, int, bytes, bytes | None]]:

@@ -9,19 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stoker.accel.batch import ReceivedBatch
-from stoker.accel.stepping import PreparedStep, Step, StepFactory
+from stoker.accel.optional import require
+from stoker.accel.stepping import NullAccelerator, PreparedStep, Step, StepFactory
 from stoker.pipeline.kinds import ModelFamily, kind_of
-from stoker.protos.errors import ConfigError, StateError
-
-
-@dataclass
-class NullAccelerator(Step):
-    """Consumes instantly: measures what the data path alone delivers."""
-
-    name: str = "null"
-
-    def step(self, batch: ReceivedBatch) -> None:
-        return None
+from stoker.protos.errors import ConfigError
 
 
 @dataclass
@@ -92,9 +83,9 @@ class AccelSpec:
         "metavar": "{null,simulated,torch}", "always": True})
     rate: float | None = field(default=None, metadata={  # simulated: samples (rows) per second
         "help": "rows (images) per second of --accel simulated", "check": "seconds"})
-    profile: str | None = field(default=None, metadata={  # simulated: a named system from stoker.accel.profiles
+    profile: str | None = field(default=None, metadata={  # simulated: a named system from backends.profiles
         "help": "--accel simulated at a named system's rate: a100, h100, h200, b200, ipu-pod16, ipu-pod64 (sources: "
-                "stoker/accel/profiles.py, docs/ratio.md)"})
+                "stoker/accel/backends/profiles.py, docs/ratio.md)"})
     scale: float = field(default=1.0, metadata={  # simulated profiles: shrink the rate for a small machine
         "help": "shrink a --profile rate (default 1; run: 0.1 for images, 1 for text)", "check": "scale",
         "always": True})
@@ -124,15 +115,6 @@ class AccelSpec:
                                                       job.text.seq_len)
 
 
-def require(module: str, feature: str) -> None:
-    """An accelerator-side dependency a worker host need not have: say which install brings it."""
-    import importlib.util
-
-    if importlib.util.find_spec(module.split(".")[0]) is None:
-        raise StateError(f"{feature} needs {module}, which is not installed: pip install 'stoker[accel]' "
-                           f"(worker hosts need only 'stoker')")
-
-
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
                      seq_len: int = 128) -> Step:
     if spec.kind == "null":
@@ -140,7 +122,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
     if spec.kind == "simulated":
         kind = ConvertingSimulatedAccelerator if spec.convert else SimulatedAccelerator
         if spec.profile:
-            from stoker.accel.profiles import profile_rate
+            from stoker.accel.backends.profiles import profile_rate
 
             return kind(profile_rate(spec.profile, dataset, spec.scale), per_sequence=kind_of(dataset).text)
         if spec.rate is None:
@@ -150,7 +132,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         require("torch", "--accel torch")
     if spec.kind == "torch" and kind_of(dataset).model_family == ModelFamily.BERT:
         require("transformers", "--accel torch with --dataset wikipedia")
-        from stoker.accel.bert_accel import BertAccelerator
+        from stoker.accel.backends.bert_accel import BertAccelerator
 
         model = spec.model if spec.model.startswith("bert") else "bert-tiny"
         return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr,
@@ -158,7 +140,7 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
     if spec.kind == "torch":
         if spec.model.startswith("bert"):
             raise ConfigError(f"--model {spec.model} needs --dataset wikipedia")
-        from stoker.accel.torch_accel import TorchAccelerator, TorchConfig
+        from stoker.accel.backends.torch_accel import TorchAccelerator, TorchConfig
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,
                                             label_smoothing=spec.label_smoothing,

@@ -1,12 +1,13 @@
-"""stoker/pipeline/open_shards.py: what a worker process keeps open, and a bad shard refused once, not crashed on."""
+"""stoker/pipeline/store/open_shards.py: what a worker process keeps open, and a bad shard refused once, not
+crashed on."""
 
 from __future__ import annotations
 
 import pytest
 
-from stoker.pipeline.open_shards import OpenShards
-from stoker.pipeline.shard_cache import CacheConfig, ShardCache
-from stoker.pipeline.shards import Manifest
+from stoker.pipeline.store.open_shards import OpenShards
+from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache
+from stoker.pipeline.store.shards import Manifest
 from tests.shard_edits import reshard
 
 

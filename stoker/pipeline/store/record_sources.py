@@ -3,7 +3,7 @@
 pipeline.prepare checks, transcodes, shuffles and writes records and does not care where they
 came from; a source only finds its records and their labels. This module holds what every source
 shares (the record, the files a SRC argument names, the label rule) and the ImageNet-layout
-folder; WebDataset tars are pipeline.tar_records, Parquet and Arrow tables pipeline.table_records.
+folder; WebDataset tars are pipeline.store.tar_records, Parquet and Arrow tables pipeline.store.table_records.
 
 A record a source cannot use (no label, a label that is not an integer, no image) comes with the
 reason instead of bytes, so prepare skips and counts it as it does an undecodable JPEG. A source
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.pipeline.stats import image_files
+from stoker.pipeline.store.stats import image_files
 from stoker.protos.errors import NotFound
 
 # Labels are stored as int32 and the manifest lists one class name per label up to the largest:

@@ -5,9 +5,9 @@ never a copy made by Stoker. `restarts` is the restart-interval index of a JPEG 
 `stoker prepare` transcoded (stoker/pipeline/restart_index.h), null for one it kept as it was;
 shards written before the index (three columns, manifest version 1) are read as all null.
 Any `pyarrow.fs` URI can hold shards; a remote shard is fetched once per host into a local
-cache and mapped from there (pipeline.shard_cache). A shard opened with its manifest entry is
+cache and mapped from there (pipeline.store.shard_cache). A shard opened with its manifest entry is
 checked before any row is read: its bytes against the sha256 (once per host:
-pipeline.integrity), its row count and its columns; one that differs raises ShardRefused, which
+pipeline.store.integrity), its row count and its columns; one that differs raises ShardRefused, which
 names the shard and what differs, and its samples are skipped by the caller.
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from stoker.pipeline.files import write_atomically
-from stoker.pipeline.integrity import ShardRefused, check_file
-from stoker.pipeline.integrity import sha256_of as file_sha256
-from stoker.pipeline.shard_cache import CachedShard, ShardCache
-from stoker.pipeline.storage import is_remote, read_bytes
+from stoker.pipeline.store.files import write_atomically
+from stoker.pipeline.store.integrity import ShardRefused, check_file
+from stoker.pipeline.store.integrity import sha256_of as file_sha256
+from stoker.pipeline.store.shard_cache import CachedShard, ShardCache
+from stoker.pipeline.store.storage import is_remote, read_bytes
 from stoker.protos.errors import DataError
 
 PLAIN_IMAGE_SCHEMA = pa.schema([("key", pa.string()), ("label", pa.int32()), ("jpeg", pa.binary())])
@@ -131,8 +131,8 @@ class Manifest:
     def check_shard_files(self) -> None:
         """Refuse (ValueError, naming it) a local shard path that exists and is not a regular file: a
         FIFO or a device (`/dev/zero`) would hang the first worker that reads it. A missing or changed
-        file is the worker's to refuse and count (pipeline.integrity); remote shards are checked as
-        they are fetched (pipeline.shard_cache)."""
+        file is the worker's to refuse and count (pipeline.store.integrity); remote shards are checked as
+        they are fetched (pipeline.store.shard_cache)."""
         for index, shard in enumerate(self.shards):
             uri = self.shard_uri(index)
             if is_remote(uri):
@@ -346,7 +346,7 @@ class ShardReader:
     def __init__(self, uri: str, info: ShardInfo | None = None, cache: ShardCache | None = None) -> None:
         """`info`: the manifest's entry, against which the shard is checked (bytes, rows, columns);
         without it only the columns are. `cache`: where a remote shard's copy is kept (default: the
-        environment's, pipeline.shard_cache)."""
+        environment's, pipeline.store.shard_cache)."""
         self.uri = uri
         self._held: CachedShard | None = None
         sha256 = info.sha256 if info is not None else ""

@@ -1,4 +1,4 @@
-"""stoker/pipeline/tar_records.py: WebDataset samples and their labels, streamed out of tars."""
+"""stoker/pipeline/store/tar_records.py: WebDataset samples and their labels, streamed out of tars."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from stoker.pipeline.tar_records import TarSource, split_name
+from stoker.pipeline.store.tar_records import TarSource, split_name
 from tests.packing import add_member, write_tars
 
 

@@ -1,4 +1,4 @@
-"""stoker/pipeline/table_records.py: Parquet and Arrow tables of image bytes and labels, a few rows at a time."""
+"""stoker/pipeline/store/table_records.py: Parquet and Arrow tables of image bytes and labels, a few rows at a time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stoker.pipeline.table_records import TableSource, table_batches
+from stoker.pipeline.store.table_records import TableSource, table_batches
 from tests.packing import hf_table, write_arrow_binary, write_hf_parquet
 
 SAMPLES = [(f"img{i}", i % 3, bytes([i]) * (i + 1)) for i in range(10)]

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from stoker.accel.backends.models.resnet import resnet18, resnet50
+from stoker.accel.backends.optimizers import LARS
+from stoker.accel.backends.training import TrainingStep
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.jpeg_decode import DecodedBatch
-from stoker.accel.models.resnet import resnet18, resnet50
-from stoker.accel.optimizers import LARS
-from stoker.accel.training import TrainingStep
 from stoker.protos.errors import ConfigError
 
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)

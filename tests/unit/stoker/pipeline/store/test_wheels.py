@@ -1,4 +1,4 @@
-"""stoker/pipeline/wheels.py: the cache's place, and a wheel fetched once then found there."""
+"""stoker/pipeline/store/wheels.py: the cache's place, and a wheel fetched once then found there."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stoker.pipeline import wheels
-from stoker.pipeline.wheels import WheelSource, cache_dir, fetch_wheel
+from stoker.pipeline.store import wheels
+from stoker.pipeline.store.wheels import WheelSource, cache_dir, fetch_wheel
 
 SOURCE = WheelSource("tiny-pkg==1.0", "tiny_pkg-")
 

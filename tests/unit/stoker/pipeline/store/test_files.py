@@ -1,4 +1,4 @@
-"""stoker/pipeline/files.py: a file is replaced whole or not at all, and a refused write says which file and
+"""stoker/pipeline/store/files.py: a file is replaced whole or not at all, and a refused write says which file and
 what to do."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from stoker.pipeline.files import replace_atomically, write_atomically
+from stoker.pipeline.store.files import replace_atomically, write_atomically
 from stoker.protos.errors import ResourceError
 
 

@@ -18,7 +18,7 @@ from types import TracebackType
 
 import pyarrow as pa
 
-from stoker.pipeline.shards import IMAGE_SCHEMA
+from stoker.pipeline.store.shards import IMAGE_SCHEMA
 
 Row = tuple[str, int, bytes, bytes | None]  # key, label, jpeg, restarts
 SPILL_NAME = ".prepare-spill.arrow"

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from stoker.accel.backends.optimizers import LAMB
+from stoker.accel.backends.training import TrainingStep
 from stoker.accel.batch import ReceivedBatch
-from stoker.accel.optimizers import LAMB
-from stoker.accel.training import TrainingStep
 from stoker.protos.errors import ConfigError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -8,8 +8,8 @@ anew.
 
 - Checked where the bytes enter the host: each chunk is hashed as it is written, so a fetch costs
   no second read; a copy whose sha256 is not the manifest's is fetched once more, and a second
-  mismatch refuses the shard (pipeline.integrity.ShardRefused). A copy already in the cache is
-  checked at its first open on the host (pipeline.integrity: once per host, again when written
+  mismatch refuses the shard (pipeline.store.integrity.ShardRefused). A copy already in the cache is
+  checked at its first open on the host (pipeline.store.integrity: once per host, again when written
   since); a damaged one is removed and fetched again under the same rule.
 - One fetch per host: a process fetches a shard holding an exclusive flock on the shard's lock
   file, and a process that wants the same shard meanwhile waits for that copy.
@@ -34,9 +34,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from stoker.pipeline.integrity import Markers, ShardRefused, mismatch
-from stoker.pipeline.locks import HeldLock, acquire
-from stoker.pipeline.storage import StorageError, copy_hashed, file_size
+from stoker.pipeline.store.integrity import Markers, ShardRefused, mismatch
+from stoker.pipeline.store.locks import HeldLock, acquire
+from stoker.pipeline.store.storage import StorageError, copy_hashed, file_size
 from stoker.protos.errors import ConfigError
 
 log = logging.getLogger("stoker.shards")

@@ -1,11 +1,11 @@
-"""stoker/pipeline/locks.py: flocks between processes (and descriptors), and a lock file its holder removes."""
+"""stoker/pipeline/store/locks.py: flocks between processes (and descriptors), and a lock file its holder removes."""
 
 from __future__ import annotations
 
 import os
 import threading
 
-from stoker.pipeline.locks import acquire
+from stoker.pipeline.store.locks import acquire
 
 
 def test_exclusive_excludes_and_shared_shares(tmp_path):

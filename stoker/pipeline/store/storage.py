@@ -1,7 +1,7 @@
 """Where shards live: a local folder, or any `pyarrow.fs` URI (s3://, gs://, hdfs://, ...).
 
 An object store has no memory map, so a host reads a remote shard once into a local cache
-(pipeline.shard_cache) and maps that copy. S3 takes the standard AWS environment
+(pipeline.store.shard_cache) and maps that copy. S3 takes the standard AWS environment
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-protocol
 server of your own, or `?endpoint_override=host:port&scheme=http` on the URI), with bounded
 timeouts and retries so that a missing bucket, refused credentials or an unreachable endpoint

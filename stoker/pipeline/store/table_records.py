@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.pipeline.record_sources import Record, RecordSource, label_problem, source_files
+from stoker.pipeline.store.record_sources import Record, RecordSource, label_problem, source_files
 from stoker.protos.errors import DataError
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from stoker.pipeline.record_sources import Record, RecordSource, label_problem, parse_label, source_files
+from stoker.pipeline.store.record_sources import Record, RecordSource, label_problem, parse_label, source_files
 from stoker.protos.errors import DataError
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
