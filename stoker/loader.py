@@ -70,7 +70,7 @@ from stoker.local_workers import (
     worker_environment,
 )
 from stoker.pipeline.job import JobConfig
-from stoker.protos.errors import ConfigError, PeerError, StokerError
+from stoker.protos.errors import ConfigError, PeerError, StateError, StokerError
 
 __all__ = ["Batch", "Loader", "LoaderClosed"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
@@ -79,7 +79,7 @@ FINAL_STATE_S = 5.0  # at close: how long the dispatcher may take to say where t
 FINISHED_LEAVE_S = 15.0  # at close, after the job finished: how long local workers get to leave by themselves
 
 
-class LoaderClosed(StokerError, RuntimeError):
+class LoaderClosed(StateError):
     """The loader was used in an order it cannot be: after close(), or state loaded after the first pass."""
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 
 from stoker.protos import stoker_pb2 as pb
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import StateError
 from stoker.protos.framing import encode_tensors
 from stoker.workers.sender import COPY_BELOW
 
@@ -64,7 +64,7 @@ def _unpin_other_threads() -> None:
                 pass  # a thread that has just ended
 
 
-class SinkError(StokerError, RuntimeError):
+class SinkError(StateError):
     """The sink did not start or stopped taking batches."""
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from stoker.accel.stepping import Stateful
 from stoker.pipeline.plan import Cut, Resumed
 from stoker.pipeline.store.files import replace_atomically, write_atomically
-from stoker.protos.errors import DataError, ResourceError, StokerError
+from stoker.protos.errors import ConfigError, DataError, ResourceError
 
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
@@ -101,7 +101,7 @@ def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int
             "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts]}
 
 
-class CheckpointError(StokerError, ValueError):
+class CheckpointError(ConfigError):
     """A data position that cannot be resumed from, with the reason."""
 
 

@@ -46,7 +46,7 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.store.shards import Manifest
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.endpoints import serves
-from stoker.protos.errors import StateError, StokerError
+from stoker.protos.errors import StateError
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
 
@@ -55,7 +55,7 @@ MACHINE = machine_id()  # this consumer's machine: workers that share it are its
 log = logging.getLogger("stoker.consumer")
 
 
-class JobFailed(StokerError, RuntimeError):
+class JobFailed(StateError):
     """The job cannot go on: a worker refused it (its transform is missing there, another version, or
     returns what it did not declare). The message is the dispatcher's one line: host and reason."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stoker.pipeline.plan import EpochPlan, Unit
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import PeerError
 
 log = logging.getLogger("stoker.consumer")
 
@@ -67,7 +67,7 @@ class _OpenEpoch:
     delivered: np.ndarray | None = None  # bitmap of stepped sample ids, made at the first step
 
 
-class InvalidBatch(StokerError, ValueError):
+class InvalidBatch(PeerError, ValueError):
     """A batch whose accounting fields make no sense (ids outside its unit, bad epoch)."""
 
     reason = "bad_accounting"

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from stoker.accel.consumer_config import ConsumerConfig, rank_metrics_port
 from stoker.protos.curve import is_loopback
-from stoker.protos.errors import ConfigError, StokerError
+from stoker.protos.errors import ConfigError, PeerError
 from stoker.protos.switches import parse_switch
 
 HOST_ENV = "STOKER_HOST"  # this node's address, as the workers and the other ranks reach it
@@ -188,7 +188,7 @@ class Rendezvous(Protocol):
         ...
 
 
-class RendezvousTimeout(StokerError, TimeoutError):
+class RendezvousTimeout(PeerError, TimeoutError):
     """Rank 0 published nothing under the key in the time given."""
 
 

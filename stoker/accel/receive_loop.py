@@ -33,7 +33,7 @@ from stoker.accel.schema import BatchSchema
 from stoker.accel.stream import StreamOrder
 from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, bind
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import PeerError
 from stoker.protos.framing import MAX_FRAME_BYTES
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
@@ -44,7 +44,7 @@ END = object()  # the end of the rank's stream
 ANSWER_TIMEOUT_S = 30.0  # the longest a rank waits for the dispatcher's answer to a question
 
 
-class DispatcherSilent(StokerError, RuntimeError):
+class DispatcherSilent(PeerError, RuntimeError):
     """The dispatcher did not answer a question in time; the message says which."""
 T = TypeVar("T")
 

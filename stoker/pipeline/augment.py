@@ -42,7 +42,7 @@ from PIL import Image
 
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.transforms import Crop, Output
-from stoker.protos.errors import ConfigError, StokerError
+from stoker.protos.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from stoker.pipeline.transforms import Sample
@@ -69,7 +69,7 @@ REFERENCE_AREA = (0.05, 1.0)
 TORCHVISION_AREA = (0.08, 1.0)
 
 
-class DecodeError(StokerError, ValueError):
+class DecodeError(DataError):
     """The bytes are not a decodable JPEG."""
 
 

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.text.examples import TextConfig
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.errors import ConfigError, PeerError
 
 
 def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:
@@ -25,8 +26,12 @@ def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:
 
 
 def job_from_proto(spec: pb.JobSpec) -> JobConfig:
-    """The job a dispatcher serves, as a worker or a consumer rank receives it."""
-    return _read(JobConfig, spec)
+    """The job a dispatcher serves, as a worker or a consumer rank receives it. A job that cannot hold is
+    the peer's doing, not this host's configuration: a PeerError, in the job's own words."""
+    try:
+        return _read(JobConfig, spec)
+    except ConfigError as exc:
+        raise PeerError(str(exc)) from exc
 
 
 def _fill(message: Message, config: Any) -> None:

@@ -49,7 +49,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import numpy as np
 
 from stoker.pipeline.tensors import TensorSpec
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError
 
 GROUP = "stoker.transforms"
 TAKES = ("crop", "pixels", "bytes")
@@ -59,7 +59,7 @@ _IMPORT_PATH = re.compile(rf"{_DOTTED}:{_DOTTED}")
 _ENTRY_POINT = re.compile(r"[A-Za-z_][\w.-]*")
 
 
-class TransformError(StokerError, ValueError):
+class TransformError(ConfigError):
     """A transform name, its parameters or what it declares cannot make a job (caught at parse time)."""
 
 

@@ -19,14 +19,14 @@ import zmq
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import ClientKeys
 from stoker.protos.endpoints import why_unreachable
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import PeerError
 from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer
 
 log = logging.getLogger("stoker.worker")
 WARN_AFTER_S = 5.0  # a request unanswered this long is logged once, with what a TCP connection there meets
 
 
-class DispatcherUnreachable(StokerError, ConnectionError):
+class DispatcherUnreachable(PeerError):
     """No answer from the dispatcher within the time the caller gave (or the caller is stopping)."""
 
 

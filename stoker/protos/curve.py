@@ -22,7 +22,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError
 
 SERVER = "server"
 ZAP_DOMAIN = "stoker"
@@ -34,7 +34,7 @@ _ALLOWED = {WORKER: "allowed", CONSUMER: "allowed-consumers", JOB: "allowed-jobs
 _SECRETS = {WORKER: "workers", CONSUMER: "consumers", JOB: "jobs"}  # each key pair, to hand to its host
 
 
-class KeyFileError(StokerError, ValueError):
+class KeyFileError(ConfigError):
     """Missing or unreadable key files."""
 
 

@@ -7,10 +7,10 @@ from typing import TypeGuard
 
 import zmq
 
-from stoker.protos.errors import ResourceError, StokerError
+from stoker.protos.errors import ResourceError
 
 
-class PortInUseError(StokerError, OSError):
+class PortInUseError(ResourceError):
     pass
 
 

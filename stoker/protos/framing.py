@@ -18,7 +18,7 @@ import crc32c
 import numpy as np
 
 from stoker.protos import stoker_pb2 as pb
-from stoker.protos.errors import ConfigError, StokerError
+from stoker.protos.errors import ConfigError, PeerError
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024 - 64 * 1024
 MAX_HEADER_BYTES = 1 << 20
@@ -27,7 +27,7 @@ MAX_DIMENSIONS = 8  # the widest tensor Stoker sends has 4 (rows, height, width,
 ALLOWED_DTYPES = frozenset({"|u1", "|i1", "|b1", "<u2", "<i2", "<i4", "<u4", "<i8", "<f2", "<f4", "<f8"})
 
 
-class FrameError(StokerError, ValueError):
+class FrameError(PeerError, ValueError):
     """A message that does not follow the protocol; `reason` labels the drop counter."""
 
     def __init__(self, reason: str, detail: str) -> None:

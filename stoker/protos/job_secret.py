@@ -17,14 +17,14 @@ import secrets
 import time
 from pathlib import Path
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError
 from stoker.protos.private_files import PrivateFileError, private_dir, read_private, write_private
 
 ENV = "STOKER_JOB_SECRET"
 SECRET_BYTES = 32
 
 
-class JobSecretError(StokerError, ValueError):
+class JobSecretError(ConfigError):
     """No usable job credential."""
 
 

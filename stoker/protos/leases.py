@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -27,6 +28,17 @@ SHORT_UNIT = "short_unit"
 # A host registered again (its daemon started, or came back to the job): its processes hold nothing.
 REREGISTERED = "host registered again"
 HOST_ID_IN_USE = "is in use by a live daemon"  # a register refused: another daemon heartbeats under that host id
+# The release reasons a metric may carry as a label: a reason is a peer's free text, and a label value is a
+# series for ever, so any other reason counts as "other" (the log line keeps the text).
+RELEASE_LABELS = frozenset({
+    TRADED, UNREACHABLE, SHORT_UNIT, REREGISTERED, "released", "connection_closed", "host_timeout", "lease_expired",
+    "host draining", "lease refused", "moved to another job", "process could not start a thread"})
+_PROCESS_EXIT = re.compile(r"process exit (?:\d{1,3}|SIG[A-Z0-9]{2,8}|signal \d{1,3})")  # what a daemon says of a death
+
+
+def release_label(reason: str) -> str:
+    """The label value a release reason counts under: one of a closed set, "other" for anything else."""
+    return reason if reason in RELEASE_LABELS or _PROCESS_EXIT.fullmatch(reason) else "other"
 
 
 @dataclass(frozen=True)

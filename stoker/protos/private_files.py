@@ -15,12 +15,12 @@ import stat
 import tempfile
 from pathlib import Path
 
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import ConfigError
 
 RUNTIME_ENV = "XDG_RUNTIME_DIR"
 
 
-class PrivateFileError(StokerError, ValueError):
+class PrivateFileError(ConfigError):
     """A file or directory that another user could have made or can read: not to be trusted."""
 
 

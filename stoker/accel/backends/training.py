@@ -8,12 +8,12 @@ import math
 import torch
 
 from stoker.accel.stepping import PreparedStep, Stateful
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import StateError
 
 log = logging.getLogger("stoker.loss")  # the CLI shows it at INFO when training with --accel torch
 
 
-class TrainingDiverged(StokerError, FloatingPointError):
+class TrainingDiverged(StateError, FloatingPointError):
     """The loss became NaN or infinite: stepping on would train on garbage."""
 
 

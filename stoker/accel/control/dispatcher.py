@@ -25,7 +25,7 @@ from stoker.accel.control.poison import PoisonList
 from stoker.accel.control.progress import Progress
 from stoker.accel.control.unit_queue import UnitQueue, lease_key
 from stoker.pipeline.plan import EpochPlan, Unit
-from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED
+from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED, release_label
 
 __all__ = ["Dispatcher", "DispatcherStats", "Lease", "RankError"]
 
@@ -228,8 +228,8 @@ class Dispatcher:
             self._handed_back += len(lost)
         else:
             self._releases += len(lost)
-        if self.on_release:
-            self.on_release(reason, len(lost))
+        if self.on_release:  # a metric's label: a closed set, whatever a peer wrote
+            self.on_release(release_label(reason), len(lost))
         return len(lost)
 
     # ---- the job as a whole ------------------------------------------------------------------

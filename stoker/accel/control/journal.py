@@ -35,12 +35,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stoker.protos.errors import DataError, ResourceError, StokerError
+from stoker.protos.errors import DataError, ResourceError, StateError
 
 log = logging.getLogger("stoker.journal")
 
 
-class JournalInUse(StokerError, RuntimeError):
+class JournalInUse(StateError):
     """Another live process has the journal open."""
 
 
@@ -266,7 +266,7 @@ def _check_ours(path: Path, st: os.stat_result) -> None:
                       f"name would not see this one's lock; remove the other names")
 
 
-class JournalWriteError(StokerError, OSError):
+class JournalWriteError(ResourceError):
     """The journal cannot be written (a full disk, an I/O error): the dispatcher cannot promise what it
     answers, so it stops, saying so; started again with the same --journal it loses nothing."""
 

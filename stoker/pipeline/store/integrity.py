@@ -20,12 +20,12 @@ import os
 from pathlib import Path
 
 from stoker.pipeline.store.locks import HeldLock, acquire
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import DataError
 
 log = logging.getLogger("stoker.shards")
 
 
-class ShardRefused(StokerError, ValueError):
+class ShardRefused(DataError):
     """A shard that does not match its manifest: its samples are skipped. `kind` says what differs:
     sha256 (its bytes), rows (its row count) or schema (its columns)."""
 

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
 
-from stoker.protos.errors import NotFound, StokerError
+from stoker.protos.errors import NotFound, ResourceError
 
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
@@ -30,7 +30,7 @@ S3_ATTEMPTS = 3
 CHUNK_BYTES = 8 << 20
 
 
-class StorageError(StokerError, OSError):
+class StorageError(ResourceError):
     """A shard, manifest or folder that cannot be read or written where its URI says."""
 
 

@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 
 from stoker.pipeline.store.shards import ShardInfo
 from stoker.pipeline.store.storage import filesystem
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import DataError
 
 DOC_SCHEMA = pa.schema([("doc_key", pa.string()), ("sentences", pa.list_(pa.list_(pa.int32())))])
 
 
-class ShardError(StokerError, ValueError):
+class ShardError(DataError):
     """A shard that cannot be used at all (unreadable, wrong schema, checksum mismatch)."""
 
 

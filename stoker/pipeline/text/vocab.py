@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from stoker.pipeline.store.storage import read_bytes
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import DataError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class VocabError(StokerError, ValueError):
+class VocabError(DataError):
     """The file is not a usable WordPiece vocabulary."""
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+import pytest
+
 from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
 from stoker.pipeline.job_wire import job_from_proto, job_to_proto
 from stoker.pipeline.text.examples import TextConfig
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.errors import ConfigError, PeerError
 
 
 def test_a_job_survives_the_wire_exactly():
@@ -40,3 +43,11 @@ def test_a_zero_the_sender_set_stays_zero_and_a_field_it_left_out_takes_the_defa
 def test_every_field_of_the_job_has_a_wire_field_of_its_name():
     for config, message in ((JobConfig, pb.JobSpec), (TextConfig, pb.TextSpec)):
         assert {f.name for f in fields(config)} <= set(message.DESCRIPTOR.fields_by_name)
+
+
+def test_a_job_from_the_wire_that_cannot_hold_is_the_peers_error_in_the_jobs_own_words():
+    spec = job_to_proto(JobConfig(manifest_uri="m"))
+    spec.corrupt_jpegs = "sometimes"
+    with pytest.raises(PeerError) as raised:
+        job_from_proto(spec)
+    assert not isinstance(raised.value, ConfigError) and "corrupt" in str(raised.value)

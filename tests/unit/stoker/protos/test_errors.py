@@ -33,11 +33,38 @@ def test_every_error_stoker_defines_has_the_one_root():
     assert outside == ["stoker.pipeline.deadline.TransformTimeout"]
 
 
+CATEGORIES = ("ConfigError", "DataError", "ResourceError", "NotFound", "PeerError", "StateError")
+
+
+def test_each_error_sits_under_exactly_one_category_so_catching_a_category_catches_its_members():
+    from stoker.protos import errors
+
+    categories = [getattr(errors, name) for name in CATEGORIES]
+    loose = [f"{cls.__module__}.{cls.__name__} {[c.__name__ for c in categories if issubclass(cls, c)]}"
+             for cls in stoker_errors() if issubclass(cls, StokerError) and cls is not StokerError
+             and cls not in categories and sum(issubclass(cls, c) for c in categories) != 1]
+    assert loose == [], "derive each from the one category it belongs to (stoker/protos/errors.py)"
+
+
+def test_what_a_peer_did_or_did_not_do_is_a_peer_error():
+    from stoker.accel.ledger import InvalidBatch
+    from stoker.accel.receive_loop import DispatcherSilent
+    from stoker.protos.control_client import DispatcherUnreachable
+    from stoker.protos.errors import PeerError
+    from stoker.protos.framing import FrameError
+
+    peers = (DispatcherUnreachable, DispatcherSilent, FrameError, InvalidBatch)
+    assert all(issubclass(cls, PeerError) for cls in peers)
+
+
 def test_each_keeps_the_builtin_kind_it_had_so_older_handlers_still_catch_it():
+    from stoker.accel.ledger import InvalidBatch
+    from stoker.accel.receive_loop import DispatcherSilent
     from stoker.pipeline.store.storage import StorageError
     from stoker.protos.framing import FrameError
 
     assert issubclass(StorageError, OSError) and issubclass(FrameError, ValueError)
+    assert issubclass(InvalidBatch, ValueError) and issubclass(DispatcherSilent, RuntimeError)
     assert issubclass(stoker.JobFailed, RuntimeError) and issubclass(ConfigError, ValueError)
 
 

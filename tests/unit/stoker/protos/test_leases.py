@@ -13,3 +13,12 @@ def test_a_token_proves_only_its_own_lease():
     assert not LeaseSigner(signer.key, "job-2").valid(token, 7, "host-a", "host-a/p0.1", "cpu-0")
     assert not LeaseSigner.new("job-1").valid(token, 7, "host-a", "host-a/p0.1", "cpu-0")  # another key
     assert not signer.valid(token[:-1], 7, "host-a", "host-a/p0.1", "cpu-0")
+
+
+def test_release_labels_are_a_closed_set():
+    from stoker.protos.leases import RELEASE_LABELS, UNREACHABLE, release_label
+
+    assert release_label(UNREACHABLE) == UNREACHABLE and UNREACHABLE in RELEASE_LABELS
+    assert [release_label(r) for r in ("process exit 139", "process exit SIGSEGV", "process exit signal 64")] == [
+        "process exit 139", "process exit SIGSEGV", "process exit signal 64"]
+    assert [release_label(r) for r in ("process exit 1234", "process exit SIGSEGV\n", "anything", "")] == ["other"] * 4

@@ -34,6 +34,16 @@ def test_released_units_are_leased_again_first(manifest):
     assert d.ack(b.unit_id) and not d.ack(b.unit_id)
 
 
+def test_a_release_is_counted_under_a_closed_set_of_reasons_whatever_a_peer_wrote(manifest):
+    """A reason is a peer's free text; as a metric label each new one would be a series for ever."""
+    counted = []
+    d = attached(EpochPlan(manifest, 32, 2, 0), on_release=lambda reason, n: counted.append(reason))
+    for reason in ("process exit SIGKILL", "host draining", "x" * 200, "process exit 3; rm -rf", "lease refused"):
+        d.lease("h0", "h0/p0.1")
+        d.release("h0", ["h0/p0.1"], reason)
+    assert counted == ["process exit SIGKILL", "host draining", "other", "other", "lease refused"]
+
+
 def test_every_unit_is_done_once_even_with_releases(manifest):
     d = attached(EpochPlan(manifest, 32, 2, 0))
     done = []
