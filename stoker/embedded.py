@@ -77,7 +77,7 @@ class Progress:
             return
         self.last = now
         stats = consumer.dispatcher.stats()
-        self.bar.set_postfix_str(f"queue={consumer.queue.qsize()} units={stats.done}/{consumer.dispatcher.total_units}"
+        self.bar.set_postfix_str(f"queue={consumer.loop.queue.qsize()} units={stats.done}/{consumer.dispatcher.total_units}"
                                  f" hosts={stats.hosts_alive}", refresh=False)
         self.bar.update(consumer.ledger.samples - self.bar.n)
 

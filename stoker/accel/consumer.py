@@ -14,41 +14,28 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from stoker.accel import checkpoint
+from stoker.accel.assembly import identify, image_epoch_steps, join_fleet_of, join_job, load_data, wire
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.bottleneck import BottleneckMonitor, Totals
 from stoker.accel.consumer_config import ConsumerConfig
-from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
-from stoker.accel.control.link import DispatcherLink
-from stoker.accel.control.local import InProcessDispatcher
+from stoker.accel.control.fleet_member import FleetMembership
 from stoker.accel.control.remote import NotAConsumer, RankRefused
-from stoker.accel.joining import LinkServices, Member, dispatcher_for, join
-from stoker.accel.ledger import Ledger
 from stoker.accel.metrics import ConsumerMetrics
-from stoker.accel.optional import require
-from stoker.accel.receive_loop import ANSWER_TIMEOUT_S, END, DataSocket, ReceiveLoop
+from stoker.accel.rank_report import rank_books, rank_totals
+from stoker.accel.receive_loop import ANSWER_TIMEOUT_S, END
 from stoker.accel.receiver import Receiver
-from stoker.accel.schema import batch_bytes, schema_of
-from stoker.accel.stepping import NullAccelerator, StepFactory, given
+from stoker.accel.stepping import StepFactory
 from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
-from stoker.accel.stream import StreamOrder
 from stoker.accel.summary import Books, Summary
 from stoker.accel.training_loop import train
 from stoker.pipeline.cpu_clock import machine_id
-from stoker.pipeline.image_layout import DecodeOn
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.store.shards import Manifest
-from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.endpoints import serves
 from stoker.protos.errors import StateError
-from stoker.protos.leases import LeaseSigner
-from stoker.protos.sd_notify import Notifier
 
 __all__ = ["Consumer", "ConsumerConfig", "JobFailed", "NotAConsumer", "RankRefused", "Summary"]
 MACHINE = machine_id()  # this consumer's machine: workers that share it are its neighbours
@@ -73,63 +60,26 @@ class Consumer:
         cfg.check_exposure()
         self.cfg = cfg
         self.rank = rank
-        self.consumer_id = f"rank{rank}-{os.getpid()}-{secrets.token_hex(3)}"
-        client_keys = ClientKeys.load(cfg.keys, cfg.key_name, CONSUMER) if cfg.keys and cfg.dispatcher else None
-        me = Member(rank, self.consumer_id, client_keys, credential)
-        joined = join(cfg, job, me, world_size)
-        job = joined.job
-        position = None
-        if resume is not None:
-            job, position = checkpoint.resume(job, resume)
-            joined = replace(joined, job=job)
-        self.job = job
+        me = identify(cfg, rank, credential)
+        self.consumer_id = me.consumer_id
+        joined, position = join_job(cfg, job, me, world_size, resume)
+        self.job = job = joined.job
         self.metrics = metrics or ConsumerMetrics()
-        self.leases = LeaseSigner(joined.lease_key, job.job_id) if joined.lease_key else LeaseSigner.new(job.job_id)
         self.metrics.job.labels(job_id=job.job_id, dataset=job.dataset, rank=str(rank), pid=str(os.getpid())).set(1)
-        server_keys = ServerKeys.load(cfg.keys) if cfg.keys else None
-        self.manifest = Manifest.load(job.manifest_uri)
-        job.check_fits(self.manifest)
-        self.manifest.check_shard_files()
-        if job.decode_on == DecodeOn.ACCELERATOR:
-            require("nvidia.dali", "--decode-on accelerator")
-        self.accelerator = (make_step or given(NullAccelerator()))(job, self.manifest)
-        self.plan = plan = job.plan(self.manifest)
-        if position is not None:
-            position.check(plan, job.planned_batches if job.kind.one_row_per_sample else None)
-            position = self._past_epoch_end(position)
-        self.start_position = start = position or checkpoint.Position(0, 0, [(0, 0)] * job.world_size)
-        self.dispatcher: DispatcherLink = dispatcher_for(
-            cfg, joined, plan, start, me, LinkServices(self.metrics, self.leases, self._count_release, server_keys))
-        self.ledger = Ledger(plan, rank)
-        self.ledger.restore(set(start.done_units(plan)))
-        units, replay = start.ranks[rank]
-        self.order = StreamOrder(plan, rank, start.epoch, units, released=start.step - replay)
-        self.systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
-        data = DataSocket(cfg.data_bind, cfg.advertise_host, server_keys, cfg.credit_window, self._credit_budget(),
-                          cfg.sender_timeout_s)
-        self.loop = ReceiveLoop(job.job_id, data, schema_of(job), self.ledger, self.order, self.leases, self.metrics,
-                                self.dispatcher, self._job_failed, self.systemd)
+        data = load_data(job, make_step, position)
+        self.manifest, self.accelerator, self.plan = data.manifest, data.step, data.plan
+        self.start_position = data.start
+        parts = wire(cfg, joined, data, me, self.metrics, self._job_failed)
+        self.leases, self.dispatcher, self.ledger = parts.leases, parts.dispatcher, parts.ledger
+        self.order, self.systemd, self.loop = parts.order, parts.systemd, parts.loop
         self.metrics_port: int | None = None
-        self.position = (start.epoch, start.step)  # (epoch, steps taken in it): what state_dict() saves
+        self.position = (data.start.epoch, data.start.step)  # (epoch, steps taken in it): what state_dict() saves
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self.totals, self.metrics.registry)
         self.fleet: FleetMembership | None = None  # with --fleet, rank 0's seat in it (once started)
         self.dispatcher.need = lambda: self.bottleneck.latest.need()  # the dispatcher sums its ranks' for a fleet
 
-    def _past_epoch_end(self, position: checkpoint.Position) -> checkpoint.Position:
-        """A position after an image epoch's last step (a checkpoint of an older Stoker, saved before the
-        epoch's end was seen) is the next epoch's start."""
-        epoch, job = position.epoch, self.job
-        if epoch < job.epochs and job.kind.one_row_per_sample and position.step >= self.steps_of(epoch, 0):
-            return checkpoint.Position(epoch + 1, 0, [(0, 0)] * job.world_size)
-        return position
-
     # ---- what the rank's parts expose ---------------------------------------------------
-    @property
-    def queue(self) -> queue.Queue[object]:
-        """Released batches waiting for the training loop."""
-        return self.loop.queue
-
     @property
     def receiver(self) -> Receiver | None:
         """The data socket's books (None before `start`)."""
@@ -152,52 +102,19 @@ class Consumer:
 
     def totals(self) -> Totals:
         """A snapshot for the bottleneck monitor: the loop's counters plus what the workers reported."""
-        p = self.progress
-        stages = self.receiver.stages if self.receiver else None
-        work = {} if stages is None else {name: getattr(stages, name) for name in self.job.kind.stages}
-        if stages is not None:
-            work["send"] = stages.send
-        return Totals(at=time.monotonic(), stall_s=p.stall_s, step_s=p.step_s, copy_s=p.copy_s, rows=p.rows,
-                      batches=p.batches, received_batches=stages.batches if stages else 0,
-                      transit_s=stages.transit if stages else 0.0,
-                      min_transit_s=stages.min_transit if stages else float("inf"),
-                      wait_for_credit_s=stages.wait_for_credit if stages else 0.0, work_s=work,
-                      queue_depth=self.queue.qsize(), cpu_s=stages.cpu if stages else 0.0,
-                      cpu_wait_s=stages.cpu_wait if stages else 0.0,
-                      throttled_wait_s=stages.throttled_wait if stages else 0.0,
-                      cpu_wait_batches=stages.cpu_wait_batches if stages else 0,
-                      read_wait_s=stages.read_wait if stages else 0.0,
-                      host_cpu_s=dict(stages.host_cpu) if stages else {},
-                      host_cpu_wait_s=dict(stages.host_cpu_wait) if stages else {},
-                      host_cores=dict(stages.host_cores) if stages else {},
-                      host_procs=dict(stages.host_procs) if stages else {},
-                      host_machine=dict(stages.host_machine) if stages else {},
-                      consumer_cpu_s=time.process_time(), consumer_machine=MACHINE, hung_s=self.dispatcher.hung_s())
+        return rank_totals(self.progress, self.receiver, self.loop.queue.qsize(), self.job, MACHINE,
+                           self.dispatcher.hung_s())
 
     def books(self) -> Books:
         """What the books hold once every step handed back so far is settled (for the summary)."""
-        self.settle()
-        receiver, ledger = self.receiver, self.ledger
-        if receiver is None:
+        if self.loop.alive:
+            self.loop.call(lambda: None)  # the event loop has done the book-keeping of every step handed back
+        if self.receiver is None:
             raise StateError("the consumer has not started: it has no books yet")
-        return Books(samples=ledger.samples, unique_samples=ledger.unique_samples, duplicates=ledger.duplicate_samples,
-                     skipped=sorted(ledger.skipped.values(), key=lambda s: (s.epoch, s.sample_id)),
-                     per_epoch_unique=[ledger.unique_in_epoch(e) for e in range(self._epochs_reached(ledger))],
-                     stages=receiver.stages, hosts=len(receiver.hosts_delivered), frames_dropped=dict(receiver.dropped),
-                     bytes_received=receiver.bytes_received, text=receiver.text, dispatch=self.dispatcher.stats())
-
-    def _epochs_reached(self, ledger: Ledger) -> int:
-        """Epochs up to the one the rank is in (all of them once it is done): a summary lists these, not
-        every epoch of a job of 2**31 - 1 that Ctrl-C ended in its third."""
-        return max(min(self.job.epochs, self.position[0] + 1), ledger.epochs_with_books)
-
-    def _count_release(self, reason: str, units: int) -> None:
-        self.metrics.releases.labels(reason=reason).inc(units)
-
-    def _credit_budget(self) -> int:
-        """Batches the rank may hold in all (in flight or waiting here), from its byte budget."""
-        nbytes = max(1, batch_bytes(self.job))
-        return max(2 * self.cfg.credit_window, int(self.cfg.credit_budget_mb * (1 << 20)) // nbytes)
+        # epochs up to the one the rank is in (all of them once it is done): a summary lists these, not
+        # every epoch of a job of 2**31 - 1 that Ctrl-C ended in its third
+        epochs = max(min(self.job.epochs, self.position[0] + 1), self.ledger.epochs_with_books)
+        return rank_books(self.ledger, self.receiver, epochs, self.dispatcher.stats())
 
     # ---- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -215,31 +132,16 @@ class Consumer:
                 self.metrics_port = self.metrics.serve(0, self.cfg.metrics_addr)
         self.loop.start()
         self.bottleneck.start()
-        self._join_fleet()
-        self.systemd.ready(f"serving {self.data_endpoint}")
-        if self.order.done:  # resumed from a checkpoint of a finished job
-            self.queue.put(END)
-
-    def _join_fleet(self) -> None:
-        """With --fleet, the rank that runs the job's dispatcher registers the job (it fails here, at start,
-        when no fleet answers) and beats what its ranks measure."""
-        cfg, link = self.cfg, self.dispatcher
-        if not cfg.fleet or not isinstance(link, InProcessDispatcher) or link.server is None:
-            return
-        membership = join_fleet(FleetSeat(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_key_name,
-                                          cfg.fleet_start_cores), self.job, link.control_endpoint,
-                                link.server.job_need, cfg.keys)
-        if membership is None:
-            return
         try:
-            membership.join()
-        except BaseException:
+            self.fleet = join_fleet_of(self.cfg, self.job, self.dispatcher)
+        except BaseException:  # no fleet answered: nothing of this rank keeps running
             self.loop.stop()
             self.bottleneck.stop()
             self.loop.join(timeout_s=5)
             raise
-        membership.start()
-        self.fleet = membership
+        self.systemd.ready(f"serving {self.data_endpoint}")
+        if self.order.done:  # resumed from a checkpoint of a finished job
+            self.loop.queue.put(END)
 
     def _job_failed(self, reason: str) -> None:
         """The dispatcher failed the job (a worker refused it): whoever pulls batches gets JobFailed."""
@@ -256,15 +158,18 @@ class Consumer:
         """Exactly the steps of every epoch from the start position, in plan order."""
         start = self.start_position
         units, replay = start.ranks[self.rank]
-        return StepSchedule(self.loop.next, END, self.steps_of, self._replayed, start.epoch, start.step - replay,
-                            replay)
+        loop = self.loop
+
+        def replayed(batch: ReceivedBatch) -> None:  # a batch a resume skips: its books close as stepped
+            assert loop.receiver is not None
+            loop.call_soon(loop.receiver.step_done, batch, True)
+
+        return StepSchedule(loop.next, END, self.steps_of, replayed, start.epoch, start.step - replay, replay)
 
     def steps_of(self, epoch: int, batches: int) -> int:
         """The epoch's steps on every rank: the longest rank stream (images: from the plan alone)."""
         if self.job.kind.one_row_per_sample:
-            return self.plan.step_offset(epoch) + max(sum(self.job.sample_batches(u) for u in
-                                                          self.plan.rank_units(epoch, r))
-                                                      for r in range(self.job.world_size))
+            return image_epoch_steps(self.job, self.plan, epoch)
         waited_from = time.monotonic()
         while True:
             steps = self.loop.wait_for(self.dispatcher.epoch_steps(epoch, self.rank, batches, self.loop.stopping),
@@ -277,11 +182,6 @@ class Consumer:
                 log.warning("rank %d: waiting for the other ranks to finish epoch %d", self.rank, epoch)
                 waited_from = time.monotonic()
             time.sleep(0.05)
-
-    def _replayed(self, batch: ReceivedBatch) -> None:
-        receiver = self.receiver
-        assert receiver is not None
-        self.loop.call_soon(receiver.step_done, batch, True)
 
     def taken(self, step: Scheduled) -> None:
         """A step's batch went to the training loop: the data position is past it (past the epoch's last
@@ -322,11 +222,6 @@ class Consumer:
                 raise StateError("stopped before the dispatcher said where the ranks stand")
             ranks = found
         return checkpoint.state(self.job, epoch, step, ranks, self.ledger.samples)
-
-    def settle(self) -> None:
-        """Wait until the event loop has done the book-keeping of every step handed back so far."""
-        if self.loop.alive:
-            self.loop.call(lambda: None)
 
     def stop(self) -> None:
         """Close everything. Rank 0 with the job's dispatcher first waits (a while) for the other

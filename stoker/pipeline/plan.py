@@ -153,7 +153,7 @@ class EpochPlan:
             raise ConfigError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
                              f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
         if self.resumed is not None:
-            self._check_resumed(self.resumed)
+            _check_resumed(self, self.resumed)
 
     @cached_property
     def _blocks(self) -> tuple[Segment, ...]:
@@ -167,14 +167,7 @@ class EpochPlan:
     @cached_property
     def rank_sizes(self) -> tuple[int, ...]:
         """Samples in each rank's stream, every epoch: they differ by at most one (none with drop_last)."""
-        return self._sizes(self.manifest.num_samples, self.world_size)
-
-    def _sizes(self, total: int, world_size: int) -> tuple[int, ...]:
-        if self.drop_last:
-            batch = self.batch_size or self.unit_size
-            return (total // world_size // batch * batch,) * world_size
-        base, extra = divmod(total, world_size)
-        return tuple(base + (rank < extra) for rank in range(world_size))
+        return _split(self, self.manifest.num_samples, self.world_size)
 
     def step_offset(self, epoch: int) -> int:
         """Steps of `epoch` taken before its first unit: those a resumed job's earlier world size took."""
@@ -183,18 +176,7 @@ class EpochPlan:
     @cached_property
     def units_per_rank(self) -> tuple[int, ...]:
         """Units in each rank's stream in a whole epoch."""
-        return tuple(len(self._unit_sizes(size)) for size in self.rank_sizes)
-
-    def _unit_sizes(self, rows: int) -> list[int]:
-        """A rank's stream cut into units: whole units, and a last one that keeps a remainder under
-        half a batch (which would be a sliver of a batch on its own: see batch_bounds)."""
-        sizes = [self.unit_size] * (rows // self.unit_size)
-        remainder = rows % self.unit_size
-        if remainder and sizes and remainder < (self.batch_size or self.unit_size) / 2:
-            sizes[-1] += remainder
-        elif remainder:
-            sizes.append(remainder)
-        return sizes
+        return tuple(len(_unit_sizes(self, size)) for size in self.rank_sizes)
 
     @cached_property
     def samples_per_epoch(self) -> int:
@@ -217,19 +199,12 @@ class EpochPlan:
     def total_units(self) -> int:
         """Units of the whole job: counted, not summed epoch by epoch (a job of 2**31 - 1 epochs, the
         most --epochs takes, spent some 5 minutes here before its first lease)."""
-        return self.units_per_epoch * self.epochs + self._resumed_change(self.units_per_epoch, self.units)
+        return self.units_per_epoch * self.epochs + _resumed_change(self, self.units_per_epoch, self.units)
 
     def rank_total_units(self, rank: int) -> int:
         """Units of `rank`'s streams over the whole job (what a rank attached to the dispatcher awaits)."""
         per_epoch = self.units_per_rank[rank]
-        return per_epoch * self.epochs + self._resumed_change(per_epoch, lambda epoch: self.rank_units(epoch, rank))
-
-    def _resumed_change(self, per_epoch: int, units_of: Callable[[int], list[Unit]]) -> int:
-        """How many more units (or fewer: negative) the epoch a resumed job continues has than a whole
-        one; 0 for a job that was not resumed."""
-        if self.resumed is None:
-            return 0
-        return len(units_of(self.resumed.epoch)) - per_epoch
+        return per_epoch * self.epochs + _resumed_change(self, per_epoch, lambda epoch: self.rank_units(epoch, rank))
 
     def units(self, epoch: int) -> list[Unit]:
         """This epoch's units, rank by rank, each rank's in stream order."""
@@ -254,22 +229,13 @@ class EpochPlan:
         return self._units(epoch)[index]
 
     @cached_property
-    def _cache(self) -> dict[int, tuple[Unit, ...]]:
-        return {}
+    def _cache(self) -> _UnitCache:
+        return _UnitCache()
 
     def _units(self, epoch: int) -> tuple[Unit, ...]:
         """Made once per epoch and kept (the last few epochs: a job walks them in order)."""
         found = self._cache.get(epoch)
-        return self._keep(epoch, tuple(self._make_units(epoch))) if found is None else found
-
-    def _keep(self, epoch: int, units: tuple[Unit, ...]) -> tuple[Unit, ...]:
-        """Under _CACHE_LOCK: a consumer's receive loop and its training thread both ask a plan for units,
-        and trimming the cache iterates it (min) while the other thread may insert."""
-        with _CACHE_LOCK:
-            self._cache[epoch] = units
-            while len(self._cache) > 4:
-                del self._cache[min(self._cache)]
-        return units
+        return self._cache.keep(epoch, tuple(self._make_units(epoch))) if found is None else found
 
     def units_stepwise(self, epoch: int) -> Iterator[Unit]:
         """The epoch's units, rank by rank, made as they are asked for: the dispatcher spreads the
@@ -283,11 +249,11 @@ class EpochPlan:
         for unit in self._make_units(epoch):
             made.append(unit)
             yield unit
-        self._keep(epoch, tuple(made))
+        self._cache.keep(epoch, tuple(made))
 
     def _make_units(self, epoch: int) -> Iterator[Unit]:
         if self.resumed is not None and epoch == self.resumed.epoch:
-            stream, sizes = self._remainder(epoch, self.resumed.cuts)
+            stream, sizes = _remainder(self, epoch, self.resumed.cuts)
         else:
             blocks = self._blocks
             order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
@@ -301,7 +267,7 @@ class EpochPlan:
         cursor = 0  # index into stream
         offset = 0  # rows of stream[cursor] already taken
         for rank, size in enumerate(sizes):
-            for position, want in enumerate(self._unit_sizes(size)):
+            for position, want in enumerate(_unit_sizes(self, size)):
                 segments = []
                 while want > 0:
                     block = stream[cursor]
@@ -315,55 +281,109 @@ class EpochPlan:
                 yield Unit(epoch * self.units_per_epoch + made, epoch, tuple(segments), rank, position)
                 made += 1
 
-    # ---- resumed at another world size -------------------------------------------------------
-    def _remainder(self, epoch: int, cuts: tuple[Cut, ...]) -> tuple[list[Segment], tuple[int, ...]]:
-        """The rows of `epoch` no rank had stepped at the last of `cuts` (the resumed job's), in order, and
-        this plan's rank sizes for them. Each cut is applied to the streams the one before it made."""
-        first = cuts[0]
-        plan = replace(self, world_size=first.world_size, resumed=None, epochs=epoch + 1)
-        units = plan.units(epoch)
-        for number, cut in enumerate(cuts):
-            left = [segment for rank in range(cut.world_size)
-                    for segment in self._left_of([u for u in units if u.rank == rank], cut.ranks[rank])]
-            world = cuts[number + 1].world_size if number + 1 < len(cuts) else None
-            if world is None:
-                return left, self._sizes(sum(s.size for s in left), self.world_size)
-            units = list(self._cut(epoch, left, self._sizes(sum(s.size for s in left), world)))
-        raise AssertionError("unreachable: a Resumed has at least one cut")
 
-    def _left_of(self, stream: list[Unit], position: tuple[int, int]) -> list[Segment]:
-        """The rows of one rank's stream not stepped at `position` (units wholly consumed, batches of the
-        next): the part of the unit it was in that its seeded order had not reached, then the units
-        after it, as runs of rows."""
-        index, batches = position
-        while index < len(stream) and batches >= len(batch_bounds(stream[index].size, self.batch_size or
-                                                                  self.unit_size)):
-            batches -= len(batch_bounds(stream[index].size, self.batch_size or self.unit_size))
-            index += 1
-        if index >= len(stream):
-            return []
-        part = stream[index]
-        taken = batch_bounds(part.size, self.batch_size or self.unit_size)[batches][0] if batches else 0
-        rows = sorted((shard, row, sample_id - row) for shard, row, sample_id in part.rows(self.seed)[taken:])
-        return _runs(rows) + [s for unit in stream[index + 1:] for s in unit.segments]
+# ---- the plan's sizes, and a plan resumed at another world size --------------------------------------
+class _UnitCache:
+    """A plan's units of the last few epochs (a job walks them in order). Locked: a consumer's receive loop
+    and its training thread both ask a plan for units, and trimming iterates the cache while the other
+    thread may insert."""
 
-    def _check_resumed(self, resumed: Resumed) -> None:
-        """A resume that cannot work is refused with the reason, when the job is made."""
-        if not 0 <= resumed.epoch < self.epochs:
-            raise DataError(f"the checkpoint's epoch {resumed.epoch} is not one of the job's epochs "
-                             f"0..{self.epochs - 1}")
-        for cut in resumed.cuts:
-            if cut.world_size < 1 or len(cut.ranks) != cut.world_size:
-                raise DataError(f"a checkpoint of world size {cut.world_size} must hold {cut.world_size} rank "
-                                 f"positions, not {len(cut.ranks)}")
-            if any(units < 0 or batches < 0 for units, batches in cut.ranks):
-                raise DataError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
-        left, sizes = self._remainder(resumed.epoch, resumed.cuts)
-        if 0 in sizes:
-            rows = sum(s.size for s in left)
-            raise DataError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "
-                             f"{self.world_size} ranks (or a batch each, with drop_last): resume with fewer ranks, "
-                             f"or from an earlier checkpoint")
+    def __init__(self) -> None:
+        self._epochs: dict[int, tuple[Unit, ...]] = {}
+
+    def __len__(self) -> int:  # epochs held
+        return len(self._epochs)
+
+    def get(self, epoch: int) -> tuple[Unit, ...] | None:
+        return self._epochs.get(epoch)
+
+    def keep(self, epoch: int, units: tuple[Unit, ...]) -> tuple[Unit, ...]:
+        with _CACHE_LOCK:
+            self._epochs[epoch] = units
+            while len(self._epochs) > 4:
+                del self._epochs[min(self._epochs)]
+        return units
+
+
+def _split(plan: EpochPlan, total: int, world_size: int) -> tuple[int, ...]:
+    """`total` rows as rank stream sizes: they differ by at most one (with drop_last, whole batches each)."""
+    if plan.drop_last:
+        batch = plan.batch_size or plan.unit_size
+        return (total // world_size // batch * batch,) * world_size
+    base, extra = divmod(total, world_size)
+    return tuple(base + (rank < extra) for rank in range(world_size))
+
+
+def _unit_sizes(plan: EpochPlan, rows: int) -> list[int]:
+    """A rank's stream cut into units: whole units, and a last one that keeps a remainder under
+    half a batch (which would be a sliver of a batch on its own: see batch_bounds)."""
+    sizes = [plan.unit_size] * (rows // plan.unit_size)
+    remainder = rows % plan.unit_size
+    if remainder and sizes and remainder < (plan.batch_size or plan.unit_size) / 2:
+        sizes[-1] += remainder
+    elif remainder:
+        sizes.append(remainder)
+    return sizes
+
+
+def _resumed_change(plan: EpochPlan, per_epoch: int, units_of: Callable[[int], list[Unit]]) -> int:
+    """How many more units (or fewer: negative) the epoch a resumed job continues has than a whole
+    one; 0 for a job that was not resumed."""
+    if plan.resumed is None:
+        return 0
+    return len(units_of(plan.resumed.epoch)) - per_epoch
+
+
+def _remainder(plan: EpochPlan, epoch: int, cuts: tuple[Cut, ...]) -> tuple[list[Segment], tuple[int, ...]]:
+    """The rows of `epoch` no rank had stepped at the last of `cuts` (the resumed job's), in order, and
+    this plan's rank sizes for them. Each cut is applied to the streams the one before it made."""
+    first = cuts[0]
+    earlier = replace(plan, world_size=first.world_size, resumed=None, epochs=epoch + 1)
+    units = earlier.units(epoch)
+    for number, cut in enumerate(cuts):
+        left = [segment for rank in range(cut.world_size)
+                for segment in _left_of(plan, [u for u in units if u.rank == rank], cut.ranks[rank])]
+        world = cuts[number + 1].world_size if number + 1 < len(cuts) else None
+        if world is None:
+            return left, _split(plan, sum(s.size for s in left), plan.world_size)
+        units = list(plan._cut(epoch, left, _split(plan, sum(s.size for s in left), world)))
+    raise AssertionError("unreachable: a Resumed has at least one cut")
+
+
+def _left_of(plan: EpochPlan, stream: list[Unit], position: tuple[int, int]) -> list[Segment]:
+    """The rows of one rank's stream not stepped at `position` (units wholly consumed, batches of the
+    next): the part of the unit it was in that its seeded order had not reached, then the units
+    after it, as runs of rows."""
+    index, batches = position
+    while index < len(stream) and batches >= len(batch_bounds(stream[index].size, plan.batch_size or
+                                                              plan.unit_size)):
+        batches -= len(batch_bounds(stream[index].size, plan.batch_size or plan.unit_size))
+        index += 1
+    if index >= len(stream):
+        return []
+    part = stream[index]
+    taken = batch_bounds(part.size, plan.batch_size or plan.unit_size)[batches][0] if batches else 0
+    rows = sorted((shard, row, sample_id - row) for shard, row, sample_id in part.rows(plan.seed)[taken:])
+    return _runs(rows) + [s for unit in stream[index + 1:] for s in unit.segments]
+
+
+def _check_resumed(plan: EpochPlan, resumed: Resumed) -> None:
+    """A resume that cannot work is refused with the reason, when the job is made."""
+    if not 0 <= resumed.epoch < plan.epochs:
+        raise DataError(f"the checkpoint's epoch {resumed.epoch} is not one of the job's epochs "
+                         f"0..{plan.epochs - 1}")
+    for cut in resumed.cuts:
+        if cut.world_size < 1 or len(cut.ranks) != cut.world_size:
+            raise DataError(f"a checkpoint of world size {cut.world_size} must hold {cut.world_size} rank "
+                             f"positions, not {len(cut.ranks)}")
+        if any(units < 0 or batches < 0 for units, batches in cut.ranks):
+            raise DataError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
+    left, sizes = _remainder(plan, resumed.epoch, resumed.cuts)
+    if 0 in sizes:
+        rows = sum(s.size for s in left)
+        raise DataError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "
+                         f"{plan.world_size} ranks (or a batch each, with drop_last): resume with fewer ranks, "
+                         f"or from an earlier checkpoint")
 
 
 def _runs(rows: list[tuple[int, int, int]]) -> list[Segment]:

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from stoker.accel import consumer as consumer_module
+from stoker.accel import assembly
 from stoker.accel.consumer import Consumer
 from stoker.lightning import StokerDataModule, epochs_mismatch, workers_here
 from stoker.loader import Loader
@@ -81,8 +81,8 @@ class Recording(LightningModule):
 def fake_ranks(monkeypatch) -> list[Loader]:
     """Every Loader made from now on runs its rank on the fakes, resuming from what it was given (a fresh
     consumer each, as a new process would); the loaders made, in order."""
-    monkeypatch.setattr(consumer_module, "ReceiveLoop", fakes.InlineLoop)
-    monkeypatch.setattr(consumer_module, "dispatcher_for",
+    monkeypatch.setattr(assembly, "ReceiveLoop", fakes.InlineLoop)
+    monkeypatch.setattr(assembly, "dispatcher_for",
                         lambda cfg, joined, plan, start, me, services: fakes.FakeDispatcher(plan.total_units))
     made: list[Loader] = []
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.accel import consumer as consumer_module
+from stoker.accel import assembly
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.control.dispatcher import DispatcherStats
@@ -168,8 +168,8 @@ def job(folder: Path, **fields: object) -> JobConfig:
 
 def rank(monkeypatch: pytest.MonkeyPatch, folder: Path, cfg: ConsumerConfig = CONFIG, **fields: object) -> Consumer:
     """A started rank 0 with a FakeDispatcher (`.dispatcher`) and an InlineLoop (`.loop`)."""
-    monkeypatch.setattr(consumer_module, "ReceiveLoop", InlineLoop)
-    monkeypatch.setattr(consumer_module, "dispatcher_for",
+    monkeypatch.setattr(assembly, "ReceiveLoop", InlineLoop)
+    monkeypatch.setattr(assembly, "dispatcher_for",
                         lambda cfg, joined, plan, start, me, services: FakeDispatcher(plan.total_units))
     consumer = Consumer(cfg, job(folder, **fields))
     consumer.start()

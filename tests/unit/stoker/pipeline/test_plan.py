@@ -215,7 +215,7 @@ def test_a_plan_asked_for_units_from_two_threads_keeps_its_cache_whole(manifest)
     def keep(epochs: range) -> None:
         try:
             for epoch in epochs:
-                plan._keep(epoch, ())
+                plan._cache.keep(epoch, ())
         except BaseException as exc:  # noqa: BLE001 - the thread's failure is the test's
             failures.append(exc)
 
