@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import time
+from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 
 import zmq
@@ -36,16 +37,15 @@ from stoker.pipeline.store.shard_cache import CacheConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
-from stoker.protos.endpoints import serves
-from stoker.protos.errors import ConfigError
-from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import HOST_ID_IN_USE
-from stoker.protos.sd_notify import Notifier
-from stoker.workers.lifeline import exit_with_parent, parent_alive
-from stoker.workers.limits import NPROC, Room, is_out_of_tasks, out_of_tasks_line, pids_cgroup, task_room
-from stoker.workers.metrics import WorkerMetrics, serve_multiprocess
+from stoker.workers.decode_child import DecodeChild, exit_name, kill_if_frozen, watch_transform
+from stoker.workers.limits import Room, is_out_of_tasks, out_of_tasks_line
+from stoker.workers.metrics import WorkerMetrics
+from stoker.workers.preamble import HostPreamble
 from stoker.workers.process import EXIT_BAD_JOB, EXIT_FINISHED, EXIT_NO_TASKS, EXIT_OTHER_JOB, ProcessSpec, process_main
-from stoker.workers.worker_config import WorkerConfig, most_procs
+from stoker.workers.supervisor import Supervisor
+from stoker.workers.task_budget import STEADY_S, TASKS_PER_PROCESS, TaskBudget
+from stoker.workers.worker_config import WorkerConfig
 
 log = logging.getLogger("stoker.worker")
 
@@ -53,34 +53,12 @@ log = logging.getLogger("stoker.worker")
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0)  # by crashes in a row
 HOST_ID_TAKEN_GIVE_UP_S = 6.0  # refused as a second daemon of a live host id this long: exit (the first lives)
 FINISHED_GRACE_S = 2.0  # after the job is finished, processes still busy (nothing left to do) are stopped
-STEADY_S = 10.0  # a process that ran this long resets its crash count
-STOPPED_KILL_S = 5.0  # a process stopped (SIGSTOP, a debugger) this long is killed: its units are redone elsewhere
-SHORT_SAID_EVERY_S = 60.0  # a host short of processes or threads says so again at most this often
+# STEADY_S (workers.task_budget): a process that ran this long resets its crash count
 SHORT_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # retries of a process the host could not start, in a row
 # one thread each for BLAS and OpenMP in a decode process: it does not multiply matrices, and each of their
 # threads is a task a host's pids limit counts (numpy's OpenBLAS starts one per core at import)
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "JE_ARROW_MALLOC_CONF": "background_thread:false"}  # ... and none for pyarrow's jemalloc
-REFUSAL_COUNTS_S = 5.0  # a process that aborts this soon after its pids cgroup refused a task met the limit
-TASKS_PER_PROCESS = 10  # processes and threads one decode process holds (8 measured: its own, zmq's, pyarrow's)
-STUCK_GRACE_S = 5.0  # a transform still on one sample this long past --transform-timeout did not answer its
-# time limit (its signal is blocked inside C code): the process is killed
-
-
-class _Child:
-    def __init__(self, index: int, incarnation: int = 0) -> None:
-        self.index = index
-        self.incarnation = incarnation  # counted across jobs and runs: a worker id is never used twice
-        self.process: mp.process.BaseProcess | None = None
-        self.finished = False
-        self.started = 0.0
-        self.crashes = 0  # in a row, each within STEADY_S of its start
-        self.restart_at: float | None = None  # a crashed process waiting for its back-off
-        self.activity: ActivitySlot | None = None  # what its process is doing (pipeline.activity), one per index
-        self.stopped_since: float | None = None  # its process was seen stopped (state T) since then
-        self.retire_by: float | None = None  # told to drain (the fleet moved it to another job): killed past this
-        self.stuck_on: int | None = None  # the sample it was killed in, past the time limit (None: none)
-        self.short = 0  # starts in a row that failed for want of a process or thread (workers.limits)
 
 
 class WorkerDaemon:
@@ -89,14 +67,10 @@ class WorkerDaemon:
     `expect_job`: with --once, the job to serve; a dispatcher that serves another is left at once."""
 
     def __init__(self, cfg: WorkerConfig, target: Synchronized | None = None, expect_job: str = "") -> None:
-        if not 1 <= cfg.procs <= most_procs():
-            raise ConfigError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
-                             f"not {cfg.procs}")
-        check_exposure([cfg.metrics_addr], bool(cfg.keys), cfg.insecure,
-                       risk="read this host's metrics")
+        self.host = HostPreamble(cfg, cfg.resolved_host_id())  # checks the settings first
         self.cfg = cfg
         self.cache = CacheConfig.from_env(cfg.shard_cache_gb)  # a bad $STOKER_SHARD_CACHE_GB fails here, at start
-        self.host_id = cfg.resolved_host_id()
+        self.host_id = self.host.host_id
         self.metrics = WorkerMetrics()
         self.stopping = False
         self.ctx = zmq.Context()
@@ -105,8 +79,8 @@ class WorkerDaemon:
         self.client = ControlClient(self.ctx, cfg.connect, f"{self.host_id}/daemon.{secrets.token_hex(4)}",
                                     curve=self.curve)
         self.mp = mp.get_context("spawn")
-        self.metrics_port: int | None = None
-        self.systemd = Notifier()
+        # a process that crashes is restarted after RESTART_BACKOFF_S; its metrics files go when it is reaped
+        self.procs = Supervisor(self.mp, RESTART_BACKOFF_S, STEADY_S, on_exit=multiprocess.mark_process_dead)
         self.failed = False  # a process could not serve the job at all
         self._other_job = False  # the dispatcher serves another job (or run) than the one being run
         self._other_job_id = ""  # the job it serves then, when a heartbeat's answer said
@@ -116,11 +90,8 @@ class WorkerDaemon:
         self._run_id = ""  # ... and the run of it this daemon registered with (Registered.run_id)
         self._incarnations: dict[int, int] = {}  # process index -> its last incarnation, across jobs
         self.target = target
-        self._short_said_at: float | None = None  # when the host last said it cannot start a process or thread
-        self._pids_refused = 0  # the pids cgroup's refusals counted so far (a process's abort after one is no crash)
-        self._pids_refused_at: float | None = None  # ... and when that count last grew
-        self._young: dict[mp.process.BaseProcess, float] = {}  # processes started lately, and when
-        self._children: list[_Child] = []  # the job's processes now (for the line that says how many run)
+        self.tasks = TaskBudget()  # the host's room for processes and threads (workers.limits)
+        self._children: list[DecodeChild] = []  # the job's processes now (for the line that says how many run)
         for name, value in ONE_THREAD.items():
             os.environ.setdefault(name, value)  # the processes it spawns inherit them (the user's own win)
 
@@ -132,19 +103,8 @@ class WorkerDaemon:
             log.info("%s: %s received, draining", self.host_id, signal.Signals(signum).name)
         self.stopping = True
 
-    def _parent_gone(self) -> bool:
-        return self.cfg.parent_pid is not None and not parent_alive(self.cfg.parent_pid)
-
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, self._request_stop)
-        if self.cfg.parent_pid is not None:
-            exit_with_parent(self.cfg.parent_pid)
-        if serves(self.cfg.metrics_port):
-            self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr, self.cfg.metrics_flag)
-            log.info("%s: metrics on http://%s:%d/metrics", self.host_id, self.cfg.metrics_addr,
-                     self.metrics_port)
-        self.systemd.ready(f"registering with {self.cfg.connect}")
+        self.host.begin(self._request_stop, f"registering with {self.cfg.connect}")
         try:
             while not self.stopping:
                 job = self._register()
@@ -154,15 +114,14 @@ class WorkerDaemon:
                     self.served_to_end = True
                     break
         finally:
-            self.systemd.stopping()
+            self.host.end()
             self.client.close()
             self.ctx.term()
         return 1 if self.failed else 0
 
     def _should_stop(self) -> bool:
         """Polled while waiting for the dispatcher: the main loop is alive, so it feeds the watchdog."""
-        self.systemd.watchdog()
-        if self._parent_gone():
+        if not self.host.alive():
             self.stopping = True
         return self.stopping
 
@@ -208,7 +167,7 @@ class WorkerDaemon:
             time.sleep(1.0)  # its job is finished: wait for one that is not
         return None
 
-    def _spawn(self, child: _Child, job: JobConfig) -> mp.process.BaseProcess | None:
+    def _spawn(self, child: DecodeChild, job: JobConfig) -> BaseProcess | None:
         """Start the child's next incarnation; returns its process (also `child.process`), or None when the
         host could not start one (out of processes, threads or memory): then it tries again after a back-off."""
         child.incarnation += 1
@@ -222,73 +181,43 @@ class WorkerDaemon:
         child.stuck_on = None
         spec = ProcessSpec(self.host_id, worker_id, self.cfg.connect, job, os.getpid(), self.curve, self.cache,
                            self._run_id, child.activity, self.cfg.procs)
-        room = task_room()
-        if room is not None and room.tasks - self._starting_tasks() < TASKS_PER_PROCESS:  # it would fail to start,
-            coming = self._starting_tasks()  # or abort starting a thread
+        short = self.tasks.no_room()
+        if short is not None:  # it would fail to start, or abort starting a thread
+            room, coming = short
             self._short_of_tasks(child, f"cannot start worker process {worker_id} (room for {room.tasks} more tasks, "
                                         f"{coming} of them for processes starting now; one needs about "
                                         f"{TASKS_PER_PROCESS})", room)
             return None
-        process = self.mp.Process(target=process_main, args=(spec,), name=worker_id, daemon=False)
         try:
-            process.start()
+            process = self.procs.start(child, process_main, (spec,), worker_id)
         except (OSError, RuntimeError) as exc:
             if not is_out_of_tasks(exc):
                 raise
             self._short_of_tasks(child, f"cannot start worker process {worker_id} ({exc})")
             return None
-        child.process = process
-        self._young[process] = time.monotonic()
+        self.tasks.started(process)
         return process
 
-    def _starting_tasks(self) -> int:
-        """The tasks processes started in the last STEADY_S will still add (they start their threads as they
-        import and connect), so a burst of starts does not count the same room twice."""
-        now, coming = time.monotonic(), 0
-        for process, started in list(self._young.items()):
-            if now - started > STEADY_S or not process.is_alive():
-                del self._young[process]
-                continue
-            try:
-                coming += max(0, TASKS_PER_PROCESS - len(os.listdir(f"/proc/{process.pid}/task")))
-            except OSError:
-                continue
-        return coming
-
-    def _short_of_tasks(self, child: _Child, what: str, short: Room | None = None) -> None:
+    def _short_of_tasks(self, child: DecodeChild, what: str, short: Room | None = None) -> None:
         """The host could not start a process or a thread for `child`: one line (again at most every
         SHORT_SAID_EVERY_S) naming the limit met, and another try after a back-off; the other processes
         go on, and so does the daemon."""
         child.short += 1
         delay = SHORT_BACKOFF_S[min(child.short - 1, len(SHORT_BACKOFF_S) - 1)]
         child.restart_at = time.monotonic() + delay
-        now = time.monotonic()
-        if self._short_said_at is None or now - self._short_said_at >= SHORT_SAID_EVERY_S:
-            self._short_said_at = now
+        if self.tasks.say_short():
             running = sum(c.process is not None and c.process.is_alive() and c.restart_at is None
                           for c in self._children)
             log.error("%s: %s; trying again in %.0f s (%d of this host's %d processes run meanwhile)", self.host_id,
                       out_of_tasks_line(what, short, TASKS_PER_PROCESS), delay, running, self.cfg.procs)
         self.metrics.short_of_tasks.inc()
 
-    def _refused_a_task(self) -> bool:
-        """The pids cgroup refused a fork or thread lately, or the user is near its process limit (a process
-        that aborted then met it; several that met it at once are reaped one by one, so a refusal counts
-        for REFUSAL_COUNTS_S)."""
-        cgroup, room = pids_cgroup(), task_room()
-        now = time.monotonic()
-        if cgroup is not None and cgroup.refused > self._pids_refused:
-            self._pids_refused, self._pids_refused_at = cgroup.refused, now
-        elif room is not None and room.limit == NPROC and room.tasks < 2 * TASKS_PER_PROCESS:  # no counter to read:
-            self._pids_refused_at = now  # near ulimit -u (counted without the process that died) is the reason
-        return self._pids_refused_at is not None and now - self._pids_refused_at <= REFUSAL_COUNTS_S
-
-    def _worker_id(self, child: _Child) -> str:
+    def _worker_id(self, child: DecodeChild) -> str:
         return f"{self.host_id}/p{child.index}.{child.incarnation}"
 
     def _run_job(self, job: JobConfig) -> bool:
         """Serve one job; True when it is finished, False when we left it (or were stopped)."""
-        children = self._children = [_Child(i, self._incarnations.get(i, 0)) for i in range(self._wanted())]
+        children = self._children = [DecodeChild(i, self._incarnations.get(i, 0)) for i in range(self._wanted())]
         self._other_job, self._other_job_id, self._job_id = False, "", job.job_id
         self._job_over = False  # a process said the job is finished: none is started for it any more
         for child in children:
@@ -301,14 +230,13 @@ class WorkerDaemon:
             live = [c.process.sentinel for c in children
                     if not c.finished and c.process is not None and c.restart_at is None]
             mp.connection.wait(live, timeout=min(job.heartbeat_s, 0.5))
-            self.systemd.watchdog()
-            if self._parent_gone():
+            if not self.host.alive():
                 log.warning("%s: the process that started this daemon is gone; stopping", self.host_id)
                 self.stopping = True
                 break
             for child in children:
-                self._kill_if_frozen(child)
-                self._watch_transform(child, job)
+                kill_if_frozen(child, self.host_id, self._worker_id(child))
+                watch_transform(child, job, self.host_id, self._worker_id(child), self._run_id, self.client)
                 self._reap(child, job, finished_at is not None)
             if finished_at is None:
                 children = self._children = self._resize(children, job)
@@ -336,7 +264,7 @@ class WorkerDaemon:
                           "to rejoin it when it answers)", self.host_id, now - last_answer, job.job_id)
                 left = True
                 break
-        self._drain(children, release=self.stopping and not self._parent_gone())
+        self._drain(children, release=self.stopping and not self.host.parent_gone())
         return not left and not self._other_job and not self.stopping
 
     def _wanted(self) -> int:
@@ -345,7 +273,7 @@ class WorkerDaemon:
             return self.cfg.procs
         return max(1, min(self.cfg.procs, int(self.target.value)))
 
-    def _resize(self, children: list[_Child], job: JobConfig) -> list[_Child]:
+    def _resize(self, children: list[DecodeChild], job: JobConfig) -> list[DecodeChild]:
         """Under a fleet: start processes up to the target, or drain the newest beyond it (SIGTERM: each
         finishes the batch in hand; `_reap` hands its units back once it has exited)."""
         if self.target is None or self._job_over or self.failed:  # over, or this host cannot serve it
@@ -356,7 +284,7 @@ class WorkerDaemon:
         if len(active) < want:
             used = {c.index for c in children if not c.finished}
             for index in [i for i in range(self.cfg.procs) if i not in used][:want - len(active)]:
-                child = _Child(index, self._incarnations.get(index, 0))
+                child = DecodeChild(index, self._incarnations.get(index, 0))
                 children.append(child)
                 process = self._spawn(child, job)
                 if process is not None:
@@ -370,18 +298,16 @@ class WorkerDaemon:
                 child.process.terminate()
         return children
 
-    def _retire(self, child: _Child) -> None:
+    def _retire(self, child: DecodeChild) -> None:
         """A process the fleet moved: once it has exited (or past its drain time, killed), its units go back."""
         proc = child.process
         if child.restart_at is None and proc is not None and proc.is_alive():
             if time.monotonic() < (child.retire_by or 0.0):
                 return
             log.warning("%s: %s did not drain in time; killing it", self.host_id, proc.name)
-            proc.kill()
-            proc.join()
+            self.procs.kill(child)
         if proc is not None:
-            proc.join()
-            multiprocess.mark_process_dead(proc.pid)
+            self.procs.reap(child)
             self._release([self._worker_id(child)], "moved to another job")
             log.info("%s: %s drained (moved to another job); its units are back with the dispatcher", self.host_id,
                      self._worker_id(child))
@@ -399,55 +325,7 @@ class WorkerDaemon:
             log.warning("%s: the dispatcher at %s serves another job than %s now (the job was started again): "
                         "leaving it to register for that one", self.host_id, self.cfg.connect, job.job_id)
 
-    def _kill_if_frozen(self, child: _Child) -> None:
-        """A process stopped (SIGSTOP, SIGTSTP, a debugger's stop) holds its units and sends nothing, while
-        this daemon heartbeats for it: past STOPPED_KILL_S it is killed, so its units are re-leased at once
-        (its connections close) and it restarts like any crashed process."""
-        proc = child.process
-        if proc is None or child.finished or child.restart_at is not None or proc.pid is None:
-            return
-        if not _stopped(proc.pid):
-            child.stopped_since = None
-            return
-        now = time.monotonic()
-        if child.stopped_since is None:
-            child.stopped_since = now
-        elif now - child.stopped_since >= STOPPED_KILL_S:
-            log.warning("%s: process %s (pid %s) has been stopped (SIGSTOP or a debugger) for %.0f s while holding "
-                        "its units; killing it so that they are redone", self.host_id, self._worker_id(child),
-                        proc.pid, now - child.stopped_since)
-            child.stopped_since = None
-            proc.kill()
-
-    def _watch_transform(self, child: _Child, job: JobConfig) -> None:
-        """A process cuts a transform call short at --transform-timeout and reports the sample itself; one
-        still on that sample STUCK_GRACE_S later does not answer its time limit (its signal is blocked
-        inside C code, or the transform ignores, disarms or keeps swallowing it; or it hangs in `crop`,
-        which the limit does not cover). It is reported here, so the dispatcher skips the sample from now
-        on, then killed: its unit, leased again, no longer holds that sample."""
-        proc, slot = child.process, child.activity
-        if slot is None or proc is None or child.finished or child.restart_at is not None or child.stuck_on is not None:
-            return
-        now = slot.read()
-        if now.phase != Phase.TRANSFORMING or now.for_s < job.transform_timeout_s + STUCK_GRACE_S or \
-                not proc.is_alive():
-            return
-        worker_id = self._worker_id(child)
-        log.error("%s: process %s (pid %s) has been transforming sample %d of unit %d for %.0f s and does not answer "
-                  "--transform-timeout %g s (stuck in C code with its signals blocked, or it ignores or swallows its "
-                  "time limit): killing it; the sample is skipped from now on and its units go back without it",
-                  self.host_id, worker_id, proc.pid, now.sample_id, now.unit_id, now.for_s, job.transform_timeout_s)
-        hung = pb.SampleHung(host_id=self.host_id, worker_id=worker_id, unit_id=max(now.unit_id, 0),
-                             sample_id=now.sample_id, seconds=now.for_s, stuck=True, run_id=self._run_id)
-        try:
-            self.client.request(pb.ControlRequest(hung=hung), give_up_after_s=5.0)
-        except DispatcherUnreachable as exc:
-            log.warning("%s: could not tell the dispatcher that sample %d is stuck (%s)", self.host_id,
-                        now.sample_id, exc)
-        child.stuck_on = now.sample_id
-        proc.kill()
-
-    def _reap(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
+    def _reap(self, child: DecodeChild, job: JobConfig, job_finished: bool) -> None:
         proc = child.process
         if child.retire_by is not None:
             if not child.finished:
@@ -456,19 +334,17 @@ class WorkerDaemon:
         if child.restart_at is not None:
             if job_finished:
                 child.finished = True
-            elif time.monotonic() >= child.restart_at:
+            elif self.procs.due(child):
                 process = self._spawn(child, job)
                 if process is not None and not child.short:
                     log.warning("%s: restarted as %s (pid %s)", self.host_id, self._worker_id(child), process.pid)
             return
         if child.finished or proc is None:
             return
-        if proc.is_alive():
+        if self.procs.reap(child) is None:  # it runs
             if child.short and time.monotonic() - child.started >= STEADY_S:
                 child.short = 0  # it started and keeps running: the host had room after all
             return
-        proc.join()
-        multiprocess.mark_process_dead(proc.pid)
         if proc.exitcode == EXIT_FINISHED or self.stopping:
             child.finished = True
             self._job_over = self._job_over or not self.stopping  # a process that was not told to stop: no more work
@@ -477,7 +353,7 @@ class WorkerDaemon:
             self._other_job = True
             child.finished = True
             return
-        if proc.exitcode == EXIT_NO_TASKS or (proc.exitcode == -signal.SIGABRT and self._refused_a_task()):
+        if proc.exitcode == EXIT_NO_TASKS or (proc.exitcode == -signal.SIGABRT and self.tasks.refused_a_task()):
             self._release([self._worker_id(child)], "process could not start a thread")
             self._short_of_tasks(child, f"worker process {self._worker_id(child)} could not start a thread")
             return
@@ -489,14 +365,14 @@ class WorkerDaemon:
             return
         self._crashed(child, job, job_finished)
 
-    def _crashed(self, child: _Child, job: JobConfig, job_finished: bool) -> None:
+    def _crashed(self, child: DecodeChild, job: JobConfig, job_finished: bool) -> None:
         """A process died before the job was over: say how (and on which sample, which the dispatcher
         counts towards poison), hand its units back, and restart it after its back-off."""
         proc = child.process
         assert proc is not None, "_reap: only a process that ran has crashed"
         worker_id = self._worker_id(child)
         how = ("exited 0 before the job was finished (something in it called exit(): the transform, or a library "
-               "it uses)") if proc.exitcode == 0 else f"died ({_exit_name(proc.exitcode)})"
+               "it uses)") if proc.exitcode == 0 else f"died ({exit_name(proc.exitcode)})"
         last = child.activity.read() if child.activity is not None else None
         crashed_sample = None
         if child.stuck_on is not None:  # reported as hung: the dispatcher skips the sample already
@@ -506,7 +382,7 @@ class WorkerDaemon:
             how += f" while transforming sample {crashed_sample} of unit {last.unit_id}"
         log.warning("%s: process %s (pid %s) %s; handing its units back and restarting", self.host_id, worker_id,
                     proc.pid, how)
-        self._release([worker_id], f"process exit {_exit_name(proc.exitcode).removeprefix('exit code ')}",
+        self._release([worker_id], f"process exit {exit_name(proc.exitcode).removeprefix('exit code ')}",
                       crashed_sample)
         self.metrics.restarts.inc()
         if job_finished:
@@ -514,15 +390,13 @@ class WorkerDaemon:
             return
         if child.stuck_on is not None:  # no crash of its own: it starts again at once
             child.crashes = 0
-        child.crashes = child.crashes + 1 if time.monotonic() - child.started < STEADY_S else 1
-        delay = RESTART_BACKOFF_S[min(child.crashes - 1, len(RESTART_BACKOFF_S) - 1)]
-        child.restart_at = time.monotonic() + delay
+        delay = self.procs.crashed(child)  # RESTART_BACKOFF_S by its crashes in a row
         if delay:
             log.warning("%s: process %s crashed %d time(s) in a row; restarting it in %.1f s", self.host_id,
                         worker_id, child.crashes, delay)
         self._reap(child, job, job_finished)
 
-    def _heartbeat(self, children: list[_Child]) -> str | None:
+    def _heartbeat(self, children: list[DecodeChild]) -> str | None:
         """Tell the dispatcher we are alive; returns its answer's kind, None if unanswered."""
         live = [c for c in children if not c.finished]
         beat = pb.Heartbeat(host_id=self.host_id, worker_ids=[self._worker_id(c) for c in live], job_id=self._job_id,
@@ -557,38 +431,11 @@ class WorkerDaemon:
             log.warning("%s: could not hand units back (%s); the dispatcher re-leases them when our "
                         "heartbeats stop", self.host_id, exc)
 
-    def _drain(self, children: list[_Child], release: bool) -> None:
-        """SIGTERM every live process, wait for it, and optionally hand back unfinished units."""
-        procs = [c.process for c in children if c.process is not None and c.process.is_alive()]
-        for proc in procs:
-            proc.terminate()
-        deadline = time.monotonic() + self.cfg.drain_timeout_s
-        for proc in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                log.warning("%s: %s did not drain in time; killing it", self.host_id, proc.name)
-                proc.kill()
-                proc.join()
-            multiprocess.mark_process_dead(proc.pid)
+    def _drain(self, children: list[DecodeChild], release: bool) -> None:
+        """SIGTERM every live process, wait for it (--drain-timeout, then killed), and optionally hand back
+        unfinished units."""
+        self.procs.drain(children, self.cfg.drain_timeout_s, on_late=lambda child: log.warning(
+            "%s: %s did not drain in time; killing it", self.host_id, self._worker_id(child)))  # its process's name
         if release:
             self._release([], "host draining")
             log.info("%s: drained", self.host_id)
-
-
-def _exit_name(exitcode: int | None) -> str:
-    """`exit code 3`, or the signal that killed it by name (`SIGSEGV`)."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            return signal.Signals(-exitcode).name
-        except ValueError:
-            return f"signal {-exitcode}"
-    return f"exit code {exitcode}"
-
-
-def _stopped(pid: int) -> bool:
-    """The process is stopped (state T or t in /proc/PID/stat); False when it cannot be read."""
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:][:1] in ("T", "t")

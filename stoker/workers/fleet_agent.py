@@ -20,7 +20,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing.sharedctypes import Synchronized
 
 import zmq
@@ -29,14 +29,10 @@ from stoker.pipeline.cpu_clock import usable_cores
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
-from stoker.protos.endpoints import serves
-from stoker.protos.errors import ConfigError
-from stoker.protos.exposure import check_exposure
-from stoker.protos.sd_notify import Notifier
 from stoker.protos.sockets import end_context
-from stoker.workers.lifeline import exit_with_parent, parent_alive
-from stoker.workers.metrics import serve_multiprocess
-from stoker.workers.worker_config import WorkerConfig, most_procs
+from stoker.workers.preamble import HostPreamble, configure_logging
+from stoker.workers.supervisor import Supervised, Supervisor
+from stoker.workers.worker_config import WorkerConfig
 
 log = logging.getLogger("stoker.worker")
 
@@ -49,20 +45,21 @@ RESPAWN_AFTER_S = 2.0  # a job daemon that died (not one whose job finished) is 
 STOP_MARGIN_S = 5.0  # beyond a job daemon's own drain time, before it is killed
 
 
-@dataclass
-class _JobDaemon:
-    job_id: str
-    endpoint: str
-    target: Synchronized
-    process: mp.process.BaseProcess
-    draining: bool = False  # told to stop (SIGTERM): its processes hand their units back, then it exits
+class _JobDaemon(Supervised):
+    def __init__(self, job_id: str, endpoint: str, target: Synchronized) -> None:
+        super().__init__()
+        self.job_id, self.endpoint, self.target = job_id, endpoint, target
+        self.draining = False  # told to stop (SIGTERM): its processes hand their units back, then it exits
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
 
 
 def job_daemon_main(cfg: WorkerConfig, job_id: str, target: Synchronized, log_level: int) -> None:
     """A job daemon's process: serve `job_id` at `cfg.connect` with `target` processes, then exit."""
     from stoker.workers.daemon import WorkerDaemon
 
-    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(log_level)
     daemon = WorkerDaemon(cfg, target=target, expect_job=job_id)
     failed = daemon.run()
     raise SystemExit(EXIT_FAILED if failed else EXIT_JOB_OVER if daemon.served_to_end else EXIT_LEFT)
@@ -70,23 +67,19 @@ def job_daemon_main(cfg: WorkerConfig, job_id: str, target: Synchronized, log_le
 
 class FleetAgent:
     def __init__(self, cfg: WorkerConfig) -> None:
-        if not 1 <= cfg.procs <= most_procs():
-            raise ConfigError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
-                              f"not {cfg.procs}")
-        check_exposure([cfg.metrics_addr], bool(cfg.keys), cfg.insecure, risk="read this host's metrics")
+        self.host = HostPreamble(cfg, cfg.resolved_host_id())  # checks the settings first
         self.cfg = cfg
-        self.host_id = cfg.resolved_host_id()
+        self.host_id = self.host.host_id
         self.ctx = zmq.Context()
         self.curve = ClientKeys.load(cfg.keys, cfg.key_name or self.host_id) if cfg.keys else None
         self.client = ControlClient(self.ctx, cfg.fleet, f"{self.host_id}/fleet.{os.getpid()}", curve=self.curve,
                                     fleet=True)
         self.mp = mp.get_context("spawn")
+        self.procs = Supervisor(self.mp, (RESPAWN_AFTER_S,), steady_s=0.0)  # the job daemons
         self.jobs: dict[str, _JobDaemon] = {}
         self.finished: dict[str, float] = {}  # job -> when its daemon said it finished: not started again
         self.respawn_at: dict[str, float] = {}  # job -> when a job daemon that died may be started again
         self.stopping = False
-        self.metrics_port: int | None = None
-        self.systemd = Notifier()
         self._unanswered_since: float | None = None
         self._refused = ""  # the fleet's last refusal, said once
 
@@ -96,14 +89,7 @@ class FleetAgent:
         self.stopping = True
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, self._request_stop)
-        if self.cfg.parent_pid is not None:
-            exit_with_parent(self.cfg.parent_pid)
-        if serves(self.cfg.metrics_port):
-            self.metrics_port = serve_multiprocess(self.cfg.metrics_port, self.cfg.metrics_addr, self.cfg.metrics_flag)
-            log.info("%s: metrics on http://%s:%d/metrics", self.host_id, self.cfg.metrics_addr, self.metrics_port)
-        self.systemd.ready(f"beating to the fleet at {self.cfg.fleet}")
+        self.host.begin(self._request_stop, f"beating to the fleet at {self.cfg.fleet}")
         log.info("%s: serving the fleet at %s with %d processes", self.host_id, self.cfg.fleet, self.cfg.procs)
         try:
             while not self.stopping:
@@ -112,13 +98,12 @@ class FleetAgent:
                 plan = self._beat(leaving=False)
                 if plan is not None:
                     self._follow(plan)
-                self.systemd.watchdog()
-                if self.cfg.parent_pid is not None and not parent_alive(self.cfg.parent_pid):
+                if not self.host.alive():
                     log.warning("%s: the process that started this daemon is gone; stopping", self.host_id)
                     self.stopping = True
                 self._sleep(BEAT_S - (time.monotonic() - started))
         finally:
-            self.systemd.stopping()
+            self.host.end()
             self._beat(leaving=True)  # best effort: the fleet stops counting this host at once
             self._stop_all()
             self.client.close()
@@ -134,7 +119,7 @@ class FleetAgent:
         beat = pb.FleetHost(host_id=self.host_id, procs=self.cfg.procs, pid=os.getpid(), leaving=leaving,
                             cores=min(float(self.cfg.procs), usable_cores()))
         for job in self.jobs.values():
-            if job.process.is_alive():
+            if job.alive():
                 beat.serving.add(job_id=job.job_id, endpoint=job.endpoint, procs=int(job.target.value))
         try:
             reply = self.client.request(pb.ControlRequest(fleet_host=beat), give_up_after_s=BEAT_ANSWER_S)
@@ -164,7 +149,8 @@ class FleetAgent:
         for job_id, job in list(self.jobs.items()):
             if (job_id not in wanted or wanted[job_id].endpoint != job.endpoint) and not job.draining:
                 log.info("%s: the fleet gives job %s no processes here now; draining them", self.host_id, job_id)
-                job.process.terminate()
+                if job.process is not None:
+                    job.process.terminate()
                 job.draining = True
         for job_id, assigned in wanted.items():
             procs = min(assigned.procs, self.cfg.procs)
@@ -174,7 +160,7 @@ class FleetAgent:
                     log.info("%s: job %s: %d -> %d processes", self.host_id, job_id, int(known.target.value), procs)
                     known.target.value = procs
                 continue
-            if job_id in self.finished or (known is not None and known.process.is_alive()) \
+            if job_id in self.finished or (known is not None and known.alive()) \
                     or time.monotonic() < self.respawn_at.get(job_id, 0.0):
                 continue  # finished here, still draining at its old dispatcher, or died a moment ago
             self._start(job_id, assigned.endpoint, procs)
@@ -184,40 +170,33 @@ class FleetAgent:
         cfg = replace(self.cfg, connect=endpoint, fleet="", metrics_port=None, once=True, parent_pid=os.getpid(),
                       host_id=self.host_id)
         level = logging.getLogger().getEffectiveLevel()
-        process = self.mp.Process(target=job_daemon_main, args=(cfg, job_id, target, level),
-                                  name=f"{self.host_id}/{job_id}", daemon=False)
-        process.start()
-        self.jobs[job_id] = _JobDaemon(job_id, endpoint, target, process)
+        job = _JobDaemon(job_id, endpoint, target)
+        process = self.procs.start(job, job_daemon_main, (cfg, job_id, target, level), f"{self.host_id}/{job_id}")
+        self.jobs[job_id] = job
         log.info("%s: serving job %s (dispatcher %s) with %d processes (pid %s)", self.host_id, job_id, endpoint,
                  procs, process.pid)
 
     def _reap(self) -> None:
         for job_id, job in list(self.jobs.items()):
-            if job.process.is_alive():
+            code = self.procs.reap(job)
+            if code is None and job.process is not None:  # it runs
                 continue
-            job.process.join()
             del self.jobs[job_id]
-            if job.process.exitcode == EXIT_JOB_OVER:
+            if code == EXIT_JOB_OVER:
                 self.finished[job_id] = time.monotonic()
                 log.info("%s: job %s is over here", self.host_id, job_id)
-            elif job.process.exitcode == EXIT_FAILED:
+            elif code == EXIT_FAILED:
                 self.finished[job_id] = time.monotonic()  # its processes said why; its dispatcher fails the job
                 log.error("%s: this host cannot serve job %s (its processes said why); not starting it again",
                           self.host_id, job_id)
-            elif job.process.exitcode != EXIT_LEFT:
+            elif code != EXIT_LEFT:
+                delay = self.procs.crashed(job)  # RESPAWN_AFTER_S
                 log.warning("%s: the daemon of job %s exited with %s; starting it again in %.0f s if the fleet still "
-                            "gives it processes here", self.host_id, job_id, job.process.exitcode, RESPAWN_AFTER_S)
-                self.respawn_at[job_id] = time.monotonic() + RESPAWN_AFTER_S
+                            "gives it processes here", self.host_id, job_id, code, delay)
+                self.respawn_at[job_id] = job.restart_at or 0.0
 
     def _stop_all(self) -> None:
-        for job in self.jobs.values():
-            if job.process.is_alive():
-                job.process.terminate()
-        deadline = time.monotonic() + self.cfg.drain_timeout_s + STOP_MARGIN_S
-        for job in self.jobs.values():
-            job.process.join(max(0.0, deadline - time.monotonic()))
-            if job.process.is_alive():
-                log.warning("%s: the daemon of job %s did not drain in time; killing it", self.host_id, job.job_id)
-                job.process.kill()
-                job.process.join(5.0)
+        """SIGTERM every job daemon; one still running past its own drain time and STOP_MARGIN_S is killed."""
+        self.procs.drain(self.jobs.values(), self.cfg.drain_timeout_s + STOP_MARGIN_S, on_late=lambda job: log.warning(
+            "%s: the daemon of job %s did not drain in time; killing it", self.host_id, job.job_id))
         log.info("%s: drained", self.host_id)

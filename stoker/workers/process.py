@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 from collections import ChainMap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import zmq
@@ -51,6 +51,7 @@ from stoker.workers.lifeline import exit_with_parent, parent_alive
 from stoker.workers.limits import is_out_of_tasks
 from stoker.workers.metrics import WorkerMetrics
 from stoker.workers.sender import DataSender, Lease, LeaseRefused, Rejected, SendTimedOut
+from stoker.workers.skips import Skips
 from stoker.workers.sources import BatchSource, Outgoing, make_source
 
 log = logging.getLogger("stoker.worker")
@@ -235,7 +236,7 @@ class _LeaseLoop:
             traded.sender.end_unit()
         sender = self._sender_for(leased.data_endpoint)
         sender.start_unit(Lease(unit.unit_id, leased.lease_token))
-        skip = _Skips(ChainMap({s.sample_id: s.reason for s in leased.skip}, self.poison), self._refresh_poison)
+        skip = Skips(ChainMap({s.sample_id: s.reason for s in leased.skip}, self.poison), self._refresh_poison)
         self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit, skip, self._hung)))
 
     def _hung(self, unit_id: int, sample_id: int, seconds: float) -> None:
@@ -380,28 +381,6 @@ def _start_threads() -> None:
     from zmq.utils.garbage import gc
     if not gc.is_alive():
         gc.start()
-
-
-class _Skips(Mapping[int, str]):
-    """A unit's samples to skip unread, as the batching code reads them at each sample: the lease's list,
-    then what this process knows is poison, refreshed (`refresh`, rate-limited) before each look, so a
-    sample that became poison while the unit was in hand, even mid-batch, is not waited on again."""
-
-    def __init__(self, known: Mapping[int, str], refresh: Callable[[], None]) -> None:
-        self.known, self.refresh = known, refresh
-
-    def __contains__(self, sample_id: object) -> bool:
-        self.refresh()
-        return sample_id in self.known
-
-    def __getitem__(self, sample_id: int) -> str:
-        return self.known[sample_id]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.known)
-
-    def __len__(self) -> int:
-        return len(self.known)
 
 
 def _refuse(spec: ProcessSpec, control: ControlClient | None, reason: str) -> int:

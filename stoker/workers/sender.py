@@ -26,7 +26,7 @@ import zmq
 
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import ClientKeys
-from stoker.protos.errors import StokerError
+from stoker.protos.errors import PeerError
 from stoker.protos.sockets import dealer
 
 if TYPE_CHECKING:
@@ -37,11 +37,11 @@ SEND_DEADLINE_S = 10.0  # a batch that cannot leave this long (the rank's connec
 SEND_POLL_MS = 100  # while waiting to send, how often the caller's stop flag is looked at
 
 
-class Rejected(StokerError, ConnectionError):
+class Rejected(PeerError):
     """The consumer serves another job: this process cannot work for it."""
 
 
-class LeaseRefused(StokerError, ConnectionError):
+class LeaseRefused(PeerError):
     """The consumer does not accept the lease (it restarted, or the lease was lost): drop the unit."""
 
 
