@@ -30,7 +30,19 @@ def bare_imports_in_code(path: str, text: str) -> list[str]:
         found += [f"{path}:{node.lineno} imports {name}" for name in names if name.split(".")[0] in TOPS]
         if isinstance(node, ast.Constant) and isinstance(node.value, str):  # code a test runs: python -c "..."
             found += [f"{path}:{node.lineno} {hit.split(' ', 1)[1]}" for hit in bare_names_in_text(path, node.value)]
+            found += [f"{path}:{node.lineno} {hit.split(' ', 1)[1]}" for hit in _bare_imports_in_string(node.value)]
     return found
+
+
+def _bare_imports_in_string(text: str) -> list[str]:
+    """What a string that is Python code (`import a, b` included) imports by a room's bare name."""
+    if "import" not in text:
+        return []
+    try:
+        code = ast.parse(text)
+    except SyntaxError:  # prose, or a fragment
+        return []
+    return bare_imports_in_code("-c", ast.unparse(code)) if code.body else []
 
 
 def bare_names_in_text(path: str, text: str) -> list[str]:
@@ -58,9 +70,11 @@ def test_no_room_is_imported_by_its_bare_name_anywhere_in_the_tree():
 
 def test_the_rule_sees_each_shape_of_a_bare_name():
     code = ("import accel\nfrom pipeline.job import JobConfig\nimport stoker.accel.feed\nfrom stoker import protos\n"
-            "CODE = 'import os\\nfrom workers.multiproc import prepare'\n")
+            "CODE = 'import os\\nfrom workers.multiproc import prepare'\n"
+            "LIGHT = 'import sys, stoker, workers.daemon'\n")
     assert bare_imports_in_code("x.py", code) == ["x.py:1 imports accel", "x.py:2 imports pipeline.job",
-                                                  "x.py:5 'from workers.multiproc'"]
+                                                  "x.py:5 'from workers.multiproc'", "x.py:5 imports workers.multiproc",
+                                                  "x.py:6 imports workers.daemon"]
     prose = ("run `python -m workers.daemon` or `--transform pipeline.augment:TrainTransform`;\n"
              "see stoker/accel/feed.py, `stoker.pipeline.augment:TrainTransform`, `from stoker.protos import x`;\n"
              "the workers/ keys, the accel/ room, a pipeline of transforms imports numpy, workers.bad:2 at a line\n")

@@ -474,7 +474,7 @@ def test_a_rank_the_workers_cannot_reach_is_named_in_seconds(odd_manifest, log_d
 
 
 def test_import_stoker_stays_light():
-    code = ("import sys, stoker, stoker.cli, workers.daemon, workers.process; "
+    code = ("import sys, stoker, stoker.cli, stoker.workers.daemon, stoker.workers.process; "
             "print(sorted(m for m in ('torch', 'nvidia.dali', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from stoker.accel.control.allocation import Allocation, JobAsk, Move, allocate
+from stoker.accel.control.last_heard import LastHeard
 from stoker.protos.errors import ConfigError
 
 MOST_HOST_PROCS = 1024  # a host offering more is not a Stoker daemon (one caps itself at 4 a core)
@@ -43,7 +44,6 @@ ROUND_S = 1.0  # the least time between two rounds of moves: each round moves at
 class Host:
     host_id: str
     procs: int
-    seen: float
     leaving: bool = False
     running: dict[str, int] = field(default_factory=dict)  # job -> processes the host says it runs
     cores: float = 0.0  # the CPU its processes may use in all (0: not said; one a process)
@@ -58,7 +58,6 @@ class Job:
     max_cores: int | None
     want_cores: float | None  # None: the job has not measured its demand yet (it gets its fair share)
     endpoint: str
-    seen: float
     want_reason: str = ""
     stall_fraction: float = 0.0
     cores_needed: float = 0.0
@@ -96,6 +95,8 @@ class FleetBook:
         self.max_moves = max_moves
         self.hosts: dict[str, Host] = {}
         self.jobs: dict[str, Job] = {}
+        self.hosts_heard = LastHeard[str]()  # host -> its last beat
+        self.jobs_heard = LastHeard[str]()  # job -> its last beat
         self.assigned: dict[str, dict[str, int]] = {}  # host -> job -> processes it should run
         self.last: Allocation | None = None
         self._round_at = -math.inf
@@ -113,21 +114,23 @@ class FleetBook:
             raise ConfigError(f"host {host_id}: a host offers 1 to {MOST_HOST_PROCS} processes, not {procs}")
         if not (math.isfinite(cores) and 0 <= cores <= procs * 1e3):
             raise ConfigError(f"host {host_id}: its cores must be a number of at least 0, not {cores!r}")
-        known = self.hosts.get(host_id)
-        if known is not None and pid and known.pid and known.pid != pid and now - known.seen < self.host_timeout_s:
+        known, age = self.hosts.get(host_id), self.hosts_heard.age(host_id, now)
+        if known is not None and age is not None and pid and known.pid and known.pid != pid \
+                and age < self.host_timeout_s:
             raise ConfigError(f"host id {host_id} is in use by a live daemon (pid {known.pid}, heard "
-                              f"{now - known.seen:.1f} s ago): give each worker daemon its own --host-id")
+                              f"{age:.1f} s ago): give each worker daemon its own --host-id")
         decisions = []
         if known is None:
             decisions.append(Decision(f"host {host_id} joined with {procs} processes"))
-            self.hosts[host_id] = Host(host_id, procs, now, leaving, dict(running), cores, pid)
+            self.hosts[host_id] = Host(host_id, procs, leaving, dict(running), cores, pid)
             if host_id not in self.assigned:  # a fleet that started again: adopt what the host runs
                 self.assigned[host_id] = {job: n for job, n in running.items() if n > 0}
         else:
             if leaving and not known.leaving:
                 decisions.append(Decision(f"host {host_id} is draining: its processes go to other hosts"))
-            known.procs, known.seen, known.leaving, known.running = procs, now, leaving, dict(running)
+            known.procs, known.leaving, known.running = procs, leaving, dict(running)
             known.cores, known.pid = cores, pid
+        self.hosts_heard.record(host_id, now)
         if leaving:
             self.assigned[host_id] = {}
         else:
@@ -135,7 +138,7 @@ class FleetBook:
         return decisions + self.rebalance(now, force=known is None)
 
     def job_beat(self, job: Job, now: float) -> list[Decision]:
-        """A job's beat (`job.seen` is set to `now`); ConfigError when its weight or limits cannot hold."""
+        """A job's beat, heard at `now`; ConfigError when its weight or limits cannot hold."""
         self._started = now if self._started is None else self._started
         JobAsk(job.job_id, 0, job.weight, job.min_cores, job.max_cores)  # refused here, with one line
         if job.want_cores is not None and not 0 <= job.want_cores <= MOST_CORES:
@@ -153,11 +156,12 @@ class FleetBook:
                                              != self.processes_for(job.want_cores)):  # a change the fleet acts on
             decisions.append(Decision(f"job {job.job_id} now wants {wants}, {self.processes_for(job.want_cores)} "
                                       f"processes ({job.want_reason})"))
-        job.seen = now
         self.jobs[job.job_id] = job
+        self.jobs_heard.record(job.job_id, now)
         return decisions + self.rebalance(now, force=known is None)
 
     def job_leaves(self, job_id: str, now: float, why: str = "it finished") -> list[Decision]:
+        self.jobs_heard.forget(job_id)
         if self.jobs.pop(job_id, None) is None:
             return []
         held = self._drop_job(job_id)
@@ -166,15 +170,17 @@ class FleetBook:
     def expire(self, now: float) -> list[Decision]:
         """Hosts and jobs that fell silent, and assignments of jobs nobody registered."""
         decisions = []
-        for host in [h for h in self.hosts.values() if now - h.seen > self.host_timeout_s]:
-            del self.hosts[host.host_id]
-            lost = self.assigned.pop(host.host_id, {})
-            decisions.append(Decision(f"host {host.host_id} is gone (silent {now - host.seen:.0f} s): "
+        for host_id in self.hosts_heard.silent_for(self.host_timeout_s, now):
+            silent = now - (self.hosts_heard.forget(host_id) or 0.0)
+            del self.hosts[host_id]
+            lost = self.assigned.pop(host_id, {})
+            decisions.append(Decision(f"host {host_id} is gone (silent {silent:.0f} s): "
                                       f"{sum(lost.values())} processes lost ({_jobs_text(lost)})"))
-        for job in [j for j in self.jobs.values() if now - j.seen > self.job_timeout_s]:
-            del self.jobs[job.job_id]
-            held = self._drop_job(job.job_id)
-            decisions.append(Decision(f"job {job.job_id} is gone (silent {now - job.seen:.0f} s): its "
+        for job_id in self.jobs_heard.silent_for(self.job_timeout_s, now):
+            silent = now - (self.jobs_heard.forget(job_id) or 0.0)
+            del self.jobs[job_id]
+            held = self._drop_job(job_id)
+            decisions.append(Decision(f"job {job_id} is gone (silent {silent:.0f} s): its "
                                       f"{held} processes are free"))
         if self._started is not None and now - self._started > self.job_timeout_s:
             strays = {job for jobs in self.assigned.values() for job in jobs if job not in self.jobs}

@@ -15,30 +15,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import signal
 import threading
 import time
 from collections.abc import Callable
 
-import uvloop
 import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from stoker.accel.aio import pump_batches, run_until_one_fails
+from stoker.accel.control.control_socket import run_service, serving
 from stoker.accel.control.fleet import Decision, FleetBook, Job
 from stoker.accel.control.fleet_config import FleetConfig
 from stoker.accel.control.metrics import serve_registry
-from stoker.accel.control.server import guarded_control, one_line
+from stoker.accel.control.routing import Asked, Handler, one_line, read_request
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog
 from stoker.protos.endpoints import advertised, endpoint_problem, serves
-from stoker.protos.errors import ConfigError
+from stoker.protos.errors import ConfigError, PeerError
 from stoker.protos.exposure import check_exposure
-from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
+from stoker.protos.framing import frame_bytes
 from stoker.protos.sd_notify import Notifier
-from stoker.protos.sockets import end_context, send_nowait
+from stoker.protos.sockets import send_nowait
 from stoker.protos.zap import count_handshakes
 
 log = logging.getLogger("stoker.fleet")
@@ -143,37 +142,33 @@ class FleetServer:
         self.metrics.update(self.book)
 
     def _handle_one(self, frames: list) -> None:
-        peer = frame_bytes(frames[0])
-        if len(frames) != 2 or len(frames[1]) > MAX_HEADER_BYTES:
-            self._drops("bad_frames", peer)
+        read = read_request(frames, self._drops)
+        if read is None:
             return
-        request = pb.ControlRequest()
-        try:
-            request.ParseFromString(frame_bytes(frames[1]))
-        except Exception:  # protobuf DecodeError
-            self._drops("bad_header", peer)
-            return
-        kind = request.WhichOneof("kind")
+        peer, request = read
+        handler = FLEET_HANDLERS.get(request.WhichOneof("kind") or "")
         caller = caller_of(frames[1]) if self.keyed else NOBODY
-        reply = pb.ControlReply(request_id=request.request_id)
         try:
-            if kind == "fleet_host":
-                self._need(caller, WORKER, "a worker key")
-                reply.fleet_plan.CopyFrom(self._host(request.fleet_host))
-            elif kind == "fleet_job":
-                self._need(caller, JOB, "a job key (stoker keys add DIR NAME --role job)")
-                self._own(request.fleet_job.job_id, caller if self.keyed else NOBODY)
-                reply.fleet_share.CopyFrom(self._job(request.fleet_job))
-            else:
+            if handler is None:
                 raise _Refused("not_fleet", "this is a fleet (stoker fleet), not a dispatcher: point workers at it "
                                             "with --fleet, and a job's ranks at its dispatcher")
+            self._need(caller, handler.role, handler.needs)
+            reply = handler.answer(self, Asked(request, caller, peer, None))
         except _Refused as exc:
             self._drops(exc.reason, peer, str(exc))
-            reply.error.message = str(exc)
+            reply = pb.ControlReply(error=pb.Error(message=str(exc)))
         except (ConfigError, ValueError) as exc:  # a figure out of range for the wire too
             self._drops("bad_value", peer, str(exc))
-            reply.error.message = str(exc)
+            reply = pb.ControlReply(error=pb.Error(message=str(exc)))
+        reply.request_id = request.request_id
         self._send(peer, reply)
+
+    def _on_host(self, asked: Asked) -> pb.ControlReply:
+        return pb.ControlReply(fleet_plan=self._host(asked.request.fleet_host))
+
+    def _on_job(self, asked: Asked) -> pb.ControlReply:
+        self._own(asked.request.fleet_job.job_id, asked.caller if self.keyed else NOBODY)
+        return pb.ControlReply(fleet_share=self._job(asked.request.fleet_job))
 
     def _own(self, job_id: str, caller: Caller) -> None:
         """With keys a job id belongs to the key that registered it: no other job key may beat, leave or
@@ -190,8 +185,8 @@ class FleetServer:
 
     def _host(self, beat: pb.FleetHost) -> pb.FleetPlan:
         _check_name("host id", beat.host_id)
-        for serving in beat.serving:
-            _check_name("job id", serving.job_id)
+        for served in beat.serving:
+            _check_name("job id", served.job_id)
         running = {s.job_id: s.procs for s in beat.serving}
         self._log(self.book.host_beat(beat.host_id, beat.procs, running, beat.leaving, self.clock(), beat.cores,
                                       pid=beat.pid))
@@ -211,7 +206,7 @@ class FleetServer:
             self._owners.pop(beat.job_id, None)
             return pb.FleetShare(fleet_procs=self.book.capacity(), hosts=len(self.book.hosts), reason="left")
         job = Job(beat.job_id, beat.weight, beat.min_cores, beat.max_cores if beat.HasField("max_cores") else None,
-                  beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint, now,
+                  beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint,
                   one_line(beat.want_reason[:300]), beat.stall_fraction, beat.cores_needed, beat.cores_in_use,
                   one_line(beat.transform[:300]), beat.stage)
         self._log(self.book.job_beat(job, now))
@@ -229,7 +224,14 @@ class FleetServer:
             log.info("%s", decision.text)
 
 
-class _Refused(Exception):
+# the kinds of request a fleet answers, and who may send each (any other kind is refused: not_fleet)
+FLEET_HANDLERS: dict[str, Handler[FleetServer]] = {
+    "fleet_host": Handler(FleetServer._on_host, WORKER, needs="a worker key"),
+    "fleet_job": Handler(FleetServer._on_job, JOB, needs="a job key (stoker keys add DIR NAME --role job)"),
+}
+
+
+class _Refused(PeerError):
     def __init__(self, reason: str, text: str) -> None:
         super().__init__(text)
         self.reason = reason
@@ -261,37 +263,23 @@ class FleetService:
     def run(self, on_ready: Callable[[FleetService], None] | None = None) -> None:
         if serves(self.cfg.metrics_port):
             self.metrics_port = serve_registry(self.metrics.registry, self.cfg.metrics_port, self.cfg.metrics_addr)
-        loop = uvloop.new_event_loop()
-        try:
-            loop.run_until_complete(self._serve(on_ready))
-        finally:
-            loop.close()
+        run_service(lambda: self._serve(on_ready))
 
     async def _serve(self, on_ready: Callable[[FleetService], None] | None) -> None:
-        loop = asyncio.get_running_loop()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop.set)
-        ctx = zmq.asyncio.Context()
-        authenticator, sock, monitor, bound = guarded_control(ctx, self.keys, self.cfg.bind)
-        try:
-            self.endpoint = advertised(bound, None)
-            server = FleetServer(sock, self.book, self.metrics, self.keys is not None)
-            self.metrics.update(self.book)
-            log.info("fleet on %s", self.endpoint)
-            self.systemd.ready(f"serving {self.endpoint}")
-            self.ready.set()
-            if on_ready is not None:
-                on_ready(self)
-            await run_until_one_fails([pump_batches(sock, server.handle_all, self.stop), self._ticker(server),
-                                       count_handshakes(monitor, self.metrics.auth, self.stop)], self.stop)
-        finally:
-            self.systemd.stopping()
-            sock.close(0)
-            monitor.close(0)
-            if authenticator is not None:
-                authenticator.stop()
-            end_context(ctx)
+        async with serving(self.keys, self.cfg.bind, self.stop) as (sock, monitor, bound):
+            try:
+                self.endpoint = advertised(bound, None)
+                server = FleetServer(sock, self.book, self.metrics, self.keys is not None)
+                self.metrics.update(self.book)
+                log.info("fleet on %s", self.endpoint)
+                self.systemd.ready(f"serving {self.endpoint}")
+                self.ready.set()
+                if on_ready is not None:
+                    on_ready(self)
+                await run_until_one_fails([pump_batches(sock, server.handle_all, self.stop), self._ticker(server),
+                                           count_handshakes(monitor, self.metrics.auth, self.stop)], self.stop)
+            finally:
+                self.systemd.stopping()
 
     async def _ticker(self, server: FleetServer) -> None:
         while not self.stop.is_set():

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stoker.protos.errors import StokerError
+from stoker.accel.control.last_heard import LastHeard
+from stoker.protos.errors import PeerError
 
 
-class RankError(StokerError, ValueError):
+class RankError(PeerError):
     """A consumer rank that cannot join the job as it asked."""
 
 
@@ -22,13 +23,14 @@ class Liveness:
     world_size: int
     timeout_s: float  # silent longer than this is gone (hosts and ranks alike)
     clock: Callable[[], float]
-    _hosts: dict[str, float] = field(default_factory=dict)  # host -> last heard
-    _ranks: dict[int, tuple[str, float]] = field(default_factory=dict)  # rank -> (consumer, last heard)
+    _hosts: LastHeard[str] = field(default_factory=LastHeard)  # host -> last heard
+    _owners: dict[int, str] = field(default_factory=dict)  # rank -> the consumer that holds it
+    _ranks: LastHeard[int] = field(default_factory=LastHeard)  # rank -> when its consumer was last heard
     _endpoints: dict[int, str] = field(default_factory=dict)  # rank -> its data socket
 
     # ---- hosts ----------------------------------------------------------------------------
     def heartbeat(self, host_id: str) -> None:
-        self._hosts[host_id] = self.clock()
+        self._hosts.record(host_id, self.clock())
 
     def known(self, host_id: str) -> None:
         """A host a restarted dispatcher's journal names: alive until it has been silent a timeout."""
@@ -40,9 +42,9 @@ class Liveness:
     def expired_hosts(self) -> list[str]:
         """Hosts silent for longer than the timeout, forgotten from now on."""
         now = self.clock()
-        dead = [host for host, seen in self._hosts.items() if now - seen > self.timeout_s]
+        dead = self._hosts.silent_for(self.timeout_s, now)
         for host in dead:
-            del self._hosts[host]
+            self._hosts.forget(host)
         return dead
 
     # ---- ranks ----------------------------------------------------------------------------
@@ -55,12 +57,12 @@ class Liveness:
         if not 0 <= rank < self.world_size:
             raise RankError(f"rank {rank} is outside the job's ranks 0..{self.world_size - 1}")
         now = self.clock()
-        owner = self._ranks.get(rank)
-        if owner and owner[0] != consumer_id and now - owner[1] <= self.timeout_s:
-            raise RankError(f"rank {rank} is already taken by consumer {owner[0]!r}, heard from "
-                            f"{now - owner[1]:.1f} s ago")
-        self._ranks[rank] = (consumer_id, now)
-        return owner is not None and owner[0] != consumer_id
+        owner, age = self._owners.get(rank), self._ranks.age(rank, now)
+        if owner is not None and age is not None and owner != consumer_id and age <= self.timeout_s:
+            raise RankError(f"rank {rank} is already taken by consumer {owner!r}, heard from {age:.1f} s ago")
+        self._owners[rank] = consumer_id
+        self._ranks.record(rank, now)
+        return owner is not None and owner != consumer_id
 
     def set_endpoint(self, rank: int, data_endpoint: str) -> None:
         if data_endpoint:
@@ -74,11 +76,9 @@ class Liveness:
         return rank in self._endpoints
 
     def rank_heard(self, rank: int, consumer_id: str) -> None:
-        owner = self._ranks.get(rank)
-        if owner and owner[0] == consumer_id:
-            self._ranks[rank] = (consumer_id, self.clock())
+        if self._owners.get(rank) == consumer_id:
+            self._ranks.record(rank, self.clock())
 
     def silent_ranks(self) -> list[int]:
         """Attached ranks not heard from for longer than the timeout."""
-        now = self.clock()
-        return [rank for rank, (_, seen) in sorted(self._ranks.items()) if now - seen > self.timeout_s]
+        return sorted(self._ranks.silent_for(self.timeout_s, self.clock()))

@@ -30,7 +30,7 @@ from stoker.accel.control.link import CloseWait
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
-from stoker.protos.errors import PeerError, StokerError
+from stoker.protos.errors import PeerError
 from stoker.protos.sockets import CONTROL_MESSAGE_BYTES, dealer, end_context
 
 log = logging.getLogger("stoker.consumer")
@@ -40,11 +40,11 @@ _HOLDER_SILENT = re.compile(r"heard from ([0-9.]+) s ago")
 STALL_SAY_EVERY_S = 60.0
 
 
-class NotAConsumer(StokerError, PermissionError):
+class NotAConsumer(PeerError, PermissionError):
     """The dispatcher does not accept us as the job's consumer (wrong key or job secret)."""
 
 
-class RankRefused(StokerError, ValueError):
+class RankRefused(PeerError, ValueError):
     """The dispatcher will not give us this rank (taken, out of range, another world size)."""
 
 

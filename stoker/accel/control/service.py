@@ -17,23 +17,20 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import uvloop
-import zmq.asyncio
-
 from stoker.accel.aio import run_until_one_fails
 from stoker.accel.checkpoint import job_fields
+from stoker.accel.control.control_socket import run_service, serving
 from stoker.accel.control.dispatch_config import DispatchConfig
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
 from stoker.accel.control.journal import Journal
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.server import AccessPolicy, ControlServer, guarded_control, serve_control
+from stoker.accel.control.server import AccessPolicy, ControlServer, serve_control
 from stoker.accel.control.watchdog import StallBounds
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_to_proto
@@ -43,7 +40,6 @@ from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, serves
 from stoker.protos.exposure import check_exposure
 from stoker.protos.leases import KEY_BYTES, LeaseSigner
-from stoker.protos.sockets import end_context
 
 log = logging.getLogger("stoker.dispatcher")
 
@@ -88,22 +84,14 @@ class DispatchService:
         if serves(self.cfg.metrics_port):
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_addr)
         gc.freeze()  # the manifest and the plan live as long as the process: keep them out of full collections
-        loop = uvloop.new_event_loop()
         try:
-            loop.run_until_complete(self._serve(on_ready))
+            run_service(lambda: self._serve(on_ready))
         finally:
-            loop.close()
             if self.journal:
                 self.journal.close()
 
     async def _serve(self, on_ready: Callable[[DispatchService], None] | None) -> None:
-        loop = asyncio.get_running_loop()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop.set)
-        ctx = zmq.asyncio.Context()
-        authenticator, control, monitor, bound = guarded_control(ctx, self.keys, self.cfg.control_bind)
-        try:
+        async with serving(self.keys, self.cfg.control_bind, self.stop) as (control, monitor, bound):
             self.endpoint = advertised(bound, self.cfg.advertise_host)
             access = AccessPolicy(keyed=self.keys is not None, consumer_secret=self.consumer_secret,
                                   remote_consumers=True)
@@ -120,11 +108,6 @@ class DispatchService:
             finally:
                 if fleet is not None:
                     await asyncio.get_running_loop().run_in_executor(None, fleet.leave)
-        finally:
-            control.close(0)
-            if authenticator is not None:
-                authenticator.stop()
-            end_context(ctx)
 
     def _join_fleet(self, server: ControlServer) -> FleetMembership | None:
         """With --fleet: register the job (no fleet answering fails it here, naming the address) and beat

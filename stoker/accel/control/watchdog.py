@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.last_heard import LastHeard
 from stoker.accel.control.lease_table import Lease
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError
@@ -77,18 +78,15 @@ class Stall:
 
 
 @dataclass
-class _Heard:
-    at: float  # when its daemon's heartbeat said it
-    processes: dict[str, pb.ProcessActivity]  # worker id -> what it does
-
-
-@dataclass
 class Watchdog:
     bounds: StallBounds = field(default_factory=StallBounds)
     clock: Callable[[], float] = field(default=lambda: 0.0)
     _started: float = field(init=False)
-    _hosts: dict[str, _Heard] = field(init=False, default_factory=dict)  # host -> what its processes do
-    _waiting: dict[int, tuple[float, float]] = field(init=False, default_factory=dict)  # rank -> (since, heard at)
+    _hosts: dict[str, dict[str, pb.ProcessActivity]] = field(init=False, default_factory=dict)  # host -> worker
+    # id -> what that process does, as its daemon's last heartbeat said
+    _host_heard: LastHeard[str] = field(init=False, default_factory=LastHeard)  # host -> when its daemon said it
+    _waiting: dict[int, float] = field(init=False, default_factory=dict)  # rank -> since when it waits
+    _rank_heard: LastHeard[int] = field(init=False, default_factory=LastHeard)  # rank -> when it said so
 
     def __post_init__(self) -> None:
         self._started = self.clock()
@@ -96,20 +94,24 @@ class Watchdog:
     def heard_host(self, host_id: str, activity: Iterable[pb.ProcessActivity]) -> None:
         """A daemon's heartbeat: what its processes do now (its processes not named are gone)."""
         if host_id in self._hosts or len(self._hosts) < MAX_HOSTS:
-            self._hosts[host_id] = _Heard(self.clock(), {item.worker_id: item for item in activity})
+            self._hosts[host_id] = {item.worker_id: item for item in activity}
+            self._host_heard.record(host_id, self.clock())
 
     def rank_waiting(self, rank: int, waiting_s: float) -> None:
         """A rank's heartbeat: it has waited `waiting_s` for its next batch (0: it is not waiting)."""
         now = self.clock()
         if waiting_s <= 0:
             self._waiting.pop(rank, None)
+            self._rank_heard.forget(rank)
         else:
-            self._waiting[rank] = (max(now - waiting_s, self._started), now)
+            self._waiting[rank] = max(now - waiting_s, self._started)
+            self._rank_heard.record(rank, now)
 
     def waited(self) -> dict[int, float]:
         """Rank -> seconds it has waited for its next batch, for the ranks heard from lately."""
         now = self.clock()
-        return {rank: now - since for rank, (since, heard) in self._waiting.items() if now - heard < STALE_S}
+        return {rank: now - since for rank, since in self._waiting.items()
+                if (self._rank_heard.age(rank, now) or 0.0) < STALE_S}
 
     def check(self, dispatcher: Dispatcher) -> Stall | None:
         """The longest wait past `report_s`, with who holds what that rank needs; None when none."""
@@ -138,13 +140,14 @@ class Watchdog:
         """The processes that sit in one sample's transform longer than the report bound: with every unit
         pending and nobody leasing, they are why (a transform stuck where no time limit reaches it)."""
         now, stuck = self.clock(), []
-        for host_id, heard in self._hosts.items():
-            if now - heard.at > STALE_S:
+        for host_id, processes in self._hosts.items():
+            age = self._host_heard.age(host_id, now) or 0.0
+            if age > STALE_S:
                 continue
-            for worker_id, a in heard.processes.items():
-                if a.phase == "transforming" and a.for_s + (now - heard.at) >= self.bounds.report_s:
-                    stuck.append(Holder(-1, a.unit_id, host_id, worker_id, a.phase, a.sample_id,
-                                        a.for_s + (now - heard.at), a.unit_id))
+            for worker_id, a in processes.items():
+                if a.phase == "transforming" and a.for_s + age >= self.bounds.report_s:
+                    stuck.append(Holder(-1, a.unit_id, host_id, worker_id, a.phase, a.sample_id, a.for_s + age,
+                                        a.unit_id))
         if not stuck:
             return ""
         named = "; ".join(f"{h.worker_id} transforming sample {h.sample_id} of unit {h.unit_id} for {h.for_s:.0f} s"
@@ -156,9 +159,8 @@ class Watchdog:
         return self._holder(lease.unit.rank, lease.unit.unit_id, lease.host_id, lease.worker_id)
 
     def _holder(self, rank: int, unit_id: int, host_id: str, worker_id: str) -> Holder:
-        heard = self._hosts.get(host_id)
-        now = self.clock()
-        a = heard.processes.get(worker_id) if heard is not None and now - heard.at <= STALE_S else None
-        if heard is None or a is None:
+        processes, age = self._hosts.get(host_id), self._host_heard.age(host_id, self.clock())
+        a = processes.get(worker_id) if processes is not None and age is not None and age <= STALE_S else None
+        if a is None or age is None:
             return Holder(rank, unit_id, host_id, worker_id, "unknown", -1, 0.0)
-        return Holder(rank, unit_id, host_id, worker_id, a.phase, a.sample_id, a.for_s + (now - heard.at), a.unit_id)
+        return Holder(rank, unit_id, host_id, worker_id, a.phase, a.sample_id, a.for_s + age, a.unit_id)

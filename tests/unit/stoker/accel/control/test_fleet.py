@@ -15,7 +15,7 @@ def _book(**kw) -> FleetBook:
 
 def _job(job_id: str, want: float | None, weight: float = 1.0, endpoint: str = "", min_cores: int = 0,
          max_cores: int | None = None) -> Job:
-    return Job(job_id, weight, min_cores, max_cores, want, endpoint or f"tcp://{job_id}:1", 0.0)
+    return Job(job_id, weight, min_cores, max_cores, want, endpoint or f"tcp://{job_id}:1")
 
 
 def _texts(decisions) -> str:
@@ -195,13 +195,13 @@ def test_a_job_stalled_for_a_reason_on_the_workers_side_gets_one_more_process_wh
     slow store): one more process to try, as long as it stalls, never beyond the fleet."""
     book = _book()
     book.host_beat("h1", 4, {}, False, now=0.0)
-    stalled = Job("a", 1.0, 0, None, 0.1, "tcp://a:1", 0.0, stall_fraction=0.5, stage="credit")
+    stalled = Job("a", 1.0, 0, None, 0.1, "tcp://a:1", stall_fraction=0.5, stage="credit")
     book.job_beat(stalled, now=0.0)
     assert book.holding() == {"a": 1}  # what it measures it needs; each stalled round, one more
     for t in range(1, 6):
-        book.job_beat(Job("a", 1.0, 0, None, 0.1, "tcp://a:1", 0.0, stall_fraction=0.5, stage="credit"), now=t)
+        book.job_beat(Job("a", 1.0, 0, None, 0.1, "tcp://a:1", stall_fraction=0.5, stage="credit"), now=t)
     assert book.holding() == {"a": 4}
-    fed = Job("a", 1.0, 0, None, 0.1, "tcp://a:1", 0.0, stall_fraction=0.5, stage="compute")  # the device is slow
+    fed = Job("a", 1.0, 0, None, 0.1, "tcp://a:1", stall_fraction=0.5, stage="compute")  # the device is slow
     for t in range(6, 12):
         book.job_beat(fed, now=t)
     assert book.holding() == {"a": 1}  # its surplus goes back, one a round

@@ -98,7 +98,7 @@ def test_floods_of_new_identities_do_not_grow_memory():
         receiver.handle([b"id%d" % i, leased if i % 2 else forged])
     grown = tracemalloc.get_traced_memory()[0] - settled
     tracemalloc.stop()
-    assert len(server._last_reply) <= REPLY_CACHE_PEERS and len(receiver.peers) == 1 < MAX_SENDERS
+    assert len(server.replies) <= REPLY_CACHE_PEERS and len(receiver.peers) == 1 < MAX_SENDERS
     assert receiver.dropped["not_leaseholder"] == 3 * REPLY_CACHE_PEERS
     assert grown < 2 << 20, f"{grown} bytes more after another {4 * REPLY_CACHE_PEERS} identities"
 

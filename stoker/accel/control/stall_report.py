@@ -1,0 +1,70 @@
+"""What the dispatcher says about ranks that wait: the ones gone silent (said once each), and the stall
+watchdog's line (accel.control.watchdog) on who holds what a waiting rank needs, said once per report
+bound, on the metrics, and to every rank; past the stall timeout, the job's failure line.
+
+No sockets: the control server (accel.control.server) calls `silent` and `watch` on its tick and fails
+the job with the line `watch` returns. The clock is injected.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.routing import one_line
+from stoker.accel.control.watchdog import Watchdog
+
+log = logging.getLogger("stoker.dispatcher")
+
+
+class StallReporter:
+    def __init__(self, watchdog: Watchdog, metrics: ControlMetrics, now: Callable[[], float] = time.monotonic) -> None:
+        self.watchdog = watchdog
+        self.metrics = metrics
+        self.now = now
+        self._silent_reported: set[int] = set()  # ranks said to be silent, until they attach again or speak
+        self._said_at: float | None = None  # when the stall line was last logged
+
+    def attached(self, rank: int) -> None:
+        """The rank attached (again): once it falls silent, that is news again."""
+        self._silent_reported.discard(rank)
+
+    def silent(self, ranks: Iterable[int], timeout_s: float) -> None:
+        """The ranks silent now (Liveness.silent_ranks): each newly silent one is said once."""
+        silent = set(ranks)
+        for rank in sorted(silent - self._silent_reported):
+            log.error("rank %d has not been heard from for %.0f s: its batches wait, and the job cannot finish "
+                      "without it (restart every rank from the last state_dict)", rank, timeout_s)
+        self._silent_reported = silent
+        self.metrics.ranks_silent.set(len(silent))
+
+    def watch(self, d: Dispatcher) -> str | None:
+        """Say who holds what a waiting rank needs (pace: once per report bound); the job's failure line once
+        it has waited the second bound for units that are pending or leased, else None."""
+        bounds, waited = self.watchdog.bounds, self.watchdog.waited()
+        for rank, seconds in waited.items():
+            self.metrics.rank_waiting.labels(rank=str(rank)).set(seconds)
+        for rank in set(range(d.plan.world_size)) - set(self.watchdog.waited()):
+            self.metrics.rank_waiting.labels(rank=str(rank)).set(0)
+        stall = None if d.over else self.watchdog.check(d)
+        self.metrics.stall_holders.clear()
+        if stall is None:
+            d.stall, self._said_at = "", None
+            return None
+        line = one_line(stall.line)
+        d.stall = line
+        for h in stall.holders:
+            self.metrics.stall_holders.labels(rank=str(h.rank), unit=str(h.unit_id), host=one_line(h.host_id),
+                                              process=one_line(h.worker_id), phase=h.phase,
+                                              sample=str(h.sample_id) if h.sample_id >= 0 else "").set(h.for_s)
+        now = self.now()
+        if bounds.fail_s and stall.waited_s >= bounds.fail_s and stall.has_work:
+            return f"no batch for {stall.waited_s:.0f} s (--stall-timeout {bounds.fail_s:g}): {line}"
+        if self._said_at is None or now - self._said_at >= bounds.report_s:
+            self._said_at = now
+            log.error("stalled: %s%s", line, f" (the job fails at {bounds.fail_s:g} s: --stall-timeout)"
+                      if bounds.fail_s and stall.has_work else "")
+        return None
