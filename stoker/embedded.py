@@ -77,8 +77,8 @@ class Progress:
             return
         self.last = now
         stats = consumer.dispatcher.stats()
-        self.bar.set_postfix_str(f"queue={consumer.loop.queue.qsize()} units={stats.done}/{consumer.dispatcher.total_units}"
-                                 f" hosts={stats.hosts_alive}", refresh=False)
+        self.bar.set_postfix_str(f"queue={consumer.loop.queue.qsize()} units={stats.done}/"
+                                 f"{consumer.dispatcher.total_units} hosts={stats.hosts_alive}", refresh=False)
         self.bar.update(consumer.ledger.samples - self.bar.n)
 
     def close(self, consumer: Consumer) -> None:

@@ -16,7 +16,7 @@ ROOMS: tuple[str, ...] = tuple(MAY_IMPORT)
 
 
 def room_of(dotted: str) -> str | None:
-    """The room a module or package under stoker belongs to ("accel.control.server" -> "accel.control",
+    """The room a module or package under stoker belongs to ("accel.control.serving.server" -> "accel.control",
     "pipeline.text.vocab" -> "pipeline"), or None for the modules of stoker/ itself."""
     while dotted and dotted not in MAY_IMPORT:
         dotted = dotted.rpartition(".")[0]

@@ -21,7 +21,7 @@ from stoker.accel.control.link import DispatcherLink
 from stoker.accel.control.local import Closing, ControlSocket, InProcessDispatcher
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.remote import NotAConsumer, RankRefused, RemoteDispatcher, attach
-from stoker.accel.control.server import AccessPolicy
+from stoker.accel.control.serving.server import AccessPolicy
 from stoker.accel.control.watchdog import StallBounds
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_from_proto, job_to_proto

@@ -56,7 +56,7 @@ class Dispatcher:
     planned_batches: Callable[[Unit], int | None] | None = None  # images: a unit's batches follow from its size
     total_units: int = field(init=False)
     failure: str = field(init=False, default="")  # the first refusal: the job is over, not finished
-    stall: str = field(init=False, default="")  # the stall watchdog's line while a rank waits (accel.control.server)
+    stall: str = field(init=False, default="")  # the stall watchdog's line while a rank waits (control.serving)
     leases: LeaseTable = field(init=False, default_factory=LeaseTable)
     _received: dict[int, Unit] = field(init=False, default_factory=dict)  # all batches at their rank, not yet acked
     _started: dict[int, str] = field(init=False, default_factory=dict)  # rank -> the consumer whose start position

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from stoker.accel.control.allocation import Allocation, JobAsk, Move, allocate
-from stoker.accel.control.last_heard import LastHeard
+from stoker.accel.control.serving.last_heard import LastHeard
 from stoker.protos.errors import ConfigError
 
 MOST_HOST_PROCS = 1024  # a host offering more is not a Stoker daemon (one caps itself at 4 a core)

@@ -1,6 +1,6 @@
 """A job's seat in a fleet (`--fleet ENDPOINT`): it registers, says what it needs once a second,
 and hears what it holds. The job's dispatcher holds the seat (rank 0's, or `stoker dispatch`): its
-ranks say what they measure with their acks (accel.control.server), and the seat sums them.
+ranks say what they measure with their acks (accel.control.serving.server), and the seat sums them.
 
 What the job asks for (`DemandMeter`): before its device has stepped, the planner's estimate
 (`--fleet-start-cores`: from the calibrated per-core rate and a simulated device's rate, where both
@@ -158,7 +158,7 @@ class Seat:
 class FleetMembership:
     def __init__(self, seat: Seat, meter: DemandMeter, need: Callable[[], Need],
                  keys: ClientKeys | None = None) -> None:
-        """`need()`: what the job's ranks measure now, summed (accel.control.server.ControlServer.job_need)."""
+        """`need()`: what the job's ranks measure now, summed (accel.control.serving.server.ControlServer.job_need)."""
         self.seat = seat
         self.meter = meter
         self.need = need

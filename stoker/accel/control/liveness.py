@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stoker.accel.control.last_heard import LastHeard
+from stoker.accel.control.serving.last_heard import LastHeard
 from stoker.protos.errors import PeerError
 
 

@@ -22,7 +22,7 @@ from stoker.accel.control.dispatcher import Dispatcher, DispatcherStats
 from stoker.accel.control.fleet_member import NOT_MEASURED, Need
 from stoker.accel.control.link import CloseWait
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.server import AccessPolicy, ControlServer, bind_control, serve_control
+from stoker.accel.control.serving.server import AccessPolicy, ControlServer, bind_control, serve_control
 from stoker.accel.control.watchdog import StallBounds
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import ServerKeys

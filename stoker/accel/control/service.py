@@ -24,13 +24,13 @@ from dataclasses import replace
 
 from stoker.accel.aio import run_until_one_fails
 from stoker.accel.checkpoint import job_fields
-from stoker.accel.control.control_socket import run_service, serving
 from stoker.accel.control.dispatch_config import DispatchConfig
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
 from stoker.accel.control.journal import Journal
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.server import AccessPolicy, ControlServer, serve_control
+from stoker.accel.control.serving.control_socket import run_service, serving
+from stoker.accel.control.serving.server import AccessPolicy, ControlServer, serve_control
 from stoker.accel.control.watchdog import StallBounds
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_to_proto

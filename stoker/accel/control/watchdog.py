@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from stoker.accel.control.dispatcher import Dispatcher
-from stoker.accel.control.last_heard import LastHeard
 from stoker.accel.control.lease_table import Lease
+from stoker.accel.control.serving.last_heard import LastHeard
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError
 

@@ -10,7 +10,7 @@ import zmq.asyncio
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.local import Closing, ControlSocket, InProcessDispatcher
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.server import AccessPolicy
+from stoker.accel.control.serving.server import AccessPolicy
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.protos import stoker_pb2 as pb

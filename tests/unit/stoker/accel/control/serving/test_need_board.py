@@ -1,7 +1,7 @@
 """The job's need: its ranks' last words, summed over those heard lately."""
 
 from stoker.accel.control.fleet_member import Need
-from stoker.accel.control.need_board import NeedBoard
+from stoker.accel.control.serving.need_board import NeedBoard
 
 
 class Clock:

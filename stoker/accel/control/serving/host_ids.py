@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from stoker.accel.control.last_heard import LastHeard
+from stoker.accel.control.serving.last_heard import LastHeard
 from stoker.protos.leases import HOST_ID_IN_USE
 
 DAEMON_LIVE_BEATS = 3  # a daemon heard within this many heartbeat periods holds its host id against another

@@ -1,6 +1,6 @@
 """A host id belongs to the daemon heard under it within DAEMON_LIVE_BEATS heartbeats."""
 
-from stoker.accel.control.host_ids import DAEMON_LIVE_BEATS, HostIds
+from stoker.accel.control.serving.host_ids import DAEMON_LIVE_BEATS, HostIds
 
 
 class Clock:

@@ -1,7 +1,7 @@
 """The control server's answers to consumer ranks: attach, ack, epoch_steps, position, and what a rank
 says through them (a unit it got short, what it measures, how long it has waited). One method per
-request kind, each taking the request as a handler sees it (accel.control.routing.Asked); the
-control server (accel.control.server) routes to them, only once the rank's connection attached
+request kind, each taking the request as a handler sees it (accel.control.serving.routing.Asked); the
+control server (accel.control.serving.server) routes to them, only once the rank's connection attached
 where the handler says so.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from stoker.accel.control.connections import Connections
 from stoker.accel.control.dispatcher import Dispatcher, RankError
 from stoker.accel.control.fleet_member import need_from_proto
-from stoker.accel.control.need_board import NeedBoard
-from stoker.accel.control.routing import MAX_NAME, Asked, one_line
-from stoker.accel.control.stall_report import StallReporter
+from stoker.accel.control.serving.connections import Connections
+from stoker.accel.control.serving.need_board import NeedBoard
+from stoker.accel.control.serving.routing import MAX_NAME, Asked, one_line
+from stoker.accel.control.serving.stall_report import StallReporter
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.leases import LeaseSigner
 

@@ -1,6 +1,6 @@
 """Connections by their file descriptor: a closed one's leases go back after the grace, unless its peer came back."""
 
-from stoker.accel.control.connections import Connections
+from stoker.accel.control.serving.connections import Connections
 
 
 class Clock:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.journal import Journal, replay
-from stoker.accel.control.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
+from stoker.accel.control.serving.server import REPLY_CACHE_PEERS, AccessPolicy, ControlServer
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import MAX_SENDERS
 from stoker.pipeline.plan import EpochPlan
@@ -145,7 +145,7 @@ def _connected_server():
     reconnected client's message unrouted under load), its monitor, and a fake clock."""
     import zmq
 
-    from stoker.accel.control.server import control_router
+    from stoker.accel.control.serving.server import control_router
 
     ctx = zmq.Context()
     router, monitor = control_router(ctx, None)
@@ -185,7 +185,7 @@ def _closed_events(monitor, server, count: int) -> None:
 def test_a_worker_whose_connection_closes_loses_its_units_after_the_grace_and_one_that_comes_back_does_not():
     import zmq
 
-    from stoker.accel.control.server import CLOSE_GRACE_S
+    from stoker.accel.control.serving.server import CLOSE_GRACE_S
 
     ctx, router, monitor, endpoint, server, clock = _connected_server()
     try:
@@ -310,7 +310,7 @@ def test_a_second_daemon_of_a_live_host_id_is_refused_until_the_first_falls_sile
 def test_every_control_request_of_the_proto_has_one_handler_that_says_who_may_send_it():
     """stoker/protos/stoker.proto's ControlRequest oneof and the server's handlers agree, both ways: a new kind of
     request cannot be added without saying who may send it, and no handler answers a kind that is gone."""
-    from stoker.accel.control.server import HANDLERS
+    from stoker.accel.control.serving.server import HANDLERS
     from stoker.protos import stoker_pb2 as pb
     from stoker.protos.curve import CONSUMER, WORKER
 

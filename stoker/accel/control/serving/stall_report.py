@@ -2,7 +2,7 @@
 watchdog's line (accel.control.watchdog) on who holds what a waiting rank needs, said once per report
 bound, on the metrics, and to every rank; past the stall timeout, the job's failure line.
 
-No sockets: the control server (accel.control.server) calls `silent` and `watch` on its tick and fails
+No sockets: the control server (accel.control.serving.server) calls `silent` and `watch` on its tick and fails
 the job with the line `watch` returns. The clock is injected.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.routing import one_line
+from stoker.accel.control.serving.routing import one_line
 from stoker.accel.control.watchdog import Watchdog
 
 log = logging.getLogger("stoker.dispatcher")

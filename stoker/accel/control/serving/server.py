@@ -32,15 +32,15 @@ import zmq
 import zmq.asyncio
 
 from stoker.accel.aio import pump_batches
-from stoker.accel.control.connections import CLOSE_GRACE_S, Connections
-from stoker.accel.control.control_socket import bind_control, control_router, guarded_control
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.fleet_member import Need
-from stoker.accel.control.host_ids import DAEMON_LIVE_BEATS, HostIds
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.need_board import NEED_FRESH_S, NeedBoard
-from stoker.accel.control.rank_handlers import RankHandlers
-from stoker.accel.control.routing import (
+from stoker.accel.control.serving.connections import CLOSE_GRACE_S, Connections
+from stoker.accel.control.serving.control_socket import bind_control, control_router, guarded_control
+from stoker.accel.control.serving.host_ids import DAEMON_LIVE_BEATS, HostIds
+from stoker.accel.control.serving.need_board import NEED_FRESH_S, NeedBoard
+from stoker.accel.control.serving.rank_handlers import RankHandlers
+from stoker.accel.control.serving.routing import (
     MAX_NAME,
     REPLY_CACHE_PEERS,
     Asked,
@@ -50,9 +50,9 @@ from stoker.accel.control.routing import (
     read_request,
     too_long,
 )
-from stoker.accel.control.stall_report import StallReporter
+from stoker.accel.control.serving.stall_report import StallReporter
+from stoker.accel.control.serving.worker_handlers import MAX_QUERIED_UNITS, WorkerHandlers
 from stoker.accel.control.watchdog import StallBounds, Watchdog
-from stoker.accel.control.worker_handlers import MAX_QUERIED_UNITS, WorkerHandlers
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import CONSUMER, NOBODY, WORKER, Caller, caller_of
 from stoker.protos.droplog import DropLog
@@ -94,7 +94,7 @@ _REFUSED = {"not_worker": "this key is not allow-listed as a worker",
 
 
 class ControlServer:
-    """The control socket's I/O: requests read, routed to their handler (HANDLERS: accel.control.worker_handlers
+    """The control socket's I/O: requests read, routed to their handler (HANDLERS: accel.control.serving.worker_handlers
     and rank_handlers) and answered after one journal sync (group commit), the periodic tick, and the
     socket's monitor. What it knows is kept by I/O-free parts on the dispatcher's clock: connections,
     host-id ownership, the stall reporter and the need board."""
@@ -190,7 +190,7 @@ class ControlServer:
 
     def redo_short(self, rank: int, unit_id: int) -> bool:
         """A unit `rank` got short, leased again unless its holder is transforming a sample of it
-        (accel.control.rank_handlers.RankHandlers.redo_short)."""
+        (accel.control.serving.rank_handlers.RankHandlers.redo_short)."""
         return self.ranks.redo_short(rank, unit_id)
 
     def heard_need(self, rank: int, need: Need) -> None:

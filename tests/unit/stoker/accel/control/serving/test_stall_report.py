@@ -5,7 +5,7 @@ import logging
 
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.stall_report import StallReporter
+from stoker.accel.control.serving.stall_report import StallReporter
 from stoker.accel.control.watchdog import StallBounds, Watchdog
 from stoker.pipeline.plan import EpochPlan
 

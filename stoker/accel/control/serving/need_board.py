@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from stoker.accel.control.fleet_member import Need, summed
-from stoker.accel.control.last_heard import LastHeard
+from stoker.accel.control.serving.last_heard import LastHeard
 
 NEED_FRESH_S = 10.0  # a rank's need older than this is not counted (the rank has gone quiet)
 

@@ -1,6 +1,6 @@
 """When each key was last heard: ages, the silent ones, and a bounded table that forgets the quietest."""
 
-from stoker.accel.control.last_heard import LastHeard
+from stoker.accel.control.serving.last_heard import LastHeard
 
 
 def test_ages_and_the_keys_silent_past_a_bound_or_heard_within_one():

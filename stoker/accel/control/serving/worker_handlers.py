@@ -1,7 +1,7 @@
 """The control server's answers to worker daemons and processes: register, heartbeat, lease, release,
 refuse, hung, poison (and a fleet's beat sent here by mistake). One method per request kind, each
-taking the request as a handler sees it (accel.control.routing.Asked); the control server
-(accel.control.server) routes to them and sends what they return.
+taking the request as a handler sees it (accel.control.serving.routing.Asked); the control server
+(accel.control.serving.server) routes to them and sends what they return.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from stoker.accel.control.connections import Connections
 from stoker.accel.control.dispatcher import Dispatcher
-from stoker.accel.control.host_ids import HostIds
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.routing import MAX_NAME, REPLY_CACHE_PEERS, Asked, one_line
+from stoker.accel.control.serving.connections import Connections
+from stoker.accel.control.serving.host_ids import HostIds
+from stoker.accel.control.serving.routing import MAX_NAME, REPLY_CACHE_PEERS, Asked, one_line
 from stoker.accel.control.watchdog import Watchdog
 from stoker.pipeline.unit_wire import unit_to_proto
 from stoker.protos import stoker_pb2 as pb

@@ -1,6 +1,6 @@
 """From a ROUTER's frames to a request: bad frames and headers dropped by reason, names checked, replies kept."""
 
-from stoker.accel.control.routing import MAX_NAME, ReplyCache, one_line, read_request, too_long
+from stoker.accel.control.serving.routing import MAX_NAME, ReplyCache, one_line, read_request, too_long
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.framing import MAX_HEADER_BYTES
 

@@ -4,7 +4,7 @@ and which closed and stayed closed.
 A worker process that dies closes its connection; the socket's monitor names the connection (its
 file descriptor), and the units the peer leased go back to the queue CLOSE_GRACE_S later, unless it
 has spoken again by then on a new connection (a client that timed out reconnects at once). Pure
-state on an injected clock: the control server (accel.control.server) feeds it what the socket
+state on an injected clock: the control server (accel.control.serving.server) feeds it what the socket
 says and re-leases what `stayed_closed` returns.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from stoker.accel.control.last_heard import LastHeard
+from stoker.accel.control.serving.last_heard import LastHeard
 
 CLOSE_GRACE_S = 1.0  # a closed connection whose peer has not come back this long: its leases are re-leased
 
