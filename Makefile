@@ -66,4 +66,4 @@ lock: setup
 	  -o requirements.lock pyproject.toml
 
 clean:
-	rm -rf $(VENV) *.egg-info run-summary.json site
+	rm -rf $(VENV) *.egg-info build run-summary.json site

@@ -17,6 +17,8 @@ _NAME = "|".join(TOPS)
 # "module:Name" spec (an entry point, a transform) that starts at a room
 BARE = re.compile(rf"(?<![\w.])(?:from\s+|(?<!stoker )import\s+|-m\s+)(?:{_NAME})(?:\.\w+)*\b(?!\s*/)"
                   rf"|(?<![\w./\-])(?:{_NAME})(?:\.\w+)+:[A-Za-z_]")
+DOTTED = re.compile(rf"(?:{_NAME})(?:\.\w+)*(?::\w+)?")  # a whole string that names a module by its room
+LOADERS = {"patch", "setattr", "import_module", "run_module", "__import__", "resolve_name"}  # calls that load it
 # where a bare name is meant: the wheel test's training script imports its OWN packages named as
 # Stoker's rooms, to show they do not collide with the installed stoker; and this rule's own examples
 THE_USERS_OWN = {"tests/integration/test_wheel.py", "tests/test_bare_imports.py"}
@@ -31,6 +33,10 @@ def bare_imports_in_code(path: str, text: str) -> list[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):  # code a test runs: python -c "..."
             found += [f"{path}:{node.lineno} {hit.split(' ', 1)[1]}" for hit in bare_names_in_text(path, node.value)]
             found += [f"{path}:{node.lineno} {hit.split(' ', 1)[1]}" for hit in _bare_imports_in_string(node.value)]
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in LOADERS \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
+                and DOTTED.fullmatch(node.args[0].value):  # a patch target, import_module's or runpy's argument
+            found.append(f"{path}:{node.lineno} names {node.args[0].value}")
     return found
 
 
@@ -71,10 +77,12 @@ def test_no_room_is_imported_by_its_bare_name_anywhere_in_the_tree():
 def test_the_rule_sees_each_shape_of_a_bare_name():
     code = ("import accel\nfrom pipeline.job import JobConfig\nimport stoker.accel.feed\nfrom stoker import protos\n"
             "CODE = 'import os\\nfrom workers.multiproc import prepare'\n"
-            "LIGHT = 'import sys, stoker, workers.daemon'\n")
+            "LIGHT = 'import sys, stoker, workers.daemon'\n"
+            "mock.patch('accel.backends.accelerators.require')\n")
     assert bare_imports_in_code("x.py", code) == ["x.py:1 imports accel", "x.py:2 imports pipeline.job",
                                                   "x.py:5 'from workers.multiproc'", "x.py:5 imports workers.multiproc",
-                                                  "x.py:6 imports workers.daemon"]
+                                                  "x.py:6 imports workers.daemon",
+                                                  "x.py:7 names accel.backends.accelerators.require"]
     prose = ("run `python -m workers.daemon` or `--transform pipeline.augment:TrainTransform`;\n"
              "see stoker/accel/feed.py, `stoker.pipeline.augment:TrainTransform`, `from stoker.protos import x`;\n"
              "the workers/ keys, the accel/ room, a pipeline of transforms imports numpy, workers.bad:2 at a line\n")

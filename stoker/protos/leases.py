@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
 import secrets
+import signal
 from dataclasses import dataclass
 
 KEY_BYTES = 32
@@ -29,16 +29,18 @@ SHORT_UNIT = "short_unit"
 REREGISTERED = "host registered again"
 HOST_ID_IN_USE = "is in use by a live daemon"  # a register refused: another daemon heartbeats under that host id
 # The release reasons a metric may carry as a label: a reason is a peer's free text, and a label value is a
-# series for ever, so any other reason counts as "other" (the log line keeps the text).
+# series for ever, so any other reason counts as "other" (the log line keeps the text). A daemon names a
+# process's death by its exit code or the signal that killed it: those are in the set, each spelt once.
 RELEASE_LABELS = frozenset({
     TRADED, UNREACHABLE, SHORT_UNIT, REREGISTERED, "released", "connection_closed", "host_timeout", "lease_expired",
-    "host draining", "lease refused", "moved to another job", "process could not start a thread"})
-_PROCESS_EXIT = re.compile(r"process exit (?:\d{1,3}|SIG[A-Z0-9]{2,8}|signal \d{1,3})")  # what a daemon says of a death
+    "host draining", "lease refused", "moved to another job", "process could not start a thread",
+    *(f"process exit {code}" for code in range(256)), *(f"process exit {sig.name}" for sig in signal.Signals),
+    *(f"process exit signal {number}" for number in range(1, 65))})
 
 
 def release_label(reason: str) -> str:
     """The label value a release reason counts under: one of a closed set, "other" for anything else."""
-    return reason if reason in RELEASE_LABELS or _PROCESS_EXIT.fullmatch(reason) else "other"
+    return reason if reason in RELEASE_LABELS else "other"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
     wheel = next(dist.glob("stoker-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"stoker", "stoker-0.1.0.dist-info"}  # one namespace, nothing beside
+    in_tree = {p.relative_to(ROOT).as_posix() for p in (ROOT / "stoker").rglob("*.py")}
+    stale = {n for n in names if n.endswith(".py")} - in_tree
+    assert not stale, f"the wheel holds modules the tree does not (a stale build/ folder? make clean): {sorted(stale)}"
     assert any(n.startswith("stoker/pipeline/_jpegcrop") and n.endswith(".so") for n in names), "no crop decoder"
     assert any(n.startswith("stoker/pipeline/_jpegrestart") and n.endswith(".so") for n in names), "no transcoder"
     assert {"stoker/protos/stoker_pb2.py", "stoker/protos/stoker.proto", "stoker/cli.py", "stoker/loader.py",

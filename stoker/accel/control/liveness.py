@@ -14,7 +14,7 @@ from stoker.accel.control.serving.last_heard import LastHeard
 from stoker.protos.errors import PeerError
 
 
-class RankError(PeerError):
+class RankError(PeerError, ValueError):  # a ValueError as it always was
     """A consumer rank that cannot join the job as it asked."""
 
 

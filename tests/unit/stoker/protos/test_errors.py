@@ -64,7 +64,10 @@ def test_each_keeps_the_builtin_kind_it_had_so_older_handlers_still_catch_it():
     from stoker.protos.framing import FrameError
 
     assert issubclass(StorageError, OSError) and issubclass(FrameError, ValueError)
+    from stoker.accel.control.liveness import RankError
+
     assert issubclass(InvalidBatch, ValueError) and issubclass(DispatcherSilent, RuntimeError)
+    assert issubclass(RankError, ValueError)
     assert issubclass(stoker.JobFailed, RuntimeError) and issubclass(ConfigError, ValueError)
 
 
