@@ -24,6 +24,7 @@ A bool field is a switch: `--FLAG` sets a False default, and a True default is t
 from __future__ import annotations
 
 import argparse
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -185,3 +186,26 @@ def command_line(config: Any) -> list[str]:
 def config_of(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
     """`cls` from the parsed options that are its fields (`fields_of`), and `extra` fields."""
     return cls(**(fields_of(cls, args) | extra))
+
+
+def flag_of(cls: type, name: str) -> str | None:
+    """The flag that gives `cls`'s field `name` (None: the field is no option)."""
+    return next((o.flag for o in options_of(cls) if o.name == name), None)
+
+
+def as_flag_problem(cls: type, problem: str) -> str:
+    """A config's own check's words (`stall_report_s (60) must be below stall_timeout_s (30)`, or
+    `--drop-last applies to ...`) as the command line says them: `argument FLAG: ...`, FLAG the option of
+    the field the problem starts with, and every field of `cls` named in it spelt as its flag."""
+    problem = problem.removeprefix(f"{cls.__name__}: ")
+    first = problem.split(" ", 1)[0].rstrip(":")
+    if first.startswith("--") or problem.startswith(f"{first}:"):  # `FIELD: why`: the field said once, as the flag
+        problem = problem[len(first):].lstrip(" :")
+        if first.startswith("--"):
+            return f"argument {first}: {problem}"
+    flags = {o.name: o.flag for o in options_of(cls)}
+    said = problem
+    for name in flags:  # a name with an underscore is no English word; the first word is the field's own
+        if "_" in name or name == first:
+            said = re.sub(rf"(?<![\w-]){name}(?![\w-])", flags[name], said)
+    return f"argument {flags[first]}: {said}" if first in flags else said

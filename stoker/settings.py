@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from stoker.configured import Option, options_of
-from stoker.protos.errors import ResourceError, StokerError
+from stoker.protos.errors import ConfigError, ResourceError
 from stoker.protos.switches import FALSE, TRUE
 
 PREFIX = "STOKER_"
 
 
-class SettingError(StokerError, ValueError):
+class SettingError(ConfigError):
     """A value from a file or a variable that its option refuses: `where` says which."""
 
     def __init__(self, where: str, message: str) -> None:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stoker.accel.control.dispatch_config import control_bind, host_timeout, lease_timeout, stall_report, stall_timeout
+from stoker.accel.control.dispatch_config import (
+    control_bind,
+    host_timeout,
+    lease_timeout,
+    stall_problem,
+    stall_report,
+    stall_timeout,
+)
 from stoker.accel.control.fleet_config import (
     fleet_endpoint,
     fleet_key_name,
@@ -120,9 +127,9 @@ def consumer_config_problem(cfg: ConsumerConfig) -> str | None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not low < value < float("inf"):
             return f"{name} must be a number {'above 0' if low == 0 else 'of at least 0'}, not {value!r}"
-    if cfg.stall_timeout_s and cfg.stall_report_s >= cfg.stall_timeout_s:
-        return (f"stall_report_s ({cfg.stall_report_s:g}) must be below stall_timeout_s ({cfg.stall_timeout_s:g}): "
-                "the job would fail before anyone was told why")
+    stalls = stall_problem(cfg.stall_report_s, cfg.stall_timeout_s)
+    if stalls:
+        return stalls
     port = cfg.metrics_port
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not NO_PORT <= port <= MAX_PORT):
         return f"metrics_port must be a port 0-{MAX_PORT} (0: any free one; -1 or None: none), not {port!r}"

@@ -12,155 +12,65 @@ without namespaces the lab falls back to loopback addresses and says so.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import command_line
+from stoker.lab.job_flags import step_options
+from stoker.lab.processes import (
+    _kill,
+    _member,
+    _signal_group,
+    _spawn,
+    _tail,
+    alive,
+    hosts_cpu_seconds,
+    wait_for_metrics,
+)
+from stoker.lab.state import (
+    CONTROL_PORT,
+    DATA_PORT,
+    FLEET_METRICS_PORT,
+    FLEET_PORT,
+    METRICS_PORT,
+    RANK_METRICS_PORT,
+    WORKER_METRICS_PORT,
+    LabConfig,
+    LabState,
+    Member,
+    Names,
+    names,
+    state_dir,
+)
 from stoker.lab.system import (
     LabError,
     can_use_namespaces,
     cgroup_pids,
     cpu_cgroup_dir,
-    enter_netns,
     link_exists,
     make_cpu_cgroup,
     netns_list,
     remove_cgroup_tree,
     run,
 )
-from stoker.pipeline.store.files import write_atomically
 from stoker.protos.curve import add_key, init_keys
 from stoker.workers.worker_config import WorkerConfig
 
 log = logging.getLogger("stoker.lab")
 
-DATA_PORT, CONTROL_PORT, METRICS_PORT, WORKER_METRICS_PORT = 5560, 5561, 9560, 9561
-RANK_METRICS_PORT = 9570  # + rank, for ranks 1.. (clear of the workers' ports on loopback)
-FLEET_PORT, FLEET_METRICS_PORT = 5570, 9558  # with --fleet
-
-
-def state_dir() -> Path:
-    if os.environ.get("STOKER_LAB_DIR"):
-        return Path(os.environ["STOKER_LAB_DIR"])
-    return Path("/run/stoker-lab") if os.geteuid() == 0 else Path.home() / ".cache" / "stoker" / "lab"
-
-
-@dataclass(frozen=True)
-class Names:
-    """What one lab calls what it makes on the machine: its namespaces, links, subnet and cgroup. The
-    default lab (no $STOKER_LAB_DIR) has the documented ones (stk-h0, stkbr0, 198.18.0.0/24, stoker-lab);
-    a lab with a state folder of its own (each test's) has its own, tagged, so two labs on one machine
-    never touch each other's, and `down` removes only its own."""
-
-    tag: str = ""
-
-    @property
-    def prefix(self) -> str:
-        return f"stk{self.tag}-"
-
-    @property
-    def bridge(self) -> str:
-        return f"stkbr{self.tag or 0}"
-
-    def veth(self, member: str) -> str:
-        return f"stkv{self.tag}-{member}"  # at most 15 characters: a tag of 4, a member name of 5
-
-    @property
-    def cgroup(self) -> str:
-        return "stoker-lab" + (f"-{self.tag}" if self.tag else "")
-
-    def address(self, last: int) -> str:
-        """In 198.18.0.0/24 for the default lab, else a /24 of 198.18.2-201 picked by the tag."""
-        return f"198.18.{2 + int(self.tag, 16) % 200 if self.tag else 0}.{last}"
-
-    @property
-    def accel_address(self) -> str:
-        return self.address(1)
-
-    @property
-    def bridge_address(self) -> str:
-        return self.address(254)
-
-    def host_address(self, index: int) -> str:
-        return self.address(10 + index)
-
-
-def names() -> Names:
-    """This lab's names: tagged by its state folder when $STOKER_LAB_DIR gives one."""
-    folder = os.environ.get("STOKER_LAB_DIR")
-    return Names(hashlib.sha256(folder.encode()).hexdigest()[:4] if folder else "")
-
-
-@dataclass
-class LabConfig:
-    hosts: int = 3
-    cores_per_host: float = 1.0
-    procs: int = 1  # worker processes per host
-    link_gbit: float | None = None
-    link_latency_ms: float | None = None
-    loopback: bool = False  # force the fallback even where namespaces work
-    ranks: int = 1  # consumer ranks (data-parallel), all in the accelerator's namespace
-    fleet: bool = False  # a `stoker fleet` in the accelerator's namespace instead of a consumer; jobs come later
-
-
-@dataclass
-class Member:
-    name: str  # "accel" or "h0", "h1", ...
-    address: str
-    netns: str | None
-    pid: int | None = None
-    log: str = ""
-    metrics: str = ""  # URL of its /metrics
-
-
-@dataclass
-class LabState:
-    mode: str  # "netns" or "loopback"
-    config: dict
-    netns: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)  # in the root namespace
-    cgroups: list[str] = field(default_factory=list)
-    members: dict[str, Member] = field(default_factory=dict)
-    summary: str = ""  # where the consumer writes its closing summary
-    note: str = ""
-
-    def save(self) -> None:
-        folder = state_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomically(folder / "state.json", json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls) -> LabState | None:
-        path = state_dir() / "state.json"
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        data["members"] = {k: Member(**v) for k, v in data["members"].items()}
-        return cls(**data)
-
-    @property
-    def consumer(self) -> Member:
-        return self.members["accel"]
-
-    @property
-    def control_endpoint(self) -> str:
-        return f"tcp://{self.consumer.address}:{CONTROL_PORT}"
-
-    @property
-    def fleet_endpoint(self) -> str:
-        """With `--fleet`: where hosts and jobs register (the accelerator's namespace runs the fleet)."""
-        return f"tcp://{self.consumer.address}:{FLEET_PORT}"
+__all__ = [  # what the lab's users (stoker.lab.fleet_lab, `stoker lab`, sweeps, benchmarks) reach through this module
+    "CONTROL_PORT", "DATA_PORT", "FLEET_METRICS_PORT", "FLEET_PORT", "METRICS_PORT", "RANK_METRICS_PORT",
+    "WORKER_METRICS_PORT", "Lab", "LabConfig", "LabError", "LabState", "Member", "Names", "_kill", "_spawn", "_tail",
+    "alive", "current", "cut", "down", "heal", "hosts_cpu_seconds", "kill_host", "names", "rank_summary",
+    "shape_link", "state_dir", "wait", "wait_for_metrics"]
 
 
 class Lab:
@@ -258,7 +168,7 @@ class Lab:
         state.members["accel"] = member
         state.save()
         for rank in range(1, self.cfg.ranks):
-            self._start_rank(state, rank, address, _step_options(train_args))
+            self._start_rank(state, rank, address, step_options(train_args))
         wait_for_metrics(member, "the consumer")
 
     def _start_rank(self, state: LabState, rank: int, address: str, step_options: list[str]) -> None:
@@ -365,26 +275,6 @@ def wait(timeout_s: float | None = None) -> dict:
 def rank_summary(state: LabState, rank: int) -> str:
     return str(Path(state.summary).with_name(f"summary-rank{rank}.json"))
 
-
-_JOB_OPTIONS = {"--data", "--dataset", "--epochs", "--batch-size", "--unit-batches", "--seed", "--image-size",
-                "--transform", "--crop-area", "--decoder", "--decode-on", "--seq-len", "--max-predictions",
-                "--masked-lm-prob", "--short-seq-prob", "--pack-max-sequences", "--world-size"}
-_JOB_SWITCHES = {"--checksum", "--whole-word-mask", "--pack"}
-
-
-def _step_options(train_args: list[str]) -> list[str]:
-    """What a rank other than 0 takes of rank 0's options: how it steps, not what the job is."""
-    out, skip = [], False
-    for arg in train_args:
-        if skip:
-            skip = False
-        elif arg in _JOB_OPTIONS:
-            skip = True
-        elif arg not in _JOB_SWITCHES and arg.split("=", 1)[0] not in _JOB_OPTIONS:
-            out.append(arg)
-    return out
-
-
 def down() -> list[str]:
     """Stop every process and remove everything the lab made; what was removed."""
     state = LabState.load()
@@ -426,96 +316,3 @@ def down() -> list[str]:
         state_file.unlink()
         removed.append(f"state {state_file}")
     return removed
-
-
-# ---- helpers ----------------------------------------------------------------------------
-
-def wait_for_metrics(member: Member, what: str, timeout_s: float = 60.0) -> None:
-    """Until `member` serves its /metrics; LabError with its log's tail when it exits first or is late."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not alive(member.pid):
-            raise LabError(f"{what} exited at start; its log ({member.log}):\n{_tail(member.log)}")
-        try:
-            urllib.request.urlopen(member.metrics, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise LabError(f"{what} did not come up within {timeout_s:.0f} s; see {member.log}")
-
-
-def _member(state: LabState, name: str) -> Member:
-    if name not in state.members:
-        raise LabError(f"no member {name!r}; the lab has {', '.join(state.members)}")
-    return state.members[name]
-
-
-def _spawn(cmd: list[str], netns: str | None, cgroup: Path | None, log_path: Path) -> int:
-    """Start a process in its own session, network namespace and cgroup; its pid. The namespace is
-    entered with setns, not `ip netns exec`, which mounts a sysfs of its own over /sys and so hides
-    /sys/fs/cgroup: a worker must see its cgroup's cpu.stat, as it does in a container, to tell a CPU
-    quota from other processes taking its cores (pipeline.cpu_clock)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def enter() -> None:  # in the child, before exec: its children inherit the group and the namespace
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-        if netns is not None:
-            enter_netns(netns)
-
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=enter, env=env)
-    return proc.pid
-
-
-def hosts_cpu_seconds(state: LabState) -> float:
-    """CPU seconds used so far by the worker hosts' live processes (each host is a session of its own)."""
-    sessions = {m.pid for name, m in state.members.items() if name != "accel" and m.pid is not None}
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[3]) in sessions:  # fields[3]: the session id (field 6 of proc(5))
-            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-        return not Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        _kill(pid, sig)
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _tail(path: str, lines: int = 30) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

@@ -6,13 +6,13 @@ import os
 import subprocess
 from pathlib import Path
 
-from stoker.protos.errors import ResourceError, StokerError
+from stoker.protos.errors import ResourceError, StateError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 
 
-class LabError(StokerError, RuntimeError):
+class LabError(StateError):
     """Something the lab needs is missing or refused."""
 
 

@@ -12,7 +12,7 @@ import re
 import socket
 from dataclasses import dataclass, field
 
-MAX_HOST_ID = 200  # the dispatcher's names go to 256 characters (accel.control.server.MAX_NAME): room for "/p3.17"
+MAX_HOST_ID = 200  # the dispatcher's names go to 256 characters (control.serving.server.MAX_NAME): room for "/p3.17"
 HOST_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+-]+")
 
 
@@ -55,6 +55,13 @@ class WorkerConfig:
         "help": "keep this host's cache of remote shards under GB, least recently used shards removed first, never "
                 "one a process has open (default: $STOKER_SHARD_CACHE_GB, else no limit)",
         "check": "gigabytes", "metavar": "GB"})
+
+    def problem(self) -> str | None:
+        """What cannot work together in these options (None: all can), said from the field it starts with."""
+        if bool(self.connect) == bool(self.fleet):
+            return ("connect: give one of the dispatcher's endpoint (--dispatcher tcp://HOST:5561) and a fleet's "
+                    "(--fleet tcp://HOST:5570)")
+        return None
 
     def resolved_host_id(self) -> str:
         """--host-id, else HOSTNAME-PID with what a host id may not hold replaced by "_"."""

@@ -55,6 +55,14 @@ def stall_timeout() -> Any:
                 "%(default)s; 0: wait for ever)", "flag": "--stall-timeout", "check": "seconds-or-never"})
 
 
+def stall_problem(stall_report_s: float, stall_timeout_s: float) -> str | None:
+    """A job that would fail of a stall before the stall was reported (None: the report comes first)."""
+    if stall_timeout_s and stall_report_s >= stall_timeout_s:
+        return (f"stall_report_s ({stall_report_s:g}) must be below stall_timeout_s ({stall_timeout_s:g}): "
+                "the job would fail before anyone was told why")
+    return None
+
+
 @dataclass(frozen=True)
 class DispatchConfig:
     control_bind: str = control_bind()
@@ -84,6 +92,14 @@ class DispatchConfig:
     max_cores: int | None = fleet_max_cores()
     fleet_key_name: str = fleet_key_name()
     fleet_start_cores: float | None = fleet_start_cores()
+
+    def problem(self) -> str | None:
+        """What cannot work together in these options (None: all can), said from the field it starts with."""
+        if not (self.job_secret or self.journal or self.keys) and self.control_bind.rsplit(":", 1)[-1] in ("0", "*"):
+            return ("control_bind: a free port (0) needs --job-secret FILE, --journal or --keys: the default job "
+                    "secret file is named after the port, unknown until it is bound, so two such dispatchers would "
+                    "share one")
+        return stall_problem(self.stall_report_s, self.stall_timeout_s)
 
     def secret_path(self) -> str:
         if self.job_secret:

@@ -107,7 +107,7 @@ def test_a_child_is_told_its_config_by_the_flags_the_parser_reads_back(config, m
     command_line writes, `stoker worker` parses back into the same config, defaults left out."""
     import os
 
-    from stoker.cli import _check_args, build_parser
+    from stoker.cli import build_parser, check_args
     from stoker.configured import command_line
     from stoker.workers.worker_config import WorkerConfig
 
@@ -118,7 +118,7 @@ def test_a_child_is_told_its_config_by_the_flags_the_parser_reads_back(config, m
     assert all(arg.startswith("--") for arg in argv)  # FLAG=VALUE: a value such as -1 is never read as a flag
     parser = build_parser()
     args = parser.parse_args(["worker", *argv])
-    _check_args(parser, args)
+    check_args(parser, args)
     assert config_of(WorkerConfig, args) == made
 
 
@@ -140,7 +140,8 @@ def test_a_rank_is_told_its_consumer_and_device_by_the_flags_stoker_train_reads_
     from stoker import options
     from stoker.accel.backends.accelerators import AccelSpec
     from stoker.accel.consumer_config import ConsumerConfig
-    from stoker.cli import _accel_spec, _check_args, build_parser
+    from stoker.cli import build_parser, check_args
+    from stoker.commands.common import accel_spec
     from stoker.configured import command_line
 
     for name in [n for n in os.environ if n.startswith("STOKER_")]:
@@ -149,6 +150,21 @@ def test_a_rank_is_told_its_consumer_and_device_by_the_flags_stoker_train_reads_
     argv = ["train", "--rank", "1", "--world-size", "2", *command_line(made), *command_line(spec)]
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_args(parser, args)
+    check_args(parser, args)
     assert options.consumer_config(args, 1) == replace(made, metrics_port=options.consumer_metrics_port(args, 1))
-    assert _accel_spec(args) == spec
+    assert accel_spec(args) == spec
+
+
+def test_a_config_s_problem_is_said_as_the_flag_of_its_field():
+    from stoker.accel.consumer_config import ConsumerConfig
+    from stoker.configured import as_flag_problem, flag_of
+    from stoker.pipeline.job import JobConfig
+
+    assert flag_of(ConsumerConfig, "stall_report_s") == "--stall-report"
+    assert flag_of(ConsumerConfig, "rank_wait_s") is None
+    assert as_flag_problem(ConsumerConfig, "ConsumerConfig: stall_report_s (60) must be below stall_timeout_s (30)") \
+        == "argument --stall-report: --stall-report (60) must be below --stall-timeout (30)"
+    assert as_flag_problem(ConsumerConfig, "fleet: at rank 0 only") == "argument --fleet: at rank 0 only"
+    assert as_flag_problem(JobConfig, "--drop-last applies to imagenet jobs only") == \
+        "argument --drop-last: applies to imagenet jobs only"
+    assert as_flag_problem(ConsumerConfig, "nothing a field names") == "nothing a field names"

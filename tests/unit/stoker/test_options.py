@@ -69,16 +69,16 @@ def test_the_command_line_loads_no_prometheus_client_before_a_worker_sets_its_fo
 
 
 def test_the_shard_cache_limit_is_for_the_commands_that_fetch_shards(capsys, monkeypatch):
-    from stoker.cli import _check_args
+    from stoker.cli import check_args
 
     parser = build_parser()
     for argv in (["worker", "--dispatcher", "tcp://127.0.0.1:1"], ["run"]):
         args = parser.parse_args([*argv, "--shard-cache-gb", "0.5"])
-        _check_args(parser, args)
+        check_args(parser, args)
         assert args.shard_cache_gb == 0.5
         monkeypatch.setenv("STOKER_SHARD_CACHE_GB", "2")
         args = parser.parse_args(argv)
-        _check_args(parser, args)
+        check_args(parser, args)
         assert args.shard_cache_gb == 2.0  # the flag's default: the environment's
         monkeypatch.delenv("STOKER_SHARD_CACHE_GB")
     with pytest.raises(SystemExit):
@@ -123,7 +123,7 @@ def test_every_option_and_argument_of_every_command_has_a_help_line():
 
 def test_a_worker_option_left_out_is_absent_until_settled_then_the_configs_default(monkeypatch):
     from stoker import configured
-    from stoker.cli import _check_args
+    from stoker.cli import check_args
     from stoker.workers.worker_config import WorkerConfig
 
     parser = build_parser()
@@ -131,7 +131,7 @@ def test_a_worker_option_left_out_is_absent_until_settled_then_the_configs_defau
     assert set(vars(args)) == {"command", "log_level", "config", "connect"}  # the old spellings set nothing either
     for name in [n for n in os.environ if n.startswith("STOKER_")]:
         monkeypatch.delenv(name)
-    _check_args(parser, args)
+    check_args(parser, args)
     assert configured.config_of(WorkerConfig, args) == WorkerConfig("tcp://127.0.0.1:1")
 
 

@@ -104,3 +104,9 @@ def test_a_config_that_is_a_fifo_a_device_a_flood_or_deeply_nested_is_one_line_a
     deep.write_text("procs = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(SettingError, match="nested too deeply|not TOML"):
         settled([], {}, str(deep))
+
+
+def test_a_refused_setting_is_a_config_error():
+    from stoker.protos.errors import ConfigError
+
+    assert issubclass(SettingError, ConfigError) and issubclass(SettingError, ValueError)

@@ -1,4 +1,4 @@
-"""stoker/cli_prepare.py: `stoker prepare webdataset|parquet|imagenet` as a user runs them."""
+"""stoker/commands/prepare.py: `stoker prepare webdataset|parquet|imagenet` as a user runs them."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_bad_input_is_one_line_naming_the_file(packed, tmp_path):
 
 def test_the_parquet_example_makes_a_set_that_prepares(tmp_path):
     """examples/parquet_dataset/README.md's first two commands."""
-    example = Path(__file__).resolve().parents[3] / "examples" / "parquet_dataset" / "make_parquet.py"
+    example = Path(__file__).resolve().parents[4] / "examples" / "parquet_dataset" / "make_parquet.py"
     made = subprocess.run([sys.executable, str(example), str(tmp_path / "hf"), "--images", "24", "--classes", "3"],
                           capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr
