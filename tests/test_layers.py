@@ -18,8 +18,8 @@ import pytest
 from tests.rooms import MAY_IMPORT, PACKAGE, room_of
 
 ROOT = Path(__file__).resolve().parent.parent
-# the control plane's one use of the rank's room, module by module: small shared pieces (the event-loop
-# helpers, the checkpoint's position format), not the consumer; they move to the serving kit next
+# the control plane's and the fleet's one use of the rank's room, module by module: small shared pieces (the
+# event-loop helpers, the checkpoint's position format), not the consumer; they move to the serving kit next
 CONTROL_MAY_USE = {"accel.aio", "accel.checkpoint"}
 # what the data model may use of the wire: the messages and their limits, not sockets, keys or clients
 PIPELINE_MAY_USE = {"protos.stoker_pb2", "protos.framing", "protos.message_fit", "protos.errors"}
@@ -56,7 +56,7 @@ def broken_arrows(room: str, package: Path = PACKAGE) -> list[str]:
                 continue
             target = full.removeprefix("stoker.")
             to = room_of(target)
-            if to == "accel" and room == "accel.control":
+            if to == "accel" and room in ("accel.control", "accel.fleet"):
                 if target != "accel" and _is_module(package, target) \
                         and not any(target == ok or target.startswith(ok + ".") for ok in CONTROL_MAY_USE):
                     bad.append(f"{name}:{line} imports {target} (the control plane uses no consumer code)")

@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass, field
 from prometheus_client import CollectorRegistry, Gauge
 
 from stoker.accel.control.fleet_member import Need
-from stoker.accel.control.fleet_status import fleet_status, is_fleet
 from stoker.accel.cost import cores_text
+from stoker.accel.fleet.status import fleet_status, is_fleet
 from stoker.protos.errors import ConfigError, DataError, ResourceError
 
 WORK_STAGES = ("decode", "augment", "read", "examples", "pack")

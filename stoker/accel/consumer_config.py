@@ -15,7 +15,7 @@ from stoker.accel.control.dispatch_config import (
     stall_report,
     stall_timeout,
 )
-from stoker.accel.control.fleet_config import (
+from stoker.accel.control.fleet_seat import (
     fleet_endpoint,
     fleet_key_name,
     fleet_max_cores,

@@ -103,7 +103,7 @@ def check_job(parser: argparse.ArgumentParser, args: argparse.Namespace, ranked:
     `stall_problem`), its words turned into the flag's by the option table (`configured.as_flag_problem`)."""
     from stoker.accel.consumer_config import ConsumerConfig
     from stoker.accel.control.dispatch_config import DispatchConfig, stall_problem
-    from stoker.accel.control.fleet_config import fleet_problem
+    from stoker.accel.control.fleet_seat import fleet_problem
     from stoker.pipeline.job import JobConfig
     from stoker.protos.errors import ConfigError
 

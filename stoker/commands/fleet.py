@@ -10,15 +10,15 @@ from stoker.commands.common import check_loopback
 
 def add_parser(sub) -> None:
     """`stoker fleet`: one pool of worker hosts for many jobs."""
-    from stoker.accel.control.fleet_config import FleetConfig
+    from stoker.accel.fleet.config import FleetConfig
 
     fleet = sub.add_parser("fleet", help="share worker hosts between jobs, by each job's live demand and weight")
     configured.add_options(fleet.add_argument_group("fleet"), FleetConfig)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stoker.accel.control.fleet_config import FleetConfig
-    from stoker.accel.control.fleet_service import FleetService
+    from stoker.accel.fleet.config import FleetConfig
+    from stoker.accel.fleet.service import FleetService
 
     service = FleetService(configured.config_of(FleetConfig, args))
 

@@ -25,7 +25,7 @@ VENV_BIN = Path(sys.executable).parent
 def _exported_metric_names() -> set[str]:
     """Every family the consumer, dispatcher and workers register, with the suffixes Prometheus adds."""
     from stoker.accel.bottleneck import BottleneckMonitor, Totals
-    from stoker.accel.control.fleet_service import FleetMetrics
+    from stoker.accel.fleet.service import FleetMetrics
     from stoker.accel.metrics import ConsumerMetrics
     from stoker.workers.metrics import WorkerMetrics
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.accel.control.fleet_config import (
+from stoker.accel.control.fleet_seat import (
     fleet_endpoint,
     fleet_key_name,
     fleet_max_cores,

@@ -10,7 +10,7 @@ the workers make per CPU-second, so it holds on a shared host), summed over its 
 The first WARMUP_BEATS measurements are not acted on (they hold the workers' start-up); a need
 that rises must hold for UP_AFTER beats, one that falls by more than 10% for DOWN_AFTER, so a
 noisy window neither grabs processes nor hands one back to ask for it again. The fleet turns cores into
-processes (accel.control.fleet).
+processes (accel.fleet.book).
 
 A fleet that does not answer when the job starts fails the job at once, naming the address; one
 that stops answering later leaves the job running with the processes it has (the hosts keep them

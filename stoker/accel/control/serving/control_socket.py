@@ -1,5 +1,5 @@
 """The control sockets' shell, shared by `stoker dispatch` (accel.control.service), rank 0's dispatcher
-(accel.control.local) and `stoker fleet` (accel.control.fleet_service): the ROUTER and its monitor,
+(accel.control.local) and `stoker fleet` (accel.fleet.service): the ROUTER and its monitor,
 ZAP started before the bind, and a service's event loop with its signals and everything closed at
 its end.
 """

@@ -1,5 +1,5 @@
 """What the control sockets (the dispatcher's, accel.control.serving.server, and the fleet's,
-accel.control.fleet_service) share on the way from a message's frames to its handler: the frames
+accel.fleet.service) share on the way from a message's frames to its handler: the frames
 checked and parsed (anything else dropped and counted), names a peer may send checked, a request as
 a handler sees it (`Asked`), the table entry that says who may send each kind and what answers it
 (`Handler`), and the replies kept for retries (`ReplyCache`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.accel.consumer_config import ConsumerConfig
-from stoker.accel.control.fleet_config import fleet_problem
+from stoker.accel.control.fleet_seat import fleet_problem
 from stoker.protos.errors import ConfigError
 
 

@@ -24,11 +24,11 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from stoker.accel.aio import pump_batches, run_until_one_fails
-from stoker.accel.control.fleet import Decision, FleetBook, Job
-from stoker.accel.control.fleet_config import FleetConfig
 from stoker.accel.control.metrics import serve_registry
 from stoker.accel.control.serving.control_socket import run_service, serving
 from stoker.accel.control.serving.routing import Asked, Handler, one_line, read_request
+from stoker.accel.fleet.book import Decision, FleetBook, Job
+from stoker.accel.fleet.config import FleetConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from stoker.accel.control.fleet_status import fleet_status, is_fleet
+from stoker.accel.fleet.status import fleet_status, is_fleet
 
 
 def _values(**per_job: dict[str, float]) -> dict[str, dict[str, float]]:

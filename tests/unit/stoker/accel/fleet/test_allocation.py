@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.accel.control.allocation import JobAsk, allocate, fair_targets
+from stoker.accel.fleet.allocation import JobAsk, allocate, fair_targets
 from stoker.protos.errors import ConfigError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stoker.accel.control.fleet import FleetBook, Job
+from stoker.accel.fleet.book import FleetBook, Job
 from stoker.protos.errors import ConfigError
 
 

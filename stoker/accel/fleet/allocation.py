@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stoker.accel.control.fleet_seat import MAX_WEIGHT, MIN_WEIGHT
 from stoker.protos.errors import ConfigError
-
-MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6  # weights are relative: beyond these they only overflow a share
 
 
 @dataclass(frozen=True)

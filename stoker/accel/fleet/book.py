@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from stoker.accel.control.allocation import Allocation, JobAsk, Move, allocate
+from stoker.accel.control.fleet_seat import MOST_CORES
 from stoker.accel.control.serving.last_heard import LastHeard
+from stoker.accel.fleet.allocation import Allocation, JobAsk, Move, allocate
 from stoker.protos.errors import ConfigError
 
 MOST_HOST_PROCS = 1024  # a host offering more is not a Stoker daemon (one caps itself at 4 a core)
-MOST_CORES = 1e6  # a job asking more cores than this asks for nothing any fleet holds: refused
 MOST_PROCESSES = 1_000_000  # what a job's cores become, at most
 STALL_TARGET = 0.02  # a job stalling more than this ...
 CONSUMER_BOUND = ("compute", "device_copy")  # ... for a reason on the workers' side earns one process more
