@@ -39,10 +39,11 @@ SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:
 
 
 @contextlib.contextmanager
-def busy_loops(count: int) -> Iterator[None]:
-    """`count` processes that spin for ever, loop i pinned to core i (so with one per core every core is
-    shared, whatever the load balancer would do), killed on the way out."""
-    cores = sorted(os.sched_getaffinity(0))
+def busy_loops(count: int, cores: list[int] | None = None) -> Iterator[None]:
+    """`count` processes that spin for ever, loop i pinned to the i-th of `cores` (round robin; every core
+    of this process's set by default, so with one per core every core is shared, whatever the load
+    balancer would do), killed on the way out."""
+    cores = cores or sorted(os.sched_getaffinity(0))
     loops = [subprocess.Popen([sys.executable, "-c", SPIN, str(cores[i % len(cores)])]) for i in range(count)]
     try:
         time.sleep(0.5)
