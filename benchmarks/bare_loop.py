@@ -12,8 +12,8 @@ import json
 import time
 from collections.abc import Iterator
 
-from stoker.pipeline.augment import TrainTransform
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import TrainTransform
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.store.shards import Manifest, ShardReader
 

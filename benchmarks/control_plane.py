@@ -39,11 +39,11 @@ import zmq
 
 from benchmarks.common import free_port
 from benchmarks.report import header, write_results
-from stoker.accel.checkpoint import job_fields
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.journal import Journal
 from stoker.accel.ledger import Ledger
 from stoker.pipeline.job import JobConfig
+from stoker.pipeline.job_wire import job_identity
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.protos import stoker_pb2 as pb
@@ -120,7 +120,7 @@ def write_journal(manifest: Path, epochs: int, path: Path, done_epochs: float,
     cfg = job(manifest, epochs)
     if watch:
         tracemalloc.start()
-    journal = Journal(path, job_fields(cfg), b"k" * 32)
+    journal = Journal(path, job_identity(cfg), b"k" * 32)
     dispatcher = Dispatcher(cfg.plan(Manifest.load(manifest)), journal=journal, planned_batches=cfg.planned_batches)
     dispatcher.attach_rank(0, "tcp://127.0.0.1:1", "rank0")
     per_epoch = dispatcher.plan.units_per_epoch
@@ -145,8 +145,8 @@ def restart_seconds(manifest: Path, epochs: int, path: Path) -> dict:
     when it restarts: the seconds for that alone (after the imports) and for the whole process."""
     code = ("from benchmarks.control_plane import job; from stoker.accel.control.dispatcher import Dispatcher;"
             "from stoker.accel.control.journal import Journal; from stoker.pipeline.store.shards import Manifest;"
-            "from stoker.accel.checkpoint import job_fields; import time; t = time.perf_counter();"
-            f"cfg = job({str(manifest)!r}, {epochs}); j = Journal({str(path)!r}, job_fields(cfg), b'k' * 32);"
+            "from stoker.pipeline.job_wire import job_identity; import time; t = time.perf_counter();"
+            f"cfg = job({str(manifest)!r}, {epochs}); j = Journal({str(path)!r}, job_identity(cfg), b'k' * 32);"
             "d = Dispatcher(cfg.plan(Manifest.load(cfg.manifest_uri)), journal=j, planned_batches=cfg.planned_batches);"
             "d.attach_rank(0, 'tcp://127.0.0.1:1', 'rank0');"
             "assert d.finished or d.lease('h', 'w') is not None; print(time.perf_counter() - t)")

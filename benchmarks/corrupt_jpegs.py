@@ -8,7 +8,7 @@ default: refused), interleaved path by path, medians of `repeats` rounds:
 - auto on the original files (no restart index: the crop decoder reads the scan to its end);
 - pillow (`--decoder pillow`) on the original files (an entropy-only libjpeg pass first);
 - the whole image, as a transform that takes pixels gets it (the first 500 originals);
-- the pass alone (`pipeline._jpegcrop.scan`).
+- the pass alone (`pipeline.images._jpegcrop.scan`).
 
 And on every original file: the share of garbles (16 random bytes, no 0xFF, written over the
 middle of the scan; seeded by the file's number) and of cuts (60% of the way through the scan)
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from benchmarks.report import CoreWatch, header, write_results
 from stoker.datasets import default_imagenet
-from stoker.pipeline import _jpegcrop
-from stoker.pipeline.augment import TrainTransform, corrupt_jpegs, decode_augment, decode_whole
-from stoker.pipeline.corrupt import scan_bounds
+from stoker.pipeline.images import _jpegcrop
+from stoker.pipeline.images.augment import TrainTransform, corrupt_jpegs, decode_augment, decode_whole
+from stoker.pipeline.images.corrupt import scan_bounds
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import Manifest
 

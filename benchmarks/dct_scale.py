@@ -2,7 +2,7 @@
 
 libjpeg-turbo decodes at any scale M/8, but has SIMD code only for some scales, so a finer
 scale decodes fewer pixels with slower code. This measures, on the default set with the MLPerf
-training crops, the crop decoder (`pipeline._jpegcrop`) plus the bilinear resize to 224 for
+training crops, the crop decoder (`pipeline.images._jpegcrop`) plus the bilinear resize to 224 for
 the same crops two ways, interleaved image by image on one pinned core:
 
 (a) today's rule: the coarsest of 1/8, 1/4, 1/2, 1/1 that still covers the output;
@@ -25,13 +25,13 @@ from PIL import Image
 
 from benchmarks.report import CoreWatch, header, write_results
 from stoker.datasets import default_imagenet
-from stoker.pipeline import _jpegcrop
-from stoker.pipeline.augment import TrainTransform
+from stoker.pipeline.images import _jpegcrop
+from stoker.pipeline.images.augment import TrainTransform
 from stoker.pipeline.store.shards import Manifest, ShardReader
 
 CORE = 0
 SIZE = 224
-_MARGIN = 2  # scaled pixels around the box, as pipeline.augment decodes them
+_MARGIN = 2  # scaled pixels around the box, as pipeline.images.augment decodes them
 
 
 def scale_eighths(width: int, height: int, crop, rule: str) -> int:

@@ -28,8 +28,10 @@ import torch
 from benchmarks.report import header, write_results
 from stoker.accel.backends.accelerators import AccelSpec, make_accelerator
 from stoker.accel.consumer import ConsumerConfig
-from stoker.embedded import RunConfig, run_embedded
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.embedded import RunConfig, run_embedded, run_manifest
+from stoker.pipeline.images.layout import DecodeOn
+from stoker.pipeline.job import JobConfig
+from stoker.pipeline.kinds import IMAGENET
 
 
 @dataclass(frozen=True)
@@ -83,11 +85,11 @@ def _sync(device: str) -> None:
 
 
 def fed(cfg: CheckConfig, overlap: bool, decode_on: DecodeOn) -> dict:
-    run = RunConfig(data=cfg.data, images=cfg.images, hosts=1, procs=cfg.procs, accel=_spec(cfg), progress=False,
-                    worker_metrics_port=None,
+    run = RunConfig(hosts=1, procs=cfg.procs, accel=_spec(cfg), progress=False, worker_metrics_port=None,
                     consumer=ConsumerConfig(metrics_port=None, overlap=overlap, decode_threads=cfg.decode_threads))
-    summary = run_embedded(dict(epochs=cfg.epochs, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                                decode_on=decode_on), run)[0]  # one rank
+    job = JobConfig(manifest_uri=run_manifest(cfg.data, IMAGENET.name, cfg.images, progress=False), epochs=cfg.epochs,
+                    batch_size=cfg.batch_size, image_size=cfg.image_size, decode_on=decode_on)
+    summary = run_embedded(job, run)[0]  # one rank
     return {"images_per_s": summary.delivered_samples_per_s, "stall_fraction": summary.stall_fraction,
             "images": summary.rows, "skipped": summary.skipped_samples, "stage_seconds": summary.stage_seconds}
 

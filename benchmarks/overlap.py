@@ -32,7 +32,7 @@ from stoker.accel.backends.torch_accel import TorchAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.accel.stepping import given
 from stoker.datasets import default_imagenet
-from stoker.pipeline.augment import TrainTransform, decode_augment
+from stoker.pipeline.images.augment import TrainTransform, decode_augment
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import Manifest, ShardReader

@@ -5,7 +5,7 @@ On the default set's original files (what a user hands `stoker prepare imagenet`
 - size: the files as they are; transcoded with optimal Huffman tables and no markers (what
   `interval_px 0` writes, so the markers' own cost can be told apart from the table change);
   transcoded with a restart marker every 16, 32 and 64 pixels of a row, and each index;
-- speed: the crop decoder (`pipeline._jpegcrop`, no resize) on every file's MLPerf training crop
+- speed: the crop decoder (`pipeline.images._jpegcrop`, no resize) on every file's MLPerf training crop
   window, the plain file against the spliced intervals of each transcoded one, interleaved image
   by image on one pinned core, medians of `repeats` rounds;
 - which files the transcoder kept as they were, and why.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from benchmarks.report import CoreWatch, header, write_results
 from stoker.datasets import default_imagenet
-from stoker.pipeline import _jpegcrop, _jpegrestart
-from stoker.pipeline.augment import TrainTransform, crop_window
+from stoker.pipeline.images import _jpegcrop, _jpegrestart
+from stoker.pipeline.images.augment import TrainTransform, crop_window
 from stoker.pipeline.prepare import RESTART_INTERVAL_PX
 from stoker.pipeline.seeds import sample_random
 

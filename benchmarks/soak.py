@@ -37,8 +37,8 @@ from pathlib import Path
 
 from benchmarks.common import free_port
 from benchmarks.report import header, write_results
+from stoker.pipeline.images.synth import SynthConfig, generate
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
-from stoker.pipeline.synth import SynthConfig, generate
 
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "tests" / "ddp_script.py"

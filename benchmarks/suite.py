@@ -35,8 +35,8 @@ from benchmarks.common import run_with_worker
 from benchmarks.report import header, write_results
 from stoker.accel.consumer import Consumer, ConsumerConfig
 from stoker.datasets import default_imagenet, default_wikipedia
-from stoker.pipeline import augment
-from stoker.pipeline.augment import TrainTransform, crop_window
+from stoker.pipeline.images import augment
+from stoker.pipeline.images.augment import TrainTransform, crop_window
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet

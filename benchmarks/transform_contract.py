@@ -35,8 +35,8 @@ import numpy as np
 
 from benchmarks.report import header, write_results
 from stoker.datasets import default_imagenet
-from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.job import JOB_DEFAULTS
 from stoker.pipeline.plan import EpochPlan, Unit, batch_bounds
 from stoker.pipeline.seeds import sample_random

@@ -31,8 +31,8 @@ from PIL import Image
 
 from benchmarks.report import CoreWatch, header, write_results
 from stoker.datasets import default_imagenet
-from stoker.pipeline.augment import TrainTransform, decode_augment
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import TrainTransform, decode_augment
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.job import JOB_DEFAULTS
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.seeds import sample_random

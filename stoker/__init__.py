@@ -44,6 +44,7 @@ __version__ = "0.1.0"
 # public name -> the module that defines it, imported on first use
 _WHERE = {
     "Batch": "stoker.accel.feed", "Loader": "stoker.loader", "ConsumerConfig": "stoker.accel.consumer_config",
+    "FleetSeat": "stoker.accel.control.fleet_seat",
     "JobConfig": "stoker.pipeline.job", "TextConfig": "stoker.pipeline.text.examples",
     "Crop": "stoker.pipeline.transforms", "CropFirst": "stoker.pipeline.transforms",
     "ImageTransform": "stoker.pipeline.transforms", "Output": "stoker.pipeline.transforms",
@@ -60,14 +61,16 @@ _WHERE = {
 }
 # sorted(_WHERE), spelt out: type checkers and linters read a literal list
 __all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", "CropFirst", "DataError",
-           "ImageTransform", "JobConfig", "JobFailed", "JobSecretError", "Loader", "LoaderClosed", "NotAConsumer",
-           "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample", "StateError", "StokerError",
-           "TextConfig", "TransformError", "TransformOutputError", "TransformRefused", "UntrustedSecret"]
+           "FleetSeat", "ImageTransform", "JobConfig", "JobFailed", "JobSecretError", "Loader", "LoaderClosed",
+           "NotAConsumer", "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample", "StateError",
+           "StokerError", "TextConfig", "TransformError", "TransformOutputError", "TransformRefused",
+           "UntrustedSecret"]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; never run
     from stoker.accel.checkpoint import CheckpointError
     from stoker.accel.consumer import JobFailed
     from stoker.accel.consumer_config import ConsumerConfig
+    from stoker.accel.control.fleet_seat import FleetSeat
     from stoker.accel.control.remote import NotAConsumer, RankRefused
     from stoker.accel.feed import Batch
     from stoker.loader import Loader, LoaderClosed

@@ -16,6 +16,8 @@ default, help and check, so none of them is written twice:
 | `off` | the command-line value that stands for None (a port's -1) |
 | `hidden` | an option a parent process passes, left out of --help |
 | `setting` | False: never read from a --config file or a `STOKER_*` variable (stoker.settings) |
+| `options` | True on a field that holds a frozen config of its own: its options are this config's too, made |
+|  | back into one value of it (`ConsumerConfig.seat`, a `FleetSeat`: `--fleet`, `--weight`, ...) |
 
 A bool field is a switch: `--FLAG` sets a False default, and a True default is turned off by its
 `flag` (`--no-overlap` for `overlap`). The parsed namespace holds each option under its field's name.
@@ -28,7 +30,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import MISSING, Field, dataclass, fields
+from dataclasses import MISSING, Field, dataclass, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -44,6 +46,7 @@ class Option:
     field: Field
     flag: str
     kind: type  # the field's type without None: bool, int, float, str, tuple
+    within: str | None = None  # the field of the config that holds this option's own config (an `options` field)
 
     @property
     def name(self) -> str:
@@ -115,13 +118,26 @@ def _kind(annotation: Any) -> type:
     return typing.get_origin(annotation) or annotation
 
 
-def options_of(cls: type, only: Iterable[str] | None = None) -> list[Option]:
-    """The fields of `cls` that are options (those with a help line), in field order; `only`: these names."""
+def _held(cls: type) -> dict[str, type]:
+    """The fields of `cls` that hold a config whose options are its own (`options` in their metadata)."""
     hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls) if f.metadata.get("options")}
+
+
+def options_of(cls: type, only: Iterable[str] | None = None) -> list[Option]:
+    """The fields of `cls` that are options (those with a help line), in field order, a held config's options
+    in its field's place; `only`: these names (a held config's field: all its options)."""
+    hints, held = typing.get_type_hints(cls), _held(cls)
     wanted = None if only is None else set(only)
-    found = [Option(f, f.metadata.get("flag", "--" + f.name.replace("_", "-")), _kind(hints[f.name]))
-             for f in fields(cls) if "help" in f.metadata and (wanted is None or f.name in wanted)]
-    missing = (wanted or set()) - {o.name for o in found}
+    found = []
+    for f in fields(cls):
+        if wanted is not None and f.name not in wanted:
+            continue
+        if f.name in held:
+            found += [replace(o, within=f.name) for o in options_of(held[f.name])]
+        elif "help" in f.metadata:
+            found.append(Option(f, f.metadata.get("flag", "--" + f.name.replace("_", "-")), _kind(hints[f.name])))
+    missing = (wanted or set()) - {o.within or o.name for o in found}
     if missing:
         raise KeyError(f"{cls.__name__} has no option field {', '.join(sorted(missing))}")
     return found
@@ -162,7 +178,12 @@ def fields_of(cls: type, args: argparse.Namespace) -> dict[str, Any]:
     options of a config it honours, or some of them (`add_options`' `only`): one it does not take
     is not in its namespace, and the field keeps its default."""
     given = vars(args)
-    return {o.name: o.to_field(given[o.dest]) for o in options_of(cls) if o.dest in given}
+    made = {o.name: o.to_field(given[o.dest]) for o in options_of(cls) if o.within is None and o.dest in given}
+    for name, held in _held(cls).items():  # a held config, made whole from its options (and checked so)
+        inner = fields_of(held, args)
+        if inner:
+            made[name] = held(**inner)
+    return made
 
 
 def command_line(config: Any) -> list[str]:
@@ -171,7 +192,7 @@ def command_line(config: Any) -> list[str]:
     Each as FLAG=VALUE, so a value that starts with a dash is not taken for an option."""
     out = []
     for option in options_of(type(config)):
-        value = getattr(config, option.name)
+        value = getattr(getattr(config, option.within) if option.within else config, option.name)
         if value is None and "off" in option.meta:
             value = option.meta["off"]
         always = option.meta.get("always", False)
@@ -190,7 +211,13 @@ def config_of(cls: type[T], args: argparse.Namespace, **extra: Any) -> T:
 
 def flag_of(cls: type, name: str) -> str | None:
     """The flag that gives `cls`'s field `name` (None: the field is no option)."""
-    return next((o.flag for o in options_of(cls) if o.name == name), None)
+    return next((o.flag for o in options_of(cls) if _said(o) == name), None)
+
+
+def _said(option: Option) -> str:
+    """How a config's own words name the option: its field, or a held config's option by its name in the
+    parsed namespace (`fleet_key_name`: the seat's `key_name`, beside the consumer's own `key_name`)."""
+    return option.dest if option.within else option.name
 
 
 def as_flag_problem(cls: type, problem: str) -> str:
@@ -203,7 +230,7 @@ def as_flag_problem(cls: type, problem: str) -> str:
         problem = problem[len(first):].lstrip(" :")
         if first.startswith("--"):
             return f"argument {first}: {problem}"
-    flags = {o.name: o.flag for o in options_of(cls)}
+    flags = {_said(o): o.flag for o in options_of(cls)}
     said = problem
     for name in flags:  # a name with an underscore is no English word; the first word is the field's own
         if "_" in name or name == first:

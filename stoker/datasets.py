@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stoker.pipeline.images.synth import SynthConfig, generate
 from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA, kind_of
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
 from stoker.pipeline.store.shards import MANIFEST_NAME, MANIFEST_VERSION, Manifest
 from stoker.pipeline.store.stats import image_files
 from stoker.pipeline.store.wheels import cache_dir
-from stoker.pipeline.synth import SynthConfig, generate
 from stoker.pipeline.text.corpus import write_wikipedia
 from stoker.pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
 

@@ -43,7 +43,7 @@ from stoker.local_workers import (
     worker_environment,
 )
 from stoker.options import FREE, emit_json
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import kind_of
 from stoker.protos import job_secret
@@ -52,9 +52,8 @@ from stoker.protos.errors import StateError
 
 @dataclass(frozen=True)
 class RunConfig:
-    data: str | None = None  # manifest; None: the default set of the dataset
-    dataset: str = "imagenet"  # or "wikipedia"
-    images: int = 2000  # size of the default set
+    """How `run_embedded` runs a job on this machine (the job itself, its manifest included, is a JobConfig)."""
+
     hosts: int = 2
     procs: int = 1
     accel: AccelSpec = AccelSpec()
@@ -86,11 +85,17 @@ class Progress:
         self.bar.close()
 
 
-def run_embedded(job_args: dict, cfg: RunConfig, on_start: Callable[[Consumer], None] | None = None) -> list[Summary]:
-    """Run one job end to end; job_args are JobConfig fields other than manifest_uri. Returns each
-    rank's summary (rank 0's first). `on_start`: called with rank 0's consumer once it listens."""
-    manifest = cfg.data or str(default_manifest(cfg.dataset, cfg.images, progress=cfg.progress))
-    job = JobConfig(manifest_uri=manifest, dataset=cfg.dataset, **job_args).pin()
+def run_manifest(data: str | None, dataset: str, images: int, progress: bool = True) -> str:
+    """The manifest a job on this machine reads: `data` (--data), else the default set of the dataset
+    (`images` of them for imagenet), made on first use."""
+    return data or str(default_manifest(dataset, images, progress=progress))
+
+
+def run_embedded(job: JobConfig, cfg: RunConfig, on_start: Callable[[Consumer], None] | None = None) -> list[Summary]:
+    """Run one job end to end (its manifest: `run_manifest`'s, for the default set); its transform is
+    pinned here if the caller has not. Returns each rank's summary (rank 0's first). `on_start`: called
+    with rank 0's consumer once it listens."""
+    job = job.pin()
     if job.world_size > 1 and not cfg.consumer.keys:
         os.environ.setdefault(job_secret.ENV, secrets.token_hex(32))  # rank 0 and its children share it
     consumer = Consumer(cfg.consumer, job, cfg.accel.factory())

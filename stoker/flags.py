@@ -91,8 +91,9 @@ def restart_interval(text: str) -> int:
     from stoker.pipeline.prepare import transcoder_available
 
     if value and not transcoder_available():
-        raise argparse.ArgumentTypeError("this install has no restart-marker transcoder (pipeline._jpegrestart was "
-                                         "not built: libjpeg-turbo's headers were missing); use 0")
+        raise argparse.ArgumentTypeError("this install has no restart-marker transcoder "
+                                         "(pipeline.images._jpegrestart was not built: libjpeg-turbo's headers "
+                                         "were missing); use 0")
     return value
 
 

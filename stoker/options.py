@@ -29,9 +29,9 @@ from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import add_options, config_of, fields_of
 from stoker.flags import METRICS_PORT, POSITIVE, output_file
-from stoker.pipeline import image_fit
-from stoker.pipeline.augment import REFERENCE_AREA, TORCHVISION_AREA
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images import fit as image_fit
+from stoker.pipeline.images.augment import REFERENCE_AREA, TORCHVISION_AREA
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import DATASETS, JOB_DEFAULTS, JobConfig
 from stoker.pipeline.kinds import IMAGENET, kind_of
 from stoker.pipeline.store.files import write_atomically
@@ -95,8 +95,7 @@ def control_socket(free_ports: bool = False) -> argparse.ArgumentParser:
 def _fleet_seat() -> argparse.ArgumentParser:
     parent = _group("fleet")
     p = parent.add_argument_group("fleet: a pool of worker hosts shared with other jobs (stoker fleet)")
-    add_options(p, ConsumerConfig, ("fleet", "weight", "min_cores", "max_cores", "fleet_key_name",
-                                        "fleet_start_cores"))
+    add_options(p, ConsumerConfig, ("seat",))  # --fleet, --weight, ...: the fleet seat's own options
     return parent
 
 
@@ -227,9 +226,11 @@ def transform_error(transform: str | None, transform_params: str, image_size: in
     return None
 
 
-def job_config(args: argparse.Namespace, rank: int | None = None) -> JobConfig:
-    """The job the options describe, its transform pinned (imported) here, where it is made."""
-    return JobConfig(manifest_uri=args.data, dataset=dataset(args, args.data), **job_fields(args, rank)).pin()
+def job_config(args: argparse.Namespace, rank: int | None = None, manifest_uri: str | None = None) -> JobConfig:
+    """The job the options describe, its transform pinned (imported) here, where it is made; `manifest_uri`:
+    the manifest the command resolved itself (`stoker run`'s default set), else --data."""
+    return JobConfig(manifest_uri=manifest_uri or args.data, dataset=dataset(args, args.data),
+                     **job_fields(args, rank)).pin()
 
 
 def world_size(args: argparse.Namespace, rank: int | None) -> int:

@@ -10,7 +10,7 @@ each means. The names here are the ones the workers use; this module only gather
 
 from __future__ import annotations
 
-from stoker.pipeline.augment import REFERENCE_AREA, EvalTransform, TrainTransform
+from stoker.pipeline.images.augment import REFERENCE_AREA, EvalTransform, TrainTransform
 from stoker.pipeline.transforms import (
     Crop,
     CropFirst,

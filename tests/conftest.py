@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from stoker.pipeline.images.synth import SynthConfig, generate
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
 from stoker.pipeline.store.shards import Manifest, ShardReader, ShardWriter
-from stoker.pipeline.synth import SynthConfig, generate
 from tests.corrupt_jpegs import garbled, truncated, without_eoi
 from tests.helpers import Daemon, Job
 from tests.shard_edits import JOB, ROWS, expected_images, reshard, write_shard

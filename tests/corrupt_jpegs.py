@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from stoker.pipeline.corrupt import scan_bounds
+from stoker.pipeline.images.corrupt import scan_bounds
 
 
 def _garble(jpeg: bytes, seed: int, length: int) -> bytes:
@@ -24,10 +24,10 @@ def _garble(jpeg: bytes, seed: int, length: int) -> bytes:
 
 
 def libjpeg_warns(jpeg: bytes) -> bool:
-    """The transcoder (pipeline._jpegrestart, older than the checks under test) refuses it as corrupt;
+    """The transcoder (pipeline.images._jpegrestart, older than the checks under test) refuses it as corrupt;
     a CMYK file, which it does not take, by the crop decoder's own pass (imported here: a host
     built without them still collects the tests)."""
-    from stoker.pipeline import _jpegcrop, _jpegrestart
+    from stoker.pipeline.images import _jpegcrop, _jpegrestart
 
     try:
         _jpegrestart.transcode(jpeg, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from stoker.pipeline.batching import HostTransform
+from stoker.pipeline.images.batching import HostTransform
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import IMAGE_SCHEMA, Manifest, ShardInfo, ShardReader, file_sha256

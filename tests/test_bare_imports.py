@@ -83,7 +83,8 @@ def test_the_rule_sees_each_shape_of_a_bare_name():
                                                   "x.py:5 'from workers.multiproc'", "x.py:5 imports workers.multiproc",
                                                   "x.py:6 imports workers.daemon",
                                                   "x.py:7 names accel.backends.accelerators.require"]
-    prose = ("run `python -m workers.daemon` or `--transform pipeline.augment:TrainTransform`;\n"
-             "see stoker/accel/feed.py, `stoker.pipeline.augment:TrainTransform`, `from stoker.protos import x`;\n"
+    prose = ("run `python -m workers.daemon` or `--transform pipeline.images.augment:TrainTransform`;\n"
+             "see stoker/accel/feed.py, `stoker.pipeline.images.augment:TrainTransform`, "
+             "`from stoker.protos import x`;\n"
              "the workers/ keys, the accel/ room, a pipeline of transforms imports numpy, workers.bad:2 at a line\n")
-    assert bare_names_in_text("x.md", prose) == ["x.md:1 '-m workers.daemon'", "x.md:1 'pipeline.augment:T'"]
+    assert bare_names_in_text("x.md", prose) == ["x.md:1 '-m workers.daemon'", "x.md:1 'pipeline.images.augment:T'"]

@@ -44,7 +44,8 @@ def test_the_sdist_and_a_wheel_built_from_it_have_the_repositorys_shape(tmp_path
     wheel = _build("wheel", tmp_path / "src" / top, tmp_path / "dist")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {name.split("/")[0] for name in names} == {"stoker", "-".join(wheel.name.split("-")[:2]) + ".dist-info"}
-    assert any(name.startswith("stoker/pipeline/_jpegcrop") for name in names), "the C files did not reach the build"
+    assert any(name.startswith("stoker/pipeline/images/_jpegcrop") for name in names), \
+        "the C files did not reach the build"
     modules = {name for name in _repository_files() if name.endswith((".py", ".pyi", ".proto", "py.typed"))}
     assert modules - names == set(), "the wheel built from the sdist lacks these"
     assert all(f"stoker/{room.replace('.', '/')}/__init__.py" in names for room in ROOMS)

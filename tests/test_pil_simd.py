@@ -24,7 +24,7 @@ def test_the_crop_decoder_is_built_where_libjpeg_turbo_headers_are():
     """`make setup` installs the headers, so a silent fallback to pillow-simd would be a build bug."""
     from pathlib import Path
 
-    from stoker.pipeline import augment
+    from stoker.pipeline.images import augment
 
     if Path("/usr/include/jpeglib.h").exists():
         assert augment.CROP_DECODER_AVAILABLE

@@ -50,7 +50,7 @@ def test_docs_and_examples_import_only_the_public_api():
 
 
 def test_the_rule_catches_a_room_however_it_is_spelt():
-    planted = ("from stoker.pipeline.augment import TrainTransform\nimport stoker.accel.feed\n"
+    planted = ("from stoker.pipeline.images.augment import TrainTransform\nimport stoker.accel.feed\n"
                "from stoker import Loader\nfrom stoker.transforms import Output\n")
     assert [module for _, module in imported(planted, "x.py") if internal(module)] == [
-        "stoker.pipeline.augment", "stoker.pipeline.augment.TrainTransform", "stoker.accel.feed"]
+        "stoker.pipeline.images.augment", "stoker.pipeline.images.augment.TrainTransform", "stoker.accel.feed"]

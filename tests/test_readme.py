@@ -37,7 +37,7 @@ def test_the_documented_transform_runs_as_a_worker_runs_it(tmp_path, monkeypatch
     import numpy as np
     from PIL import Image
 
-    from stoker.pipeline.batching import HostTransform
+    from stoker.pipeline.images.batching import HostTransform
     from stoker.pipeline.seeds import sample_random
     from stoker.pipeline.transforms import Sample, resolve
 

@@ -33,14 +33,14 @@ GRAPH_FOLDERS = ("stoker", "tests", "examples", "benchmarks")  # the product (st
 E2E = "tests/integration/"
 # module -> where it is exercised instead (the daemons, sockets and training steps it drives)
 COVERED_BY = {
-    "stoker/pipeline/image_layout": ["tests/unit/stoker/pipeline/test_kinds.py"],
-    "stoker/pipeline/photos": ["tests/unit/stoker/pipeline/test_prepare.py"],
-    "stoker/pipeline/synth": ["tests/unit/stoker/pipeline/test_prepare.py"],
+    "stoker/pipeline/images/layout": ["tests/unit/stoker/pipeline/test_kinds.py"],
+    "stoker/pipeline/images/photos": ["tests/unit/stoker/pipeline/test_prepare.py"],
+    "stoker/pipeline/images/synth": ["tests/unit/stoker/pipeline/test_prepare.py"],
     "stoker/pipeline/tensors": ["tests/unit/stoker/pipeline/test_kinds.py"],
     "stoker/pipeline/text/layout": ["tests/unit/stoker/pipeline/text/test_packing.py"],
     "stoker/workers/process": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py"],
     "stoker/accel/backends/accelerators": ["tests/unit/stoker/accel/test_stepping.py"],
-    "stoker/accel/aio": [E2E + "test_exactly_once.py"],
+    "stoker/protos/aio": [E2E + "test_exactly_once.py"],
     "stoker/accel/batch": [E2E + "test_text_job.py"],
     "stoker/accel/backends/bert_accel": [E2E + "test_torch_step.py"],
     "stoker/accel/control/link": ["tests/unit/stoker/accel/test_consumer.py",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from stoker.accel import checkpoint
 from stoker.accel.consumer_config import ConsumerConfig
-from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
+from stoker.accel.control.fleet_member import FleetMembership, join_fleet
 from stoker.accel.control.link import DispatcherLink
 from stoker.accel.control.local import InProcessDispatcher
 from stoker.accel.joining import Joined, LinkServices, Member, dispatcher_for, join
@@ -30,7 +30,7 @@ from stoker.accel.receive_loop import DataSocket, ReceiveLoop
 from stoker.accel.schema import batch_bytes, schema_of
 from stoker.accel.stepping import NullAccelerator, Step, StepFactory, given
 from stoker.accel.stream import StreamOrder
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.store.shards import Manifest
@@ -140,11 +140,9 @@ def wire(cfg: ConsumerConfig, joined: Joined, data: RankData, me: Member, metric
 def join_fleet_of(cfg: ConsumerConfig, job: JobConfig, link: DispatcherLink) -> FleetMembership | None:
     """At start, with --fleet: the rank that runs the job's dispatcher registers the job (it fails here,
     when no fleet answers) and beats what its ranks measure. None for every other rank, and without one."""
-    if not cfg.fleet or not isinstance(link, InProcessDispatcher) or link.server is None:
+    if not cfg.seat.fleet or not isinstance(link, InProcessDispatcher) or link.server is None:
         return None
-    membership = join_fleet(FleetSeat(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_key_name,
-                                      cfg.fleet_start_cores), job, link.control_endpoint, link.server.job_need,
-                            cfg.keys)
+    membership = join_fleet(cfg.seat, job, link.control_endpoint, link.server.job_need, cfg.keys)
     if membership is None:
         return None
     membership.join()

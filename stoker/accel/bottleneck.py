@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from stoker.accel.control.failures import failed_line
 from stoker.accel.control.fleet_member import Need
 from stoker.accel.cost import cores_text
 from stoker.accel.fleet.status import fleet_status, is_fleet
@@ -351,7 +352,7 @@ def read_status(metrics_url: str) -> dict:
     failure = next((json.loads(k)["reason"] for k, v in values.get("stoker_job_failed", {}).items() if v == 1), "")
     stalled = stall_lines(values)
     if "stoker_bottleneck_info" not in values and (failure or stalled):  # a `stoker dispatch`'s metrics
-        lines = ([f"the job failed: {failure}"] if failure else []) + stalled
+        lines = ([failed_line(failure)] if failure else []) + stalled
         return {"stage": "failed" if failure else "stalled", "failure": failure, "stalled": stalled,
                 "text": "\n".join(lines)}
     if "stoker_bottleneck_info" not in values:
@@ -377,10 +378,9 @@ def read_status(metrics_url: str) -> dict:
                                                   else f"{100 * cpu_wait:.0f}% of their runnable time"),
                   f"rows stepped so far: {rows:,.0f}",
                   "seconds per second by stage: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(shares.items()))]
-    text_lines[:0] = ([f"the job failed: {failure}"] if failure else []) + stalled
+    text_lines[:0] = ([failed_line(failure)] if failure else []) + stalled
     return {"job": jobs[0] if jobs else None, "stage": stage, "stall_fraction": stall, "cores_in_use": in_use,
-            "cores_needed": needed,
-            "cpu_wait_fraction": cpu_wait,
+            "cores_needed": needed, "cpu_wait_fraction": cpu_wait,
             "more_cores": more, "shares": shares, "rows": rows, "failure": failure,
             "stalled": stalled, "text": "\n".join(text_lines), "hosts": _hosts(values)}
 

@@ -23,21 +23,17 @@ import json
 import os
 import re
 import stat
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stoker.accel.stepping import Stateful
+from stoker.pipeline.job_wire import IMAGE_MUST_MATCH, MUST_MATCH, TEXT_MUST_MATCH, job_identity
 from stoker.pipeline.plan import Cut, Resumed
 from stoker.pipeline.store.files import replace_atomically, write_atomically
 from stoker.protos.errors import ConfigError, DataError, ResourceError
 
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
-_MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "drop_last")
-# What else decides a sample's bytes, by kind; a checkpoint or journal written before these were
-# saved (version 2 or 3) cannot be checked on them and is taken as it is.
-_IMAGE_MUST_MATCH = ("image_size", "transform", "transform_params", "min_area", "max_area")
-_TEXT_MUST_MATCH = "text"
 JOB_ID = re.compile(r"[\w.-]{1,64}", re.ASCII)
 
 
@@ -82,21 +78,11 @@ class Position:
         return frozenset(done)
 
 
-def job_fields(job) -> dict:
-    """The job's identity: what a resumed job and a restarted dispatcher must agree on."""
-    fields = {"job_id": job.job_id, "world_size": job.world_size, **{name: getattr(job, name) for name in _MUST_MATCH}}
-    if job.kind.text:
-        fields[_TEXT_MUST_MATCH] = asdict(job.text)
-    else:
-        fields |= {name: getattr(job, name) for name in _IMAGE_MUST_MATCH}
-    return fields
-
-
 def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int) -> dict:
     """`job`'s position; the cuts its current epoch went through before this world size, when any."""
     resumed = Resumed.from_json(job.resumed_from)
     cuts = resumed.cuts if resumed is not None and resumed.epoch == epoch else ()
-    return {"version": STATE_VERSION, "job": job_fields(job), "epoch": epoch, "step": step,
+    return {"version": STATE_VERSION, "job": job_identity(job), "epoch": epoch, "step": step,
             "ranks": [list(r) for r in ranks], "samples_stepped": samples,
             "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts]}
 
@@ -170,13 +156,13 @@ def check_matches(job, saved: dict) -> None:
     """A resumed job must be the checkpointed one, or units would not mean the same samples (or the
     same bytes: another crop size, another sequence length)."""
     saved = {"drop_last": False} | saved
-    differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in _MUST_MATCH
+    differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in MUST_MATCH
               if saved.get(name) != getattr(job, name)]
-    ours = job_fields(job)
-    for name in (*_IMAGE_MUST_MATCH, _TEXT_MUST_MATCH):
+    ours = job_identity(job)
+    for name in (*IMAGE_MUST_MATCH, TEXT_MUST_MATCH):
         if name not in saved or name not in ours:
             continue  # a checkpoint from before the field was saved, or a field of the other kind
-        if name == _TEXT_MUST_MATCH and isinstance(saved[name], dict):
+        if name == TEXT_MUST_MATCH and isinstance(saved[name], dict):
             differ += [f"text.{key}: checkpoint {saved[name].get(key)!r}, now {value!r}"
                        for key, value in ours[name].items() if saved[name].get(key) != value]
         elif saved[name] != ours[name]:

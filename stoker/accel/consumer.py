@@ -146,7 +146,7 @@ class Consumer:
     def _job_failed(self, reason: str) -> None:
         """The dispatcher failed the job (a worker refused it): whoever pulls batches gets JobFailed."""
         log.error("rank %d: the job failed: %s", self.rank, reason)
-        self.metrics.failure.labels(reason=reason).set(1)
+        self.metrics.job_failed(reason)
         self.abort(JobFailed(reason))
 
     def abort(self, error: BaseException) -> None:

@@ -15,15 +15,7 @@ from stoker.accel.control.dispatch_config import (
     stall_report,
     stall_timeout,
 )
-from stoker.accel.control.fleet_seat import (
-    fleet_endpoint,
-    fleet_key_name,
-    fleet_max_cores,
-    fleet_min_cores,
-    fleet_problem,
-    fleet_start_cores,
-    fleet_weight,
-)
+from stoker.accel.control.fleet_seat import FleetSeat
 from stoker.protos.endpoints import MAX_PORT, NO_PORT, endpoint_problem
 from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
@@ -85,12 +77,7 @@ class ConsumerConfig:
     attach_timeout_s: float = field(default=60.0, metadata={  # how long a rank waits for the dispatcher it attaches to
         "help": "with --dispatcher (or as a rank other than 0): give up on a dispatcher that does not answer for this "
                 "long (default %(default)s)", "flag": "--attach-timeout", "check": "seconds"})
-    fleet: str | None = fleet_endpoint()  # None: the job's own workers, no fleet
-    weight: float = fleet_weight()
-    min_cores: int = fleet_min_cores()
-    max_cores: int | None = fleet_max_cores()
-    fleet_key_name: str = fleet_key_name()
-    fleet_start_cores: float | None = fleet_start_cores()
+    seat: FleetSeat = field(default=FleetSeat(), metadata={"options": True})  # --fleet ...; no fleet by default
     credit_budget_mb: float = field(default=1024.0, metadata={  # in flight or waiting, in all, in MB
         "help": "what this rank may have in flight or waiting, in all (default %(default)s MB)", "check": "seconds"})
 
@@ -104,8 +91,9 @@ class ConsumerConfig:
 
     def check_exposure(self) -> None:
         """Without keys, refuse to listen beyond loopback unless told to."""
-        check_exposure((self.data_bind, self.control_bind, self.metrics_addr), bool(self.keys),
-                       self.insecure, risk="feed or steal batches or read the job's metrics",
+        check_exposure({"data_bind": self.data_bind, "control_bind": self.control_bind,
+                        "metrics_addr": self.metrics_addr}, bool(self.keys), self.insecure,
+                       risk="feed or steal batches or read the job's metrics",
                        fix="make keys with `stoker keys init DIR` and give them (--keys DIR; a Loader: keys=DIR or "
                            "$STOKER_KEYS=DIR), or allow it on a trusted network (--insecure; a Loader: "
                            "insecure=True or $STOKER_INSECURE=1)")
@@ -133,9 +121,11 @@ def consumer_config_problem(cfg: ConsumerConfig) -> str | None:
     port = cfg.metrics_port
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not NO_PORT <= port <= MAX_PORT):
         return f"metrics_port must be a port 0-{MAX_PORT} (0: any free one; -1 or None: none), not {port!r}"
-    for name in ("data_bind", "control_bind", "dispatcher", "fleet"):
+    for name in ("data_bind", "control_bind", "dispatcher"):
         value = getattr(cfg, name)
-        why = None if value is None and name in ("dispatcher", "fleet") else endpoint_problem(value)
+        why = None if value is None and name == "dispatcher" else endpoint_problem(value)
         if why:
             return f"{name} {why}"
-    return fleet_problem(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_start_cores)
+    if not isinstance(cfg.seat, FleetSeat):  # a FleetSeat is checked as it is made (its one check)
+        return f"seat must be a FleetSeat, not {cfg.seat!r}"
+    return None

@@ -27,7 +27,7 @@ import numpy as np
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.store.shards import Manifest
 from stoker.protos.errors import ConfigError

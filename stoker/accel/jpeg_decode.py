@@ -3,7 +3,7 @@
 This is how NVIDIA fed DGX A100 in MLPerf: the host only reads files and draws the random
 crop; nvJPEG decodes on the GPU. Here the workers draw the crop box and flip exactly as they
 would for host decoding (same per-sample generator), as whole pixels inside the image
-(`pipeline.batching.pixel_window`), and send them beside the bytes; an NVIDIA DALI pipeline
+(`pipeline.images.batching.pixel_window`), and send them beside the bytes; an NVIDIA DALI pipeline
 decodes just that region (`decoders.image_slice`), resizes it with antialiasing and mirrors
 it. On a CUDA device the decoder is DALI's "mixed" one (nvJPEG) and the images never touch
 host memory; on `cpu` the same pipeline runs DALI's CPU operators. As on the host, the EXIF
@@ -16,7 +16,7 @@ further call, and the batch is decoded again one image at a time. An image DALI 
 refuses is decoded on the consumer's CPU with the host's decoder (counted as a fallback);
 only one that fails there too is dropped, counted, and reported with DALI's own error (a JPEG
 libjpeg says is corrupt fails there unless the job says `--corrupt-jpegs keep`; the worker skips
-such a file before it ships it unless it has a restart index, pipeline.corrupt).
+such a file before it ships it unless it has a restart index, pipeline.images.corrupt).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.ledger import Skipped
 from stoker.accel.stepping import PreparedStep, Step, StepRunner
-from stoker.pipeline.augment import DecodeError, GivenCrop, corrupt_jpegs, decode_augment
+from stoker.pipeline.images.augment import DecodeError, GivenCrop, corrupt_jpegs, decode_augment
 from stoker.pipeline.transforms import Crop
 
 if TYPE_CHECKING:

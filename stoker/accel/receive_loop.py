@@ -24,13 +24,13 @@ import uvloop
 import zmq
 import zmq.asyncio
 
-from stoker.accel.aio import pump, run_until_one_fails
 from stoker.accel.control.link import DispatcherLink
 from stoker.accel.ledger import Ledger
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import Receiver
 from stoker.accel.schema import BatchSchema
 from stoker.accel.stream import StreamOrder
+from stoker.protos.aio import pump, run_until_one_fails
 from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, bind
 from stoker.protos.errors import PeerError

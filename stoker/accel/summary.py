@@ -15,7 +15,7 @@ from typing import Any
 from stoker.accel.control.dispatcher import DispatcherStats
 from stoker.accel.ledger import Skipped
 from stoker.accel.receiver import StageTotals, TextTotals
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 
 # counts and rates that add up over the ranks of a job (the text ones only where the job has text)
 ADDED_UP = ("samples", "unique_samples", "duplicates_dropped", "batches", "skipped_samples", "rows",

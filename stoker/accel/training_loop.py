@@ -24,7 +24,7 @@ from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import TextTotals
 from stoker.accel.stepping import Step, StepRunner
 from stoker.accel.summary import Books, Summary
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 
 
 class TrainingRank(StepSource, Protocol):

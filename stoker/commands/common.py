@@ -16,6 +16,7 @@ from stoker.pipeline.kinds import kind_of
 
 if TYPE_CHECKING:
     from stoker.accel.consumer_config import ConsumerConfig
+    from stoker.accel.control.fleet_seat import FleetSeat
     from stoker.accel.summary import Summary
 
 DEFAULT_CALIBRATION = Path("stoker-calibration.json")
@@ -62,13 +63,13 @@ def accel_spec(args: argparse.Namespace):
 
 def with_fleet_start(cfg: ConsumerConfig, args: argparse.Namespace, spec, ranks: int) -> ConsumerConfig:
     """With --fleet and no --fleet-start-cores: the planner's estimate, where this machine knows one."""
-    if not cfg.fleet or cfg.fleet_start_cores is not None or cfg.dispatcher:
+    if not cfg.seat.fleet or cfg.seat.start_cores is not None or cfg.dispatcher:
         return cfg
     from stoker.fleet_estimate import start_cores
 
     start = start_cores(spec, options.dataset(args, args.data), args.transform or "train",
                         args.transform_params or "", ranks, bool(getattr(args, "pack", False)), DEFAULT_CALIBRATION)
-    return replace(cfg, fleet_start_cores=start)
+    return replace(cfg, seat=replace(cfg.seat, start_cores=start))
 
 
 def exit_code_of(summaries: Summary | list[Summary]) -> int:
@@ -99,11 +100,10 @@ def is_ranked(args: argparse.Namespace) -> bool:
 
 def check_job(parser: argparse.ArgumentParser, args: argparse.Namespace, ranked: bool = False) -> None:
     """The job options of run, train and dispatch that cannot work together, refused before anything starts.
-    Each rule is its config's own check (`JobConfig`, the fleet seat's `fleet_problem`, the stall's
+    Each rule is its config's own check (`JobConfig`, the fleet seat's `FleetSeat`, the stall's
     `stall_problem`), its words turned into the flag's by the option table (`configured.as_flag_problem`)."""
     from stoker.accel.consumer_config import ConsumerConfig
     from stoker.accel.control.dispatch_config import DispatchConfig, stall_problem
-    from stoker.accel.control.fleet_seat import fleet_problem
     from stoker.pipeline.job import JobConfig
     from stoker.protos.errors import ConfigError
 
@@ -115,8 +115,8 @@ def check_job(parser: argparse.ArgumentParser, args: argparse.Namespace, ranked:
         except ConfigError as exc:
             parser.error(f"{command}: {configured.as_flag_problem(JobConfig, str(exc))}")
     seat = DispatchConfig if command == "dispatch" else ConsumerConfig
-    bad = fleet_problem(args.fleet, args.weight, args.min_cores, args.max_cores, args.fleet_start_cores) \
-        or _seat_problem(args, ranked) or stall_problem(args.stall_report_s, args.stall_timeout_s)
+    checked_seat(parser, args)
+    bad = _seat_problem(args, ranked) or stall_problem(args.stall_report_s, args.stall_timeout_s)
     if bad:
         parser.error(f"{command}: {configured.as_flag_problem(seat, bad)}")
     if command == "run":
@@ -125,6 +125,17 @@ def check_job(parser: argparse.ArgumentParser, args: argparse.Namespace, ranked:
                                   args.decode_on) or options.image_fit_error(args)
     if bad:
         parser.error(f"{command}: {bad}")
+
+
+def checked_seat(parser: argparse.ArgumentParser, args: argparse.Namespace) -> FleetSeat:
+    """The job's fleet seat its options make, checked as it is made (its one check: `FleetSeat`); what it
+    refuses is said as the flag of the field it names."""
+    from stoker.accel.control.fleet_seat import FleetSeat, SeatError
+
+    try:
+        return configured.config_of(FleetSeat, args)
+    except SeatError as exc:
+        parser.error(f"{args.command}: {configured.as_flag_problem(FleetSeat, str(exc))}")
 
 
 def _seat_problem(args: argparse.Namespace, ranked: bool) -> str | None:
@@ -139,18 +150,16 @@ def _seat_problem(args: argparse.Namespace, ranked: bool) -> str | None:
 
 
 def check_loopback(parser: argparse.ArgumentParser, args: argparse.Namespace, binds: dict[str, str]) -> None:
-    """Without keys (and without --insecure), every address a command listens on stays on loopback;
-    `binds`: flag -> the address it was given."""
-    from stoker.protos.curve import is_loopback
+    """Without keys (and without --insecure), every address a command listens on stays on loopback: the
+    configs' own rule (`exposure_problem`), its field said as the flag; `binds`: flag -> the address given."""
+    from stoker.protos.exposure import exposure_problem
 
-    if args.keys or args.insecure:
-        return
-    for flag, value in binds.items():
-        endpoint = value if "://" in value else f"tcp://{value}:0"
-        if not is_loopback(endpoint):
-            parser.error(f"{args.command}: argument {flag}: {value} is beyond loopback; without CURVE keys "
-                         f"anyone who reaches it could act on the job: pass --keys DIR, or --insecure on a "
-                         f"trusted network")
+    flags = {flag.removeprefix("--").replace("-", "_"): flag for flag in binds}
+    bad = exposure_problem({name: binds[flag] for name, flag in flags.items()}, bool(args.keys), args.insecure,
+                           fix="pass --keys DIR, or --insecure on a trusted network")
+    if bad:
+        name, why = bad.split(": ", 1)
+        parser.error(f"{args.command}: argument {flags[name]}: {why}")
 
 
 def check_transform(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
               f"next: stoker prepare wikipedia {corpus.text} SHARDS_DIR --vocab {corpus.vocab}")
         return 0
     if args.data_command == "imagenet-synth":
-        from stoker.pipeline.synth import SynthConfig, generate
+        from stoker.pipeline.images.synth import SynthConfig, generate
 
         total = generate(args.dir, SynthConfig(images=args.images, classes=args.classes, seed=args.seed),
                          processes=args.procs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stoker import configured, options
-from stoker.commands.common import check_job, check_loopback
+from stoker.commands.common import check_job, check_loopback, checked_seat
 from stoker.options import JOB
 from stoker.protos.errors import StateError
 
@@ -43,7 +43,7 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What cannot work together, refused before anything starts."""
     from stoker.accel.control.dispatch_config import DispatchConfig
 
-    bad = configured.config_of(DispatchConfig, args).problem()
+    bad = configured.config_of(DispatchConfig, args, seat=checked_seat(parser, args)).problem()
     if bad:
         parser.error(f"dispatch: {configured.as_flag_problem(DispatchConfig, bad)}")
     check_job(parser, args)

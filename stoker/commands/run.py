@@ -47,15 +47,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stoker.embedded import RunConfig, print_summary, run_embedded
+    from stoker.embedded import RunConfig, print_summary, run_embedded, run_manifest
 
     spec = accel_spec(args)
     # the default /metrics port, taken by another job, is not an error for a job on one machine
     consumer = replace(options.consumer_config(args), metrics_port_or_free=args.metrics_port is None)
     consumer = with_fleet_start(consumer, args, spec, args.world_size or 1)
     worker_port = 0 if args.worker_metrics_port is None else args.worker_metrics_port  # 0: each a free port
-    cfg = RunConfig(data=args.data, dataset=options.dataset(args, args.data), images=args.images, hosts=args.hosts,
-                    procs=args.procs, accel=spec, consumer=consumer,
+    cfg = RunConfig(hosts=args.hosts, procs=args.procs, accel=spec, consumer=consumer,
                     worker_metrics_port=None if worker_port < 0 else worker_port,
                     progress=not args.no_progress, log_level=args.log_level,
                     shard_cache_gb=args.shard_cache_gb)
@@ -68,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
               + (f"on {endpoints['metrics']} (stoker status --metrics {endpoints['metrics']})"
                  if endpoints["metrics"] else "off"), file=sys.stderr, flush=True)
 
-    summaries = run_embedded(options.job_fields(args), cfg, on_start=started)
+    manifest = run_manifest(args.data, options.dataset(args, args.data), args.images, progress=cfg.progress)
+    summaries = run_embedded(options.job_config(args, manifest_uri=manifest), cfg, on_start=started)
     print_summary(summaries, args.json, cfg.accel, transform_named(args.transform, args.transform_params),
                   endpoints=endpoints)
     return exit_code_of(summaries)

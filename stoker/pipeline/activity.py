@@ -8,7 +8,7 @@ dispatcher's stall watchdog says who holds what a waiting rank needs) and, once 
 has died, to name the sample that killed it.
 
 The slot is installed once per process (`install`) and written through `note`, so the code that
-reads and transforms samples (pipeline.batching) needs no handle passed down; where no slot is
+reads and transforms samples (pipeline.images.batching) needs no handle passed down; where no slot is
 installed (a test, a process of another kind) `note` does nothing. A write is four stores to
 shared memory, well under a microsecond; a reader may see a half-written slot, which costs a
 wrong line for one heartbeat, never a wrong decision: the daemon reads a dead process's slot,

@@ -11,10 +11,10 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 
 import numpy as np
 
-from stoker.pipeline import image_fit
-from stoker.pipeline.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
 from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images import fit as image_fit
+from stoker.pipeline.images.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
 from stoker.pipeline.store.shards import Manifest

@@ -1,4 +1,5 @@
-"""The job as it travels: a `JobConfig` <-> `pb.JobSpec`, field by field of the same name.
+"""The job as it travels: a `JobConfig` <-> `pb.JobSpec`, field by field of the same name; and the job's
+identity, as its checkpoints and its dispatcher's journal write it.
 
 This is the one translation, and it lives with the data model so that the wire (stoker/protos/) knows
 no job: a field the sender left out takes the default JobConfig writes, and a config field with
@@ -7,7 +8,7 @@ no wire field of its name is caught at import, not lost on the way.
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from typing import Any
 
 from google.protobuf.message import Message
@@ -16,6 +17,12 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.text.examples import TextConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError, PeerError
+
+MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_batches", "drop_last")
+# What else decides a sample's bytes, by kind; a checkpoint or journal written before these were
+# saved (version 2 or 3) cannot be checked on them and is taken as it is.
+IMAGE_MUST_MATCH = ("image_size", "transform", "transform_params", "min_area", "max_area")
+TEXT_MUST_MATCH = "text"
 
 
 def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:
@@ -42,6 +49,17 @@ def _fill(message: Message, config: Any) -> None:
             _fill(getattr(message, f.name), value)
         else:
             setattr(message, f.name, value)
+
+
+def job_identity(job: JobConfig) -> dict:
+    """The job as its checkpoints and its dispatcher's journal name it: what a resumed job and a restarted
+    dispatcher must agree on."""
+    named = {"job_id": job.job_id, "world_size": job.world_size, **{name: getattr(job, name) for name in MUST_MATCH}}
+    if job.kind.text:
+        named[TEXT_MUST_MATCH] = asdict(job.text)
+    else:
+        named |= {name: getattr(job, name) for name in IMAGE_MUST_MATCH}
+    return named
 
 
 def _read(cls: Any, message: Message) -> Any:

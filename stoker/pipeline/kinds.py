@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from stoker.pipeline import image_layout
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images import layout as image_layout
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.tensors import BatchLayout
 from stoker.pipeline.text import layout as text_layout
 from stoker.pipeline.text.examples import TextConfig

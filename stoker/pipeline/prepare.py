@@ -5,13 +5,13 @@ Parquet or Arrow tables); what happens to them here does not depend on which. Ev
 fully entropy-decoded (at 1/8 DCT scale, which is cheap) in a process pool, so a record pillow-simd
 cannot decode at all (most truncated ones, non-JPEGs) is reported and skipped here rather than in
 training. Each good one is then rewritten losslessly with restart markers and its restart index
-stored beside it (pipeline._jpegrestart), so the crop decoder can entropy-decode only the intervals
+stored beside it (pipeline.images._jpegrestart), so the crop decoder can entropy-decode only the intervals
 a crop window touches; a progressive file is written sequential on the way (the same coefficients
 and pixels). A file the transcoder refuses (arithmetic-coded, CMYK, corrupt data, ...) is stored as
 it was and counted in the manifest. One that libjpeg says is corrupt (its header valid, its scan
 garbled or cut short: pillow-simd decodes it without a word) is stored too, listed with libjpeg's
 words and what training does with it: skip it and count it, unless the job says `--corrupt-jpegs
-keep` (pipeline.corrupt). With `records="bytes"` records are stored as given, unchecked, and the
+keep` (pipeline.images.corrupt). With `records="bytes"` records are stored as given, unchecked, and the
 manifest says so. Samples are shuffled (seeded) before they are written, so a contiguous work unit
 mixes classes: a folder's file list before any file is read, a stream through pipeline.store.spill.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from stoker.pipeline.augment import DecodeError, refuse_corrupt
+from stoker.pipeline.images.augment import DecodeError, refuse_corrupt
 from stoker.pipeline.kinds import IMAGENET
 from stoker.pipeline.store.record_sources import FolderSource, Record, RecordSource
 from stoker.pipeline.store.shards import MANIFEST_NAME, RECORD_KINDS, RESTART_INDEX_VERSION, Manifest, ShardWriter
@@ -38,7 +38,7 @@ from stoker.pipeline.store.storage import join, staged
 from stoker.protos.errors import ConfigError, DataError
 
 try:
-    from stoker.pipeline import _jpegrestart
+    from stoker.pipeline.images import _jpegrestart
 except ImportError:  # built without libjpeg-turbo's headers: shards keep the files as they are
     _jpegrestart = None  # type: ignore[assignment]  # mypy's idiom for an optional module: None = not built
 
@@ -119,7 +119,7 @@ def check_jpeg(data: bytes) -> str | None:
 
 
 def corrupt_reason(data: bytes) -> str | None:
-    """Why training skips `data` as corrupt (pipeline.augment.refuse_corrupt: libjpeg's words), or None."""
+    """Why training skips `data` as corrupt (pipeline.images.augment.refuse_corrupt: libjpeg's words), or None."""
     try:
         refuse_corrupt(data)
     except DecodeError as exc:

@@ -13,6 +13,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from typing import overload
 
 import zmq
 
@@ -59,9 +60,19 @@ class ControlClient:
             self._socket.close(0)
             self._socket = None
 
+    @overload
     def request(self, request: pb.ControlRequest, give_up_after_s: float | None = 30.0,
-                should_stop: Callable[[], bool] = lambda: False) -> pb.ControlReply:
-        """Send and wait for the matching reply; raise DispatcherUnreachable past the deadline."""
+                should_stop: Callable[[], bool] = ...) -> pb.ControlReply: ...
+
+    @overload
+    def request(self, request: pb.FleetRequest, give_up_after_s: float | None = 30.0,
+                should_stop: Callable[[], bool] = ...) -> pb.FleetReply: ...
+
+    def request(self, request: pb.ControlRequest | pb.FleetRequest, give_up_after_s: float | None = 30.0,
+                should_stop: Callable[[], bool] = lambda: False) -> pb.ControlReply | pb.FleetReply:
+        """Send and wait for the matching reply, in the envelope of the request's service (a dispatcher's
+        ControlReply, a fleet's FleetReply); raise DispatcherUnreachable past the deadline."""
+        envelope = pb.FleetReply if isinstance(request, pb.FleetRequest) else pb.ControlReply
         request.request_id = next(self._ids)
         payload = request.SerializeToString()
         deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
@@ -81,7 +92,7 @@ class ControlClient:
                 sock.poll(int(backoff * 1000), zmq.POLLOUT)
             else:
                 if sock.poll(int(self.reply_timeout_s * 1000), zmq.POLLIN):
-                    reply = pb.ControlReply()
+                    reply = envelope()
                     reply.ParseFromString(sock.recv())
                     if reply.request_id == request.request_id:
                         return reply

@@ -1,4 +1,4 @@
-"""Whether a batch of tensors fits one data message (pipeline.image_fit asks it of images).
+"""Whether a batch of tensors fits one data message (pipeline.images.fit asks it of images).
 
 A data message is a header of at most MAX_HEADER_BYTES and at most MAX_FRAMES tensor frames of at
 most MAX_FRAME_BYTES each (protos.framing cuts a tensor into frames along its rows, so one row

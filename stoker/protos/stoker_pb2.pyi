@@ -475,7 +475,7 @@ class PositionQuery(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class ControlRequest(_message.Message):
-    __slots__ = ("request_id", "register", "heartbeat", "lease", "release", "attach", "ack", "epoch_steps", "position", "refuse", "fleet_host", "fleet_job", "hung", "poison", "job_credential")
+    __slots__ = ("request_id", "register", "heartbeat", "lease", "release", "attach", "ack", "epoch_steps", "position", "refuse", "hung", "poison", "job_credential")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -486,8 +486,6 @@ class ControlRequest(_message.Message):
     EPOCH_STEPS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     REFUSE_FIELD_NUMBER: _ClassVar[int]
-    FLEET_HOST_FIELD_NUMBER: _ClassVar[int]
-    FLEET_JOB_FIELD_NUMBER: _ClassVar[int]
     HUNG_FIELD_NUMBER: _ClassVar[int]
     POISON_FIELD_NUMBER: _ClassVar[int]
     JOB_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
@@ -501,12 +499,10 @@ class ControlRequest(_message.Message):
     epoch_steps: EpochSteps
     position: PositionQuery
     refuse: Refusal
-    fleet_host: FleetHost
-    fleet_job: FleetJob
     hung: SampleHung
     poison: PoisonQuery
     job_credential: bytes
-    def __init__(self, request_id: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., epoch_steps: _Optional[_Union[EpochSteps, _Mapping]] = ..., position: _Optional[_Union[PositionQuery, _Mapping]] = ..., refuse: _Optional[_Union[Refusal, _Mapping]] = ..., fleet_host: _Optional[_Union[FleetHost, _Mapping]] = ..., fleet_job: _Optional[_Union[FleetJob, _Mapping]] = ..., hung: _Optional[_Union[SampleHung, _Mapping]] = ..., poison: _Optional[_Union[PoisonQuery, _Mapping]] = ..., job_credential: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., attach: _Optional[_Union[Attach, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., epoch_steps: _Optional[_Union[EpochSteps, _Mapping]] = ..., position: _Optional[_Union[PositionQuery, _Mapping]] = ..., refuse: _Optional[_Union[Refusal, _Mapping]] = ..., hung: _Optional[_Union[SampleHung, _Mapping]] = ..., poison: _Optional[_Union[PoisonQuery, _Mapping]] = ..., job_credential: _Optional[bytes] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("host_id", "worker_id", "job_id", "reason")
@@ -571,7 +567,7 @@ class Error(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class ControlReply(_message.Message):
-    __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "fleet_plan", "fleet_share", "skips", "stats")
+    __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "skips", "stats")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     UNIT_FIELD_NUMBER: _ClassVar[int]
@@ -583,8 +579,6 @@ class ControlReply(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     OTHER_JOB_FIELD_NUMBER: _ClassVar[int]
-    FLEET_PLAN_FIELD_NUMBER: _ClassVar[int]
-    FLEET_SHARE_FIELD_NUMBER: _ClassVar[int]
     SKIPS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
@@ -598,11 +592,9 @@ class ControlReply(_message.Message):
     steps: Steps
     position: Position
     other_job: OtherJob
-    fleet_plan: FleetPlan
-    fleet_share: FleetShare
     skips: Skips
     stats: JobStats
-    def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., fleet_plan: _Optional[_Union[FleetPlan, _Mapping]] = ..., fleet_share: _Optional[_Union[FleetShare, _Mapping]] = ..., skips: _Optional[_Union[Skips, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., unit: _Optional[_Union[WorkUnit, _Mapping]] = ..., wait: _Optional[_Union[Wait, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., ok: _Optional[_Union[Ok, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., attached: _Optional[_Union[Attached, _Mapping]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., other_job: _Optional[_Union[OtherJob, _Mapping]] = ..., skips: _Optional[_Union[Skips, _Mapping]] = ..., stats: _Optional[_Union[JobStats, _Mapping]] = ...) -> None: ...
 
 class JobStats(_message.Message):
     __slots__ = ("pending", "leased", "done", "hosts_alive", "releases", "handed_back", "failure", "stall", "hung_samples", "hung_s")
@@ -705,3 +697,25 @@ class FleetShare(_message.Message):
     hosts: int
     reason: str
     def __init__(self, target: _Optional[int] = ..., holding: _Optional[int] = ..., missing: _Optional[int] = ..., fleet_procs: _Optional[int] = ..., hosts: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class FleetRequest(_message.Message):
+    __slots__ = ("request_id", "fleet_host", "fleet_job")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_HOST_FIELD_NUMBER: _ClassVar[int]
+    FLEET_JOB_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    fleet_host: FleetHost
+    fleet_job: FleetJob
+    def __init__(self, request_id: _Optional[int] = ..., fleet_host: _Optional[_Union[FleetHost, _Mapping]] = ..., fleet_job: _Optional[_Union[FleetJob, _Mapping]] = ...) -> None: ...
+
+class FleetReply(_message.Message):
+    __slots__ = ("request_id", "error", "fleet_plan", "fleet_share")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FLEET_PLAN_FIELD_NUMBER: _ClassVar[int]
+    FLEET_SHARE_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    error: Error
+    fleet_plan: FleetPlan
+    fleet_share: FleetShare
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., fleet_plan: _Optional[_Union[FleetPlan, _Mapping]] = ..., fleet_share: _Optional[_Union[FleetShare, _Mapping]] = ...) -> None: ...

@@ -122,7 +122,7 @@ class FleetAgent:
             if job.alive():
                 beat.serving.add(job_id=job.job_id, endpoint=job.endpoint, procs=int(job.target.value))
         try:
-            reply = self.client.request(pb.ControlRequest(fleet_host=beat), give_up_after_s=BEAT_ANSWER_S)
+            reply = self.client.request(pb.FleetRequest(fleet_host=beat), give_up_after_s=BEAT_ANSWER_S)
         except DispatcherUnreachable as exc:
             now = time.monotonic()
             if self._unanswered_since is None and not leaving:

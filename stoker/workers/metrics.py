@@ -27,7 +27,7 @@ class WorkerMetrics:
         self.decode_seconds = Histogram("stoker_worker_decode_seconds", "JPEG decode time per image",
                                         buckets=IMAGE_BUCKETS, registry=r)
         self.decodes = Counter("stoker_worker_decodes", "Images decoded, by how (plain, spliced, whole, rejected, "
-                               "pillow: see pipeline.augment.DECODE_PATHS)", ["path"], registry=r)
+                               "pillow: see pipeline.images.augment.DECODE_PATHS)", ["path"], registry=r)
         self.augment_seconds = Histogram("stoker_worker_augment_seconds", "Crop/resize/flip time per image",
                                          buckets=IMAGE_BUCKETS, registry=r)
         self.sequences = Counter("stoker_worker_sequences", "Text: BERT examples produced into sent batches",

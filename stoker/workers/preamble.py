@@ -36,7 +36,7 @@ def check_host_settings(cfg: WorkerConfig) -> None:
     if not 1 <= cfg.procs <= most_procs():
         raise ConfigError(f"--procs must be 1 to {most_procs()} on this host (4 per core it may run on), "
                           f"not {cfg.procs}")
-    check_exposure([cfg.metrics_addr], bool(cfg.keys), cfg.insecure, risk="read this host's metrics")
+    check_exposure({"metrics_addr": cfg.metrics_addr}, bool(cfg.keys), cfg.insecure, risk="read this host's metrics")
 
 
 class HostPreamble:

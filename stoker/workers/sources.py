@@ -6,7 +6,7 @@ cannot be opened or fails its checks (its sha256, row count or columns are not t
 does not crash the process: its rows in the unit are reported as skipped, with the reason, as
 an undecodable JPEG is, so nothing is lost silently and the dispatcher does not hand the same
 broken unit out forever. So is a JPEG libjpeg says is corrupt, unless the job keeps those
-(`--corrupt-jpegs keep`, pipeline.corrupt).
+(`--corrupt-jpegs keep`, pipeline.images.corrupt).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Protocol
 
 import numpy as np
 
-from stoker.pipeline.augment import CROP_DECODER_AVAILABLE
-from stoker.pipeline.batching import OnHang, unit_batches
-from stoker.pipeline.corrupt import job_sample_work
+from stoker.pipeline.images.augment import CROP_DECODER_AVAILABLE
+from stoker.pipeline.images.batching import OnHang, unit_batches
+from stoker.pipeline.images.corrupt import job_sample_work
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA
 from stoker.pipeline.plan import Unit

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from stoker.accel.jpeg_decode import DaliJpegDecoder, _reason
-from stoker.pipeline.augment import TrainTransform, decode_augment
-from stoker.pipeline.batching import ShipEncoded
+from stoker.pipeline.images.augment import TrainTransform, decode_augment
+from stoker.pipeline.images.batching import ShipEncoded
 from stoker.pipeline.prepare import PrepareConfig, prepare_imagenet
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import ShardReader

@@ -6,8 +6,8 @@ import numpy as np
 
 from stoker.accel.backends.accelerators import AccelSpec, make_accelerator
 from stoker.accel.jpeg_decode import DaliJpegDecoder
-from stoker.pipeline.augment import TrainTransform, decode_augment
-from stoker.pipeline.batching import ShipEncoded
+from stoker.pipeline.images.augment import TrainTransform, decode_augment
+from stoker.pipeline.images.batching import ShipEncoded
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import ShardReader
 from tests.helpers import consumer_for, sample_of, scrape

@@ -21,6 +21,7 @@ import zmq
 
 from stoker.accel.backends.accelerators import SimulatedAccelerator
 from stoker.accel.consumer import Consumer, ConsumerConfig, JobFailed
+from stoker.accel.control.fleet_seat import FleetSeat
 from stoker.accel.stepping import given
 from stoker.pipeline.job import JobConfig
 from stoker.protos import stoker_pb2 as pb
@@ -94,7 +95,7 @@ def fleet(log_dir):
 def fleet_job(manifest, fleet_endpoint: str, epochs: int, rate: float, weight: float = 1.0, transform: str = "train",
               **seat) -> Consumer:
     cfg = ConsumerConfig(data_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0", metrics_port=0,
-                         fleet=fleet_endpoint, weight=weight, **seat)
+                         seat=FleetSeat(fleet_endpoint, weight=weight, **seat))
     job = JobConfig(manifest_uri=manifest.uri, epochs=epochs, batch_size=16, unit_batches=2, transform=transform)
     return Consumer(cfg, job, given(SimulatedAccelerator(rate=rate)))
 
@@ -232,15 +233,15 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
     fleet = Fleet(log_dir, keys=keys)
     ctx = zmq.Context()
     try:
-        def ask(request: pb.ControlRequest, curve: ClientKeys | None) -> pb.ControlReply:
+        def ask(request: pb.FleetRequest, curve: ClientKeys | None) -> pb.FleetReply:
             client = ControlClient(ctx, fleet.endpoint, f"test-{time.monotonic_ns()}", curve=curve)
             try:
                 return client.request(request, give_up_after_s=5.0)
             finally:
                 client.close()
 
-        job = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:1", weight=1.0))
-        host = pb.ControlRequest(fleet_host=pb.FleetHost(host_id="h", procs=2))
+        job = pb.FleetRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:1", weight=1.0))
+        host = pb.FleetRequest(fleet_host=pb.FleetHost(host_id="h", procs=2))
         as_job, as_worker = ClientKeys.load(keys, "j1", JOB), ClientKeys.load(keys, "h1")
         assert ask(job, as_job).WhichOneof("kind") == "fleet_share"
         assert ask(host, as_worker).WhichOneof("kind") == "fleet_plan"
@@ -248,12 +249,12 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
         assert "not allow-listed as a worker" in ask(host, as_job).error.message
         with pytest.raises(DispatcherUnreachable):
             ask(job, None)  # a stranger without keys: no handshake, no answer
-        bad = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="k", endpoint="tcp://127.0.0.1:1", weight=-1.0))
+        bad = pb.FleetRequest(fleet_job=pb.FleetJob(job_id="k", endpoint="tcp://127.0.0.1:1", weight=-1.0))
         assert "weight must be a number from" in ask(bad, as_job).error.message
         # another job's key may not beat, leave or re-point job j: its processes stay j's, at j's dispatcher
         other = ClientKeys.load(keys, "j2", JOB)
-        steal = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:2", weight=5.0))
-        leave = pb.ControlRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:1", leaving=True))
+        steal = pb.FleetRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:2", weight=5.0))
+        leave = pb.FleetRequest(fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:1", leaving=True))
         for request in (steal, leave):
             assert "job j is registered by another job key" in ask(request, other).error.message
         assert ask(host, as_worker).fleet_plan.jobs[0].endpoint == "tcp://127.0.0.1:1"
@@ -264,8 +265,8 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
                            (pb.FleetJob(job_id="x", endpoint="garbage endpoint", weight=1.0), "endpoint"),
                            (pb.FleetJob(job_id="a\nb INFO forged", endpoint="tcp://127.0.0.1:1", weight=1.0),
                             "a job id of 1 to 256 letters")):
-            assert says in ask(pb.ControlRequest(fleet_job=beat), other).error.message
-        huge = pb.ControlRequest(fleet_host=pb.FleetHost(host_id="h2", procs=1 << 20))
+            assert says in ask(pb.FleetRequest(fleet_job=beat), other).error.message
+        huge = pb.FleetRequest(fleet_host=pb.FleetHost(host_id="h2", procs=1 << 20))
         assert "a host offers 1 to 1024 processes" in ask(huge, as_worker).error.message
         assert "forged" not in fleet.output()
         metrics = fleet.metrics()
@@ -274,6 +275,12 @@ def test_a_keyed_fleet_admits_hosts_and_jobs_by_their_keys_role_only(tmp_path, l
         assert metrics["stoker_fleet_dropped_total{reason=not_worker}"] == 1
         assert metrics["stoker_fleet_auth_total{result=failed_handshake}"] >= 1
         assert metrics["stoker_fleet_hosts"] == 1 and metrics["stoker_fleet_job_processes{job=j}"] == 2
+        # a dispatcher's request is none of the fleet's kinds: counted as misdirected, answered with what this is
+        client = ControlClient(ctx, fleet.endpoint, "h1/daemon", curve=as_worker)
+        answer = client.request(pb.ControlRequest(register=pb.Register(host_id="h1", procs=1)), give_up_after_s=5.0)
+        client.close()
+        assert "this is a fleet (stoker fleet), not a dispatcher" in answer.error.message
+        assert fleet.metrics()["stoker_fleet_dropped_total{reason=misdirected}"] == 1
     finally:
         ctx.destroy(linger=0)
         fleet.stop()

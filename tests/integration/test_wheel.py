@@ -29,13 +29,14 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
     in_tree = {p.relative_to(ROOT).as_posix() for p in (ROOT / "stoker").rglob("*.py")}
     stale = {n for n in names if n.endswith(".py")} - in_tree
     assert not stale, f"the wheel holds modules the tree does not (a stale build/ folder? make clean): {sorted(stale)}"
-    assert any(n.startswith("stoker/pipeline/_jpegcrop") and n.endswith(".so") for n in names), "no crop decoder"
-    assert any(n.startswith("stoker/pipeline/_jpegrestart") and n.endswith(".so") for n in names), "no transcoder"
+    images = "stoker/pipeline/images/"
+    assert any(n.startswith(images + "_jpegcrop") and n.endswith(".so") for n in names), "no crop decoder"
+    assert any(n.startswith(images + "_jpegrestart") and n.endswith(".so") for n in names), "no transcoder"
     assert {"stoker/protos/stoker_pb2.py", "stoker/protos/stoker.proto", "stoker/cli.py", "stoker/loader.py",
             "stoker/local_workers.py", "stoker/transforms.py", "stoker/pipeline/text/examples.py",
             "stoker/accel/control/service.py"} <= set(names)
-    assert {"stoker/py.typed", "stoker/protos/stoker_pb2.pyi", "stoker/pipeline/_jpegcrop.pyi",
-            "stoker/pipeline/_jpegrestart.pyi"} <= set(names)
+    assert {"stoker/py.typed", "stoker/protos/stoker_pb2.pyi", "stoker/pipeline/images/_jpegcrop.pyi",
+            "stoker/pipeline/images/_jpegrestart.pyi"} <= set(names)
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -53,7 +54,7 @@ def test_the_wheel_installs_and_runs_a_job_outside_the_source_tree(manifest, tmp
         "import accel, pipeline, protos, workers\n"
         "from stoker import JobConfig\n"
         "from stoker.transforms import Output, TrainTransform\n"
-        "import stoker, stoker.pipeline._jpegcrop as c, stoker.pipeline._jpegrestart as r\n"
+        "import stoker, stoker.pipeline.images._jpegcrop as c, stoker.pipeline.images._jpegrestart as r\n"
         "assert {m.OWNER for m in (accel, pipeline, protos, workers)} == {'the user'}\n"
         f"job = JobConfig(manifest_uri={manifest.uri!r}, batch_size=8)\n"
         "assert job.batch_size == 8 and TrainTransform(size=96).outputs['image'] == Output('uint8', (96, 96, 3))\n"

@@ -9,14 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.accel.control.fleet_seat import (
-    fleet_endpoint,
-    fleet_key_name,
-    fleet_max_cores,
-    fleet_min_cores,
-    fleet_start_cores,
-    fleet_weight,
-)
+from stoker.accel.control.fleet_seat import FleetSeat
 from stoker.protos import job_secret
 
 
@@ -86,12 +79,7 @@ class DispatchConfig:
                 "JOURNAL.secret, else stoker-job-PORT.secret in $XDG_RUNTIME_DIR or TMPDIR/stoker-UID; a file that "
                 "is not yours with mode 0600 is refused; $STOKER_JOB_SECRET overrides)", "metavar": "FILE"})
     linger_s: float = 5.0  # keep answering "finished" this long after the last ack
-    fleet: str | None = fleet_endpoint()  # None: its own workers, no fleet
-    weight: float = fleet_weight()
-    min_cores: int = fleet_min_cores()
-    max_cores: int | None = fleet_max_cores()
-    fleet_key_name: str = fleet_key_name()
-    fleet_start_cores: float | None = fleet_start_cores()
+    seat: FleetSeat = field(default=FleetSeat(), metadata={"options": True})  # --fleet ...; no fleet by default
 
     def problem(self) -> str | None:
         """What cannot work together in these options (None: all can), said from the field it starts with."""

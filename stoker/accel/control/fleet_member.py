@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from stoker.accel.control.fleet_seat import FleetSeat
 from stoker.pipeline.job import JobConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
@@ -118,18 +119,6 @@ class DemandMeter:
         return self.want, self.reason
 
 
-@dataclass(frozen=True)
-class FleetSeat:
-    """A job's fleet options, as ConsumerConfig and DispatchConfig hold them."""
-
-    fleet: str | None
-    weight: float = 1.0
-    min_cores: int = 0
-    max_cores: int | None = None
-    key_name: str = "job"
-    start_cores: float | None = None
-
-
 def join_fleet(seat: FleetSeat, job: JobConfig, dispatcher: str, need: Callable[[], Need],
                keys: str | None) -> FleetMembership | None:
     """The membership of the job whose dispatcher is at `dispatcher` (None without a fleet); `join()` it."""
@@ -138,32 +127,21 @@ def join_fleet(seat: FleetSeat, job: JobConfig, dispatcher: str, need: Callable[
     reason = ("--fleet-start-cores (or the planner's estimate)" if seat.start_cores is not None
               else "not measured yet: its fair share until its device has stepped")
     client_keys = ClientKeys.load(keys, seat.key_name, JOB) if keys else None
-    return FleetMembership(Seat(seat.fleet, job.job_id, dispatcher, seat.weight, seat.min_cores, seat.max_cores,
-                                job.transform), DemandMeter(seat.start_cores, reason), need, client_keys)
-
-
-@dataclass(frozen=True)
-class Seat:
-    """What the job registers with: who it is and what it is worth."""
-
-    fleet: str
-    job_id: str
-    dispatcher: str  # where workers reach its dispatcher
-    weight: float = 1.0
-    min_cores: int = 0
-    max_cores: int | None = None
-    transform: str = ""
+    return FleetMembership(seat, job.job_id, dispatcher, job.transform, DemandMeter(seat.start_cores, reason), need,
+                           client_keys)
 
 
 class FleetMembership:
-    def __init__(self, seat: Seat, meter: DemandMeter, need: Callable[[], Need],
-                 keys: ClientKeys | None = None) -> None:
-        """`need()`: what the job's ranks measure now, summed (accel.control.serving.server.ControlServer.job_need)."""
-        self.seat = seat
+    def __init__(self, seat: FleetSeat, job_id: str, dispatcher: str, transform: str, meter: DemandMeter,
+                 need: Callable[[], Need], keys: ClientKeys | None = None) -> None:
+        """The job `job_id` (its dispatcher at `dispatcher`, its workers running `transform`) in `seat`;
+        `need()`: what the job's ranks measure now, summed (accel.control.serving.server.ControlServer.job_need)."""
+        self.seat, self.job_id, self.dispatcher, self.transform = seat, job_id, dispatcher, transform
+        self.fleet = seat.fleet or ""
         self.meter = meter
         self.need = need
         self.ctx = zmq.Context()
-        self.client = ControlClient(self.ctx, seat.fleet, f"job/{seat.job_id}", curve=keys, fleet=True)
+        self.client = ControlClient(self.ctx, self.fleet, f"job/{job_id}", curve=keys, fleet=True)
         self.share: pb.FleetShare | None = None  # the fleet's latest answer
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,12 +155,12 @@ class FleetMembership:
             share = self._beat(give_up_after_s=timeout_s)
         except DispatcherUnreachable:
             self.close()
-            raise PeerError(f"no fleet answers at {self.seat.fleet} after {timeout_s:.0f} s "
-                            f"({why_unreachable(self.seat.fleet, fleet=True)})") from None
+            raise PeerError(f"no fleet answers at {self.fleet} after {timeout_s:.0f} s "
+                            f"({why_unreachable(self.fleet, fleet=True)})") from None
         except ConfigError:
             self.close()
             raise
-        log.info("job %s joined the fleet at %s: %s", self.seat.job_id, self.seat.fleet, _share_text(share))
+        log.info("job %s joined the fleet at %s: %s", self.job_id, self.fleet, _share_text(share))
         return share
 
     def start(self) -> None:
@@ -195,12 +173,11 @@ class FleetMembership:
         if self._thread is not None:
             self._thread.join(BEAT_ANSWER_S + 1.0)
         try:
-            self.client.request(pb.ControlRequest(fleet_job=pb.FleetJob(
-                job_id=self.seat.job_id, endpoint=self.seat.dispatcher, weight=self.seat.weight, leaving=True)),
-                give_up_after_s=LEAVE_ANSWER_S)
+            self.client.request(pb.FleetRequest(fleet_job=self.seat.registration(
+                self.job_id, self.dispatcher, leaving=True)), give_up_after_s=LEAVE_ANSWER_S)
         except DispatcherUnreachable:
             log.warning("job %s: the fleet at %s did not hear that the job is over; it frees its processes when the "
-                        "job's beats stop", self.seat.job_id, self.seat.fleet)
+                        "job's beats stop", self.job_id, self.fleet)
         self.close()
 
     def close(self) -> None:
@@ -215,31 +192,27 @@ class FleetMembership:
                 if self._unanswered_since is None:
                     self._unanswered_since = time.monotonic()
                     log.warning("job %s: the fleet at %s does not answer; the job keeps the processes it has",
-                                self.seat.job_id, self.seat.fleet)
+                                self.job_id, self.fleet)
             except ConfigError as exc:
-                log.error("job %s: the fleet refused a beat: %s", self.seat.job_id, exc)
+                log.error("job %s: the fleet refused a beat: %s", self.job_id, exc)
 
     def _beat(self, give_up_after_s: float) -> pb.FleetShare:
         d = self.need()
         want, reason = self.meter.update(d)
-        seat = self.seat
-        beat = pb.FleetJob(job_id=seat.job_id, endpoint=seat.dispatcher, weight=seat.weight,
-                           min_cores=seat.min_cores, want_reason=reason, stall_fraction=d.stall_fraction,
-                           cores_needed=d.cores_needed, cores_in_use=d.cores_in_use,
-                           transform=seat.transform, stage=d.stage if d.measured else "")
-        if seat.max_cores is not None:
-            beat.max_cores = seat.max_cores
+        beat = self.seat.registration(self.job_id, self.dispatcher, self.transform)
+        beat.want_reason, beat.stall_fraction, beat.cores_needed = reason, d.stall_fraction, d.cores_needed
+        beat.cores_in_use, beat.stage = d.cores_in_use, d.stage if d.measured else ""
         if want is not None:
             beat.want_cores = want
-        reply = self.client.request(pb.ControlRequest(fleet_job=beat), give_up_after_s=give_up_after_s,
+        reply = self.client.request(pb.FleetRequest(fleet_job=beat), give_up_after_s=give_up_after_s,
                                     should_stop=lambda: False)
         if reply.WhichOneof("kind") == "error":
-            raise ConfigError(f"the fleet at {seat.fleet} refused job {seat.job_id}: {reply.error.message}")
+            raise ConfigError(f"the fleet at {self.fleet} refused job {self.job_id}: {reply.error.message}")
         if reply.WhichOneof("kind") != "fleet_share":
-            raise PeerError(f"{seat.fleet} answered a fleet beat with {reply.WhichOneof('kind')}: is it a fleet "
+            raise PeerError(f"{self.fleet} answered a fleet beat with {reply.WhichOneof('kind')}: is it a fleet "
                             "(stoker fleet), not a dispatcher?")
         if self._unanswered_since is not None:
-            log.info("job %s: the fleet at %s answers again", seat.job_id, seat.fleet)
+            log.info("job %s: the fleet at %s answers again", self.job_id, self.fleet)
             self._unanswered_since = None
         self._tell(reply.fleet_share)
         self.share = reply.fleet_share
@@ -249,7 +222,7 @@ class FleetMembership:
         """A job asking more than the fleet has runs with what there is, and says so (once per change)."""
         if share.missing and share.missing != self._said_missing:
             log.warning("job %s: the fleet gives it %d worker processes, %d short of what it wants (%s); it runs "
-                        "with what there is", self.seat.job_id, share.target, share.missing, share.reason)
+                        "with what there is", self.job_id, share.target, share.missing, share.reason)
         self._said_missing = share.missing
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from stoker.accel.control.failures import failure_kind
 from stoker.protos.errors import ResourceError
 
 
@@ -31,9 +32,9 @@ class ControlMetrics:
         self.journal_bytes = Gauge("stoker_dispatcher_journal_bytes", "Size of the journal file", registry=r)
         self.refusals = Counter("stoker_dispatcher_refusals", "Worker processes that refused the job (they cannot "
                                 "run its transform as pinned); the first one fails the job", registry=r)
-        self.failure = Gauge("stoker_job_failed", "1 once the job has failed, labelled with why: the first "
-                             "refusal, in one line (host and reason); no sample while it goes on", ["reason"],
-                             registry=r)
+        self.failure = Gauge("stoker_job_failed", "1 once the job has failed, labelled with the kind of its reason "
+                             "(refused, stalled, dispatcher_gone, other; the whole line is in the log); no sample "
+                             "while it goes on", ["reason"], registry=r)
         self.rank_waiting = Gauge("stoker_rank_waiting_seconds", "How long each rank has waited for its next batch "
                                   "(0: it is not waiting; the stall watchdog reports past --stall-report)", ["rank"],
                                   registry=r)
@@ -47,6 +48,10 @@ class ControlMetrics:
         self.control_dropped = Counter("stoker_dispatcher_messages_dropped",
                                        "Control messages dropped as malformed or not allowed to the sender's role",
                                        ["reason"], registry=r)
+
+    def job_failed(self, line: str) -> None:
+        """The job failed with `line` (free text, perhaps a peer's): counted under its kind, never its words."""
+        self.failure.labels(reason=failure_kind(line)).set(1)
 
     def serve(self, port: int, addr: str) -> int:
         """Serve /metrics; returns the bound port (useful with port 0)."""

@@ -25,6 +25,7 @@ import zmq
 import zmq.asyncio
 
 from stoker.accel.control.dispatcher import DispatcherStats
+from stoker.accel.control.failures import dispatcher_gone_line
 from stoker.accel.control.fleet_member import NOT_MEASURED, Need, need_to_proto
 from stoker.accel.control.link import CloseWait
 from stoker.protos import stoker_pb2 as pb
@@ -274,9 +275,7 @@ class RemoteDispatcher:
         silent_s = asyncio.get_running_loop().time() - silent_from
         if self.give_up_s and silent_s >= self.give_up_s and not self._gave_up:
             self._gave_up = True
-            self.on_failure(f"the dispatcher at {self.endpoint} has not answered for {silent_s:.0f} s (--stall-timeout "
-                            f"{self.give_up_s:g} s): rank 0 or the `stoker dispatch` process is gone; this rank "
-                            f"stops. Start the job again from its last checkpoint")
+            self.on_failure(dispatcher_gone_line(self.endpoint, silent_s, self.give_up_s))
 
     async def _connect(self, timeout_s: float) -> bool:
         sock = dealer(self._ctx, self.consumer_id, CONTROL_MESSAGE_BYTES, self.curve, immediate=False)

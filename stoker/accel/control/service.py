@@ -22,20 +22,19 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from stoker.accel.aio import run_until_one_fails
-from stoker.accel.checkpoint import job_fields
 from stoker.accel.control.dispatch_config import DispatchConfig
 from stoker.accel.control.dispatcher import Dispatcher
-from stoker.accel.control.fleet_member import FleetMembership, FleetSeat, join_fleet
+from stoker.accel.control.fleet_member import FleetMembership, join_fleet
 from stoker.accel.control.journal import Journal
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.serving.control_socket import run_service, serving
 from stoker.accel.control.serving.server import AccessPolicy, ControlServer, serve_control
 from stoker.accel.control.watchdog import StallBounds
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.job_wire import job_to_proto
+from stoker.pipeline.job_wire import job_identity, job_to_proto
 from stoker.pipeline.store.shards import Manifest
 from stoker.protos import job_secret
+from stoker.protos.aio import run_until_one_fails
 from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, serves
 from stoker.protos.exposure import check_exposure
@@ -46,10 +45,10 @@ log = logging.getLogger("stoker.dispatcher")
 
 class DispatchService:
     def __init__(self, cfg: DispatchConfig, job: JobConfig) -> None:
-        check_exposure((cfg.control_bind, cfg.metrics_addr), bool(cfg.keys), cfg.insecure,
-                       risk="lease the job's units, attach as a consumer or read its metrics")
+        check_exposure({"control_bind": cfg.control_bind, "metrics_addr": cfg.metrics_addr}, bool(cfg.keys),
+                       cfg.insecure, risk="lease the job's units, attach as a consumer or read its metrics")
         job = job.pin()  # the version of its transform every worker must run, imported here
-        self.journal = Journal(cfg.journal, job_fields(job), os.urandom(KEY_BYTES)) if cfg.journal else None
+        self.journal = Journal(cfg.journal, job_identity(job), os.urandom(KEY_BYTES)) if cfg.journal else None
         if self.journal and self.journal.replayed:  # the same job, under the id its peers know
             job = replace(job, job_id=self.journal.replayed.job["job_id"])
         self.cfg = cfg
@@ -113,8 +112,7 @@ class DispatchService:
         """With --fleet: register the job (no fleet answering fails it here, naming the address) and beat
         what its ranks measure (their acks say it)."""
         cfg = self.cfg
-        membership = join_fleet(FleetSeat(cfg.fleet, cfg.weight, cfg.min_cores, cfg.max_cores, cfg.fleet_key_name,
-                                          cfg.fleet_start_cores), self.job, self.endpoint, server.job_need, cfg.keys)
+        membership = join_fleet(cfg.seat, self.job, self.endpoint, server.job_need, cfg.keys)
         if membership is not None:
             membership.join()
             membership.start()

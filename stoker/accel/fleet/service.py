@@ -6,8 +6,9 @@ processes for each job, and where that job's dispatcher is) and each job with wh
 why. What it decides is in fleet.py (the book) and allocation.py (the shares); this module is the
 socket, the metrics and the log. With keys a host must beat with a worker key and a job with a job
 key (`stoker keys add DIR NAME --role job`); anything else is dropped, counted and answered with one
-line. The fleet moves capacity, never units: it sees no job's units, and a job's processes lease
-from that job's own dispatcher.
+line. Its requests and answers have their own envelope (FleetRequest, FleetReply): a dispatcher's request
+sent here has none of its kinds, and is dropped and counted as any malformed one is. The fleet moves
+capacity, never units: it sees no job's units, and a job's processes lease from that job's own dispatcher.
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from stoker.accel.aio import pump_batches, run_until_one_fails
+from stoker.accel.control.fleet_seat import asked_of
 from stoker.accel.control.metrics import serve_registry
 from stoker.accel.control.serving.control_socket import run_service, serving
 from stoker.accel.control.serving.routing import Asked, Handler, one_line, read_request
 from stoker.accel.fleet.book import Decision, FleetBook, Job
 from stoker.accel.fleet.config import FleetConfig
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.aio import pump_batches, run_until_one_fails
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog
 from stoker.protos.endpoints import advertised, endpoint_problem, serves
@@ -141,34 +143,37 @@ class FleetServer:
         self._log(self.book.expire(self.clock()) + self.book.rebalance(self.clock()))
         self.metrics.update(self.book)
 
+    def _not_a_dispatcher(self, peer: bytes, request_id: int) -> None:
+        """A dispatcher's request, sent here by a worker or a rank given this address as a dispatcher's."""
+        send_nowait(self.socket, [peer, pb.FleetReply(request_id=request_id, error=pb.Error(message=(
+            "this is a fleet (stoker fleet), not a dispatcher: point workers at it with --fleet, and a job's ranks "
+            "at its dispatcher"))).SerializeToString()])
+
     def _handle_one(self, frames: list) -> None:
-        read = read_request(frames, self._drops)
+        read = read_request(frames, pb.FleetRequest, self._drops, misdirected=self._not_a_dispatcher)
         if read is None:
             return
-        peer, request = read
-        handler = FLEET_HANDLERS.get(request.WhichOneof("kind") or "")
+        peer, request, kind = read
+        handler = FLEET_HANDLERS[kind]
         caller = caller_of(frames[1]) if self.keyed else NOBODY
         try:
-            if handler is None:
-                raise _Refused("not_fleet", "this is a fleet (stoker fleet), not a dispatcher: point workers at it "
-                                            "with --fleet, and a job's ranks at its dispatcher")
             self._need(caller, handler.role, handler.needs)
             reply = handler.answer(self, Asked(request, caller, peer, None))
         except _Refused as exc:
             self._drops(exc.reason, peer, str(exc))
-            reply = pb.ControlReply(error=pb.Error(message=str(exc)))
+            reply = pb.FleetReply(error=pb.Error(message=str(exc)))
         except (ConfigError, ValueError) as exc:  # a figure out of range for the wire too
             self._drops("bad_value", peer, str(exc))
-            reply = pb.ControlReply(error=pb.Error(message=str(exc)))
+            reply = pb.FleetReply(error=pb.Error(message=str(exc)))
         reply.request_id = request.request_id
         self._send(peer, reply)
 
-    def _on_host(self, asked: Asked) -> pb.ControlReply:
-        return pb.ControlReply(fleet_plan=self._host(asked.request.fleet_host))
+    def _on_host(self, asked: Asked[pb.FleetRequest]) -> pb.FleetReply:
+        return pb.FleetReply(fleet_plan=self._host(asked.request.fleet_host))
 
-    def _on_job(self, asked: Asked) -> pb.ControlReply:
+    def _on_job(self, asked: Asked[pb.FleetRequest]) -> pb.FleetReply:
         self._own(asked.request.fleet_job.job_id, asked.caller if self.keyed else NOBODY)
-        return pb.ControlReply(fleet_share=self._job(asked.request.fleet_job))
+        return pb.FleetReply(fleet_share=self._job(asked.request.fleet_job))
 
     def _own(self, job_id: str, caller: Caller) -> None:
         """With keys a job id belongs to the key that registered it: no other job key may beat, leave or
@@ -205,8 +210,7 @@ class FleetServer:
             self._log(self.book.job_leaves(beat.job_id, now))
             self._owners.pop(beat.job_id, None)
             return pb.FleetShare(fleet_procs=self.book.capacity(), hosts=len(self.book.hosts), reason="left")
-        job = Job(beat.job_id, beat.weight, beat.min_cores, beat.max_cores if beat.HasField("max_cores") else None,
-                  beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint,
+        job = Job(beat.job_id, *asked_of(beat), beat.want_cores if beat.HasField("want_cores") else None, beat.endpoint,
                   one_line(beat.want_reason[:300]), beat.stall_fraction, beat.cores_needed, beat.cores_in_use,
                   one_line(beat.transform[:300]), beat.stage)
         self._log(self.book.job_beat(job, now))
@@ -214,7 +218,7 @@ class FleetServer:
         return pb.FleetShare(target=share.target, holding=share.holding, missing=share.missing,
                              fleet_procs=share.fleet_procs, hosts=share.hosts, reason=share.reason)
 
-    def _send(self, peer: bytes, reply: pb.ControlReply) -> None:
+    def _send(self, peer: bytes, reply: pb.FleetReply) -> None:
         if send_nowait(self.socket, [peer, reply.SerializeToString()]) is not None:  # the asker is gone: it asks again
             self._drops("unroutable", peer)
 
@@ -224,8 +228,8 @@ class FleetServer:
             log.info("%s", decision.text)
 
 
-# the kinds of request a fleet answers, and who may send each (any other kind is refused: not_fleet)
-FLEET_HANDLERS: dict[str, Handler[FleetServer]] = {
+# every kind of FleetRequest (stoker/protos/stoker.proto's oneof), and who may send each
+FLEET_HANDLERS: dict[str, Handler[FleetServer, pb.FleetReply]] = {
     "fleet_host": Handler(FleetServer._on_host, WORKER, needs="a worker key"),
     "fleet_job": Handler(FleetServer._on_job, JOB, needs="a job key (stoker keys add DIR NAME --role job)"),
 }
@@ -248,7 +252,7 @@ def _check_name(what: str, value: str) -> None:
 
 class FleetService:
     def __init__(self, cfg: FleetConfig) -> None:
-        check_exposure((cfg.bind, cfg.metrics_addr), bool(cfg.keys), cfg.insecure,
+        check_exposure({"bind": cfg.bind, "metrics_addr": cfg.metrics_addr}, bool(cfg.keys), cfg.insecure,
                        risk="register as a host or a job, or read the fleet's metrics")
         self.cfg = cfg
         self.book = FleetBook(cfg.host_timeout_s, cfg.job_timeout_s, cfg.round_s, cfg.max_moves)

@@ -2,7 +2,7 @@
 
 Shards are read memory-mapped: a JPEG handed to the decoder is a view into the mapped file,
 never a copy made by Stoker. `restarts` is the restart-interval index of a JPEG that
-`stoker prepare` transcoded (stoker/pipeline/restart_index.h), null for one it kept as it was;
+`stoker prepare` transcoded (stoker/pipeline/images/restart_index.h), null for one it kept as it was;
 shards written before the index (three columns, manifest version 1) are read as all null.
 Any `pyarrow.fs` URI can hold shards; a remote shard is fetched once per host into a local
 cache and mapped from there (pipeline.store.shard_cache). A shard opened with its manifest entry is
@@ -36,7 +36,7 @@ IMAGE_SCHEMA = PLAIN_IMAGE_SCHEMA.append(pa.field("restarts", pa.binary()))
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2  # 2: image shards carry the `restarts` column; 1 (still read): they do not
 READABLE_VERSIONS = (1, 2)
-RESTART_INDEX_VERSION = 1  # the layout stoker/pipeline/restart_index.h describes
+RESTART_INDEX_VERSION = 1  # the layout stoker/pipeline/images/restart_index.h describes
 # What an image set's `jpeg` column holds: JPEGs prepare checked (and transcoded), or bytes it stored
 # as given (`stoker prepare ... --records bytes`), which only a transform that decodes them can use.
 RECORD_KINDS = ("jpeg", "bytes")

@@ -11,8 +11,8 @@ import pytest
 import stoker_trivialaugment
 from stoker_trivialaugment import NUM_BINS, OPS, TrivialAugmentWide, draw
 
-from stoker.pipeline.augment import TrainTransform, jpeg_size
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import TrainTransform, jpeg_size
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import ShardReader

@@ -21,7 +21,7 @@ class Half:
     takes = "crop"
 
     def __init__(self, side: int = 112) -> None:
-        from stoker.pipeline.augment import EvalTransform
+        from stoker.pipeline.images.augment import EvalTransform
 
         self.crop_size, self._eval = side, EvalTransform(size=side)
         self.outputs = {"image": Output("uint8", (side, side, 3))}

@@ -168,3 +168,39 @@ def test_a_config_s_problem_is_said_as_the_flag_of_its_field():
     assert as_flag_problem(JobConfig, "--drop-last applies to imagenet jobs only") == \
         "argument --drop-last: applies to imagenet jobs only"
     assert as_flag_problem(ConsumerConfig, "nothing a field names") == "nothing a field names"
+
+
+@dataclass(frozen=True)
+class Inner:
+    weight: float = field(default=1.0, metadata={"help": "weight", "check": "above-zero"})
+    key_name: str = field(default="job", metadata={"help": "its key", "flag": "--inner-key", "dest": "inner_key"})
+
+    def __post_init__(self) -> None:
+        if self.weight > 10:
+            from stoker.protos.errors import ConfigError
+
+            raise ConfigError(f"weight must be at most 10, not {self.weight}")
+
+
+@dataclass(frozen=True)
+class Holder:
+    key_name: str = field(default="me", metadata={"help": "my key"})
+    inner: Inner = field(default=Inner(), metadata={"options": True})
+
+
+def test_a_held_config_s_options_are_its_holder_s_and_make_it_back_whole():
+    from stoker.configured import command_line, flag_of
+    from stoker.protos.errors import ConfigError
+
+    assert [(o.name, o.flag, o.within) for o in options_of(Holder)] == [
+        ("key_name", "--key-name", None), ("weight", "--weight", "inner"), ("key_name", "--inner-key", "inner")]
+    assert [o.flag for o in options_of(Holder, ["inner"])] == ["--weight", "--inner-key"]
+    p = Parser(prog="demo")
+    add_options(p, Holder)
+    made = config_of(Holder, p.parse_args(["--weight", "2", "--inner-key", "k", "--key-name", "x"]))
+    assert made == Holder("x", Inner(2.0, "k"))
+    assert config_of(Holder, p.parse_args([])) == Holder()
+    assert command_line(made) == ["--key-name=x", "--weight=2.0", "--inner-key=k"]
+    assert flag_of(Holder, "key_name") == "--key-name" and flag_of(Holder, "inner_key") == "--inner-key"
+    with pytest.raises(ConfigError, match="at most 10"):  # the held config's own check, as it is made
+        config_of(Holder, p.parse_args(["--weight", "11"]))

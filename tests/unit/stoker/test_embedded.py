@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from stoker import embedded
 from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.summary import Summary, job_totals
-from stoker.embedded import cores_answer, cores_line, print_summary
+from stoker.embedded import cores_answer, cores_line, print_summary, run_manifest
 
 
 def _rank(rows: int = 2000, cpu: float = 4.0, step: float = 8.0, **more) -> Summary:
@@ -99,3 +100,12 @@ def test_the_null_device_and_a_run_too_short_to_judge_size_nothing_in_the_json(t
     assert data["cores"]["cores_needed"] == pytest.approx(5 / 500)
     busy = [line for line in capsys.readouterr().out.splitlines() if line.startswith("worker CPU: ")]
     assert busy[-1].startswith("worker CPU: 0.5 cores busy on average")  # 4 CPU-seconds over 8 s, not the window's 0
+
+
+def test_a_run_reads_the_manifest_given_else_its_datasets_default_set(monkeypatch, tmp_path):
+    made = []
+    monkeypatch.setattr(embedded, "default_manifest",
+                        lambda dataset, images, progress: made.append((dataset, images, progress)) or tmp_path / "m")
+    assert run_manifest("given.json", "imagenet", 100) == "given.json" and made == []
+    assert run_manifest(None, "wikipedia", 100, progress=False) == str(tmp_path / "m")
+    assert made == [("wikipedia", 100, False)]

@@ -150,9 +150,10 @@ def test_the_consumers_options_reach_its_config_under_the_fields_names():
 
 
 def test_the_job_options_reach_the_job_under_the_fields_names():
-    fields = options.job_fields(parse("run", "--epochs", "2", "--transform-timeout", "5", "--decoder", "pillow",
-                                      "--checksum", "--seq-len", "256", "--pack", "--crop-area", "torchvision"))
-    assert (fields["epochs"], fields["transform_timeout_s"], fields["decoder"], fields["checksum"]) == \
-        (2, 5.0, "pillow", True)
-    assert fields["text"] == TextConfig(seq_len=256, pack=True) and (fields["min_area"], fields["max_area"]) == \
-        (0.08, 1.0)
+    args = parse("run", "--epochs", "2", "--transform-timeout", "5", "--decoder", "pillow", "--checksum",
+                 "--seq-len", "256", "--pack", "--crop-area", "torchvision", "--dataset", "imagenet")
+    job = options.job_config(args, manifest_uri="default/manifest.json")  # `stoker run` resolves its own manifest
+    assert (job.manifest_uri, job.epochs, job.transform_timeout_s, job.decoder, job.checksum) == \
+        ("default/manifest.json", 2, 5.0, "pillow", True)
+    assert job.text == TextConfig(seq_len=256, pack=True) and (job.min_area, job.max_area) == (0.08, 1.0)
+    assert job.pinned

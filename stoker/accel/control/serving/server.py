@@ -31,7 +31,6 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from stoker.accel.aio import pump_batches
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.fleet_member import Need
 from stoker.accel.control.metrics import ControlMetrics
@@ -54,6 +53,7 @@ from stoker.accel.control.serving.stall_report import StallReporter
 from stoker.accel.control.serving.worker_handlers import MAX_QUERIED_UNITS, WorkerHandlers
 from stoker.accel.control.watchdog import StallBounds, Watchdog
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.aio import pump_batches
 from stoker.protos.curve import CONSUMER, NOBODY, WORKER, Caller, caller_of
 from stoker.protos.droplog import DropLog
 from stoker.protos.leases import LeaseSigner
@@ -148,13 +148,19 @@ class ControlServer:
                 self._send(peer, payload)
             self.update_gauges()
 
+    def _not_a_fleet(self, peer: bytes, request_id: int) -> None:
+        """A fleet's request, sent here by a daemon or a job given this address as a fleet's: say what this is."""
+        self._send(peer, pb.ControlReply(request_id=request_id, error=pb.Error(message=(
+            f"this is job {self.job.job_id}'s dispatcher, not a fleet (stoker fleet): a worker of this job alone "
+            "takes --dispatcher here, a fleet's worker and a job take --fleet at the fleet's address"))
+        ).SerializeToString())
+
     def _handle_one(self, frames: list) -> None:
-        read = read_request(frames, self._drop, self._spoke)
+        read = read_request(frames, pb.ControlRequest, self._drop, self._spoke, self._not_a_fleet)
         if read is None:
             return
-        peer, request = read
-        kind = request.WhichOneof("kind")
-        if kind is None or too_long(getattr(request, kind)):
+        peer, request, kind = read
+        if too_long(getattr(request, kind)):
             self._drop("bad_header", peer)
             return
         caller = caller_of(frames[1]) if self.access.keyed else NOBODY
@@ -209,7 +215,7 @@ class ControlServer:
         """The job fails with `line`, everywhere it is watched: the log, the metric, every rank."""
         if self.dispatcher.fail(line):
             log.error("the job fails: %s", line)
-            self.metrics.failure.labels(reason=line).set(1)
+            self.metrics.job_failed(line)
             self.on_failure(line)
 
     # ---- connections ---------------------------------------------------------------------
@@ -265,7 +271,7 @@ class ControlServer:
 
 
 # every kind of ControlRequest (stoker/protos/stoker.proto's oneof; a test checks the two agree)
-HANDLERS: dict[str, Handler[ControlServer]] = {
+HANDLERS: dict[str, Handler[ControlServer, pb.ControlReply]] = {
     "register": Handler(lambda s, a: s.workers.on_register(a), WORKER),
     "heartbeat": Handler(lambda s, a: s.workers.on_heartbeat(a), WORKER),
     "lease": Handler(lambda s, a: s.workers.on_lease(a), WORKER),
@@ -273,8 +279,6 @@ HANDLERS: dict[str, Handler[ControlServer]] = {
     "refuse": Handler(lambda s, a: s.workers.on_refuse(a), WORKER),
     "hung": Handler(lambda s, a: s.workers.on_hung(a), WORKER),
     "poison": Handler(lambda s, a: s.workers.on_poison(a), WORKER),
-    "fleet_host": Handler(lambda s, a: s.workers.on_fleet_beat(a), WORKER),  # misdirected: answered with what this is
-    "fleet_job": Handler(lambda s, a: s.workers.on_fleet_beat(a), WORKER),
     "attach": Handler(lambda s, a: s.ranks.on_attach(a), CONSUMER),
     "ack": Handler(lambda s, a: s.ranks.on_ack(a), CONSUMER, attached=True),
     "epoch_steps": Handler(lambda s, a: s.ranks.on_epoch_steps(a), CONSUMER, attached=True),

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.failures import stalled_line
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.serving.routing import one_line
 from stoker.accel.control.watchdog import Watchdog
@@ -62,7 +63,7 @@ class StallReporter:
                                               sample=str(h.sample_id) if h.sample_id >= 0 else "").set(h.for_s)
         now = self.now()
         if bounds.fail_s and stall.waited_s >= bounds.fail_s and stall.has_work:
-            return f"no batch for {stall.waited_s:.0f} s (--stall-timeout {bounds.fail_s:g}): {line}"
+            return stalled_line(stall.waited_s, bounds.fail_s, line)
         if self._said_at is None or now - self._said_at >= bounds.report_s:
             self._said_at = now
             log.error("stalled: %s%s", line, f" (the job fails at {bounds.fail_s:g} s: --stall-timeout)"

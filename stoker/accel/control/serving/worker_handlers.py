@@ -1,5 +1,6 @@
 """The control server's answers to worker daemons and processes: register, heartbeat, lease, release,
-refuse, hung, poison (and a fleet's beat sent here by mistake). One method per request kind, each
+refuse, hung, poison (a fleet's beat sent here by mistake is no request of this envelope: dropped
+unread, accel.control.serving.routing). One method per request kind, each
 taking the request as a handler sees it (accel.control.serving.routing.Asked); the control server
 (accel.control.serving.server) routes to them and sends what they return.
 """
@@ -10,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.failures import refused_line
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.serving.connections import Connections
 from stoker.accel.control.serving.host_ids import HostIds
@@ -39,13 +41,6 @@ class WorkerHandlers:
         self.fail = fail
         self.told_finished: set[str] = set()  # hosts that have heard "finished"
         self._unreachable: set[tuple[str, int]] = set()  # (host, rank) pairs reported as unable to reach the rank
-
-    def on_fleet_beat(self, asked: Asked) -> pb.ControlReply:
-        """A fleet's message, sent here by a daemon or a job given this address as a fleet's."""
-        return pb.ControlReply(error=pb.Error(message=f"this is job {self.job.job_id}'s dispatcher, not a fleet "
-                                                      "(stoker fleet): a worker of this job alone takes --dispatcher "
-                                                      "here, a fleet's worker and a job take --fleet at the fleet's "
-                                                      "address"))
 
     def on_register(self, asked: Asked) -> pb.ControlReply:
         d, register = self.dispatcher, asked.request.register
@@ -136,7 +131,7 @@ class WorkerHandlers:
         if refusal.job_id and refusal.job_id != self.job.job_id:
             return self._other_job()
         self.metrics.refusals.inc()
-        self.fail(f"host {refusal.host_id[:MAX_NAME]} refused the job: {one_line(refusal.reason[:1000])}")
+        self.fail(refused_line(refusal.host_id[:MAX_NAME], one_line(refusal.reason[:1000])))
         return pb.ControlReply(ok=pb.Ok())
 
     def hosts_not_told(self) -> set[str]:

@@ -33,6 +33,9 @@ def _refused(argv: list[str], capsys) -> str:
      "train: argument --fleet: the job registers where its dispatcher runs"),
     (["worker"], "worker: argument --dispatcher: give one of"),
     (["run", "--metrics-addr", "0.0.0.0"], "run: argument --metrics-addr: 0.0.0.0 is beyond loopback"),
+    (["fleet", "--bind", "tcp://10.0.0.2:5570"], "fleet: argument --bind: tcp://10.0.0.2:5570 is beyond loopback; "
+     "without CURVE keys anyone who reaches it could act on the job: pass --keys DIR, or --insecure on a trusted "
+     "network"),  # the configs' rule (protos.exposure), its field said as the flag, in the words users saw before
 ])
 def test_a_rule_is_said_with_the_flag_it_refuses(argv, says, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)

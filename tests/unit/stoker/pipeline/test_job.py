@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.text.examples import TextConfig
 

@@ -6,9 +6,9 @@ from dataclasses import fields
 
 import pytest
 
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
-from stoker.pipeline.job_wire import job_from_proto, job_to_proto
+from stoker.pipeline.job_wire import job_from_proto, job_identity, job_to_proto
 from stoker.pipeline.text.examples import TextConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError, PeerError
@@ -51,3 +51,14 @@ def test_a_job_from_the_wire_that_cannot_hold_is_the_peers_error_in_the_jobs_own
     with pytest.raises(PeerError) as raised:
         job_from_proto(spec)
     assert not isinstance(raised.value, ConfigError) and "corrupt" in str(raised.value)
+
+
+def test_a_jobs_identity_names_what_decides_its_samples_bytes_by_kind():
+    """Another crop size is another image job; another sequence length another text job; the text settings
+    are no part of an image job's identity, nor the crop of a text job's."""
+    images = job_identity(JobConfig(manifest_uri="m", image_size=160, world_size=2))
+    assert images["image_size"] == 160 and images["world_size"] == 2 and "text" not in images
+    assert images != job_identity(JobConfig(manifest_uri="m", image_size=192, world_size=2))
+    text = job_identity(JobConfig(manifest_uri="m", dataset="wikipedia", text=TextConfig(seq_len=128)))
+    assert text["text"]["seq_len"] == 128 and "image_size" not in text
+    assert text != job_identity(JobConfig(manifest_uri="m", dataset="wikipedia", text=TextConfig(seq_len=512)))

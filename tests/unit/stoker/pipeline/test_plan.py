@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.pipeline.augment import TrainTransform
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import TrainTransform
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
 from stoker.pipeline.store.shards import Manifest, ShardInfo, ShardReader
 

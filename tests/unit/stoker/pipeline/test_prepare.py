@@ -16,8 +16,8 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from stoker.pipeline.augment import TrainTransform, decode_augment
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import TrainTransform, decode_augment
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.prepare import (
     CORRUPT_KIND,

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from stoker.pipeline.augment import EvalTransform, TrainTransform
+from stoker.pipeline.images.augment import EvalTransform, TrainTransform
 from stoker.pipeline.transforms import (
     Output,
     TransformError,
@@ -218,7 +218,7 @@ class _Unprintable(Exception):
     (_Unprintable(), "transform raised _Unprintable: (its text cannot be made)"),
 ])
 def test_whatever_a_transform_raises_skips_the_sample_and_never_the_process(exc, says):
-    from stoker.pipeline.batching import HostTransform, TransformFailed
+    from stoker.pipeline.images.batching import HostTransform, TransformFailed
     from stoker.pipeline.transforms import Sample
 
     with pytest.raises(TransformFailed) as failed:
@@ -229,7 +229,7 @@ def test_whatever_a_transform_raises_skips_the_sample_and_never_the_process(exc,
 def test_a_transform_that_swallows_the_timeout_is_interrupted_again():
     import time
 
-    from stoker.pipeline.batching import HostTransform, TransformFailed
+    from stoker.pipeline.images.batching import HostTransform, TransformFailed
     from stoker.pipeline.transforms import Sample
 
     class Stubborn(_Raises):

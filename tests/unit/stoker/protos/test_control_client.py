@@ -109,3 +109,23 @@ def test_a_dispatcher_that_comes_up_late_is_asked_as_soon_as_it_listens(ctx):
     finally:
         stop.set()
         server.join(5)
+
+
+def test_a_fleet_request_is_answered_in_the_fleet_s_envelope(ctx):
+    """A FleetRequest's answer is read as a FleetReply (its kinds are no ControlReply's), a ControlRequest's as a
+    ControlReply."""
+    endpoint, stop = f"tcp://127.0.0.1:{free_port()}", threading.Event()
+
+    def answer(request, seen):  # the request as a ControlRequest: a fleet's kind is an unknown field of it
+        return [pb.FleetReply(request_id=request.request_id, fleet_share=pb.FleetShare(target=3))]
+
+    server = _dispatcher(ctx, endpoint, answer, stop)
+    try:
+        client = ControlClient(ctx, endpoint, "job/j", reply_timeout_s=1.0, fleet=True)
+        reply = client.request(pb.FleetRequest(fleet_job=pb.FleetJob(job_id="j")), give_up_after_s=10)
+        assert isinstance(reply, pb.FleetReply) and reply.WhichOneof("kind") == "fleet_share"
+        assert reply.fleet_share.target == 3 and server.seen[0].WhichOneof("kind") is None
+        client.close()
+    finally:
+        stop.set()
+        server.join(5)

@@ -16,7 +16,8 @@ from stoker.workers.worker_config import WorkerConfig, most_procs
 
 @pytest.mark.parametrize("cfg, says", [(WorkerConfig(procs=0), "--procs must be 1 to"),
                                        (WorkerConfig(procs=most_procs() + 1), "--procs must be 1 to"),
-                                       (WorkerConfig(metrics_addr="0.0.0.0"), "refusing to bind 0.0.0.0")])
+                                       (WorkerConfig(metrics_addr="0.0.0.0"),
+                                        "metrics_addr: 0.0.0.0 is beyond loopback")])
 def test_settings_the_host_cannot_serve_with_are_refused_at_start(cfg, says):
     with pytest.raises(ConfigError, match=says):
         check_host_settings(cfg)

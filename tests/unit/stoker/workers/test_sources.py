@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from stoker.accel.schema import schema_of
-from stoker.pipeline.augment import DECODE_PATHS
+from stoker.pipeline.images.augment import DECODE_PATHS
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.store.shard_cache import CacheConfig

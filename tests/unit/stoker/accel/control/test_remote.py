@@ -9,6 +9,7 @@ import time
 
 import zmq.asyncio
 
+from stoker.accel.control.failures import DISPATCHER_GONE, failure_kind
 from stoker.accel.control.remote import RemoteDispatcher
 from stoker.protos import stoker_pb2 as pb
 from tests.helpers import free_port
@@ -44,6 +45,7 @@ def test_a_rank_whose_dispatcher_is_gone_fails_the_job_once_after_the_stall_time
     assert len(failures) == 1 and 1.0 <= after_s < 2.5
     assert "has not answered for 1 s (--stall-timeout 1 s): rank 0 or the `stoker dispatch` process is gone" \
         in failures[0] and "from its last checkpoint" in failures[0]
+    assert failure_kind(failures[0]) == DISPATCHER_GONE
 
 
 def test_with_no_stall_timeout_a_rank_waits_for_its_dispatcher_to_come_back():

@@ -9,7 +9,7 @@ def test_frames_that_are_not_one_request_are_dropped_by_reason_and_a_good_one_is
     drops, heard = [], []
 
     def read(frames):
-        return read_request(frames, lambda reason, peer: drops.append((reason, peer)),
+        return read_request(frames, pb.ControlRequest, lambda reason, peer: drops.append((reason, peer)),
                             lambda peer, frame: heard.append(peer))
 
     assert read([b"p", b"a", b"b"]) is None and read([b"p", b"x" * (MAX_HEADER_BYTES + 1)]) is None
@@ -17,8 +17,41 @@ def test_frames_that_are_not_one_request_are_dropped_by_reason_and_a_good_one_is
     assert drops == [("bad_frames", b"p"), ("bad_frames", b"p"), ("bad_header", b"p")]
     assert heard == [b"p"]  # heard before the parse, after the frames were counted
     request = pb.ControlRequest(request_id=3, heartbeat=pb.Heartbeat(host_id="h"))
-    peer, parsed = read([b"q", request.SerializeToString()])
-    assert peer == b"q" and parsed == request
+    peer, parsed, kind = read([b"q", request.SerializeToString()])
+    assert peer == b"q" and parsed == request and kind == "heartbeat"
+
+
+def test_a_request_in_the_other_service_s_envelope_has_no_kind_here_and_is_dropped():
+    """The dispatcher's ControlRequest and the fleet's FleetRequest share no kind: a request sent to the wrong
+    service is dropped and counted as a malformed one, in both directions; a request of no kind too."""
+    drops = []
+
+    def read(envelope, message, misdirected=None):
+        return read_request([b"p", message.SerializeToString()], envelope, lambda reason, peer: drops.append(reason),
+                            misdirected=misdirected)
+
+    fleet_beat = pb.FleetRequest(request_id=1, fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://a:1", weight=2.0))
+    host_beat = pb.FleetRequest(request_id=2, fleet_host=pb.FleetHost(host_id="h", procs=2))
+    register = pb.ControlRequest(request_id=3, register=pb.Register(host_id="h", procs=2))
+    attach = pb.ControlRequest(request_id=4, attach=pb.Attach(consumer_id="c"), job_credential=b"s" * 64)
+    for envelope, message in ((pb.ControlRequest, fleet_beat), (pb.ControlRequest, host_beat),
+                              (pb.FleetRequest, register), (pb.FleetRequest, attach),
+                              (pb.FleetRequest, pb.FleetRequest(request_id=5))):
+        assert read(envelope, message) is None
+    assert drops == ["bad_header"] * 5
+    # a service that says what it is: the other service's requests are counted misdirected and their senders told
+    told: list[tuple[bytes, int]] = []
+    for envelope, message in ((pb.ControlRequest, fleet_beat), (pb.FleetRequest, register),
+                              (pb.FleetRequest, pb.FleetRequest(request_id=5))):
+        assert read(envelope, message, lambda peer, request_id: told.append((peer, request_id))) is None
+    assert drops[5:] == ["misdirected", "misdirected", "bad_header"] and told == [(b"p", 1), (b"p", 3)]
+    assert read(pb.FleetRequest, fleet_beat)[1:] == (fleet_beat, "fleet_job")
+    assert read(pb.FleetRequest, host_beat)[2] == "fleet_host"
+    # the fleet's kinds keep the numbers they had in ControlRequest: a host's or a job's bytes are what they were
+    assert [f.number for f in pb.FleetRequest.DESCRIPTOR.oneofs_by_name["kind"].fields] == [12, 13]
+    assert [f.number for f in pb.FleetReply.DESCRIPTOR.oneofs_by_name["kind"].fields] == [7, 13, 14]
+    assert not {f.number for f in pb.ControlRequest.DESCRIPTOR.fields} & {12, 13}
+    assert not {f.number for f in pb.ControlReply.DESCRIPTOR.fields} & {13, 14}
 
 
 def test_names_too_long_or_with_control_characters_and_one_line_text():

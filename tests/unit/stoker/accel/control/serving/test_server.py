@@ -282,6 +282,18 @@ def test_a_daemon_of_an_earlier_run_of_the_same_job_is_told_to_register_again():
     assert beat.WhichOneof("kind") == "ok"
 
 
+def test_a_fleet_s_request_sent_to_the_dispatcher_is_counted_and_answered_with_what_this_is():
+    server, sock = make_server()
+    beat = pb.FleetRequest(request_id=1, fleet_job=pb.FleetJob(job_id="j", endpoint="tcp://127.0.0.1:1", weight=1.0))
+    host = pb.FleetRequest(request_id=2, fleet_host=pb.FleetHost(host_id="h0", procs=2))
+    for request in (beat, host):
+        server.handle([b"p", request.SerializeToString()])
+    assert server.dropped.get("misdirected") == 2 and server.dispatcher.stats().hosts_alive == 0
+    answers = [pb.FleetReply.FromString(frames[-1]) for frames in sock.sent]  # as the fleet's client reads them
+    assert [a.request_id for a in answers] == [1, 2]
+    assert all("dispatcher, not a fleet (stoker fleet)" in a.error.message for a in answers)
+
+
 def test_a_name_that_could_forge_a_log_line_is_dropped():
     server, sock = make_server()
     for host in ("h0\n2026-12-03 dispatcher INFO host h9 registered", "h0\x1b[2K"):
@@ -317,7 +329,6 @@ def test_every_control_request_of_the_proto_has_one_handler_that_says_who_may_se
     kinds = {f.name for f in pb.ControlRequest.DESCRIPTOR.oneofs_by_name["kind"].fields}
     assert set(HANDLERS) == kinds
     assert {kind for kind, h in HANDLERS.items() if h.role == WORKER} == {"register", "heartbeat", "lease", "release",
-                                                                           "refuse", "hung", "poison", "fleet_host",
-                                                                           "fleet_job"}
+                                                                           "refuse", "hung", "poison"}
     assert all(h.role in (WORKER, CONSUMER) for h in HANDLERS.values())
     assert all(h.role == CONSUMER for h in HANDLERS.values() if h.attached)  # only a consumer attaches

@@ -4,6 +4,7 @@ failure line past the stall timeout, and the metrics."""
 import logging
 
 from stoker.accel.control.dispatcher import Dispatcher
+from stoker.accel.control.failures import STALLED, failure_kind
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.serving.stall_report import StallReporter
 from stoker.accel.control.watchdog import StallBounds, Watchdog
@@ -65,5 +66,6 @@ def test_the_stall_line_is_said_once_per_report_bound_and_the_job_fails_past_the
     reporter.watchdog.rank_waiting(0, 310)
     failure = reporter.watch(dispatcher)
     assert failure is not None and failure.startswith("no batch for 310 s (--stall-timeout 300): rank 0 has waited")
+    assert failure_kind(failure) == STALLED  # what stoker_job_failed counts it under
     reporter.watchdog.rank_waiting(0, 0)
     assert reporter.watch(dispatcher) is None and dispatcher.stall == ""

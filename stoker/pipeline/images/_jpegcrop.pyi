@@ -1,4 +1,5 @@
-# The C extension's interface (stoker/pipeline/_jpegcrop.c), for type checkers: a compiled module has no source to read.
+# The C extension's interface (stoker/pipeline/images/_jpegcrop.c), for type checkers: a compiled module
+# has no source to read.
 """Crop-window JPEG decoding with libjpeg-turbo."""
 
 from typing import Literal

@@ -1,4 +1,4 @@
-"""stoker/pipeline/batching.py: the job's transform run on every sample of a unit, and its batches."""
+"""stoker/pipeline/images/batching.py: the job's transform run on every sample of a unit, and its batches."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from stoker.pipeline.augment import TrainTransform, decode_augment
-from stoker.pipeline.batching import HostTransform, unit_batches
+from stoker.pipeline.images.augment import TrainTransform, decode_augment
+from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import Manifest, ShardReader

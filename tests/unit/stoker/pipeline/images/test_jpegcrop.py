@@ -1,4 +1,4 @@
-"""The crop-window decoder (pipeline._jpegcrop) against the pillow-simd path, its fallback, and what it makes of
+"""The crop-window decoder (pipeline.images._jpegcrop) against the pillow-simd path, its fallback, and what it makes of
 a corrupt scan."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stoker.pipeline import augment
-from stoker.pipeline.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
+from stoker.pipeline.images import augment
+from stoker.pipeline.images.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import ShardReader
 from tests.corrupt_jpegs import garbled, truncated, without_eoi
@@ -70,8 +70,8 @@ def test_crop_decoder_reports_truncation_inside_the_window(manifest):
 
 def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
     code = (
-        "import sys; sys.modules['stoker.pipeline._jpegcrop'] = None\n"
-        "from stoker.pipeline import augment\n"
+        "import sys; sys.modules['stoker.pipeline.images._jpegcrop'] = None\n"
+        "from stoker.pipeline.images import augment\n"
         "from stoker.pipeline.seeds import sample_random\n"
         "from stoker.pipeline.store.shards import Manifest, ShardReader\n"
         "assert not augment.CROP_DECODER_AVAILABLE\n"
@@ -88,7 +88,7 @@ def test_without_the_extension_every_decoder_falls_back_to_pillow(manifest):
 
 def test_an_m_over_8_scale_gives_libjpegs_size_and_a_bad_scale_is_refused(manifest):
     """The M/8 scales benchmarks/dct_scale.py measures: output ceil(size * M / 8); others refused."""
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     data = bytes(ShardReader(manifest.shard_uri(0)).jpeg(0))
     width, height = _jpegcrop.header(data)[:2]
@@ -108,7 +108,7 @@ def _rgb(out: tuple) -> np.ndarray:
 
 def test_strict_refuses_a_garble_below_the_window_that_lenient_never_reads(manifest):
     """A garbled scan is mostly noticed at its end: strict, the decoder entropy-decodes on past the window."""
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     original = _jpeg_from_pillow(manifest)
     data = garbled(original)
@@ -127,7 +127,7 @@ def test_strict_trusts_a_restart_index_and_reads_the_whole_scan_when_it_does_not
     """Only `stoker prepare`'s transcoder writes an index, and only for a file libjpeg decoded without a
     warning: a window spliced through it is not read past its band. An index that does not fit the file
     (rejected) leaves the file unchecked, so the whole scan is read."""
-    from stoker.pipeline import _jpegcrop, _jpegrestart
+    from stoker.pipeline.images import _jpegcrop, _jpegrestart
 
     jpeg, index, _ = _jpegrestart.transcode(_jpeg_from_pillow(manifest), 32)
     width, height = _jpegcrop.header(jpeg)[:2]
@@ -141,7 +141,7 @@ def test_strict_trusts_a_restart_index_and_reads_the_whole_scan_when_it_does_not
 
 
 def test_scan_hears_what_libjpeg_says_of_every_flavour(manifest):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     for key, data in _flavours(manifest)[:80] + _flavours(manifest)[-40:]:
         assert _jpegcrop.scan(data) is None, key
@@ -153,7 +153,7 @@ def test_scan_hears_what_libjpeg_says_of_every_flavour(manifest):
 
 
 def test_three_channels_are_the_rgbx_pixels_without_their_fourth_byte(manifest):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     data = bytes(ShardReader(manifest.shard_uri(0)).jpeg(2))
     width, height = _jpegcrop.header(data)[:2]

@@ -1,4 +1,4 @@
-# The C extension's interface (stoker/pipeline/_jpegrestart.c), for type checkers: a compiled module has no
+# The C extension's interface (stoker/pipeline/images/_jpegrestart.c), for type checkers: a compiled module has no
 # source to read.
 """Lossless restart-marker transcoding with libjpeg-turbo."""
 

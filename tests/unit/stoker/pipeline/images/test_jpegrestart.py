@@ -1,5 +1,5 @@
-"""The restart-marker transcoder (pipeline._jpegrestart) and the crop decoder's splice of the
-intervals a window touches (pipeline._jpegcrop with a restart index)."""
+"""The restart-marker transcoder (pipeline.images._jpegrestart) and the crop decoder's splice of the
+intervals a window touches (pipeline.images._jpegcrop with a restart index)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stoker.pipeline import augment, prepare
+from stoker.pipeline import prepare
+from stoker.pipeline.images import augment
 from stoker.pipeline.store.shards import RESTART_INDEX_VERSION
 from stoker.pipeline.store.stats import image_files
 
@@ -29,7 +30,7 @@ def _jpeg(image: Image.Image, **options) -> bytes:
 @pytest.fixture(scope="module")
 def photos(raw_images) -> list[bytes]:
     """Baseline files of the test set, plus 4:4:4, 4:2:2, greyscale, odd-sized and progressive re-encodings."""
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     files = [p.read_bytes() for p in image_files(raw_images)]
     plain = [d for d in files if not _jpegcrop.header(d)[4] and _jpegcrop.header(d)[3] in ("ycbcr", "gray")][:24]
@@ -42,7 +43,7 @@ def photos(raw_images) -> list[bytes]:
 
 
 def _transcode(data: bytes) -> tuple[bytes, bytes]:
-    from stoker.pipeline import _jpegrestart
+    from stoker.pipeline.images import _jpegrestart
 
     jpeg, restarts, _ = _jpegrestart.transcode(data, INTERVAL_PX)
     return jpeg, restarts
@@ -74,7 +75,7 @@ def test_transcoding_keeps_every_pixel_and_the_app_segments(photos):
 
 
 def test_the_index_lists_every_interval_and_intervals_tile_each_row(photos):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     for data in photos:
         jpeg, restarts = _transcode(data)
@@ -92,7 +93,7 @@ def test_the_index_lists_every_interval_and_intervals_tile_each_row(photos):
 
 @pytest.mark.parametrize("scale", [(1, 1), (1, 2), (1, 4), (1, 8), (3, 8), (5, 8)], ids=str)
 def test_restart_indexed_crops_decode_to_the_same_pixels_as_the_plain_file(photos, scale):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     num, denom = scale
     rng = random.Random(denom * 10 + num)
@@ -113,7 +114,7 @@ def test_restart_indexed_crops_decode_to_the_same_pixels_as_the_plain_file(photo
 
 
 def test_a_window_of_the_whole_image_decodes_the_whole_file(photos):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     jpeg, restarts = _transcode(photos[0])
     width, height = _jpegcrop.header(jpeg)[:2]
@@ -122,7 +123,7 @@ def test_a_window_of_the_whole_image_decodes_the_whole_file(photos):
 
 
 def test_a_wrong_or_damaged_index_is_rejected_and_the_file_decoded_without_it(photos):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     (first, index_of_first), (second, index_of_second) = (_transcode(d) for d in photos[:2])
     window = (2, 40, 30, 120, 90)
@@ -142,7 +143,7 @@ def test_a_wrong_or_damaged_index_is_rejected_and_the_file_decoded_without_it(ph
 
 
 def test_a_truncated_transcoded_file_is_a_clean_error(photos):
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 
     jpeg, restarts = _transcode(photos[0])
     width, height = _jpegcrop.header(jpeg)[:2]
@@ -151,7 +152,7 @@ def test_a_truncated_transcoded_file_is_a_clean_error(photos):
 
 
 def test_a_progressive_file_is_written_sequential_with_the_same_pixels(photos):
-    from stoker.pipeline import _jpegcrop, _jpegrestart
+    from stoker.pipeline.images import _jpegcrop, _jpegrestart
 
     image = Image.open(io.BytesIO(photos[0])).convert("RGB")
     progressive = _jpeg(image, quality=88, progressive=True)
@@ -162,7 +163,7 @@ def test_a_progressive_file_is_written_sequential_with_the_same_pixels(photos):
 
 
 def test_the_transcoder_refuses_what_the_splice_cannot_take(photos):
-    from stoker.pipeline import _jpegrestart
+    from stoker.pipeline.images import _jpegrestart
 
     image = Image.open(io.BytesIO(photos[0])).convert("RGB")
     junk = photos[0].index(b"\xff\xdb")  # libjpeg warns "extraneous bytes before marker": kept as it was
@@ -179,7 +180,7 @@ def test_the_transcoder_refuses_what_the_splice_cannot_take(photos):
 
 
 def test_without_markers_only_the_huffman_tables_change(photos):
-    from stoker.pipeline import _jpegrestart
+    from stoker.pipeline.images import _jpegrestart
 
     jpeg, restarts, _ = _jpegrestart.transcode(photos[0], 0)
     assert restarts is None and b"\xff\xdd" not in jpeg[: jpeg.index(b"\xff\xda")]  # no DRI segment
@@ -187,6 +188,6 @@ def test_without_markers_only_the_huffman_tables_change(photos):
 
 
 def test_the_index_version_is_the_same_in_c_and_python():
-    from stoker.pipeline import _jpegrestart
+    from stoker.pipeline.images import _jpegrestart
 
     assert _jpegrestart.RESTART_INDEX_VERSION == RESTART_INDEX_VERSION

@@ -1,4 +1,4 @@
-"""stoker/pipeline/corrupt.py: the job's --corrupt-jpegs around the batching code's sample work, on every path a
+"""stoker/pipeline/images/corrupt.py: the job's --corrupt-jpegs around the batching code's sample work, on every path a
 worker decodes by (or ships by), with real JPEGs broken in the scan (tests.corrupt_jpegs)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from stoker.pipeline import augment
-from stoker.pipeline.augment import TrainTransform
-from stoker.pipeline.batching import HostTransform, ShipEncoded, unit_batches
-from stoker.pipeline.corrupt import CorruptJpegs, job_sample_work
+from stoker.pipeline.images import augment
+from stoker.pipeline.images.augment import TrainTransform
+from stoker.pipeline.images.batching import HostTransform, ShipEncoded, unit_batches
+from stoker.pipeline.images.corrupt import CorruptJpegs, job_sample_work
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.transforms import Output, Sample
@@ -27,7 +27,7 @@ WORDS = {"garbled": "corrupt JPEG data: libjpeg warned 'Corrupt JPEG data: ",
 
 @dataclass(frozen=True)
 class MeanColour:
-    """A transform of one's own that takes the whole image's pixels (pipeline.augment.decode_whole)."""
+    """A transform of one's own that takes the whole image's pixels (pipeline.images.augment.decode_whole)."""
 
     takes: ClassVar[str] = "pixels"
     outputs: ClassVar[dict[str, Output]] = {"mean": Output("float32", (3,))}
@@ -93,7 +93,7 @@ def test_the_scan_lies_between_the_sos_header_and_the_end_marker():
 
     from PIL import Image
 
-    from stoker.pipeline.corrupt import scan_bounds
+    from stoker.pipeline.images.corrupt import scan_bounds
     from stoker.protos.errors import DataError
 
     out = io.BytesIO()

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
-from stoker.pipeline.photos import load_photos
+from stoker.pipeline.images.photos import load_photos
 from stoker.pipeline.seeds import derived_rng
 
 # The first ten ImageNet-1k synsets (tench, goldfish, great white shark, tiger shark,

@@ -1,8 +1,8 @@
-"""The job's `--corrupt-jpegs` around a worker's sample work (pipeline.batching), which knows no job.
+"""The job's `--corrupt-jpegs` around a worker's sample work (pipeline.images.batching), which knows no job.
 
 A JPEG whose header is valid and whose scan is garbled or cut short decodes without an error:
 libjpeg only warns, and fills what it could not decode with grey or smears. The decoders
-(pipeline.augment) refuse such a file by default, with libjpeg's words, so the worker skips it and
+(pipeline.images.augment) refuse such a file by default, with libjpeg's words, so the worker skips it and
 counts it as it does an undecodable one. `keep` trains on what libjpeg makes of it (Stoker's
 behaviour before, and Pillow's): the decoders are told so around each sample. With decoding on the
 accelerator nothing on the worker decodes, so under `skip` the worker refuses a corrupt file itself
@@ -17,10 +17,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.pipeline.augment import CROP_DECODER_AVAILABLE, corrupt_jpegs, refuse_corrupt
-from stoker.pipeline.batching import Prepared, SampleWork, sample_work
 from stoker.pipeline.cpu_clock import stage_clock
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.augment import CROP_DECODER_AVAILABLE, corrupt_jpegs, refuse_corrupt
+from stoker.pipeline.images.batching import Prepared, SampleWork, sample_work
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.transforms import ImageTransform, Sample
 from stoker.protos.errors import DataError
@@ -55,7 +55,7 @@ class CorruptJpegs:
 
 
 def job_sample_work(transform: ImageTransform, job: JobConfig) -> SampleWork:
-    """The job's sample work (pipeline.batching.sample_work) under its --corrupt-jpegs, wrapped only
+    """The job's sample work (pipeline.images.batching.sample_work) under its --corrupt-jpegs, wrapped only
     where the decoders' default (skip, decoding here) does not already do it: the default costs nothing."""
     work = sample_work(transform, job.decoder, job.decode_on, job.transform, job.transform_timeout_s)
     on_accelerator = job.decode_on == DecodeOn.ACCELERATOR

@@ -1,4 +1,4 @@
-"""stoker/pipeline/image_fit.py: the largest image size whose batches fit a data message, computed from the
+"""stoker/pipeline/images/fit.py: the largest image size whose batches fit a data message, computed from the
 frame limits as protos.framing cuts a batch of decoded images."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stoker.pipeline import image_fit
+from stoker.pipeline.images import fit as image_fit
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.framing import MAX_FRAME_BYTES, MAX_FRAMES, encode_tensors
 

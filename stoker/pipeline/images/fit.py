@@ -1,7 +1,7 @@
 """The largest image size whose batches fit one data message, for a batch size.
 
 protos.message_fit says whether any batch of tensors fits a message; this asks it of batches of
-decoded images (pipeline.image_layout's host layout), so that a job with images too big for the
+decoded images (pipeline.images.layout's host layout), so that a job with images too big for the
 wire is refused before it starts, naming the largest size that fits.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from stoker.pipeline import image_layout
+from stoker.pipeline.images import layout as image_layout
 from stoker.protos import message_fit
 from stoker.protos.errors import ConfigError
 from stoker.protos.framing import MAX_FRAME_BYTES

@@ -21,10 +21,10 @@ import numpy as np
 
 from stoker.pipeline import activity
 from stoker.pipeline.activity import Phase
-from stoker.pipeline.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.deadline import CallLimit, TransformTimeout
-from stoker.pipeline.image_layout import DecodeOn
+from stoker.pipeline.images.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
+from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import ShardReader
@@ -39,7 +39,7 @@ class Prepared:
     payload: object
     decode_s: float
     augment_s: float
-    decode_path: str = ""  # pipeline.augment.DECODE_PATHS; "" where nothing was decoded
+    decode_path: str = ""  # pipeline.images.augment.DECODE_PATHS; "" where nothing was decoded
 
 
 class SampleWork(Protocol):
@@ -212,7 +212,7 @@ class ImageBatch:
     last: bool
     decode_times: list[float] = field(default_factory=list)  # seconds, per sample
     augment_times: list[float] = field(default_factory=list)
-    decode_paths: list[str] = field(default_factory=list)  # per sample, pipeline.augment.DECODE_PATHS
+    decode_paths: list[str] = field(default_factory=list)  # per sample, pipeline.images.augment.DECODE_PATHS
     read_s: float = 0.0  # CPU seconds reading the samples (and opening or fetching their shards)
     read_wait_s: float = 0.0  # those reads' wall seconds beyond their CPU time: waiting for storage
 

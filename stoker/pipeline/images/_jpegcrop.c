@@ -18,7 +18,7 @@
  * images raise NotImplementedError so the caller can use its general decoder. The GIL is released
  * while libjpeg works.
  *
- * `restarts`, the restart index of a file transcoded by pipeline._jpegrestart (restart_index.h),
+ * `restarts`, the restart index of a file transcoded by pipeline.images._jpegrestart (restart_index.h),
  * lets it entropy-decode only the restart intervals the window touches, instead of every row
  * down to the window's end: it splices those intervals into a small JPEG of their own. `path`
  * says what happened: "plain" (no index), "spliced", "whole" (the window needs the whole file)
@@ -168,7 +168,7 @@ static void decode_window(const unsigned char *buf, size_t len, int num, int den
     if (refused(err, strict)) res->failed = 2;
 }
 
-/* ---- Splicing the restart intervals a window needs (files transcoded by pipeline._jpegrestart). ---- */
+/* ---- Splicing the restart intervals a window needs (files transcoded by pipeline.images._jpegrestart). ---- */
 
 /* Scaled pixels kept between a band edge inside the image and the window: fancy chroma
  * upsampling reads one neighbouring sample, which a band replicates at its edge. */

@@ -5,7 +5,7 @@ size alone (read from the header, no decode). The decoder then asks libjpeg for 
 DCT reduction (1/2, 1/4, 1/8) that still leaves the crop at least as large as the output,
 and resizes just that box. Two decoders do this:
 
-- "crop" (pipeline._jpegcrop, a small C extension over libjpeg-turbo): decodes only the
+- "crop" (pipeline.images._jpegcrop, a small C extension over libjpeg-turbo): decodes only the
   rows and iMCU columns of the crop window (plus a 2-pixel margin for the resize filter);
   given the restart index that `stoker prepare` stores beside a transcoded file, it also
   entropy-decodes only the restart intervals the window touches, to the same pixels;
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from stoker.pipeline.transforms import Sample
 
 try:
-    from stoker.pipeline import _jpegcrop
+    from stoker.pipeline.images import _jpegcrop
 except ImportError:  # built without libjpeg-turbo's headers: the pillow path does everything
     _jpegcrop = None  # type: ignore[assignment]  # mypy's idiom for an optional module: None = not built
 
@@ -76,7 +76,7 @@ class DecodeError(DataError):
 @contextmanager
 def corrupt_jpegs(policy: str) -> Iterator[None]:
     """The decoders below treat corrupt JPEGs by `policy` (CORRUPT_JPEGS) inside this block, in this
-    thread: a worker sets its job's choice around each sample (pipeline.corrupt), as the decode calls
+    thread: a worker sets its job's choice around each sample (pipeline.images.corrupt), as the decode calls
     are the batching code's, which knows no job."""
     if policy not in CORRUPT_JPEGS:
         raise ConfigError(f"corrupt_jpegs must be one of {', '.join(CORRUPT_JPEGS)}, not {policy!r}")

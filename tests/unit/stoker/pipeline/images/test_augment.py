@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from stoker.pipeline import augment
-from stoker.pipeline.augment import (
+from stoker.pipeline.images import augment
+from stoker.pipeline.images.augment import (
     DecodeError,
     EvalTransform,
     TrainTransform,
