@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
-from stoker.protos.endpoints import endpoint_problem
+from stoker.protos.endpoints import endpoint_problem, peer_endpoint_problem
 
 MAX_PORT = 65535
 MAX_INT = 2**31 - 1  # what the wire's int32 fields carry: a count above this cannot be sent
@@ -111,6 +111,17 @@ def endpoint(text: str) -> str:
 
 endpoint.__name__ = "endpoint"
 
+
+def peer_endpoint(text: str) -> str:
+    """An endpoint this command connects to: where a peer listens, so no wildcard host or port."""
+    why = peer_endpoint_problem(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+peer_endpoint.__name__ = "endpoint"
+
 def gigabytes(text: str) -> float:
     """A shard cache's size limit, as $STOKER_SHARD_CACHE_GB has always been read (pipeline.store.shard_cache)."""
     from stoker.pipeline.store.shard_cache import parse_gb
@@ -189,6 +200,6 @@ CHECKS: dict[str, Callable[[str], object]] = {
     "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
     "transform-timeout": float_in(MIN_CALL_LIMIT_S, 86400.0, low_open=False), "scale": float_in(0.0, 1.0),
     "seq-len": int_at_least(8),
-    "endpoint": endpoint, "seed": SEED,
+    "endpoint": endpoint, "peer-endpoint": peer_endpoint, "seed": SEED,
     "host-id": host_id, "procs": procs, "seconds-or-never": float_in(0.0, 7 * 86400.0, low_open=False),
 }

@@ -16,7 +16,7 @@ from stoker.accel.control.dispatch_config import (
     stall_timeout,
 )
 from stoker.accel.control.fleet_seat import FleetSeat
-from stoker.protos.endpoints import MAX_PORT, NO_PORT, endpoint_problem
+from stoker.protos.endpoints import MAX_PORT, NO_PORT, endpoint_problem, peer_endpoint_problem
 from stoker.protos.errors import ConfigError
 from stoker.protos.exposure import check_exposure
 
@@ -55,7 +55,7 @@ class ConsumerConfig:
     stall_timeout_s: float = stall_timeout()
     dispatcher: str | None = field(default=None, metadata={  # None: the dispatcher runs in this process
         "help": "attach to a `stoker dispatch` at this endpoint instead of running one here", "metavar": "ENDPOINT",
-        "check": "endpoint"})
+        "check": "peer-endpoint"})
     key_name: str = field(default="consumer", metadata={  # with keys and a separate dispatcher: this consumer's key
         "help": "with --dispatcher and --keys: this consumer's key (stoker keys add DIR NAME --role consumer; "
                 "default: %(default)s)"})
@@ -123,7 +123,8 @@ def consumer_config_problem(cfg: ConsumerConfig) -> str | None:
         return f"metrics_port must be a port 0-{MAX_PORT} (0: any free one; -1 or None: none), not {port!r}"
     for name in ("data_bind", "control_bind", "dispatcher"):
         value = getattr(cfg, name)
-        why = None if value is None and name == "dispatcher" else endpoint_problem(value)
+        check = peer_endpoint_problem if name == "dispatcher" else endpoint_problem
+        why = None if value is None and name == "dispatcher" else check(value)
         if why:
             return f"{name} {why}"
     if not isinstance(cfg.seat, FleetSeat):  # a FleetSeat is checked as it is made (its one check)

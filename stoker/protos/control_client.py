@@ -27,6 +27,8 @@ log = logging.getLogger("stoker.worker")
 WARN_AFTER_S = 5.0  # a request unanswered this long is logged once, with what a TCP connection there meets
 
 
+MISDIRECTED = "misdirected"  # an Error's reason when the other service answered: asking again cannot help
+
 class DispatcherUnreachable(PeerError):
     """No answer from the dispatcher within the time the caller gave (or the caller is stopping)."""
 

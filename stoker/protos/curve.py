@@ -15,6 +15,7 @@ certificates written by pyzmq's zmq.auth, so czmq tools read them too.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ class KeyFileError(ConfigError):
     """Missing or unreadable key files."""
 
 
+KEY_NAME = re.compile(r"[\w-]+")  # a key's name: letters, digits, - and _ (its files are NAME.key)
+
 def init_keys(folder: str | Path) -> Path:
     folder = Path(folder)
     if (folder / f"{SERVER}.key_secret").exists():
@@ -57,7 +60,7 @@ def add_key(folder: str | Path, name: str, role: str = WORKER) -> Path:
         raise KeyFileError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
     if not (folder / f"{SERVER}.key").exists():
         raise KeyFileError(f"{folder}: no server key (run `stoker keys init {folder}` first)")
-    if not name.replace("-", "").replace("_", "").isalnum():
+    if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
         raise KeyFileError(f"key name {name!r}: use letters, digits, - and _")
     for other in ROLES:
         if (folder / _ALLOWED[other] / f"{name}.key").exists():

@@ -33,6 +33,19 @@ def endpoint_problem(text: object) -> str | None:
     return None
 
 
+def peer_endpoint_problem(text: object) -> str | None:
+    """Why `text` is not an endpoint a peer listens at (None: it is): an endpoint_problem, or a wildcard host
+    or port (`*`, port 0), which pick an address on a bind and name none to connect to."""
+    why = endpoint_problem(text)
+    if why or not isinstance(text, str) or not text.startswith("tcp://"):
+        return why
+    host, _, port = text.removeprefix("tcp://").rpartition(":")
+    if host == "*" or port == "*" or int(port) == 0:
+        return (f"must be where a peer listens, tcp://HOST:PORT with its own host and port (* and 0 only bind), "
+                f"not {text!r}")
+    return None
+
+
 def serves(port: int | None) -> TypeGuard[int]:
     """Whether a configured metrics port asks for an endpoint (0: a free one; -1 or None: none)."""
     return port is not None and port != NO_PORT

@@ -561,10 +561,12 @@ class Ok(_message.Message):
     def __init__(self) -> None: ...
 
 class Error(_message.Message):
-    __slots__ = ("message",)
+    __slots__ = ("message", "reason")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     message: str
-    def __init__(self, message: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, message: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ControlReply(_message.Message):
     __slots__ = ("request_id", "registered", "unit", "wait", "finished", "ok", "error", "attached", "steps", "position", "other_job", "skips", "stats")

@@ -35,7 +35,7 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.job_wire import job_from_proto
 from stoker.pipeline.store.shard_cache import CacheConfig
 from stoker.protos import stoker_pb2 as pb
-from stoker.protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos.control_client import MISDIRECTED, ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
 from stoker.protos.leases import HOST_ID_IN_USE
 from stoker.workers.decode_child import DecodeChild, exit_name, kill_if_frozen, watch_transform
@@ -153,7 +153,7 @@ class WorkerDaemon:
                     log.error("%s: the dispatcher refused to register this host: %s", self.host_id,
                               reply.error.message)
                     refused_since = time.monotonic()
-                if HOST_ID_IN_USE in reply.error.message and \
+                if reply.error.reason == MISDIRECTED or HOST_ID_IN_USE in reply.error.message and \
                         time.monotonic() - refused_since > HOST_ID_TAKEN_GIVE_UP_S:
                     log.error("%s: exiting: %s", self.host_id, reply.error.message)
                     self.failed = True

@@ -27,7 +27,7 @@ import zmq
 
 from stoker.pipeline.cpu_clock import usable_cores
 from stoker.protos import stoker_pb2 as pb
-from stoker.protos.control_client import ControlClient, DispatcherUnreachable
+from stoker.protos.control_client import MISDIRECTED, ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
 from stoker.protos.sockets import end_context
 from stoker.workers.preamble import HostPreamble, configure_logging
@@ -82,6 +82,7 @@ class FleetAgent:
         self.stopping = False
         self._unanswered_since: float | None = None
         self._refused = ""  # the fleet's last refusal, said once
+        self.misdirected = False  # the address given as the fleet's is a dispatcher's
 
     def _request_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping:
@@ -108,7 +109,7 @@ class FleetAgent:
             self._stop_all()
             self.client.close()
             end_context(self.ctx)  # nothing left to wait on: a gone fleet cannot hold the exit
-        return 0
+        return 1 if self.misdirected else 0
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
@@ -138,6 +139,9 @@ class FleetAgent:
                 log.error("%s: the fleet at %s refused this host: %s", self.host_id, self.cfg.fleet,
                           reply.error.message)
             self._refused = reply.error.message
+            if reply.error.reason == MISDIRECTED:  # not a fleet: beating again cannot help
+                log.error("%s: exiting: %s", self.host_id, reply.error.message)
+                self.stopping = self.misdirected = True
             return None
         self._refused = ""
         return reply.fleet_plan if reply.WhichOneof("kind") == "fleet_plan" else None

@@ -12,6 +12,8 @@ import re
 import socket
 from dataclasses import dataclass, field
 
+from stoker.protos.endpoints import peer_endpoint_problem
+
 MAX_HOST_ID = 200  # the dispatcher's names go to 256 characters (control.serving.server.MAX_NAME): room for "/p3.17"
 HOST_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+-]+")
 
@@ -20,10 +22,10 @@ HOST_ID_CHARS = re.compile(r"[A-Za-z0-9._:@+-]+")
 class WorkerConfig:
     connect: str = field(default="", metadata={  # dispatcher control endpoint
         "help": "the one job's dispatcher endpoint, e.g. tcp://10.0.0.5:5561 (or --fleet)", "flag": "--dispatcher",
-        "metavar": "ENDPOINT", "check": "endpoint"})
+        "metavar": "ENDPOINT", "check": "peer-endpoint"})
     fleet: str = field(default="", metadata={  # a fleet's endpoint: serve the jobs it gives this host
         "help": "a fleet's endpoint (stoker fleet), e.g. tcp://10.0.0.5:5570: serve whichever jobs it gives this "
-                "host, one job per process (instead of --dispatcher)", "metavar": "ENDPOINT", "check": "endpoint"})
+                "host, one job per process (instead of --dispatcher)", "metavar": "ENDPOINT", "check": "peer-endpoint"})
     procs: int = field(default=1, metadata={
         "help": "decode processes on this host, about one per core given to Stoker (default %(default)s; at most "
                 "4 per core of the host, and 8 on any host)", "check": "procs"})
@@ -61,6 +63,10 @@ class WorkerConfig:
         if bool(self.connect) == bool(self.fleet):
             return ("connect: give one of the dispatcher's endpoint (--dispatcher tcp://HOST:5561) and a fleet's "
                     "(--fleet tcp://HOST:5570)")
+        for name in ("connect", "fleet"):
+            why = peer_endpoint_problem(getattr(self, name)) if getattr(self, name) else None
+            if why:
+                return f"{name} {why}"
         return None
 
     def resolved_host_id(self) -> str:

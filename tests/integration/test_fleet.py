@@ -28,7 +28,7 @@ from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import JOB, ClientKeys, add_key, init_keys
 from stoker.protos.errors import PeerError
-from tests.helpers import Daemon, Job, assert_exactly_once, free_port, scrape, wait_for
+from tests.helpers import Daemon, Job, assert_exactly_once, consumer_for, free_port, scrape, wait_for
 from tests.integration.test_own_transform import SOURCE as OWN_TRANSFORM
 
 
@@ -313,3 +313,22 @@ def test_a_separate_dispatcher_registers_with_the_fleet_and_asks_for_what_its_ra
         if dispatch.poll() is None:
             dispatch.kill()
             dispatch.wait(10)
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_a_worker_given_the_other_services_address_stops_saying_what_answered(manifest, fleet, log_dir, once):
+    """A worker given the fleet's address as its dispatcher's, or a dispatcher's as a fleet's, is told what
+    answered (counted misdirected there) and exits with that line, with --once or without: asking again
+    cannot help, and a daemon that retried for ever looked alive to its supervisor."""
+    consumer = consumer_for(manifest.uri, epochs=1)
+    consumer.start()
+    try:
+        wrong = [Daemon(fleet.endpoint, "to-the-fleet", 1, log_dir, once=once),
+                 Daemon(consumer.control_endpoint, "to-a-dispatcher", 1, log_dir, fleet=True)]
+        for daemon, says in zip(wrong, ("this is a fleet (stoker fleet), not a dispatcher",
+                                        "dispatcher, not a fleet (stoker fleet)"), strict=True):
+            assert daemon.proc.wait(30) != 0, daemon.output()
+            assert says in daemon.output() and "Traceback" not in daemon.output()
+        assert fleet.metrics()["stoker_fleet_dropped_total{reason=misdirected}"] >= 1
+    finally:
+        consumer.stop()

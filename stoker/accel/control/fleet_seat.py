@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stoker.protos import stoker_pb2 as pb
-from stoker.protos.endpoints import endpoint_problem
+from stoker.protos.curve import KEY_NAME
+from stoker.protos.endpoints import peer_endpoint_problem
 from stoker.protos.errors import ConfigError
 
 MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6  # weights are relative: beyond these they only overflow a share
@@ -32,7 +33,7 @@ class FleetSeat:
     fleet: str | None = field(default=None, metadata={
         "help": "register the job with this fleet (stoker fleet), e.g. tcp://10.0.0.5:5570: its hosts serve the job, "
                 "with processes moved in and out as its demand and its weight say", "metavar": "ENDPOINT",
-        "check": "endpoint"})
+        "check": "peer-endpoint"})
     weight: float = field(default=1.0, metadata={
         "help": "with --fleet: the job's weight when the fleet is short (default %(default)s)", "check": "above-zero"})
     min_cores: int = field(default=0, metadata={
@@ -58,7 +59,7 @@ class FleetSeat:
     def problem(self) -> tuple[str, str] | None:
         """The field that cannot work and why, its message starting with the field (None: all can)."""
         weight, min_cores, max_cores, start = self.weight, self.min_cores, self.max_cores, self.start_cores
-        why = None if self.fleet is None else endpoint_problem(self.fleet)
+        why = None if self.fleet is None else peer_endpoint_problem(self.fleet)
         if why:
             return "fleet", f"fleet {why}"
         if start is not None and (isinstance(start, bool) or not isinstance(start, int | float)
@@ -66,15 +67,17 @@ class FleetSeat:
             return "start_cores", f"start_cores must be a number above 0 and at most {MOST_CORES:.0e}, not {start!r}"
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             return "weight", f"weight must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}, not {weight!r}"
-        if isinstance(min_cores, bool) or not isinstance(min_cores, int) or min_cores < 0:
-            return "min_cores", f"min_cores must be an integer of at least 0, not {min_cores!r}"
+        if isinstance(min_cores, bool) or not isinstance(min_cores, int) or not 0 <= min_cores <= MOST_CORES:
+            return "min_cores", f"min_cores must be an integer from 0 to {MOST_CORES:.0e}, not {min_cores!r}"
         if max_cores is not None and (isinstance(max_cores, bool) or not isinstance(max_cores, int)
-                                      or max_cores < max(min_cores, 1)):
-            return "max_cores", (f"max_cores must be an integer of at least min_cores ({min_cores}) and 1, "
-                                 f"not {max_cores!r}")
+                                      or not max(min_cores, 1) <= max_cores <= MOST_CORES):
+            return "max_cores", (f"max_cores must be an integer of at least min_cores ({min_cores}) and 1, and at "
+                                 f"most {MOST_CORES:.0e}, not {max_cores!r}")
+        if not isinstance(self.key_name, str) or not KEY_NAME.fullmatch(self.key_name):
+            return "key_name", f"key_name must be a key's name (letters, digits, - and _), not {self.key_name!r}"
         if self.fleet is None and (weight != 1.0 or min_cores or max_cores is not None or start is not None):
-            return "fleet", ("weight, min_cores, max_cores and start_cores are a job's ask of a fleet: give the fleet "
-                             "too (--fleet ENDPOINT)")
+            return "fleet", ("fleet: min_cores, max_cores, start_cores and a weight other than 1 are a job's ask, and "
+                             "no endpoint was given to ask (--fleet ENDPOINT)")
         return None
 
     def registration(self, job_id: str, dispatcher: str, transform: str = "", leaving: bool = False) -> pb.FleetJob:

@@ -66,7 +66,7 @@ class Allocation:
     reasons: dict[str, str] = field(default_factory=dict)  # job -> why its target is what it is (logged)
 
 
-def fair_targets(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
+def progressive_filling(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
     """Each job's processes: its floor (min cores, cut by weight when the fleet holds too few), then
     progressive filling by the smallest weighted share among jobs short of their cap."""
     floors = _floors(capacity, asks)
@@ -109,7 +109,7 @@ def allocate(capacity: int, asks: list[JobAsk], holding: dict[str, int], max_mov
     ids = [a.job_id for a in asks]
     if len(set(ids)) != len(ids):
         raise ConfigError("a job is registered twice")
-    targets = fair_targets(capacity, asks)
+    targets = progressive_filling(capacity, asks)
     now = {job: holding.get(job, 0) for job in targets}
     moves = _idle_first(capacity - sum(holding.values()), targets, now)
     moves += _damped_transfers(targets, now, max_moves)

@@ -32,9 +32,10 @@ from stoker.accel.fleet.book import Decision, FleetBook, Job
 from stoker.accel.fleet.config import FleetConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.aio import pump_batches, run_until_one_fails
+from stoker.protos.control_client import MISDIRECTED
 from stoker.protos.curve import JOB, NOBODY, WORKER, Caller, ServerKeys, caller_of
 from stoker.protos.droplog import DropLog
-from stoker.protos.endpoints import advertised, endpoint_problem, serves
+from stoker.protos.endpoints import advertised, peer_endpoint_problem, serves
 from stoker.protos.errors import ConfigError, PeerError
 from stoker.protos.exposure import check_exposure
 from stoker.protos.framing import frame_bytes
@@ -145,9 +146,9 @@ class FleetServer:
 
     def _not_a_dispatcher(self, peer: bytes, request_id: int) -> None:
         """A dispatcher's request, sent here by a worker or a rank given this address as a dispatcher's."""
-        send_nowait(self.socket, [peer, pb.FleetReply(request_id=request_id, error=pb.Error(message=(
-            "this is a fleet (stoker fleet), not a dispatcher: point workers at it with --fleet, and a job's ranks "
-            "at its dispatcher"))).SerializeToString()])
+        error = pb.Error(reason=MISDIRECTED, message="this is a fleet (stoker fleet), not a dispatcher: point workers "
+                                                     "at it with --fleet, and a job's ranks at its dispatcher")
+        send_nowait(self.socket, [peer, pb.FleetReply(request_id=request_id, error=error).SerializeToString()])
 
     def _handle_one(self, frames: list) -> None:
         read = read_request(frames, pb.FleetRequest, self._drops, misdirected=self._not_a_dispatcher)
@@ -202,7 +203,7 @@ class FleetServer:
 
     def _job(self, beat: pb.FleetJob) -> pb.FleetShare:
         _check_name("job id", beat.job_id)
-        why = endpoint_problem(beat.endpoint)
+        why = peer_endpoint_problem(beat.endpoint)
         if why:
             raise ConfigError(f"job {beat.job_id}: its dispatcher's endpoint {why}")
         now = self.clock()

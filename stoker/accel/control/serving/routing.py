@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from stoker.protos import stoker_pb2 as pb
+from stoker.protos.control_client import MISDIRECTED
 from stoker.protos.curve import Caller
 from stoker.protos.framing import MAX_HEADER_BYTES, frame_bytes
 
@@ -48,7 +49,7 @@ def read_request(frames: list, envelope: type[Q], drop: Callable[[str, bytes], o
     kind = request.WhichOneof("kind")
     if kind is None:  # the other service's kinds are unknown fields of this envelope
         if misdirected is not None and _other_envelope_asks(envelope, frames[1]):
-            drop("misdirected", peer)
+            drop(MISDIRECTED, peer)
             misdirected(peer, request.request_id)
         else:
             drop("bad_header", peer)
@@ -125,6 +126,7 @@ def too_long(body: object) -> bool:
     name with a newline or another control character could forge the dispatcher's log lines."""
     names = [getattr(body, f, "") for f in ("host_id", "worker_id", "consumer_id")]
     names += list(getattr(body, "worker_ids", []))
+    names += [a.worker_id for a in getattr(body, "activity", [])]  # a heartbeat's processes
     reason = getattr(body, "reason", "")
     return (any(len(n) > MAX_NAME or not n.isprintable() for n in names if isinstance(n, str))
             or (isinstance(reason, str) and len(reason) > MAX_NAME))

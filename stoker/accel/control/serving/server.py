@@ -54,6 +54,7 @@ from stoker.accel.control.serving.worker_handlers import MAX_QUERIED_UNITS, Work
 from stoker.accel.control.watchdog import StallBounds, Watchdog
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.aio import pump_batches
+from stoker.protos.control_client import MISDIRECTED
 from stoker.protos.curve import CONSUMER, NOBODY, WORKER, Caller, caller_of
 from stoker.protos.droplog import DropLog
 from stoker.protos.leases import LeaseSigner
@@ -150,7 +151,7 @@ class ControlServer:
 
     def _not_a_fleet(self, peer: bytes, request_id: int) -> None:
         """A fleet's request, sent here by a daemon or a job given this address as a fleet's: say what this is."""
-        self._send(peer, pb.ControlReply(request_id=request_id, error=pb.Error(message=(
+        self._send(peer, pb.ControlReply(request_id=request_id, error=pb.Error(reason=MISDIRECTED, message=(
             f"this is job {self.job.job_id}'s dispatcher, not a fleet (stoker fleet): a worker of this job alone "
             "takes --dispatcher here, a fleet's worker and a job take --fleet at the fleet's address"))
         ).SerializeToString())

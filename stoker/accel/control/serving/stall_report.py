@@ -17,8 +17,18 @@ from stoker.accel.control.failures import stalled_line
 from stoker.accel.control.metrics import ControlMetrics
 from stoker.accel.control.serving.routing import one_line
 from stoker.accel.control.watchdog import Watchdog
+from stoker.pipeline.activity import PHASES
 
 log = logging.getLogger("stoker.dispatcher")
+
+
+KNOWN_PHASES = frozenset(PHASES.values()) | {"unknown"}
+
+
+def phase_label(phase: str) -> str:
+    """A holder's phase as a label value: one of a worker's phases (pipeline.activity), or "other" for any
+    other text a heartbeat carried (a label fed from a peer's free text would make a series of each)."""
+    return phase if phase in KNOWN_PHASES else "other"
 
 
 class StallReporter:
@@ -59,7 +69,7 @@ class StallReporter:
         d.stall = line
         for h in stall.holders:
             self.metrics.stall_holders.labels(rank=str(h.rank), unit=str(h.unit_id), host=one_line(h.host_id),
-                                              process=one_line(h.worker_id), phase=h.phase,
+                                              process=one_line(h.worker_id), phase=phase_label(h.phase),
                                               sample=str(h.sample_id) if h.sample_id >= 0 else "").set(h.for_s)
         now = self.now()
         if bounds.fail_s and stall.waited_s >= bounds.fail_s and stall.has_work:

@@ -7,7 +7,14 @@ import socket
 import pytest
 import zmq
 
-from stoker.protos.endpoints import PortInUseError, advertised, bind, why_unreachable
+from stoker.protos.endpoints import (
+    PortInUseError,
+    advertised,
+    bind,
+    endpoint_problem,
+    peer_endpoint_problem,
+    why_unreachable,
+)
 
 
 def test_port_0_binds_a_free_port_and_says_which(ctx):
@@ -63,3 +70,13 @@ def test_a_metrics_port_of_minus_one_serves_none_wherever_a_config_takes_it(tmp_
         assert consumer.metrics_port is None
     finally:
         consumer.stop()
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://127.0.0.1:*", "tcp://*:5561", "tcp://127.0.0.1:0", "tcp://h:00"])
+def test_an_endpoint_to_connect_to_names_a_peer_not_a_wildcard(endpoint):
+    """* and port 0 pick an address on a bind; connected to, ZeroMQ refuses them with a traceback (or a worker
+    daemon retried them for ever): they are refused where the flag or config is given."""
+    assert endpoint_problem(endpoint) is None
+    assert "must be where a peer listens" in peer_endpoint_problem(endpoint)
+    assert peer_endpoint_problem("tcp://10.0.0.5:5561") is None and peer_endpoint_problem("ipc:///tmp/x") is None
+    assert "must be an endpoint" in peer_endpoint_problem("nonsense")

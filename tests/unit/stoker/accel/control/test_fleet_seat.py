@@ -28,8 +28,16 @@ REFUSED = [
     (dict(weight=True), "weight", "weight must be a number from"),
     (dict(weight="2"), "weight", "weight must be a number from"),
     (dict(weight=2e6), "weight", "weight must be a number from 1e-06 to 1e+06"),
-    (dict(min_cores=-1), "min_cores", "min_cores must be an integer of at least 0"),
-    (dict(min_cores=1.5), "min_cores", "min_cores must be an integer of at least 0"),
+    (dict(min_cores=-1), "min_cores", "min_cores must be an integer from 0 to 1e+06"),
+    (dict(min_cores=1.5), "min_cores", "min_cores must be an integer from 0 to 1e+06"),
+    (dict(min_cores=2**32), "min_cores", "min_cores must be an integer from 0 to 1e+06"),  # past the wire's uint32
+    (dict(max_cores=10**30), "max_cores", "and at most 1e+06"),
+    (dict(key_name=""), "key_name", "key_name must be a key's name"),
+    (dict(key_name="../../x"), "key_name", "key_name must be a key's name"),
+    (dict(key_name=5), "key_name", "key_name must be a key's name"),
+    (dict(fleet="tcp://127.0.0.1:*"), "fleet", "must be where a peer listens"),
+    (dict(fleet="tcp://*:5570"), "fleet", "must be where a peer listens"),
+    (dict(fleet="tcp://127.0.0.1:0"), "fleet", "must be where a peer listens"),
     (dict(min_cores=3, max_cores=2), "max_cores", "max_cores must be an integer of at least min_cores (3)"),
     (dict(max_cores=0), "max_cores", "at least min_cores (0) and 1"),
     (dict(start_cores=0), "start_cores", "start_cores must be a number above 0 and at most 1e+06"),
@@ -46,7 +54,7 @@ def test_each_value_that_cannot_work_is_refused_as_the_seat_is_made_naming_its_f
 
 
 def test_an_ask_without_a_fleet_is_refused():
-    with pytest.raises(SeatError, match="give the fleet too") as refused:
+    with pytest.raises(SeatError, match="no endpoint was given to ask") as refused:
         FleetSeat(weight=2.0)
     assert refused.value.field == "fleet"
     assert FleetSeat() == FleetSeat(None, 1.0, 0, None, "job", None)
@@ -70,7 +78,7 @@ def test_a_consumer_config_refuses_a_seat_that_is_not_one():
 @pytest.mark.parametrize("argv,says", [
     (["--weight", "2e6"], "argument --weight: --weight must be a number from 1e-06 to 1e+06"),
     (["--min-cores", "3", "--max-cores", "2"], "argument --max-cores: --max-cores must be an integer of at least "
-                                               "--min-cores (3) and 1, not 2"),
+                                               "--min-cores (3) and 1, and at most 1e+06, not 2"),
     (["--fleet-start-cores", "2e6"], "argument --fleet-start-cores: --fleet-start-cores must be a number above 0"),
 ])
 @pytest.mark.parametrize("command", [["train", "--data", "x"], ["run"], ["dispatch", "--data", "x"]])
@@ -124,3 +132,10 @@ def test_no_other_module_checks_the_seat_again():
         if path not in ALLOWED:
             assert not compared.search(path.read_text()), path
             assert "fleet_problem" not in path.read_text(), path
+
+
+def test_every_seat_that_is_made_goes_on_the_wire():
+    """What the seat's check lets through, the wire carries: the largest asks it allows fit the message."""
+    most = FleetSeat(FLEET, weight=1e6, min_cores=10**6, max_cores=10**6, key_name="job-1_a", start_cores=1e6)
+    wire = most.registration("j", "tcp://127.0.0.1:5561")
+    assert wire.SerializeToString() and (wire.min_cores, wire.max_cores) == (10**6, 10**6)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.accel.fleet.allocation import JobAsk, allocate, fair_targets
+from stoker.accel.fleet.allocation import JobAsk, allocate, progressive_filling
 from stoker.protos.errors import ConfigError
 
 
@@ -41,7 +41,7 @@ def _floor(ask: JobAsk) -> int:
 @given(fleets())
 def test_the_targets_are_within_the_fleet_conserving_and_weighted_max_min_fair(fleet):
     capacity, asks, _ = fleet
-    targets = fair_targets(capacity, asks)
+    targets = progressive_filling(capacity, asks)
     assert sum(targets.values()) <= capacity
     most = {a.job_id: max(a.cap, _floor(a)) for a in asks}  # what it wants or is guaranteed, whichever is more
     for ask in asks:
@@ -67,7 +67,7 @@ def test_the_targets_are_within_the_fleet_conserving_and_weighted_max_min_fair(f
 @given(fleets(), st.integers(1, 3))
 def test_moves_are_damped_and_the_same_asks_converge_without_moving_a_process_back(fleet, max_moves):
     capacity, asks, holding = fleet
-    targets = fair_targets(capacity, asks)
+    targets = progressive_filling(capacity, asks)
     moved_to: set[str] = set()
     for _ in range(2 + sum(abs(holding[j] - targets[j]) for j in targets)):
         plan = allocate(capacity, asks, holding, max_moves)

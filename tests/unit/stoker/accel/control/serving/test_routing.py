@@ -58,6 +58,10 @@ def test_names_too_long_or_with_control_characters_and_one_line_text():
     assert not too_long(pb.Register(host_id="h0"))
     assert too_long(pb.Register(host_id="h" * (MAX_NAME + 1))) and too_long(pb.Register(host_id="h\n0"))
     assert too_long(pb.Release(host_id="h", worker_ids=["w\x1b"])) and too_long(pb.Release(reason="r" * 300))
+    beat = pb.Heartbeat(host_id="h0", activity=[pb.ProcessActivity(worker_id="h0/p0.1")])
+    assert not too_long(beat)
+    beat.activity.add(worker_id="w" * 100_000)  # a process name that would be a 100 KB label of the stall gauge
+    assert too_long(beat)
     assert one_line("a\nb\u2028c") == "a\\x0ab?c"
 
 

@@ -6,7 +6,7 @@ import logging
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.failures import STALLED, failure_kind
 from stoker.accel.control.metrics import ControlMetrics
-from stoker.accel.control.serving.stall_report import StallReporter
+from stoker.accel.control.serving.stall_report import StallReporter, phase_label
 from stoker.accel.control.watchdog import StallBounds, Watchdog
 from stoker.pipeline.plan import EpochPlan
 
@@ -69,3 +69,10 @@ def test_the_stall_line_is_said_once_per_report_bound_and_the_job_fails_past_the
     assert failure_kind(failure) == STALLED  # what stoker_job_failed counts it under
     reporter.watchdog.rank_waiting(0, 0)
     assert reporter.watch(dispatcher) is None and dispatcher.stall == ""
+
+
+def test_a_holders_phase_is_a_label_of_a_closed_set():
+    """A heartbeat's phase is a peer's text: a worker's own phases pass, anything else is counted as other."""
+    assert [phase_label(p) for p in ("transforming", "waiting for credit", "unknown")] == \
+        ["transforming", "waiting for credit", "unknown"]
+    assert {phase_label(p) for p in ("x" * 100_000, "transforming\n", "Transforming", "")} == {"other"}
