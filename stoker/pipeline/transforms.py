@@ -3,7 +3,7 @@
 A transform is named, never shipped. A job names it by import path (`package.module:name`)
 or by an entry point of the `stoker.transforms` group (the built-in `train` and `eval` are
 two), with JSON parameters; each worker imports it from its own environment and calls the
-named factory with them. The job also carries the version of what provides it (`version_of`),
+named factory with them. The job also carries the version of what provides it (`module_version`),
 and a worker whose import differs, or fails, refuses the job (`TransformRefused`).
 
 Per sample a transform gets the record (`Sample`: id, key, label, stored bytes), a
@@ -55,7 +55,7 @@ GROUP = "stoker.transforms"
 TAKES = ("crop", "pixels", "bytes")
 LABEL = "label"  # added by the worker from the record: no transform declares it
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
-_IMPORT_PATH = re.compile(rf"{_DOTTED}:{_DOTTED}")
+IMPORT_PATH = re.compile(rf"{_DOTTED}:{_DOTTED}")
 _ENTRY_POINT = re.compile(r"[A-Za-z_][\w.-]*")
 
 
@@ -144,7 +144,7 @@ class Resolved:
 
 def check_name(name: str) -> str:
     """`package.module:attribute` or an entry point name; refused before anything is imported."""
-    if not (_IMPORT_PATH.fullmatch(name) or _ENTRY_POINT.fullmatch(name)):
+    if not (IMPORT_PATH.fullmatch(name) or _ENTRY_POINT.fullmatch(name)):
         raise TransformError(f"--transform {name!r}: give package.module:name (an importable factory or "
                              f"transform), or the name of a {GROUP!r} entry point such as train or eval")
     return name
@@ -184,32 +184,33 @@ def _entry_point(name: str) -> metadata.EntryPoint:
     return next(iter(found))
 
 
-def _import(name: str) -> tuple[object, str]:
-    """The named object and the version of what provides it."""
+def import_named(name: str, what: str = "transform") -> tuple[object, str]:
+    """The named object (`module:Name` or an entry point) and the version of what provides it; `what` names
+    it in a refusal (a transform, a tokenizer, a text source)."""
     check_name(name)
     if ":" not in name:
         entry = _entry_point(name)
         try:
             obj = entry.load()
         except (Exception, SystemExit) as exc:  # a module may even call sys.exit() as it loads
-            raise TransformRefused(f"transform {name!r} ({entry.value}) does not import here: "
+            raise TransformRefused(f"{what} {name!r} ({entry.value}) does not import here: "
                                    f"{type(exc).__name__}: {exc}") from None
         dist = entry.dist
-        return obj, f"{dist.name} {dist.version}" if dist is not None else _module_version(entry.module)
+        return obj, f"{dist.name} {dist.version}" if dist is not None else module_version(entry.module)
     module_name, attribute = name.split(":")
     try:
         obj = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:  # a module may even call sys.exit() as it loads
-        raise TransformRefused(f"transform {name!r} does not import here: {type(exc).__name__}: {exc}") from None
+        raise TransformRefused(f"{what} {name!r} does not import here: {type(exc).__name__}: {exc}") from None
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise TransformRefused(f"transform {name!r}: module {module_name} has no {attribute}") from None
-    return obj, _module_version(module_name)
+            raise TransformRefused(f"{what} {name!r}: module {module_name} has no {attribute}") from None
+    return obj, module_version(module_name)
 
 
-def _module_version(module_name: str) -> str:
+def module_version(module_name: str) -> str:
     """What pins the module: the distribution whose files hold it, and its version; else the module's
     `__version__`; else a digest of its package's files (`_digest`), so an edited module never passes
     as the old one. A distribution is matched by the module's own file, not by its top-level name: a
@@ -256,7 +257,7 @@ def _digest(module_name: str, path: Path) -> str:
 @lru_cache(maxsize=32)
 def resolve(name: str, params: str = "") -> Resolved:
     """Import and build the named transform and check what it declares (raises TransformError)."""
-    obj, version = _import(name)
+    obj, version = import_named(name)
     kwargs: dict[str, Any] = json.loads(params) if params else {}
     if inspect.isclass(obj) or inspect.isfunction(obj):
         try:

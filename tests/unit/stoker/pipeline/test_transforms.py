@@ -191,9 +191,9 @@ def test_a_module_of_a_package_is_pinned_by_the_package_s_files_so_an_edited_hel
 def test_a_module_built_into_python_is_pinned_by_python_s_version_and_refused_as_no_transform():
     with pytest.raises(TransformError, match="takes must be one of"):
         resolve("builtins:print")
-    from stoker.pipeline.transforms import _module_version
+    from stoker.pipeline.transforms import module_version
 
-    assert _module_version("builtins").startswith("builtins built into Python ")
+    assert module_version("builtins").startswith("builtins built into Python ")
 
 
 class _Raises:
