@@ -34,6 +34,15 @@ def split_name(name: str) -> tuple[str, str] | None:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
+def check_is_tar(path: Path) -> None:
+    """DataError naming the file when it is not a tar at all (read before any work starts)."""
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            tar.next()
+    except _UNREADABLE as exc:
+        raise DataError(f"{path}: not a tar file ({exc})") from exc
+
+
 class TarSource(RecordSource):
     """The samples of one or more WebDataset tars (a file, a folder of them, or a pattern)."""
 
@@ -43,11 +52,7 @@ class TarSource(RecordSource):
         self.data_ext = tuple(e.lower().lstrip(".") for e in data_ext)
         self.label_field = label_field
         for path in self.files:  # a file that is not a tar at all stops here, before any work
-            try:
-                with tarfile.open(path, "r|*") as tar:
-                    tar.next()
-            except _UNREADABLE as exc:
-                raise DataError(f"{path}: not a tar file ({exc})") from exc
+            check_is_tar(path)
 
     def records(self) -> Iterator[Record]:
         for path in self.files:

@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from stoker.pipeline.store.record_sources import source_files
 from stoker.pipeline.store.table_records import table_batches, table_info
-from stoker.pipeline.store.tar_records import TAR_SUFFIXES, split_name
+from stoker.pipeline.store.tar_records import TAR_SUFFIXES, check_is_tar, split_name
 from stoker.pipeline.transforms import IMPORT_PATH, TransformError, import_named
 from stoker.protos.errors import ConfigError, DataError
 
@@ -158,11 +158,7 @@ class TextSource:
             if self.id_field is not None and schema.get_field_index(self.id_field) < 0:
                 raise DataError(f"{path}: no id column {self.id_field!r} (its columns: {', '.join(schema.names)})")
         elif kind == "tar":
-            try:
-                with tarfile.open(path, "r|*") as tar:
-                    tar.next()
-            except _CUT_SHORT as exc:
-                raise DataError(f"{path}: not a tar file ({exc})") from exc
+            check_is_tar(path)
 
     def documents(self) -> Iterator[Document]:
         """Every document once, in order; DataError at the end when there were none at all."""
