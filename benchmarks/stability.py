@@ -17,13 +17,15 @@ import functools
 import io
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from PIL import Image
@@ -37,6 +39,7 @@ from stoker.pipeline.store.shards import Manifest
 
 SECONDS = 4.0  # CPU-seconds per calibration
 AGREE = 0.10  # the goal: busy within 10% of quiet
+T = TypeVar("T")
 TRIVIALAUGMENT = ("stoker_trivialaugment:TrivialAugmentWide", '{"size": 176}')
 
 
@@ -81,6 +84,69 @@ def _reference_jpeg() -> bytes:
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "JPEG", quality=90)
     return out.getvalue()
+
+
+@contextlib.contextmanager
+def switched_loops(count: int, cores: list[int]) -> Iterator[Callable[[bool], None]]:
+    """`count` spinning processes on `cores` (round robin), stopped at first; the switch it gives runs
+    (True) or stops (False) them all, so that one stream of work can alternate quiet and busy slices.
+    Killed on the way out."""
+    loops = [subprocess.Popen([sys.executable, "-c", SPIN, str(cores[i % len(cores)])]) for i in range(count)]
+
+    def switch(busy: bool) -> None:
+        for loop in loops:
+            os.kill(loop.pid, signal.SIGCONT if busy else signal.SIGSTOP)
+
+    try:
+        time.sleep(0.5)  # pinned and spinning before the first stop
+        switch(False)
+        yield switch
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait(10)
+
+
+def interleaved(items: Iterable[T], count: Callable[[T], float], switch: Callable[[bool], None],
+                slice_s: float = 0.25, total_s: float = 6.0) -> tuple[float, float]:
+    """(busy / quiet per CPU-second of this process, busy / quiet by the wall clock) of one stream of work,
+    its slices of `slice_s` CPU-seconds alternately quiet and beside the switched loops, until `total_s`
+    CPU-seconds are counted (the first item is a warm-up). Each item is counted whole in the state it was
+    made in. Alternating within one stream, the same work is measured in both states within a second of
+    each other: the host's own drift (tens of percent over a minute here) cancels, which separate
+    quiet and busy measurements, even bracketed, could not do."""
+    totals = {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]}  # state -> [work, CPU-seconds, wall seconds]
+    busy, stream = False, iter(items)
+    next(stream)
+    cpu, wall = time.process_time(), time.perf_counter()
+    sliced = cpu
+    for item in stream:
+        made = count(item)
+        now, clock = time.process_time(), time.perf_counter()
+        totals[busy][0] += made
+        totals[busy][1] += now - cpu
+        totals[busy][2] += clock - wall
+        if totals[False][1] + totals[True][1] >= total_s:
+            break
+        if now - sliced >= slice_s:
+            busy = not busy
+            switch(busy)
+            sliced = time.process_time()
+        cpu, wall = time.process_time(), time.perf_counter()
+    switch(False)
+    (quiet_work, quiet_cpu, quiet_wall), (busy_work, busy_cpu, busy_wall) = totals[False], totals[True]
+    if not quiet_work or not busy_work:
+        raise ValueError(f"no work counted in one state (quiet {quiet_work}, busy {busy_work}): slices too long")
+    return ((busy_work / busy_cpu) / (quiet_work / quiet_cpu), (busy_work / busy_wall) / (quiet_work / quiet_wall))
+
+
+def fixed_decodes() -> Iterator[int]:
+    """Decodes of one fixed JPEG, resized to 224 x 224, for ever: 1 for each."""
+    data = _reference_jpeg()
+    while True:
+        with Image.open(io.BytesIO(data)) as image:
+            image.convert("RGB").resize((224, 224))
+        yield 1
 
 
 def fixed_decode_rate(seconds: float = 0.3) -> float:

@@ -12,6 +12,9 @@ data-parallel rank, as torchrun starts them) pulls its batches from a `Loader`:
             for batch in loader:          # this rank's batches, the same number on every rank
                 step(batch["image"], batch["label"], rows=batch.rows)
 
+A language model's token stream (`stoker prepare tokens`, then `dataset="tokens"`) sets its rows with
+`JobConfig(..., lm=LMConfig(seq_len=512, mode="packed"))`.
+
 A transform of your own (stoker.transforms has the contract) is named, never shipped:
 
     from stoker import Output, Sample
@@ -46,6 +49,7 @@ _WHERE = {
     "Batch": "stoker.accel.feed", "Loader": "stoker.loader", "ConsumerConfig": "stoker.accel.consumer_config",
     "FleetSeat": "stoker.accel.control.fleet_seat",
     "JobConfig": "stoker.pipeline.job", "TextConfig": "stoker.pipeline.text.examples",
+    "LMConfig": "stoker.pipeline.text.lm_layout",
     "Crop": "stoker.pipeline.transforms", "CropFirst": "stoker.pipeline.transforms",
     "ImageTransform": "stoker.pipeline.transforms", "Output": "stoker.pipeline.transforms",
     "Sample": "stoker.pipeline.transforms",
@@ -61,8 +65,9 @@ _WHERE = {
 }
 # sorted(_WHERE), spelt out: type checkers and linters read a literal list
 __all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", "CropFirst", "DataError",
-           "FleetSeat", "ImageTransform", "JobConfig", "JobFailed", "JobSecretError", "Loader", "LoaderClosed",
-           "NotAConsumer", "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample", "StateError",
+           "FleetSeat", "ImageTransform", "JobConfig", "JobFailed", "JobSecretError", "LMConfig", "Loader",
+           "LoaderClosed", "NotAConsumer", "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample",
+           "StateError",
            "StokerError", "TextConfig", "TransformError", "TransformOutputError", "TransformRefused",
            "UntrustedSecret"]
 
@@ -76,6 +81,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
     from stoker.loader import Loader, LoaderClosed
     from stoker.pipeline.job import JobConfig
     from stoker.pipeline.text.examples import TextConfig
+    from stoker.pipeline.text.lm_layout import LMConfig
     from stoker.pipeline.transforms import (
         Crop,
         CropFirst,

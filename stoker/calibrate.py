@@ -7,8 +7,9 @@ crop at 224 px by default, or the transform `--transform` names, and BERT exampl
 and sent over a CURVE connection to a sink process on another core, as a worker sends it
 (stoker.wire_cost): the framing, the encryption and the kernel's TCP work are a worker's CPU
 too. What it leaves out is the worker's lease loop (leases, credit, waits), a few percent of a
-text worker (docs/ratio.md). `stoker plan` turns these per-core rates into cores, hosts,
-time-to-train and cost.
+text worker (docs/ratio.md). A token set's tokens job is measured in tokens (its shards read again
+each epoch), and its tokenizer alone beside it (`tokenize`: what online tokenizing would add).
+`stoker plan` turns these per-core rates into cores, hosts, time-to-train and cost.
 
 The file keeps one image rate per transform, with its name, parameters and version, because a
 team's own augmentation can cost several times the built-in crop: `stoker plan --transform X`
@@ -25,6 +26,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -33,7 +35,9 @@ from stoker.machine import machine_kind
 from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
 from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
 from stoker.pipeline.store.shards import Manifest
+from stoker.pipeline.text import token_cost
 from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.pipeline.transforms import parse_params, resolve
 from stoker.planning import transform_key
 from stoker.protos.errors import ConfigError, ResourceError
@@ -45,6 +49,9 @@ BATCH = 64
 EPOCHS = 1_000_000  # of a job whose batches are timed for some seconds: more than any time box reaches
 SENT = "framed and sent over CURVE, "  # what a rate measured with the wire says it counts
 PACKED = "wikipedia_packed"  # the calibration's entry for BERT with --pack (`stoker plan --pack`)
+TOKENS = "tokens"  # the entry of a token-stream job: shards read and packed (`stoker plan --dataset tokens`)
+TOKENIZE = "tokenize"  # the tokenizer alone, on the same documents: what online tokenizing would add
+TOKENS_LM = LMConfig()  # the rows a token-stream calibration packs: `stoker run`'s defaults
 DEFAULT_TRANSFORM = "train"  # what `stoker run` runs by default: MLPerf's random-resized crop + flip at 224 px
 
 
@@ -91,14 +98,41 @@ def _job(manifest: Manifest, **fields) -> JobConfig:
     return JobConfig(manifest_uri=manifest.uri, batch_size=BATCH, epochs=EPOCHS, **fields).pin()
 
 
+def imagenet_job(manifest: Manifest, transform: str = DEFAULT_TRANSFORM, params: str = "") -> JobConfig:
+    """The job an image calibration times: `transform` (a name as `--transform` takes it) at `stoker run`'s defaults."""
+    return _job(manifest, transform=transform, transform_params=params,
+                transform_timeout_s=JOB_DEFAULTS["transform_timeout_s"])
+
+
+def wikipedia_job(manifest: Manifest, seq_len: int = 512, pack: bool = False) -> JobConfig:
+    """The job a BERT calibration times: sequences of `seq_len`, packed or one per row."""
+    return _job(manifest, dataset="wikipedia", text=TextConfig(seq_len=seq_len, pack=pack))
+
+
+def images_in(batch: Outgoing) -> int:
+    """What an image calibration counts of a batch."""
+    return len(batch.header.sample_ids)
+
+
+def sequences_in(batch: Outgoing) -> int:
+    """What a BERT calibration counts of a batch: sequences, however many a row packs."""
+    return batch.header.text.sequences
+
+
+@contextlib.contextmanager
+def sent_batches(manifest: Manifest, job: JobConfig, wire: bool = True) -> Iterator[Iterator[Outgoing]]:
+    """The stream of batches a calibration times, each made, framed and sent (`wire`) as a worker does:
+    for a measurement of its own over the same work (tests/integration/test_cpu_time.py)."""
+    with _wire(wire) as sink:
+        yield _worker_batches(manifest, job, sink)
+
+
 def imagenet_rate(manifest: Manifest, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "",
                   wire: bool = True) -> float:
     """Images per CPU-second of `transform` (a name as `--transform` takes it) on the calling core;
     `wire`: each batch also framed and sent over CURVE as a worker sends it (stoker.wire_cost)."""
-    job = _job(manifest, transform=transform, transform_params=params,
-               transform_timeout_s=JOB_DEFAULTS["transform_timeout_s"])
-    with _wire(wire) as sink:
-        return _timed(_worker_batches(manifest, job, sink), seconds, lambda b: len(b.header.sample_ids))
+    with sent_batches(manifest, imagenet_job(manifest, transform, params), wire) as batches:
+        return _timed(batches, seconds, images_in)
 
 
 @contextlib.contextmanager
@@ -121,20 +155,64 @@ def wikipedia_entry(manifest: Manifest, seconds: float, seq_len: int = 512, pack
                     wire: bool = True) -> dict:
     """wikipedia_rate's figure with what it measured and the sequences a row carried (1 unpacked): the
     plan counts sequences, a device steps rows."""
-    job = _job(manifest, dataset="wikipedia", text=TextConfig(seq_len=seq_len, pack=pack))
     made = {"rows": 0, "sequences": 0}
 
     def count(batch: Outgoing) -> int:
         made["rows"] += batch.header.rows
-        made["sequences"] += batch.header.text.sequences
-        return batch.header.text.sequences
+        made["sequences"] += sequences_in(batch)
+        return sequences_in(batch)
 
-    with _wire(wire) as sink:
-        rate = _timed(_worker_batches(manifest, job, sink), seconds, count)
+    with sent_batches(manifest, wikipedia_job(manifest, seq_len, pack), wire) as batches:
+        rate = _timed(batches, seconds, count)
     packing = "packed" if pack else "one sequence per row"
     return {"per_core_rate": rate, "unit": "sequences per CPU-second", "clock": "cpu",
             "sequences_per_row": made["sequences"] / max(made["rows"], 1),
             "what": f"BERT examples at length {seq_len}, {packing}, {SENT if wire else ''}one core"}
+
+
+def tokens_job(manifest: Manifest, lm: LMConfig = TOKENS_LM) -> JobConfig:
+    """The job a token-stream calibration times: causal-LM rows of `lm` from the set's token shards."""
+    return _job(manifest, dataset=TOKENS, lm=lm)
+
+
+def _read_every_epoch(manifest: Manifest, job: JobConfig, sink: WireSink | None) -> Iterator[Outgoing]:
+    """A tokens job's batches, each epoch from a new source that reads its shards again: a worker keeps the
+    token shards it read, so without this only the first epoch would pay for reading them, while a corpus
+    larger than a worker's memory is read once an epoch."""
+    one = replace(job, epochs=1)
+    while True:
+        yield from _worker_batches(manifest, one, sink)
+
+
+def tokens_entry(manifest: Manifest, seconds: float, lm: LMConfig = TOKENS_LM, wire: bool = True) -> dict:
+    """Tokens per CPU-second of a worker's own tokens job (its shards read whole and checked, causal-LM rows
+    packed, each batch framed and sent), with the bytes a job reads per token of these shards."""
+    made = {"tokens": 0, "slots": 0}
+
+    def count(batch: Outgoing) -> int:
+        made["tokens"] += batch.header.text.real_tokens
+        made["slots"] += batch.header.text.token_slots
+        return batch.header.text.real_tokens
+
+    with _wire(wire) as sink:
+        rate = _timed(_read_every_epoch(manifest, tokens_job(manifest, lm), sink), seconds, count)
+    per_token = token_cost.bytes_per_token(manifest)
+    return {"per_core_rate": rate, "unit": "tokens per CPU-second", "clock": "cpu", "seq_len": lm.seq_len,
+            "mode": lm.mode, "bytes_per_token": per_token, "parquet_over_int32": per_token / token_cost.INT32_BYTES,
+            "fill": made["tokens"] / max(made["slots"], 1), "data": manifest.uri,
+            "what": f"token shards read whole and packed into causal-LM rows of {lm.seq_len} ({lm.mode}), "
+                    f"{SENT if wire else ''}one core"}
+
+
+def tokenize_entry(manifest: Manifest, seconds: float) -> dict:
+    """The set's tokenizer alone, encoding the set's documents: tokens per CPU-second of a tokenize step."""
+    tok = token_cost.manifest_tokenizer(manifest)
+    rate, _ = token_cost.tokenize_rate(tok, token_cost.manifest_texts(manifest, tok), seconds)
+    return {"per_core_rate": rate, "unit": "tokens per CPU-second", "clock": "cpu", "tokenizer": tok.name,
+            "fingerprint": tok.fingerprint, "data": manifest.uri,
+            "what": f"tokenize only (not a job's rate): {tok.name} encoding the set's documents in batches of "
+                    f"{token_cost.TOKENIZE_BATCH}, one core; a tokens job reads the tokens `stoker prepare tokens` "
+                    "made, and tokenizing online would add this step"}
 
 
 def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "") -> dict:
@@ -220,19 +298,38 @@ def writable(out: Path | None) -> dict:
     return kept
 
 
-def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | None = None) -> dict:
-    """Per-core rates for both datasets (images through the built-in train transform) on one pinned
-    core; written to `out` as JSON, keeping the rates of other transforms already in it."""
+def calibrate(imagenet: str, wikipedia: str, seconds: float = 15.0, out: Path | None = None,
+              tokens: str | None = None) -> dict:
+    """Per-core rates for the datasets (images through the built-in train transform; with `tokens`, a token
+    set's manifest, its tokens job and tokenizer too) on one pinned core; written to `out` as JSON, keeping
+    the rates of other transforms already in it."""
     def measure() -> dict:
         train = transform_entry(imagenet, seconds)
         text = Manifest.load(wikipedia)
         return {"imagenet": {**train, "what": f"decode + random resized crop + flip to 224 px, {SENT}one core"},
-                "wikipedia": wikipedia_entry(text, seconds), PACKED: wikipedia_entry(text, seconds, pack=True)}
+                "wikipedia": wikipedia_entry(text, seconds), PACKED: wikipedia_entry(text, seconds, pack=True),
+                **(_token_entries(tokens, seconds) if tokens else {})}
 
     result = writable(out)
     measured = _pinned(measure)
     result |= measured | {"machine": machine_kind(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds_each": seconds}
     result["transforms"] = {**result.get("transforms", {}), DEFAULT_TRANSFORM: measured["imagenet"]}
+    _write(out, result)
+    return result
+
+
+def _token_entries(manifest: str, seconds: float) -> dict:
+    tokens = Manifest.load(manifest)
+    return {TOKENS: tokens_entry(tokens, seconds), TOKENIZE: tokenize_entry(tokens, seconds)}
+
+
+def calibrate_tokens(manifest: str, seconds: float = 15.0, out: Path | None = None) -> dict:
+    """A token set's tokens job and its tokenizer alone, each on one pinned core, added to `out` (those two
+    entries replaced, the rest kept): what `stoker plan --dataset tokens` reads."""
+    result = writable(out)
+    measured = _pinned(lambda: _token_entries(manifest, seconds))
+    stamp = {"machine": machine_kind(), "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": seconds}
+    result |= {name: {**entry, **stamp} for name, entry in measured.items()}
     _write(out, result)
     return result
 

@@ -199,7 +199,7 @@ CHECKS: dict[str, Callable[[str], object]] = {
     "positive": POSITIVE, "non-negative": NON_NEGATIVE, "seconds": SECONDS, "above-zero": SECONDS, "fraction": FRACTION,
     "metrics-port": METRICS_PORT, "gigabytes": gigabytes, "restart-interval": restart_interval,
     "transform-timeout": float_in(MIN_CALL_LIMIT_S, 86400.0, low_open=False), "scale": float_in(0.0, 1.0),
-    "seq-len": int_at_least(8),
+    "seq-len": int_at_least(8), "lm-seq-len": int_at_least(2, 1 << 20),
     "endpoint": endpoint, "peer-endpoint": peer_endpoint, "seed": SEED,
     "host-id": host_id, "procs": procs, "seconds-or-never": float_in(0.0, 7 * 86400.0, low_open=False),
 }

@@ -318,7 +318,7 @@ class Loader:
     def __len__(self) -> int:
         """This rank's steps in the current epoch, the same on every rank. Images: exact, from the
         plan. Text (rows depend on the examples): exact once the epoch's streams are all in,
-        before that the previous epoch's, or at first the number of documents over the batch size."""
+        before that the previous epoch's, or at first the most documents a rank has over the batch size."""
         consumer = self.consumer
         epoch = min(self.epoch, consumer.job.epochs - 1)
         if consumer.job.kind.one_row_per_sample:
@@ -328,7 +328,7 @@ class Loader:
             return known[epoch]
         if epoch - 1 in known:
             return known[epoch - 1]
-        return -(-consumer.plan.rank_sizes[self.rank] // consumer.job.batch_size)
+        return -(-max(consumer.plan.epoch_rank_sizes(epoch)) // consumer.job.batch_size)  # every rank's
 
     # ---- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:

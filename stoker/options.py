@@ -3,7 +3,7 @@ that honour it, and the functions that turn parsed options into the packages' co
 
 | group | options | from | taken by |
 |---|---|---|---|
-| `JOB` | what to train on, how it is cut and transformed | `JobConfig`, `TextConfig` | run, train, dispatch |
+| `JOB` | what to train on, how it is cut | `JobConfig`, `TextConfig`, `LMConfig` | run, train, dispatch |
 | `ACCELERATOR` | what the consumer steps with | (`ConsumerConfig`) | run, train |
 | `CONSUMER_SOCKETS` | the consumer's data socket and its senders | `ConsumerConfig` | run, train |
 | `CONTROL_SOCKET` | the dispatcher's socket and its hosts | `ConsumerConfig` | run, train |
@@ -37,6 +37,7 @@ from stoker.pipeline.kinds import IMAGENET, kind_of
 from stoker.pipeline.store.files import write_atomically
 from stoker.pipeline.store.shard_cache import LIMIT_ENV, parse_gb
 from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.workers.worker_config import WorkerConfig
 
 
@@ -49,7 +50,8 @@ def _job() -> argparse.ArgumentParser:
     parent = _group("job")
     p = parent.add_argument_group("job: what to train on, and how it is cut and transformed")
     p.add_argument("--dataset", choices=DATASETS,
-                   help="imagenet (ResNet-50 images) or wikipedia (BERT pretraining text); "
+                   help="imagenet (ResNet-50 images), wikipedia (BERT pretraining text) or tokens (causal-LM "
+                        "token streams); "
                         "default: what the manifest holds, else imagenet")
     add_options(p, JobConfig)
     p.add_argument("--crop-area", choices=("reference", "torchvision"), default="reference",
@@ -57,6 +59,7 @@ def _job() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=POSITIVE, default=None,
                    help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
     add_options(parent.add_argument_group("job, wikipedia (BERT pretraining)"), TextConfig)
+    add_options(parent.add_argument_group("job, tokens (causal-LM token streams)"), LMConfig)
     return parent
 
 
@@ -171,7 +174,7 @@ def job_fields(args: argparse.Namespace, rank: int | None = None) -> dict:
     `rank`: --rank, None where the command has none."""
     lo, hi = REFERENCE_AREA if args.crop_area == "reference" else TORCHVISION_AREA
     return fields_of(JobConfig, args) | dict(min_area=lo, max_area=hi, text=config_of(TextConfig, args),
-                                             world_size=world_size(args, rank))
+                                             lm=config_of(LMConfig, args), world_size=world_size(args, rank))
 
 
 def image_fit_error(args: argparse.Namespace) -> str | None:

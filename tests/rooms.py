@@ -21,3 +21,18 @@ def room_of(dotted: str) -> str | None:
     while dotted and dotted not in MAY_IMPORT:
         dotted = dotted.rpartition(".")[0]
     return dotted or None
+
+
+SCRATCH = ("benchmarks", "work")  # git-ignored: the benchmarks' downloads and peer environments, not the project
+
+
+def project_modules(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
+    """Dotted name -> file, for every .py file under `folders` of `root` ("pkg" is pkg/__init__.py), but the
+    benchmarks' scratch folder, whose peer environments hold other projects' modules."""
+    modules = {}
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[:2] != SCRATCH:
+                modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rooms import MAY_IMPORT, PACKAGE, room_of
+from tests.rooms import MAY_IMPORT, PACKAGE, project_modules, room_of
 
 ROOT = Path(__file__).resolve().parent.parent
 # what the data model may use of the wire: the messages and their limits, not sockets, keys or clients
@@ -127,11 +127,7 @@ def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
     name` that names a module is an arrow to that module; one that names a class is an arrow to
     the package). Lazy imports and `if TYPE_CHECKING:` imports count: each is an arrow a reader
     must follow."""
-    modules = {}
-    for folder in GRAPH_FOLDERS:
-        for path in sorted((root / folder).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    modules = project_modules(root, GRAPH_FOLDERS)
     graph = {}
     for name, path in modules.items():
         targets = {target for _, target in imports_of(path)}

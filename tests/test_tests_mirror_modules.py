@@ -28,6 +28,8 @@ import ast
 import functools
 from pathlib import Path
 
+from tests.rooms import project_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH_FOLDERS = ("stoker", "tests", "examples", "benchmarks")  # the product (stoker/ and its rooms) and its users
 E2E = "tests/integration/"
@@ -83,23 +85,12 @@ COVERED_BY = {
     "stoker/commands/sweep": [E2E + "test_flags.py"],
     "stoker/commands/train": [E2E + "test_flags.py", "tests/unit/stoker/test_options.py"],
     "stoker/commands/worker": [E2E + "test_flags.py", "tests/unit/stoker/workers/test_worker_config.py"],
-    "stoker/datasets": [E2E + "test_exactly_once.py"],
     "stoker/lab/cluster": [E2E + "test_lab.py"],
     "stoker/lab/processes": [E2E + "test_lab.py"],
     "stoker/lab/state": [E2E + "test_lab.py"],
     "stoker/local_workers": [E2E + "test_local_workers.py", E2E + "test_exactly_once.py"],
     "stoker/lab/system": [E2E + "test_lab.py"],
 }
-
-
-def project_modules(root: Path) -> dict[str, Path]:
-    """Dotted name -> file, for every .py file of the graph ("pkg" is pkg/__init__.py)."""
-    modules = {}
-    for folder in GRAPH_FOLDERS:
-        for path in (root / folder).rglob("*.py"):
-            parts = path.relative_to(root).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return modules
 
 
 def _with_packages(name: str, modules: dict[str, Path]) -> set[str]:
@@ -192,7 +183,7 @@ def _fixture_arrows(name: str, path: Path, modules: dict[str, Path]) -> dict[str
 @functools.cache
 def source_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module (or "conftest::fixture") -> the project modules and fixtures it imports, starts or asks for."""
-    modules = project_modules(root)
+    modules = project_modules(root, GRAPH_FOLDERS)
     names = [path.name for path in modules.values()]
     scripts = {path.name: name for name, path in modules.items()
                if names.count(path.name) == 1 and path.name not in ("__init__.py", "__main__.py")}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stoker.accel.stepping import Stateful
-from stoker.pipeline.job_wire import IMAGE_MUST_MATCH, MUST_MATCH, TEXT_MUST_MATCH, job_identity
+from stoker.pipeline.job_wire import IMAGE_MUST_MATCH, LM_MUST_MATCH, MUST_MATCH, TEXT_MUST_MATCH, job_identity
 from stoker.pipeline.plan import Cut, Resumed
 from stoker.pipeline.store.files import replace_atomically, write_atomically
 from stoker.protos.errors import ConfigError, DataError, ResourceError
@@ -159,11 +159,11 @@ def check_matches(job, saved: dict) -> None:
     differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in MUST_MATCH
               if saved.get(name) != getattr(job, name)]
     ours = job_identity(job)
-    for name in (*IMAGE_MUST_MATCH, TEXT_MUST_MATCH):
+    for name in (*IMAGE_MUST_MATCH, TEXT_MUST_MATCH, LM_MUST_MATCH):
         if name not in saved or name not in ours:
             continue  # a checkpoint from before the field was saved, or a field of the other kind
-        if name == TEXT_MUST_MATCH and isinstance(saved[name], dict):
-            differ += [f"text.{key}: checkpoint {saved[name].get(key)!r}, now {value!r}"
+        if name in (TEXT_MUST_MATCH, LM_MUST_MATCH) and isinstance(saved[name], dict):
+            differ += [f"{name}.{key}: checkpoint {saved[name].get(key)!r}, now {value!r}"
                        for key, value in ours[name].items() if saved[name].get(key) != value]
         elif saved[name] != ours[name]:
             differ.append(f"{name}: checkpoint {saved[name]!r}, now {ours[name]!r}")

@@ -86,7 +86,7 @@ class Ledger:
 
     def __init__(self, plan: EpochPlan, rank: int = 0) -> None:
         self.plan = plan
-        self.num_samples = plan.manifest.num_samples
+        self.num_samples = plan.sample_id_space  # a mixture's repeated document has an id per pass
         self.epochs = plan.epochs
         self.rank = rank
         self._units_here: dict[int, int] = {}  # epoch -> this rank's units in it (a resumed epoch has its own)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from stoker import configured, options
 from stoker.flags import POSITIVE, SECONDS, float_in
-from stoker.pipeline.kinds import kind_of
+from stoker.pipeline.kinds import ModelFamily, kind_of
 
 if TYPE_CHECKING:
     from stoker.accel.consumer_config import ConsumerConfig
@@ -46,12 +46,24 @@ def transform_options(parser: argparse.ArgumentParser, default: str | None, dest
 RUN_PROFILE = "a100"
 
 
+def default_lr(args: argparse.Namespace) -> float:
+    """--lr when not given: 1e-4 for BERT's AdamW, 1e-3 for the tiny GPT's (--model gpt-*, or a tokens job's
+    --data), 0.1 for ResNet's SGD."""
+    if args.model.startswith("bert"):
+        return 1e-4
+    if args.model.startswith("gpt"):
+        return 1e-3
+    if args.accel == "torch" and getattr(args, "data", None):
+        return 1e-3 if kind_of(options.dataset(args, args.data)).model_family == ModelFamily.GPT else 0.1
+    return 0.1
+
+
 def accel_spec(args: argparse.Namespace):
     from stoker.accel.backends.accelerators import AccelSpec
 
     if args.accel == "torch":  # the loss every few steps is what a person training wants to see
         logging.getLogger("stoker.loss").setLevel(logging.INFO)
-    lr = args.lr if args.lr is not None else (1e-4 if args.model.startswith("bert") else 0.1)
+    lr = args.lr if args.lr is not None else default_lr(args)
     kind, profile, scale = args.accel, args.profile, args.scale
     if kind is None and args.command == "run" and args.rate is None:  # a device that computes: the default job
         kind, profile = "simulated", profile or RUN_PROFILE

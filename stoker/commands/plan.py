@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -14,10 +15,12 @@ from stoker.protos.errors import ConfigError
 
 def add_parser(sub) -> None:
     plan = sub.add_parser("plan", help="cores, hosts, time-to-train and performance per dollar for a system")
-    plan.add_argument("--system", default="dgx-a100", help="ipu-pod16, ipu-pod64, dgx-a100, a100, h100, h200, b200")
+    plan.add_argument("--system", help="ipu-pod16, ipu-pod64, dgx-a100, a100, h100, h200, b200 (default dgx-a100; "
+                                       "--dataset tokens: h100)")
     plan.add_argument("--compare", help="comma-separated systems, e.g. ipu-pod16,dgx-a100 (last is the baseline)")
-    plan.add_argument("--dataset", choices=("imagenet", "wikipedia", "both"),
-                      help="default both; imagenet alone with --transform")
+    plan.add_argument("--dataset", choices=("imagenet", "wikipedia", "both", "tokens"),
+                      help="default both; imagenet alone with --transform; tokens: a language model's token stream "
+                           "(systems h100, h200, b200: Llama 3.1 8B pretraining in tokens/s)")
     source = plan.add_mutually_exclusive_group()
     source.add_argument("--calibration", type=Path, help=f"from `stoker calibrate` (default {DEFAULT_CALIBRATION})")
     source.add_argument("--sweep", type=Path, nargs="+", help="sweep folders: per-core rates from their host-bound "
@@ -33,6 +36,12 @@ def add_parser(sub) -> None:
     plan.add_argument("--samples", type=SECONDS, help="samples to train (default: MLPerf's, see stoker/planning.py)")
     plan.add_argument("--pack", action="store_true",
                       help="wikipedia: BERT with packed rows (the calibration's packed rate; --check runs --pack)")
+    tokens = plan.add_argument_group("--dataset tokens: cores and storage in tokens")
+    tokens.add_argument("--accelerators", type=POSITIVE,
+                        help="the plan answers for one system and for this many (default 8)")
+    tokens.add_argument("--storage-mbps", type=SECONDS, metavar="MB/S",
+                        help="MB/s (10^6 bytes) the job's store gives all its hosts together: the plan says when "
+                             "storage, not CPU, is the limit (default: not limited)")
     check = plan.add_argument_group("--check: run the prediction in the lab (root, namespaces and CPU quotas)")
     check.add_argument("--check", action="store_true",
                        help="run the job on one lab host with exactly the cores the plan's rate says, then 80%% of "
@@ -40,7 +49,9 @@ def add_parser(sub) -> None:
     check.add_argument("--check-cores", type=SECONDS,
                        help="the cores K the lab host gets (default 1 for imagenet, 0.5 for wikipedia)")
     check.add_argument("--check-seconds", type=SECONDS, default=20.0, help="steady seconds per point (default 20)")
-    check.add_argument("--data", help="--check: the manifest to run on (default: the dataset's generated set)")
+    check.add_argument("--data", help="--check: the manifest to run on (default: the dataset's generated set); "
+                                      "--dataset tokens: the token set whose bytes per token the job reads "
+                                      "(default: the calibration's)")
     json_option(plan, "the plans")
     plan.set_defaults(samples_per_row=None)  # set from the calibration's packed entry
 
@@ -104,7 +115,7 @@ def _plan_datasets(args: argparse.Namespace) -> tuple[str, ...]:
         return ("imagenet", "wikipedia") if args.dataset in (None, "both") else (args.dataset,)
     check_name(args.plan_transform)
     parse_params(args.plan_transform_params)
-    if args.dataset == "wikipedia":
+    if args.dataset in ("wikipedia", "tokens"):
         raise ConfigError("--transform names an image transform: plan --dataset imagenet (or both)")
     return ("imagenet", "wikipedia") if args.dataset == "both" else ("imagenet",)
 
@@ -114,10 +125,16 @@ MIN_CHECK_CORES = 0.01  # a CFS quota of 1 ms per 100 ms period, the kernel's le
 
 def _check_flags(args: argparse.Namespace, datasets: tuple[str, ...]) -> None:
     """What --check and --pack cannot do, refused before anything runs."""
+    tokens = datasets == ("tokens",)
+    if tokens and (args.check or args.sweep):
+        raise ConfigError("--dataset tokens plans from `stoker calibrate` or --per-core-rate in tokens: leave out "
+                          "--check and --sweep")
+    if not tokens and (args.storage_mbps is not None or args.accelerators is not None):
+        raise ConfigError("--storage-mbps and --accelerators plan a token stream: give --dataset tokens")
     if args.pack and "wikipedia" not in datasets:
         raise ConfigError("--pack packs BERT rows: plan --dataset wikipedia")
     if not args.check:
-        if args.check_cores or args.data:
+        if args.check_cores or (args.data and not tokens):
             raise ConfigError("--check-cores and --data belong to --check")
         return
     if len(datasets) != 1:
@@ -136,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
 
     datasets = _plan_datasets(args)
     _check_flags(args, datasets)
+    if datasets == ("tokens",):
+        return _plan_tokens(args)
     rates = {d: args.per_core_rate for d in datasets} if args.per_core_rate else _per_core_rates(args, datasets)
-    systems = args.compare.split(",") if args.compare else [args.system]
+    systems = args.compare.split(",") if args.compare else [args.system or "dgx-a100"]
     out = []
     for dataset in datasets:
         if dataset not in rates:
@@ -179,3 +198,39 @@ def _check(args: argparse.Namespace, dataset: str, rate: float) -> dict:
     result = run_check(cfg)
     print(describe(result))
     return result.as_dict()
+
+
+def _plan_tokens(args: argparse.Namespace) -> int:
+    """--dataset tokens: each system's plan in tokens, from the calibration's `tokens` entry or --per-core-rate."""
+    from stoker.calibrate import TOKENIZE, TOKENS, calibration_notes, checked_rate, load
+    from stoker.pipeline.store.shards import Manifest
+    from stoker.pipeline.text.token_cost import INT32_BYTES, bytes_per_token
+    from stoker.token_planning import TokenPlanInput, describe_tokens, make_token_plan
+
+    path = args.calibration or DEFAULT_CALIBRATION
+    data = load(path) if args.calibration or not args.per_core_rate else {}
+    if not args.per_core_rate and TOKENS not in data:
+        raise ConfigError(f"{path} has no {TOKENS} rate: run `stoker calibrate` (or `stoker calibrate --tokens "
+                          "MANIFEST` on your own token set), or pass --per-core-rate in tokens per CPU-second")
+    found = data.get(TOKENS)
+    entry: dict = found if isinstance(found, dict) else {}
+    rate = args.per_core_rate or checked_rate(entry, TOKENS, str(path))
+    for line in calibration_notes(entry, data, str(path)) if entry else ():
+        print(f"note: {line}")
+    measured = entry.get("bytes_per_token")
+    per_token = bytes_per_token(Manifest.load(args.data)) if args.data else measured
+    if isinstance(per_token, bool) or not isinstance(per_token, int | float) or not 0 < per_token < math.inf:
+        per_token = INT32_BYTES
+        print(f"note: no token set measured: {INT32_BYTES} bytes per token (int32, before Parquet and zstd); give "
+              "--data MANIFEST for your shards' own")
+    tokenize = data.get(TOKENIZE)
+    out = []
+    for system in args.compare.split(",") if args.compare else [args.system or "h100"]:
+        plan = make_token_plan(TokenPlanInput(
+            system=system, per_core_rate=rate, bytes_per_token=per_token, accelerators=args.accelerators or 8,
+            stall_target=args.stall_target, storage_mbps=args.storage_mbps,
+            tokenize_rate=checked_rate(tokenize, TOKENIZE, str(path)) if isinstance(tokenize, dict) else None))
+        print(describe_tokens(plan))
+        out.append(plan.as_dict())
+    emit_json(args.json, out, "plans")
+    return 0

@@ -2,8 +2,9 @@
 
 `imagenet` (an ImageNet-layout folder), `webdataset` (tar shards) and `parquet` (Parquet or Arrow
 tables, the Hugging Face `datasets` layout) all write the same image shards; `wikipedia` writes
-tokenized text. A flag that belongs to another source is refused at parse time with the
-sub-command it is for, rather than argparse's bare "unrecognized arguments".
+tokenized text for BERT, and `tokens` token documents for causal-LM jobs from any corpus and
+tokenizer. A flag that belongs to another source is refused at parse time with the sub-command it
+is for, rather than argparse's bare "unrecognized arguments".
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def add_parser(sub) -> None:
                 for flag, what in flags.items():
                     refused(command, flag, f"is for `stoker prepare {source}` ({what}), not for {name}")
     _add_wikipedia(prepare)
+    _add_tokens(prepare)
+    _add_mixture(prepare)
 
 
 def _image_options(command: argparse.ArgumentParser) -> None:
@@ -92,8 +95,60 @@ def _add_wikipedia(prepare) -> None:
     add_options(wikipedia, TextPrepareConfig)
 
 
+def _add_tokens(prepare) -> None:
+    from stoker.pipeline.text.token_prepare import TokenPrepareConfig
+
+    tokens = prepare.add_parser("tokens", help="any corpus + any tokenizer -> token Parquet shards + manifest "
+                                               "(causal-LM jobs: --dataset tokens)")
+    tokens.add_argument("src", help="JSONL (.gz, .zst), Parquet, WebDataset tars or .txt files: a file, a folder or "
+                                    "a pattern; or package.module:name, a callable of your own that yields texts")
+    tokens.add_argument("--tokenizer", required=True, metavar="PATH_OR_MODULE:NAME",
+                        help="a tokenizers tokenizer.json, or package.module:Name of your own (pinned by version)")
+    tokens.add_argument("--out", required=True, metavar="DIR", help="a folder or s3://bucket/path")
+    add_options(tokens, TokenPrepareConfig)
+
+
+def _mixture_source(text: str):
+    """`--source NAME=DIR/manifest.json:WEIGHT`, its name and weight checked as it is parsed."""
+    from stoker.pipeline.text.mixture import MixtureError
+    from stoker.pipeline.text.mixture_prepare import SourceSpec
+
+    try:
+        return SourceSpec.parse(text)
+    except MixtureError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _add_mixture(prepare) -> None:
+    from stoker.pipeline.text.mixture import EXHAUSTED
+
+    mixture = prepare.add_parser("mixture", help="token sets + weights -> one mixture manifest (each epoch's "
+                                                 "tokens split by weight, within 1%%)")
+    mixture.add_argument("--source", dest="mix_sources", action="append", required=True, type=_mixture_source,
+                         metavar="NAME=DIR/manifest.json:WEIGHT",
+                         help="a token set of `stoker prepare tokens` and its weight (positive; the weights are "
+                              "normalized); twice or more")
+    epoch = mixture.add_mutually_exclusive_group(required=True)
+    epoch.add_argument("--budget", type=POSITIVE, metavar="TOKENS", help="an epoch is this many tokens")
+    epoch.add_argument("--pass", dest="pass_over", metavar="NAME",
+                       help="an epoch is one pass over this source (its tokens over its weight)")
+    mixture.add_argument("--exhausted", choices=EXHAUSTED, default="repeat",
+                         help="a source that runs out within an epoch: repeat (its next pass; default) or end "
+                              "(every epoch starts every source's next pass and ends where the first runs out)")
+    mixture.add_argument("--out", required=True, metavar="DIR", help="a folder or s3://bucket/path")
+
+
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Flags that cannot work together, refused before anything starts."""
+    if args.prepare_command == "mixture":
+        from stoker.pipeline.text.mixture import MixRule, MixSource, MixtureError
+
+        try:
+            MixRule(tuple(MixSource(s.name, s.weight) for s in args.mix_sources), args.budget or 0,
+                    args.pass_over or "", args.exhausted)
+        except MixtureError as exc:
+            parser.error(f"prepare mixture: {exc}")
+        return
     if args.prepare_command in IMAGE_SOURCES and args.records == "bytes" and args.restart_interval_px:
         parser.error(f"prepare {args.prepare_command}: argument --restart-interval-px: --records bytes stores "
                      f"records as given, with no JPEG to transcode (drop the flag, or use --records jpeg)")
@@ -118,6 +173,10 @@ def _source(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     if args.prepare_command == "wikipedia":
         return _prepare_wikipedia(args)
+    if args.prepare_command == "tokens":
+        return _prepare_tokens(args)
+    if args.prepare_command == "mixture":
+        return _prepare_mixture(args)
     from stoker.pipeline.prepare import PrepareConfig, default_restart_interval, prepare_records
 
     interval = default_restart_interval() if args.restart_interval_px is None else args.restart_interval_px
@@ -157,3 +216,24 @@ def _prepare_wikipedia(args: argparse.Namespace) -> int:
           f"{len(m.shards)} shard(s) to {args.dst}; skipped {len(result.skipped)} document(s)")
     return 0
 
+
+
+def _prepare_tokens(args: argparse.Namespace) -> int:
+    from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
+
+    result = prepare_tokens(args.src, args.out, args.tokenizer, config_of(TokenPrepareConfig, args))
+    _print_some("skipped", result.skipped)
+    m = result.manifest
+    print(f"wrote {result.documents} documents ({result.tokens} tokens, tokenizer {m.tokens['fingerprint']}) in "
+          f"{len(m.shards)} shard(s) to {args.out}; skipped {len(result.skipped)} document(s)")
+    return 0
+
+
+def _prepare_mixture(args: argparse.Namespace) -> int:
+    from stoker.pipeline.text.mixture_prepare import prepare_mixture
+
+    result = prepare_mixture(args.mix_sources, args.out, args.budget or 0, args.pass_over or "", args.exhausted)
+    sources = ", ".join(f"{s.name} {s.weight:g} ({result.tokens[s.name]} tokens)" for s in args.mix_sources)
+    print(f"wrote a mixture of {sources}: {result.manifest.num_samples} documents in {len(result.manifest.shards)} "
+          f"shard(s), epochs of {result.epoch_tokens} tokens ({args.exhausted} when a source runs out), to {args.out}")
+    return 0

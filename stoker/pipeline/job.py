@@ -19,6 +19,7 @@ from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
 from stoker.pipeline.wire_values import wire_problem
@@ -40,7 +41,7 @@ class JobConfig:
     workers) derives the same plan from it; the wire carries it field by field."""
 
     manifest_uri: str
-    dataset: str = "imagenet"  # or "wikipedia" (BERT pretraining text)
+    dataset: str = "imagenet"  # or "wikipedia" (BERT pretraining text), "tokens" (causal-LM token streams)
     # a field with a help line is also a command-line option (stoker.configured)
     epochs: int = field(default=1, metadata={"help": "passes over the data (default %(default)s)", "check": "positive"})
     batch_size: int = field(default=64, metadata={  # images, or rows of tokens
@@ -78,6 +79,7 @@ class JobConfig:
                 "pixels libjpeg makes of it, as Stoker did before)", "choices": CORRUPT_JPEGS,
         "metavar": "{skip,keep}"})
     text: TextConfig = TextConfig()
+    lm: LMConfig = LMConfig()  # tokens: the causal-LM rows
     checksum: bool = field(default=False, metadata={
         "help": "CRC-32C of every batch's frames, checked by the consumer"})
     heartbeat_s: float = 1.0

@@ -14,7 +14,9 @@ from typing import Any
 from google.protobuf.message import Message
 
 from stoker.pipeline.job import JobConfig
+from stoker.pipeline.kinds import TOKENS
 from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError, PeerError
 
@@ -22,7 +24,8 @@ MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_b
 # What else decides a sample's bytes, by kind; a checkpoint or journal written before these were
 # saved (version 2 or 3) cannot be checked on them and is taken as it is.
 IMAGE_MUST_MATCH = ("image_size", "transform", "transform_params", "min_area", "max_area")
-TEXT_MUST_MATCH = "text"
+TEXT_MUST_MATCH = "text"  # wikipedia
+LM_MUST_MATCH = "lm"  # tokens
 
 
 def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:
@@ -55,7 +58,9 @@ def job_identity(job: JobConfig) -> dict:
     """The job as its checkpoints and its dispatcher's journal name it: what a resumed job and a restarted
     dispatcher must agree on."""
     named = {"job_id": job.job_id, "world_size": job.world_size, **{name: getattr(job, name) for name in MUST_MATCH}}
-    if job.kind.text:
+    if job.kind is TOKENS:
+        named[LM_MUST_MATCH] = asdict(job.lm)
+    elif job.kind.text:
         named[TEXT_MUST_MATCH] = asdict(job.text)
     else:
         named |= {name: getattr(job, name) for name in IMAGE_MUST_MATCH}
@@ -79,7 +84,7 @@ def _has_presence(message: Message, name: str) -> bool:
 
 def _check_wire_names() -> None:
     """Every field of the configs has a wire field of its name: nothing is dropped on the way."""
-    for config, message in ((JobConfig, pb.JobSpec), (TextConfig, pb.TextSpec)):
+    for config, message in ((JobConfig, pb.JobSpec), (TextConfig, pb.TextSpec), (LMConfig, pb.LMSpec)):
         missing = {f.name for f in fields(config)} - set(message.DESCRIPTOR.fields_by_name)
         if missing:
             raise TypeError(f"{message.__name__} lacks {sorted(missing)}: add them to stoker/protos/stoker.proto")

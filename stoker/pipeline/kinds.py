@@ -20,7 +20,9 @@ from stoker.pipeline.images import layout as image_layout
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.tensors import BatchLayout
 from stoker.pipeline.text import layout as text_layout
+from stoker.pipeline.text import lm_layout
 from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.pipeline.transforms import Resolved
 from stoker.protos.errors import ConfigError
 
@@ -38,6 +40,9 @@ class LaidOutJob(Protocol):
     @property
     def text(self) -> TextConfig: ...
 
+    @property
+    def lm(self) -> LMConfig: ...
+
     def image_transform(self) -> Resolved: ...
 
 
@@ -46,6 +51,7 @@ class ModelFamily(StrEnum):
 
     RESNET50 = "resnet50"
     BERT = "bert"
+    GPT = "gpt"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,10 @@ def _text_layout(job: LaidOutJob) -> BatchLayout:
     return BatchLayout(text_layout.tensor_specs(job.text), rows_are_samples=False)
 
 
+def _lm_layout(job: LaidOutJob) -> BatchLayout:
+    return BatchLayout(lm_layout.tensor_specs(job.lm), rows_are_samples=False)
+
+
 # MLPerf's reference convergence: ResNet-50 v1.5 reaches 75.9% top-1 in about 35-44 epochs of
 # ImageNet's 1,281,167 training images depending on the global batch size (quoted in this
 # project's planning issue); 40 is the default. BERT-large: ~2.5-3.0 M samples at length 512
@@ -112,7 +122,15 @@ WIKIPEDIA = DatasetKind("wikipedia", sample_noun="documents", row_noun="sequence
                                           "BERT-large: 2.75 M sequences at length 512 (MLPerf v1.0 logs: 2.5-3.0 M)"),
                         small_scale=SmallScale(run=1.0, sweep=1.0, sweep_cores=(0.05, 0.1, 0.2)),  # 210; 1,300 seq/s
                         pod16_over_dgx=1.3)
-KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (IMAGENET, WIKIPEDIA)}
+# GPT-2 124M as nanoGPT reproduces it: ~300 B tokens (600,000 steps of ~0.5 M tokens), 293 M rows of 1,024.
+# No published IPU-POD16 over DGX A100 figure for it: 1.0, the sweep's ratio left neutral.
+TOKENS = DatasetKind("tokens", sample_noun="documents", row_noun="sequences", progress_unit="doc",
+                     stages=("pack",), one_row_per_sample=False, encoded_images=False, text=True,
+                     model_family=ModelFamily.GPT, layout=_lm_layout,
+                     workload=Workload(293_000_000, "GPT-2 124M: ~300 B tokens at length 1,024 (nanoGPT)"),
+                     small_scale=SmallScale(run=1.0, sweep=1.0, sweep_cores=(0.05, 0.1, 0.2)),
+                     pod16_over_dgx=1.0)
+KINDS: dict[str, DatasetKind] = {kind.name: kind for kind in (IMAGENET, WIKIPEDIA, TOKENS)}
 
 
 def kind_of(name: str) -> DatasetKind:

@@ -31,6 +31,7 @@ import numpy as np
 
 from stoker.pipeline.seeds import derived_rng
 from stoker.pipeline.store.shards import Manifest
+from stoker.pipeline.text.mixture import MIXTURE, Schedule
 from stoker.protos.errors import ConfigError, DataError
 
 _UNIT_ORDER_KEY = "unit-order"
@@ -149,6 +150,9 @@ class EpochPlan:
         if self.manifest.num_samples < self.world_size:
             raise ConfigError(f"{self.manifest.num_samples} samples cannot feed {self.world_size} ranks: every rank "
                              f"needs at least one")
+        if self._mixture is not None and min(self.rank_sizes) == 0:
+            raise ConfigError(f"epoch 0 of the mixture holds {sum(self.rank_sizes)} documents, fewer than the "
+                              f"{self.world_size} ranks: give it a larger budget")
         if self.drop_last and self.rank_sizes[0] == 0:
             raise ConfigError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
                              f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
@@ -165,9 +169,31 @@ class EpochPlan:
         return tuple(blocks)
 
     @cached_property
+    def _mixture(self) -> Schedule | None:
+        """A mixture of token sources (pipeline.text.mixture) picks each epoch's documents; None: every sample."""
+        return Schedule.of(self.manifest, self.unit_size) if MIXTURE in self.manifest.tokens else None
+
+    @cached_property
+    def sample_id_space(self) -> int:
+        """Sample ids run below this: the samples, or a mixture's documents times the passes an epoch may hold."""
+        return self.manifest.num_samples if self._mixture is None else self._mixture.id_space
+
+    @cached_property
     def rank_sizes(self) -> tuple[int, ...]:
-        """Samples in each rank's stream, every epoch: they differ by at most one (none with drop_last)."""
-        return _split(self, self.manifest.num_samples, self.world_size)
+        """Samples in each rank's stream, every epoch: they differ by at most one (none with drop_last).
+        A mixture's epochs differ in size: these are its epoch 0's (`epoch_rank_sizes` has each)."""
+        return self.epoch_rank_sizes(0)
+
+    def epoch_rank_sizes(self, epoch: int) -> tuple[int, ...]:
+        """Samples in each rank's stream in a whole `epoch` (not one a resumed job continues)."""
+        rows = self.manifest.num_samples if self._mixture is None else self._mixture.rows(self.seed, epoch)
+        return _split(self, rows, self.world_size)
+
+    @cached_property
+    def _mixture_units(self) -> tuple[tuple[int, ...], ...]:
+        """A mixture's units per rank, epoch by epoch (counted from each epoch's sizes, no unit made)."""
+        return tuple(tuple(len(_unit_sizes(self, size)) for size in self.epoch_rank_sizes(epoch))
+                     for epoch in range(self.epochs))
 
     def step_offset(self, epoch: int) -> int:
         """Steps of `epoch` taken before its first unit: those a resumed job's earlier world size took."""
@@ -185,7 +211,10 @@ class EpochPlan:
 
     @cached_property
     def units_per_epoch(self) -> int:
-        """Units of a whole epoch, every rank's; unit ids of epoch e start at e times this."""
+        """Units of a whole epoch, every rank's; unit ids of epoch e start at e times this (a mixture: the
+        most any epoch has)."""
+        if self._mixture is not None:
+            return max(sum(counts) for counts in self._mixture_units)
         return sum(self.units_per_rank)
 
     def units_in(self, epoch: int) -> int:
@@ -193,16 +222,21 @@ class EpochPlan:
         (unit ids of epoch e start at e * units_per_epoch whatever their number)."""
         if self.resumed is not None and epoch == self.resumed.epoch:
             return len(self._units(epoch))
-        return self.units_per_epoch
+        return self.units_per_epoch if self._mixture is None else sum(self._mixture_units[epoch])
 
     @cached_property
     def total_units(self) -> int:
         """Units of the whole job: counted, not summed epoch by epoch (a job of 2**31 - 1 epochs, the
         most --epochs takes, spent some 5 minutes here before its first lease)."""
+        if self._mixture is not None:
+            return sum(self.units_in(epoch) for epoch in range(self.epochs))
         return self.units_per_epoch * self.epochs + _resumed_change(self, self.units_per_epoch, self.units)
 
     def rank_total_units(self, rank: int) -> int:
         """Units of `rank`'s streams over the whole job (what a rank attached to the dispatcher awaits)."""
+        if self._mixture is not None:
+            return sum(len(self.rank_units(e, rank)) if self.resumed is not None and e == self.resumed.epoch
+                       else self._mixture_units[e][rank] for e in range(self.epochs))
         per_epoch = self.units_per_rank[rank]
         return per_epoch * self.epochs + _resumed_change(self, per_epoch, lambda epoch: self.rank_units(epoch, rank))
 
@@ -255,9 +289,10 @@ class EpochPlan:
         if self.resumed is not None and epoch == self.resumed.epoch:
             stream, sizes = _remainder(self, epoch, self.resumed.cuts)
         else:
-            blocks = self._blocks
+            blocks = self._blocks if self._mixture is None else \
+                tuple(Segment(*run) for run in self._mixture.runs(self.seed, epoch))
             order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
-            stream, sizes = [blocks[int(i)] for i in order], self.rank_sizes
+            stream, sizes = [blocks[int(i)] for i in order], self.epoch_rank_sizes(epoch)
         yield from self._cut(epoch, stream, sizes)
 
     def _cut(self, epoch: int, stream: list[Segment], sizes: tuple[int, ...]) -> Iterator[Unit]:
@@ -391,7 +426,7 @@ def _runs(rows: list[tuple[int, int, int]]) -> list[Segment]:
     runs: list[Segment] = []
     for shard, row, first in rows:
         last = runs[-1] if runs else None
-        if last is not None and last.shard_index == shard and last.stop == row:
+        if last is not None and last.shard_index == shard and last.stop == row and last.first_sample_id == first:
             runs[-1] = Segment(shard, last.start, row + 1, first)
         else:
             runs.append(Segment(shard, row, row + 1, first))

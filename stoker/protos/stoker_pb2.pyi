@@ -195,7 +195,7 @@ class Register(_message.Message):
     def __init__(self, host_id: _Optional[str] = ..., procs: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "manifest_uri", "data_endpoint", "batch_size", "image_size", "transform", "seed", "min_area", "max_area", "heartbeat_s", "checksum", "dataset", "text", "decoder", "epochs", "unit_batches", "decode_on", "world_size", "drop_last", "resumed_from", "transform_params", "transform_version", "transform_timeout_s", "corrupt_jpegs")
+    __slots__ = ("job_id", "manifest_uri", "data_endpoint", "batch_size", "image_size", "transform", "seed", "min_area", "max_area", "heartbeat_s", "checksum", "dataset", "text", "decoder", "epochs", "unit_batches", "decode_on", "world_size", "drop_last", "resumed_from", "transform_params", "transform_version", "transform_timeout_s", "corrupt_jpegs", "lm")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_URI_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +220,7 @@ class JobSpec(_message.Message):
     TRANSFORM_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_JPEGS_FIELD_NUMBER: _ClassVar[int]
+    LM_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     manifest_uri: str
     data_endpoint: str
@@ -244,7 +245,16 @@ class JobSpec(_message.Message):
     transform_version: str
     transform_timeout_s: float
     corrupt_jpegs: str
-    def __init__(self, job_id: _Optional[str] = ..., manifest_uri: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., batch_size: _Optional[int] = ..., image_size: _Optional[int] = ..., transform: _Optional[str] = ..., seed: _Optional[int] = ..., min_area: _Optional[float] = ..., max_area: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., checksum: _Optional[bool] = ..., dataset: _Optional[str] = ..., text: _Optional[_Union[TextSpec, _Mapping]] = ..., decoder: _Optional[str] = ..., epochs: _Optional[int] = ..., unit_batches: _Optional[int] = ..., decode_on: _Optional[str] = ..., world_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., resumed_from: _Optional[str] = ..., transform_params: _Optional[str] = ..., transform_version: _Optional[str] = ..., transform_timeout_s: _Optional[float] = ..., corrupt_jpegs: _Optional[str] = ...) -> None: ...
+    lm: LMSpec
+    def __init__(self, job_id: _Optional[str] = ..., manifest_uri: _Optional[str] = ..., data_endpoint: _Optional[str] = ..., batch_size: _Optional[int] = ..., image_size: _Optional[int] = ..., transform: _Optional[str] = ..., seed: _Optional[int] = ..., min_area: _Optional[float] = ..., max_area: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., checksum: _Optional[bool] = ..., dataset: _Optional[str] = ..., text: _Optional[_Union[TextSpec, _Mapping]] = ..., decoder: _Optional[str] = ..., epochs: _Optional[int] = ..., unit_batches: _Optional[int] = ..., decode_on: _Optional[str] = ..., world_size: _Optional[int] = ..., drop_last: _Optional[bool] = ..., resumed_from: _Optional[str] = ..., transform_params: _Optional[str] = ..., transform_version: _Optional[str] = ..., transform_timeout_s: _Optional[float] = ..., corrupt_jpegs: _Optional[str] = ..., lm: _Optional[_Union[LMSpec, _Mapping]] = ...) -> None: ...
+
+class LMSpec(_message.Message):
+    __slots__ = ("seq_len", "mode")
+    SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    seq_len: int
+    mode: str
+    def __init__(self, seq_len: _Optional[int] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class TextSpec(_message.Message):
     __slots__ = ("seq_len", "max_predictions", "masked_lm_prob", "short_seq_prob", "whole_word_mask", "pack", "pack_max_sequences")

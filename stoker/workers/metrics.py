@@ -30,7 +30,7 @@ class WorkerMetrics:
                                "pillow: see pipeline.images.augment.DECODE_PATHS)", ["path"], registry=r)
         self.augment_seconds = Histogram("stoker_worker_augment_seconds", "Crop/resize/flip time per image",
                                          buckets=IMAGE_BUCKETS, registry=r)
-        self.sequences = Counter("stoker_worker_sequences", "Text: BERT examples produced into sent batches",
+        self.sequences = Counter("stoker_worker_sequences", "Text: BERT examples (tokens: document pieces) sent",
                                  registry=r)
         self.tokens = Counter("stoker_worker_tokens", "Text: non-padding tokens sent", registry=r)
         self.token_slots = Counter("stoker_worker_token_slots",
@@ -40,6 +40,7 @@ class WorkerMetrics:
         self.example_seconds = Counter("stoker_worker_example_seconds",
                                        "Text: time making examples (pairs, truncation, masking)", registry=r)
         self.pack_seconds = Counter("stoker_worker_pack_seconds", "Text: time packing and writing rows", registry=r)
+        self.lm_rows = Counter("stoker_worker_lm_rows", "Tokens: causal-LM rows of --lm-seq-len sent", registry=r)
         self.units = Counter("stoker_worker_units", "Work units completed", registry=r)
         self.sends_timed_out = Counter("stoker_worker_sends_timed_out", "Batches that could not be sent within the "
                                        "deadline because the rank's connection was gone (their units handed back)",

@@ -12,10 +12,10 @@ broken unit out forever. So is a JPEG libjpeg says is corrupt, unless the job ke
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from stoker.pipeline.images.augment import CROP_DECODER_AVAILABLE
 from stoker.pipeline.images.batching import OnHang, unit_batches
 from stoker.pipeline.images.corrupt import job_sample_work
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.kinds import IMAGENET, WIKIPEDIA
+from stoker.pipeline.kinds import IMAGENET, TOKENS, WIKIPEDIA
 from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.open_shards import OpenShards
 from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache
@@ -31,6 +31,8 @@ from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
 from stoker.pipeline.text.docs import ShardError, read_doc_shard
 from stoker.pipeline.text.examples import Specials
+from stoker.pipeline.text.lm_layout import unit_token_batches
+from stoker.pipeline.text.token_shards import TokenShard, read_token_shard
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import ImageTransform, pinned
 from stoker.protos import stoker_pb2 as pb
@@ -38,6 +40,8 @@ from stoker.protos.errors import ConfigError
 from stoker.workers.metrics import WorkerMetrics
 
 log = logging.getLogger("stoker.worker")
+SHARDS_KEPT = 4  # text shards a source holds read: a plan's unit spans at most two (pipeline.plan), a resumed one more
+T = TypeVar("T")
 
 
 @dataclass
@@ -110,6 +114,19 @@ class ImageSource:
                 yield Outgoing(header, tensors, observe)
 
 
+def kept_shard(kept: OrderedDict[int, T], index: int, read: Callable[[int], T]) -> T:
+    """The shard at `index` from `kept`, read on a miss; past SHARDS_KEPT the least recently used is dropped.
+    A text shard is read whole into memory: kept for ever, every shard a worker ever read would stay there,
+    and a worker fed a corpus larger than its memory would die of it."""
+    if index in kept:
+        kept.move_to_end(index)
+    else:
+        kept[index] = read(index)
+        while len(kept) > SHARDS_KEPT:
+            kept.popitem(last=False)
+    return kept[index]
+
+
 class TextSource:
     def __init__(self, manifest: Manifest, job: JobConfig, cache: CacheConfig | None = None) -> None:
         """`cache` is not used: a text shard is read whole into memory and checked there (pipeline.text.docs)."""
@@ -123,18 +140,19 @@ class TextSource:
         if manifest.vocab_sha256 and vocab.sha256 != manifest.vocab_sha256:
             raise ConfigError(f"{manifest.vocab}: not the vocabulary the shards were tokenized with (sha256 differs)")
         self.specials = Specials.of(vocab)
-        self.shards: dict[int, TextUnitSource | str] = {}
+        self.shards: OrderedDict[int, TextUnitSource | str] = OrderedDict()
 
     def _shard(self, index: int) -> TextUnitSource | str:
-        if index not in self.shards:
-            uri = self.manifest.shard_uri(index)
-            try:
-                shard = read_doc_shard(uri, self.manifest.shards[index], self.specials.vocab_size)
-                self.shards[index] = TextUnitSource(shard, self.cfg, self.specials, self.job.seed)
-            except ShardError as exc:
-                log.error("shard %s is unusable: %s", uri, exc)
-                self.shards[index] = f"unreadable shard: {exc}"
-        return self.shards[index]
+        return kept_shard(self.shards, index, self._read)
+
+    def _read(self, index: int) -> TextUnitSource | str:
+        uri = self.manifest.shard_uri(index)
+        try:
+            shard = read_doc_shard(uri, self.manifest.shards[index], self.specials.vocab_size)
+            return TextUnitSource(shard, self.cfg, self.specials, self.job.seed)
+        except ShardError as exc:
+            log.error("shard %s is unusable: %s", uri, exc)
+            return f"unreadable shard: {exc}"
 
     def batches(self, unit: Unit, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
                 ) -> Iterator[Outgoing]:
@@ -162,8 +180,56 @@ class TextSource:
             yield Outgoing(header, tensors, observe)
 
 
+class TokenSource:
+    def __init__(self, manifest: Manifest, job: JobConfig, cache: CacheConfig | None = None) -> None:
+        """`cache` is not used: a token shard is read whole into memory and checked there
+        (pipeline.text.token_shards)."""
+        self.manifest = manifest
+        self.job = job
+        info = manifest.tokens
+        if not all(type(info.get(name)) is int for name in ("eot", "pad", "vocab_size")):
+            raise ConfigError(f"{manifest.uri}: a tokens job needs a token manifest with its tokenizer's eot, pad and "
+                             "vocab_size (make one with `stoker prepare tokens`)")
+        self.eot, self.pad, self.vocab_size = info["eot"], info["pad"], info["vocab_size"]
+        self.shards: OrderedDict[int, TokenShard | str] = OrderedDict()
+
+    def _shard(self, index: int) -> TokenShard | str:
+        return kept_shard(self.shards, index, self._read)
+
+    def _read(self, index: int) -> TokenShard | str:
+        uri = self.manifest.shard_uri(index)
+        try:
+            return read_token_shard(uri, self.manifest.shards[index], self.vocab_size)
+        except ShardError as exc:
+            log.error("shard %s is unusable: %s", uri, exc)
+            return f"unreadable shard: {exc}"
+
+    def batches(self, unit: Unit, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
+                ) -> Iterator[Outgoing]:
+        """`skip` and `on_hang` are not used: token rows run no user transform that could kill or hang."""
+        for batch in unit_token_batches(self._shard, unit, self.job.lm, self.job.seed, self.job.batch_size,
+                                        self.eot, self.pad):
+            header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
+            header.stages.pack = batch.pack_s
+            header.text.CopyFrom(pb.TextStats(sequences=batch.segments, real_tokens=batch.tokens,
+                                              token_slots=batch.token_slots, unpacked_token_slots=batch.unpacked_slots))
+            tensors = batch.tensors if batch.rows else {}
+
+            def observe(metrics: WorkerMetrics, batch=batch) -> None:
+                metrics.samples.inc(len(batch.doc_ids))
+                metrics.decode_errors.inc(len(batch.skipped))
+                metrics.sequences.inc(batch.segments)
+                metrics.tokens.inc(batch.tokens)
+                metrics.token_slots.labels(packing="before").inc(batch.unpacked_slots)
+                metrics.token_slots.labels(packing="after").inc(batch.token_slots)
+                metrics.lm_rows.inc(batch.rows)
+                metrics.pack_seconds.inc(batch.pack_s)
+
+            yield Outgoing(header, tensors, observe)
+
+
 SOURCES: dict[str, Callable[[Manifest, JobConfig, CacheConfig | None], BatchSource]] = {
-    IMAGENET.name: ImageSource, WIKIPEDIA.name: TextSource}  # one per pipeline.kinds entry
+    IMAGENET.name: ImageSource, WIKIPEDIA.name: TextSource, TOKENS.name: TokenSource}  # one per pipeline.kinds entry
 
 
 def make_source(manifest: Manifest, job: JobConfig, cache: CacheConfig | None = None) -> BatchSource:

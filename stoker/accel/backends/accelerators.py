@@ -69,7 +69,8 @@ class ConvertingSimulatedAccelerator(SimulatedAccelerator, PreparedStep[int]):
         self.step_prepared(self.prepare(batch))
 
 
-MODELS = ("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large")  # resnet*: imagenet; bert-*: wikipedia
+# resnet*: imagenet; bert-*: wikipedia; gpt-*: tokens
+MODELS = ("resnet18", "resnet50", "bert-tiny", "bert-base", "bert-large", "gpt-tiny")
 
 
 @dataclass(frozen=True)
@@ -92,18 +93,20 @@ class AccelSpec:
     convert: bool = field(default=False, metadata={
         "help": "--accel simulated: also convert each batch on the host as a real device feed would"})
     model: str = field(default="resnet18", metadata={
-        "help": "--accel torch model (bert-*: with --dataset wikipedia; default %(default)s)", "choices": MODELS,
+        "help": "--accel torch model (bert-*: with --dataset wikipedia; gpt-tiny: a tokens job's, picked for one; "
+                "default %(default)s)", "choices": MODELS,
         "metavar": "{" + ",".join(MODELS) + "}"})
     device: str = field(default="cpu", metadata={"help": "--accel torch device: cpu, cuda, cuda:1 ..."})
     width: int = field(default=64, metadata={
         "help": "--accel torch: channels of the first stage (%(default)s: standard)", "check": "positive"})
-    lr: float = field(default=0.1, metadata={  # the CLI picks 1e-4 for BERT AdamW when --lr is not given
-        "help": "learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW)", "check": "seconds", "always": True})
+    lr: float = field(default=0.1, metadata={  # the CLI picks 1e-4 (BERT) or 1e-3 (GPT) when --lr is not given
+        "help": "learning rate (default 0.1 for ResNet SGD, 1e-4 for BERT AdamW, 1e-3 for GPT AdamW)",
+        "check": "seconds", "always": True})
     label_smoothing: float = field(default=0.0, metadata={
         "help": "--accel torch: label smoothing of the classification loss (default %(default)s)",
         "check": "fraction"})
     optimizer: str = field(default="", metadata={  # empty: sgd / adamw
-        "help": "--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT",
+        "help": "--accel torch: sgd (default) or lars for ResNet; adamw (default) or lamb for BERT; adamw for GPT",
         "choices": ("sgd", "lars", "adamw", "lamb"), "metavar": "{sgd,lars,adamw,lamb}"})
     precision: str = field(default="fp32", metadata={
         "help": "--accel torch ResNet: bf16 autocasts the forward pass (as A100/H100 are benchmarked)",
@@ -112,7 +115,8 @@ class AccelSpec:
     def factory(self) -> StepFactory:
         """The backend, made for the job once it is known (a rank learns it from the dispatcher)."""
         return lambda job, manifest: make_accelerator(self, job.dataset, len(manifest.classes), manifest.vocab_size,
-                                                      job.text.seq_len)
+                                                      job.lm.seq_len if job.kind.model_family == ModelFamily.GPT
+                                                      else job.text.seq_len)
 
 
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
@@ -130,6 +134,15 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         return kind(spec.rate)
     if spec.kind == "torch":
         require("torch", "--accel torch")
+    if spec.kind == "torch" and kind_of(dataset).model_family == ModelFamily.GPT:
+        from stoker.accel.backends.gpt_accel import GPTAccelerator
+
+        if spec.model.startswith("bert"):
+            raise ConfigError(f"--model {spec.model} needs --dataset wikipedia")
+        if spec.optimizer not in ("", "adamw"):
+            raise ConfigError(f"--optimizer {spec.optimizer}: a tokens job's GPT steps with adamw")
+        model = spec.model if spec.model.startswith("gpt") else "gpt-tiny"
+        return GPTAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr)
     if spec.kind == "torch" and kind_of(dataset).model_family == ModelFamily.BERT:
         require("transformers", "--accel torch with --dataset wikipedia")
         from stoker.accel.backends.bert_accel import BertAccelerator
@@ -138,8 +151,9 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
         return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr,
                                optimizer_name=spec.optimizer or "adamw")
     if spec.kind == "torch":
-        if spec.model.startswith("bert"):
-            raise ConfigError(f"--model {spec.model} needs --dataset wikipedia")
+        if not spec.model.startswith("resnet"):
+            needs = "--dataset wikipedia" if spec.model.startswith("bert") else "a tokens job (`stoker prepare tokens`)"
+            raise ConfigError(f"--model {spec.model} needs {needs}")
         from stoker.accel.backends.torch_accel import TorchAccelerator, TorchConfig
 
         return TorchAccelerator(TorchConfig(model=spec.model, device=spec.device, width=spec.width, lr=spec.lr,

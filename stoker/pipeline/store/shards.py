@@ -69,6 +69,7 @@ class Manifest:
     from_progressive: int = 0  # of those, files that were progressive (now sequential, the same pixels)
     kept_as_is: dict[str, int] = field(default_factory=dict)  # files the transcoder refused, by reason
     records: str = "jpeg"  # image sets: one of RECORD_KINDS (manifests from before the field hold JPEGs)
+    tokens: dict = field(default_factory=dict)  # token sets: the tokenizer, its special ids, tokens per shard
     version: int = MANIFEST_VERSION
     uri: str = ""  # where it was loaded from (not saved)
 
@@ -129,10 +130,9 @@ class Manifest:
         return cls(shards=shards, uri=uri, **data)
 
     def check_shard_files(self) -> None:
-        """Refuse (ValueError, naming it) a local shard path that exists and is not a regular file: a
-        FIFO or a device (`/dev/zero`) would hang the first worker that reads it. A missing or changed
-        file is the worker's to refuse and count (pipeline.store.integrity); remote shards are checked as
-        they are fetched (pipeline.store.shard_cache)."""
+        """Refuse (ValueError, naming it) a local shard path that exists and is not a regular file: a FIFO or a
+        device (`/dev/zero`) would hang the first worker that reads it. A missing or changed file is the worker's
+        to refuse and count (pipeline.store.integrity); remote ones are checked as fetched (store.shard_cache)."""
         for index, shard in enumerate(self.shards):
             uri = self.shard_uri(index)
             if is_remote(uri):
@@ -180,14 +180,14 @@ MANIFEST_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "restart_index": (_is_int, "an integer"), "transcoded": (_is_int, "an integer"),
     "from_progressive": (_is_int, "an integer"), "kept_as_is": (_counts, "an object of integers"),
     "records": (_is_str, "a string"), "num_samples": (_is_int, "an integer"),
+    "tokens": (lambda value: isinstance(value, dict), "an object"),  # token sets (pipeline.text.token_prepare)
 }
 REQUIRED_FIELDS = ("version", "kind", "classes", "shards")
 
 
 def _check_fields(uri: str, data: dict) -> None:
-    """Refuse, naming the field, what it holds and the file, a manifest with a field missing, unknown or
-    of the wrong JSON type, and a version this Stoker does not read: a null `classes` used to end in a
-    TypeError far from the file, and `"version": "2"` in "version 2 is not one of 1, 2"."""
+    """Refuse, naming the field, what it holds and the file, a manifest with a field missing, unknown or of the
+    wrong JSON type, or a version this Stoker does not read (`"version": "2"`: "is the string "2", not ...")."""
     missing = [name for name in REQUIRED_FIELDS if name not in data]
     if missing:
         raise DataError(f"{uri}: not a Stoker manifest (no field {', '.join(missing)})")

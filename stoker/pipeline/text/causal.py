@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,6 +82,8 @@ class CausalRows:
     segment_ids: np.ndarray  # 1, 2, ... per segment of the row, 0 on padding
     cu_seqlens: tuple[np.ndarray, ...]  # per row: int32 [0, end of segment 1, ..., tokens]
     stats: CausalStats
+    first_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per document: the first row
+    # holding any of its tokens (concat: the row whose labels hold its first, when no input does), -1: none
 
 
 def causal_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> CausalRows:
@@ -112,12 +114,15 @@ def concat_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> Causal
     split, pieces = _concat_splits(docs, width, tokens)
     stats = CausalStats(len(docs), n_rows, tokens, n_rows * width - tokens, split, pieces,
                         stream.size - covered)
+    starts = np.cumsum([d.size + 1 for d in docs], dtype=np.int64) - [d.size + 1 for d in docs]
+    first = np.minimum(starts // width, n_rows - 1)
+    first[starts >= covered] = -1  # drop_last: in no row
     return CausalRows(
         input_ids=np.ascontiguousarray(windows[:, :-1]), labels=labels,
         position_ids=np.tile(cols.astype(np.int32), (n_rows, 1)),
         segment_ids=input_real.astype(np.int32),
         cu_seqlens=tuple(np.array([0, n], dtype=np.int32) for n in input_real.sum(axis=1)),
-        stats=stats)
+        stats=stats, first_rows=first.astype(np.int64))
 
 
 def packed_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> CausalRows:
@@ -132,11 +137,14 @@ def packed_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> Causal
     positions = np.zeros((n_rows, width), dtype=np.int32)
     segments = np.zeros((n_rows, width), dtype=np.int32)
     bounds: list[np.ndarray] = []
+    first_rows = np.full(len(docs), -1, dtype=np.int64)
     for r, members in enumerate(rows):
         start = 0
         ends = [0]
         for k, index in enumerate(members):
             piece = pieces[index]
+            if first_rows[owners[index]] < 0:
+                first_rows[owners[index]] = r
             stop = start + piece.size
             ids[r, start:stop] = piece
             labels[r, start:stop - 1] = piece[1:]
@@ -148,7 +156,7 @@ def packed_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> Causal
     tokens = sum(p.size for p in pieces)
     split = int(np.count_nonzero(np.bincount(owners, minlength=len(docs)) > 1)) if owners else 0
     stats = CausalStats(len(docs), n_rows, tokens, n_rows * width - tokens, split, len(pieces))
-    return CausalRows(ids, labels, positions, segments, tuple(bounds), stats)
+    return CausalRows(ids, labels, positions, segments, tuple(bounds), stats, first_rows)
 
 
 def best_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:

@@ -9,7 +9,7 @@ tokens later.
 Special tokens, when the config does not give them (by text or by id):
 
 - end-of-text: the first of `EOT_NAMES` (`<|endoftext|>`, `</s>`, `<eos>`, `<|end_of_text|>`,
-  `[SEP]`) among the tokenizer's added tokens (tokenizer.json's `added_tokens`, where a
+  `<EOT>`, `[SEP]`) among the tokenizer's added tokens (tokenizer.json's `added_tokens`, where a
   trainer's special tokens go); none there and none given is refused.
 - padding: the first of `PAD_NAMES` (`<pad>`, `[PAD]`, `<|padding|>`) among them, else the
   end-of-text id (causal-LM rows are packed, and a padded slot's label is masked out anyway).
@@ -42,7 +42,7 @@ from stoker.protos.errors import ConfigError
 if TYPE_CHECKING:
     import tokenizers
 
-EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<EOT>", "[SEP]")
 PAD_NAMES = ("<pad>", "[PAD]", "<|padding|>")
 IDS = np.int32  # the dtype of `input_ids` in a batch
 _FACTORY = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")

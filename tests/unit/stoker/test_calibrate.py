@@ -9,7 +9,18 @@ import random
 import numpy as np
 import pytest
 
-from stoker.calibrate import calibrate, calibrate_transform, calibration_notes, checked_rate, transform_rate
+from stoker.calibrate import (
+    calibrate,
+    calibrate_transform,
+    calibration_notes,
+    checked_rate,
+    imagenet_job,
+    images_in,
+    sent_batches,
+    sequences_in,
+    transform_rate,
+    wikipedia_job,
+)
 from stoker.machine import machine_kind
 from stoker.pipeline.transforms import Output
 from stoker.planning import transform_key
@@ -105,3 +116,63 @@ def test_an_out_that_cannot_be_written_is_refused_before_anything_is_measured(tm
     with pytest.raises(ValueError, match="cannot read it as a calibration"):
         calibrate_transform("unused", "train", out=tmp_path)
     assert measured == []
+
+
+def test_the_stream_a_calibration_times_is_a_workers_batches_sent_to_a_sink(manifest, wiki_manifest):
+    """sent_batches gives the batches the calibration counts, each sent over the wire before it is given:
+    the images of the first unit are those the plan gives it, and BERT batches carry sequences."""
+    job = imagenet_job(manifest)
+    with sent_batches(manifest, job) as batches:
+        first = next(batches)
+    unit = next(iter(job.plan(manifest).units(0)))
+    assert images_in(first) == job.batch_size and set(first.header.sample_ids) <= set(unit.sample_ids().tolist())
+    with sent_batches(wiki_manifest, wikipedia_job(wiki_manifest, seq_len=128, pack=True), wire=False) as batches:
+        packed = next(batches)
+    assert sequences_in(packed) > packed.header.rows  # packed: more sequences than rows
+
+
+def test_a_token_set_is_measured_in_tokens_with_its_tokenizer_alone_beside_it(tmp_path):
+    """`stoker calibrate --tokens`: a real (small) tokens job read, packed and sent, and its tokenizer timed
+    alone, both added to the file with the rest kept; each epoch reads the shards again, so the rate pays
+    for reading them; `stoker plan --dataset tokens` plans from what was written."""
+    import subprocess
+    import sys
+
+    from stoker.calibrate import TOKENIZE, TOKENS, calibrate_tokens
+    from tests.token_corpus import prepared
+
+    result, _, _ = prepared(tmp_path / "set")
+    out = tmp_path / "calibration.json"
+    out.write_text(json.dumps({"wikipedia": {"per_core_rate": 9.0, "clock": "cpu"}}))
+    calibrate_tokens(result.manifest.uri, seconds=0.3, out=out)
+    written = json.loads(out.read_text())
+    tokens, tokenize = written[TOKENS], written[TOKENIZE]
+    assert written["wikipedia"]["per_core_rate"] == 9.0
+    assert (tokens["unit"], tokens["clock"], tokens["seq_len"], tokens["mode"]) == (
+        "tokens per CPU-second", "cpu", 1024, "packed")
+    assert tokens["per_core_rate"] > 0 and "framed and sent over CURVE" in tokens["what"]
+    shard_bytes = sum(s.num_bytes for s in result.manifest.shards)
+    assert tokens["bytes_per_token"] == pytest.approx(shard_bytes / result.tokens)
+    assert 0 < tokens["fill"] <= 1 and tokens["machine"] == machine_kind()
+    assert tokenize["per_core_rate"] > 0 and tokenize["what"].startswith("tokenize only (not a job's rate)")
+    assert tokenize["fingerprint"] == result.manifest.tokens["fingerprint"]
+    plan = subprocess.run([sys.executable, "-m", "stoker", "plan", "--dataset", "tokens", "--calibration", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0 and "tokens per CPU-second per host core" in plan.stdout, plan.stderr
+    assert "tokenizing online too" in plan.stdout
+
+
+
+def test_the_default_token_set_is_the_world_english_bible_cut_by_the_shipped_bpe(tmp_path):
+    """What plain `stoker calibrate` times a tokens job on: real text and a real tokenizer, made once."""
+    from stoker.datasets import default_tokens
+    from stoker.pipeline.store.shards import Manifest
+    from stoker.pipeline.text.shipped import BIBLE_CHAPTERS, BPE_FINGERPRINT
+    from stoker.pipeline.text.token_cost import INT32_BYTES, bytes_per_token
+
+    path = default_tokens(root=tmp_path, progress=False)
+    manifest = Manifest.load(path)
+    assert (manifest.kind, manifest.num_samples, manifest.tokens["fingerprint"]) == ("tokens", BIBLE_CHAPTERS,
+                                                                                     BPE_FINGERPRINT)
+    assert len(manifest.shards) > 1 and 0 < bytes_per_token(manifest) < INT32_BYTES
+    assert default_tokens(root=tmp_path, progress=False) == path  # made once, then reused

@@ -127,3 +127,50 @@ def test_a_broken_scan_is_skipped_counted_and_named_in_the_batch_header_unless_t
                    if broken[key] != "garbled")
     else:
         assert set(skipped) <= {key for key, how in broken.items() if how != "garbled"}  # cut short: as before
+
+
+def test_token_batches_fit_the_schema_and_a_changed_shard_is_skipped_document_by_document(tmp_path, metrics):
+    from stoker.pipeline.text.lm_layout import LMConfig
+    from tests.token_corpus import prepared
+
+    result, _, _ = prepared(tmp_path / "t", count=30, docs_per_shard=10)
+    manifest = result.manifest
+    job = JobConfig(manifest_uri=manifest.uri, dataset="tokens", batch_size=4, lm=LMConfig(32))
+    victim = Path(manifest.shard_uri(1))
+    victim.write_bytes(victim.read_bytes()[:-8] + b"\0" * 8)
+    source = make_source(manifest, job)
+    unit = Unit(0, 0, (Segment(0, 0, 10, 0), Segment(1, 0, 10, 10)))
+    batches = list(source.batches(unit))
+    for out in batches:
+        if out.tensors:
+            schema_of(job).check(out.header, _parts(out.tensors))  # raises FrameError if it would be dropped
+        out.observe(metrics)
+    listed = [d for out in batches for d in out.header.sample_ids]
+    skipped = [s for out in batches for s in out.header.skipped]
+    assert sorted(listed) == list(range(10)) and sorted(s.sample_id for s in skipped) == list(range(10, 20))
+    assert all("sha256" in s.reason for s in skipped)
+    assert metrics.lm_rows._value.get() == sum(out.header.rows for out in batches) > 0
+
+
+def test_a_token_source_holds_at_most_shards_kept_however_many_it_reads(tmp_path):
+    """Memory stays bounded over a corpus of many shards: the source keeps the last SHARDS_KEPT read, and a
+    shard it dropped is read again, and gives the same batches, when a later unit needs it."""
+    from stoker.pipeline.text.lm_layout import LMConfig
+    from stoker.workers.sources import SHARDS_KEPT
+    from tests.token_corpus import prepared
+
+    result, _, _ = prepared(tmp_path / "t", count=80, docs_per_shard=10)
+    manifest = result.manifest
+    assert len(manifest.shards) > SHARDS_KEPT + 1
+    job = JobConfig(manifest_uri=manifest.uri, dataset="tokens", batch_size=4, lm=LMConfig(32))
+    source = make_source(manifest, job)
+
+    def ids(shard: int) -> list[int]:
+        unit = Unit(shard, 0, (Segment(shard, 0, 10, 10 * shard),))
+        return [d for out in source.batches(unit) for d in out.header.sample_ids]
+
+    first = ids(0)
+    for shard in range(len(manifest.shards)):
+        assert sorted(ids(shard)) == list(range(10 * shard, 10 * shard + 10))
+        assert len(source.shards) <= SHARDS_KEPT
+    assert 0 not in source.shards and ids(0) == first  # dropped, read again, the same

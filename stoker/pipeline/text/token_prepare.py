@@ -1,0 +1,180 @@
+"""`stoker prepare tokens`: any corpus, any tokenizer -> Parquet shards of token documents.
+
+Documents come from pipeline.text.sources (JSONL, Parquet, WebDataset tars, .txt files, or your own
+`module:Name` source), in its fixed order, and are tokenized in chunks by pipeline.text.tokenizer
+(a tokenizer.json, or your own `module:Name`, pinned by fingerprint). Shards are written as the
+documents stream past (`docs-per-shard` each), so a corpus never sits in memory whole; the order
+within an epoch is the plan's to shuffle. The same input and tokenizer give the same bytes.
+
+The manifest (kind `tokens`) lists the shards with their sha256, every skipped document with its
+reason (what the source skips, and a document that tokenizes to nothing), and in `tokens`: the
+tokenizer (`tokenizer.json` copied beside the manifest, or the `module:Name`), its fingerprint,
+end-of-text and padding ids and vocabulary size, the source's name, and the tokens of each shard.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from stoker.pipeline.kinds import TOKENS
+from stoker.pipeline.store.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
+from stoker.pipeline.store.storage import join, read_bytes, staged
+from stoker.pipeline.text.sources import DEFAULT_TEXT_FIELD, CallableSource, Document, Skipped, TextSource, pin_source
+from stoker.pipeline.text.token_shards import write_token_shard
+from stoker.pipeline.text.tokenizer import TextTokenizer, TokenizerConfig
+from stoker.pipeline.transforms import IMPORT_PATH
+from stoker.protos.errors import DataError
+
+TOKENIZER_FILE = "tokenizer.json"
+NO_TOKENS = "document has no tokens"
+
+
+@dataclass(frozen=True)
+class TokenPrepareConfig:
+    docs_per_shard: int = field(default=4096, metadata={
+        "help": "documents per shard (default %(default)s)", "check": "positive"})
+    text_field: str = field(default=DEFAULT_TEXT_FIELD, metadata={
+        "help": "JSONL and Parquet: the field (column) that holds a document's text (default %(default)s)",
+        "metavar": "FIELD"})
+    source_name: str = field(default="", metadata={
+        "help": "the name the manifest gives this source (default: SRC's file or folder name, or the callable)",
+        "metavar": "NAME"})
+    chunk_docs: int = 512  # documents tokenized per call into the tokenizer
+    progress: bool = True
+
+
+@dataclass
+class TokenPrepareResult:
+    manifest: Manifest
+    skipped: list[dict[str, str]]
+    documents: int
+    tokens: int
+
+
+@dataclass
+class NamedSkips(Skipped):
+    """`Skipped`, each document also named (a manifest lists every one)."""
+
+    named: list[dict[str, str]] = field(default_factory=list)
+
+    def add(self, where: str, reason: str, detail: str = "") -> None:
+        super().add(where, reason, detail)
+        self.named.append({"path": where, "reason": f"{reason}{detail}"})
+
+
+def tokenizer_config(name: str) -> TokenizerConfig:
+    """`--tokenizer`: a tokenizer.json (a path or URI), or `package.module:Name` where no such file is."""
+    if IMPORT_PATH.fullmatch(name) and not Path(name).exists() and not name.endswith(".json"):
+        return TokenizerConfig(factory=name)
+    return TokenizerConfig(path=name)
+
+
+def _documents(src: str, cfg: TokenPrepareConfig, skipped: NamedSkips) -> tuple[Iterator[Document], str]:
+    """The source's documents and its default name."""
+    if IMPORT_PATH.fullmatch(src) and not Path(src).exists():
+        source: CallableSource = pin_source(src)
+        return source.documents(skipped), src
+    files = TextSource(src, text_field=cfg.text_field)
+    files.skipped = skipped
+    return files.documents(), Path(src.rstrip("/")).name or src
+
+
+def document_key(doc: Document, src: str) -> str:
+    """A document's key in the shards, unique within the source: its key, after its file's path below SRC
+    (or its file's name) where the key alone is not (a JSONL line number, a Parquet row)."""
+    path, top = Path(doc.source), Path(src)
+    if not path.exists():  # a callable's document
+        return doc.key
+    rel = path.relative_to(top).as_posix() if top.is_dir() and path.is_relative_to(top) else path.name
+    return doc.key if rel == doc.key else f"{rel}:{doc.key}"
+
+
+def _chunks(items: Iterable[Document], size: int) -> Iterator[list[Document]]:
+    chunk: list[Document] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def prepare_tokens(src: str | Path, dst: str | Path, tokenizer: str | TokenizerConfig,
+                   cfg: TokenPrepareConfig = TokenPrepareConfig()) -> TokenPrepareResult:
+    """Tokenize every document of `src` into token shards under `dst` (see the module's docstring)."""
+    config = tokenizer if isinstance(tokenizer, TokenizerConfig) else tokenizer_config(tokenizer)
+    tok = config.load()  # refused here, in one line, before any document is read
+    skipped = NamedSkips()
+    documents, default_name = _documents(str(src), cfg, skipped)
+    with staged(dst) as out:
+        writer = _ShardWriter(out)
+        bar = tqdm(desc="tokenize", unit="doc", disable=not cfg.progress)
+        for chunk in _chunks(documents, cfg.chunk_docs):
+            for doc, ids in zip(chunk, tok.encode_batch([d.text for d in chunk]), strict=True):
+                if ids.size:
+                    writer.add(document_key(doc, str(src)), ids, cfg.docs_per_shard)
+                else:
+                    skipped.add(f"{doc.source}:{doc.index}", NO_TOKENS)
+            bar.update(len(chunk))
+        bar.close()
+        writer.flush()
+        if not writer.shards:
+            raise DataError(f"{src}: none of its documents has any tokens ({skipped.total} skipped: "
+                            f"{skipped.summary()})")
+        manifest = _manifest(out, writer, config, tok, cfg.source_name or default_name, skipped.named)
+    manifest.uri = join(dst, MANIFEST_NAME)
+    return TokenPrepareResult(manifest, skipped.named, writer.documents, sum(writer.tokens))
+
+
+class _ShardWriter:
+    """Documents into numbered shards of `docs_per_shard` each, as they come."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.shards: list[ShardInfo] = []
+        self.tokens: list[int] = []
+        self.documents = 0
+        self._keys: list[str] = []
+        self._docs: list[np.ndarray] = []
+
+    def add(self, key: str, ids: np.ndarray, per_shard: int) -> None:
+        self._keys.append(key)
+        self._docs.append(ids)
+        if len(self._keys) >= per_shard:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._keys:
+            return
+        path = self.out / f"tokens-{len(self.shards):05d}.parquet"
+        write_token_shard(str(path), self._keys, self._docs)
+        self.shards.append(ShardInfo(path.name, len(self._keys), path.stat().st_size, file_sha256(path),
+                                     self.documents))
+        self.tokens.append(int(sum(d.size for d in self._docs)))
+        self.documents += len(self._keys)
+        self._keys, self._docs = [], []
+
+
+def _manifest(out: Path, writer: _ShardWriter, config: TokenizerConfig, tok: TextTokenizer, source: str,
+              skipped: list[dict[str, str]]) -> Manifest:
+    if config.path:
+        (out / TOKENIZER_FILE).write_bytes(read_bytes(config.path))  # the bytes its fingerprint hashes
+    tokens = {"tokenizer": TOKENIZER_FILE if config.path else config.factory, "fingerprint": tok.fingerprint,
+              "eot": tok.eot_id, "pad": tok.pad_id, "vocab_size": tok.vocab_size, "source": _safe(source),
+              "shard_tokens": writer.tokens, "total": sum(writer.tokens)}
+    manifest = Manifest(kind=TOKENS.name, classes=[], shards=writer.shards, skipped=skipped,
+                        vocab_size=tok.vocab_size, tokens=tokens)
+    manifest.save(out / MANIFEST_NAME)
+    return manifest
+
+
+def _safe(name: str) -> str:
+    """A name as a manifest keeps it: printable, one line, at most 200 characters."""
+    return re.sub(r"[^\x20-\x7e]", "?", name)[:200]

@@ -1,0 +1,100 @@
+"""Parquet shards of tokenized documents for causal-LM jobs (`key` string, `tokens` list<int32>).
+
+`stoker prepare tokens` writes them (pipeline.text.token_prepare); a worker reads one whole into
+two numpy arrays (every token id, and each document's offsets), so a unit's documents are array
+slices. The shard's sha256 is checked against the manifest and every document once: a null or
+empty one, or one with an id outside the tokenizer's vocabulary, is reported by `problem(row)`
+and skipped by the caller (counted and named), never turned into a row. A shard that cannot be
+used at all raises `ShardError` (pipeline.text.docs), whose rows the worker reports as skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stoker.pipeline.store.shards import ShardInfo
+from stoker.pipeline.store.storage import filesystem
+from stoker.pipeline.text.docs import ShardError
+
+TOKEN_SCHEMA = pa.schema([("key", pa.string()), ("tokens", pa.list_(pa.int32()))])
+ROW_GROUP = 1024
+
+
+def write_token_shard(path: str, keys: list[str], documents: list[np.ndarray]) -> None:
+    """One shard, its bytes a function of its rows only (no timestamps in Parquet's footer)."""
+    sizes = np.fromiter((d.size for d in documents), dtype=np.int64, count=len(documents))
+    offsets = np.zeros(len(documents) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    flat = np.concatenate(documents).astype(np.int32) if documents else np.zeros(0, np.int32)
+    tokens = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa.int32()))
+    table = pa.table([pa.array(keys, pa.string()), tokens], schema=TOKEN_SCHEMA)
+    pq.write_table(table, path, row_group_size=ROW_GROUP, compression="zstd")
+
+
+@dataclass
+class TokenShard:
+    """One shard's documents as flat arrays: document i is tokens[offsets[i]:offsets[i + 1]]."""
+
+    keys: list[str]
+    tokens: np.ndarray  # int32
+    offsets: np.ndarray  # int64 (num_docs + 1,)
+    problems: dict[int, str]  # row -> why that document cannot be used
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def key(self, row: int) -> str:
+        return self.keys[row]
+
+    def problem(self, row: int) -> str | None:
+        return self.problems.get(row)
+
+    def document(self, row: int) -> np.ndarray:
+        """The token ids of one document (a view)."""
+        return self.tokens[self.offsets[row]: self.offsets[row + 1]]
+
+
+def read_token_shard(uri: str, info: ShardInfo | None, vocab_size: int) -> TokenShard:
+    """Read, verify and flatten one shard; ShardError if it cannot be used at all."""
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_stream(path) as stream:
+            data = stream.read()
+    except OSError as exc:
+        raise ShardError(f"{uri}: unreadable ({exc})") from exc
+    if info is not None and info.sha256 and hashlib.sha256(data).hexdigest() != info.sha256:
+        raise ShardError(f"{uri}: sha256 does not match the manifest (corrupt or replaced shard)")
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise ShardError(f"{uri}: not a readable Parquet file ({exc})") from exc
+    if not table.schema.equals(TOKEN_SCHEMA):
+        raise ShardError(f"{uri}: schema {table.schema} is not {TOKEN_SCHEMA}")
+    if info is not None and table.num_rows != info.num_samples:
+        raise ShardError(f"{uri}: {table.num_rows} documents, the manifest says {info.num_samples}")
+    return flatten_tokens(table, vocab_size)
+
+
+def flatten_tokens(table: pa.Table, vocab_size: int) -> TokenShard:
+    keys = table.column("key").to_pylist()
+    docs = table.column("tokens").combine_chunks()
+    offsets = np.asarray(docs.offsets, dtype=np.int64)
+    offsets -= offsets[0]  # a sliced array's offsets are not rebased; flatten() is
+    tokens = np.asarray(docs.flatten().fill_null(-1), dtype=np.int32)
+    nulls = docs.is_null().to_numpy(zero_copy_only=False)
+    bad = (tokens < 0) | (tokens >= vocab_size)
+    problems: dict[int, str] = {}
+    for row in range(len(keys)):
+        a, b = offsets[row], offsets[row + 1]
+        if nulls[row] or b == a:
+            problems[row] = "document has no tokens"
+        elif bad[a:b].any():
+            first = int(tokens[a:b][bad[a:b]][0])
+            problems[row] = f"token id {first} outside the tokenizer's vocabulary (size {vocab_size})"
+    return TokenShard(keys, tokens, offsets, problems)

@@ -1,0 +1,121 @@
+"""stoker/pipeline/text/lm_layout.py: a unit's token documents as causal-LM batches, every token once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stoker.pipeline.plan import Segment, Unit
+from stoker.pipeline.text.causal import IGNORE
+from stoker.pipeline.text.lm_layout import LMConfig, cu_seqlens_of, tensor_specs, unit_token_batches
+from stoker.pipeline.text.token_shards import TokenShard
+from stoker.protos.errors import ConfigError
+
+EOT, PAD, WIDTH = 0, 1, 16
+
+
+def _shard(docs: list[list[int]], problems: dict[int, str] | None = None) -> TokenShard:
+    sizes = [len(d) for d in docs]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    flat = np.array([t for d in docs for t in d], dtype=np.int32)
+    return TokenShard([f"k{i}" for i in range(len(docs))], flat, offsets, problems or {})
+
+
+def _batches(docs, mode, batch_size=3, seed=5, problems=None):
+    shard = _shard(docs, problems)
+    unit = Unit(7, 1, (Segment(0, 0, len(docs), 100),))
+    order = [doc_id - 100 for _, _, doc_id in unit.rows(seed)]
+    made = list(unit_token_batches(lambda _i: shard, unit, LMConfig(WIDTH, mode), seed, batch_size, EOT, PAD))
+    return made, order
+
+
+documents = st.lists(st.lists(st.integers(2, 50), min_size=0, max_size=40), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(documents, st.integers(1, 4))
+def test_concat_delivers_the_stream_of_the_unit_in_its_order_once(docs, batch_size):
+    made, order = _batches(docs, "concat", batch_size)
+    inputs = np.concatenate([b.tensors["input_ids"].reshape(-1)[:b.tokens] for b in made if b.rows] or [[]])
+    stream = [t for i in order for t in [*docs[i], EOT]]
+    assert inputs.tolist() == stream[:len(inputs)] and len(inputs) >= len(stream) - 1  # the last eot: maybe a label
+    assert all(b.rows == batch_size for b in made[:-2])  # the last two may share a remainder (plan.batch_bounds)
+    _listed_once(made, docs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(documents, st.integers(1, 4))
+def test_packed_rows_keep_documents_apart_and_every_token_once(docs, batch_size):
+    """Every segment is a piece of one document (+ eot): the whole of it, or, for one longer than a row, a
+    row-sized cut of it in order; positions restart and labels stay inside it. The pieces delivered are
+    exactly the pieces of the unit's documents, each once."""
+    made, _ = _batches(docs, "packed", batch_size)
+    delivered = []
+    for b in made:
+        ids, labels, pos, seg = (b.tensors[k] for k in ("input_ids", "labels", "position_ids", "segment_ids"))
+        for r in range(b.rows):
+            for s in range(1, int(seg[r].max()) + 1):
+                at = np.flatnonzero(seg[r] == s)
+                assert at.tolist() == list(range(at[0], at[0] + at.size))  # one run
+                assert pos[r, at].tolist() == list(range(at.size))  # positions restart per segment
+                assert labels[r, at[:-1]].tolist() == ids[r, at[1:]].tolist() and labels[r, at[-1]] == IGNORE
+                delivered.append(tuple(ids[r, at].tolist()))
+            assert (labels[r, seg[r] == 0] == IGNORE).all() and (ids[r, seg[r] == 0] == PAD).all()
+    expected = [tuple(whole[i:i + WIDTH]) for doc in docs for whole in [[*doc, EOT]]
+                for i in range(0, len(whole), WIDTH)]
+    assert sorted(delivered) == sorted(expected)
+    _listed_once(made, docs)
+
+
+def _listed_once(made, docs) -> None:
+    listed = [d - 100 for b in made for d in b.doc_ids]
+    assert sorted(listed) == list(range(len(docs)))  # every document in exactly one batch
+    assert made[-1].last and not any(b.last for b in made[:-1])
+    assert [b.batch_index for b in made] == list(range(len(made)))
+
+
+def test_a_document_is_listed_in_the_first_batch_that_holds_any_of_its_tokens():
+    docs = [[5] * 40, [6] * 3, [7] * 3]
+    made, order = _batches(docs, "concat", batch_size=1)
+    for b in made:
+        held = set(np.unique(b.tensors["input_ids"])) | set(np.unique(b.tensors["labels"]))
+        for d in b.doc_ids:
+            assert docs[d - 100][0] in held
+    firsts = {d: b.batch_index for b in made for d in b.doc_ids}
+    assert firsts[100 + order[0]] == 0
+
+
+def test_unusable_documents_are_skipped_and_named_in_the_last_batch():
+    made, _ = _batches([[5, 6], [], [7]], "packed", problems={1: "document has no tokens"})
+    assert made[-1].skipped == [(101, "k1", "document has no tokens")]
+    assert sorted(d for b in made for d in b.doc_ids) == [100, 102]
+    unreadable = list(unit_token_batches(lambda _i: "unreadable shard: sha256", Unit(0, 0, (Segment(0, 0, 2, 0),)),
+                                         LMConfig(WIDTH), 0, 4, EOT, PAD))
+    assert len(unreadable) == 1 and unreadable[0].rows == 0 and len(unreadable[0].skipped) == 2
+
+
+def test_the_same_unit_gives_the_same_batches_and_stats_add_up():
+    docs = [[3] * n for n in (5, 30, 2, 9, 14)]
+    one, _ = _batches(docs, "packed")
+    two, _ = _batches(docs, "packed")
+    assert all(np.array_equal(a.tensors[k], b.tensors[k]) for a, b in zip(one, two, strict=True) for k in a.tensors)
+    assert sum(b.tokens for b in one) == sum(len(d) + 1 for d in docs)
+    assert all(b.token_slots == b.rows * WIDTH and b.unpacked_slots == b.segments * WIDTH for b in one)
+
+
+def test_the_layout_and_its_settings():
+    assert set(tensor_specs(LMConfig(8, "packed"))) == {"input_ids", "labels", "position_ids", "segment_ids"}
+    assert set(tensor_specs(LMConfig(8, "concat"))) == {"input_ids", "labels"}
+    assert tensor_specs(LMConfig(8)).get("input_ids").shape == (8,)
+    for bad in (1, 0, True, 2.5):
+        with pytest.raises(ConfigError, match="seq_len"):
+            LMConfig(bad)
+    with pytest.raises(ConfigError, match="mode"):
+        LMConfig(8, "sliding")
+
+
+def test_cu_seqlens_follow_the_segments_row_by_row():
+    seg = np.array([[1, 1, 2, 0], [1, 1, 1, 1]])
+    assert cu_seqlens_of(seg).tolist() == [0, 2, 3, 4, 8]

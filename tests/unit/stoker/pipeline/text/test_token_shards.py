@@ -1,0 +1,60 @@
+"""stoker/pipeline/text/token_shards.py: token documents written, read back, and checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stoker.pipeline.store.shards import ShardInfo, file_sha256
+from stoker.pipeline.text.docs import ShardError
+from stoker.pipeline.text.token_shards import read_token_shard, write_token_shard
+
+
+def _write(path, docs, keys=None):
+    keys = keys or [f"d{i}" for i in range(len(docs))]
+    write_token_shard(str(path), keys, [np.asarray(d, dtype=np.int32) for d in docs])
+    return ShardInfo(path.name, len(docs), path.stat().st_size, file_sha256(path), 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 99), min_size=1, max_size=40), min_size=1, max_size=30))
+def test_every_document_reads_back_as_written(tmp_path_factory, docs):
+    path = tmp_path_factory.mktemp("t") / "s.parquet"
+    info = _write(path, docs)
+    shard = read_token_shard(str(path), info, vocab_size=100)
+    assert len(shard) == len(docs) and not shard.problems
+    for row, doc in enumerate(docs):
+        assert shard.document(row).tolist() == doc and shard.key(row) == f"d{row}"
+
+
+def test_the_same_rows_give_the_same_bytes(tmp_path):
+    docs = [[1, 2, 3], [4], [5, 6]]
+    _write(tmp_path / "a.parquet", docs)
+    _write(tmp_path / "b.parquet", docs)
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_empty_and_out_of_vocabulary_documents_are_named_not_read(tmp_path):
+    info = _write(tmp_path / "s.parquet", [[1, 2], [], [3, 250]])
+    shard = read_token_shard(str(tmp_path / "s.parquet"), info, vocab_size=100)
+    assert shard.problem(0) is None
+    assert shard.problem(1) == "document has no tokens"
+    assert "token id 250 outside the tokenizer's vocabulary (size 100)" == shard.problem(2)
+
+
+def test_a_changed_shard_or_another_row_count_is_refused_whole(tmp_path):
+    path = tmp_path / "s.parquet"
+    info = _write(path, [[1, 2], [3]])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match="sha256"):
+        read_token_shard(str(path), info, 100)
+    info = _write(path, [[1, 2], [3]])
+    info.num_samples = 3
+    with pytest.raises(ShardError, match="2 documents, the manifest says 3"):
+        read_token_shard(str(path), info, 100)
+    with pytest.raises(ShardError, match="unreadable"):
+        read_token_shard(str(tmp_path / "missing.parquet"), None, 100)
