@@ -14,11 +14,14 @@ rank took the same number of steps, and how long the longest wait between two st
 --crash-after K: after K steps every rank dies at once (os._exit), as a crashed job does.
 --resume: continue from DIR/state.json. --control-port P: rank 0's control socket (0: the
 loader's default on loopback).
+--lm-seq-len L: a tokens job (causal-LM rows of L, --lm-mode packed|concat) stepping a one-layer next-token
+model; each step's line also holds a sha256 of its tensors and len(loader) as the step saw it.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -31,9 +34,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from stoker import ConsumerConfig, JobConfig, Loader
 from stoker.accel.backends.models.resnet import resnet18
+from stoker.pipeline.text.lm_layout import LMConfig
+
+VOCAB = 1024  # above the ids of the tests' tokenizers (tests/token_corpus.py: 300)
 
 
-def make_model(kind: str, image_size: int) -> nn.Module:
+def make_model(kind: str, image_size: int, lm: bool = False) -> nn.Module:
+    if lm:
+        return nn.Sequential(nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB))
     if kind == "linear":
         return nn.Sequential(nn.Flatten(), nn.Linear(3 * image_size * image_size, 4))
     return resnet18(4, 16)
@@ -54,12 +62,15 @@ def main() -> None:
     parser.add_argument("--stop-after", type=int, default=0)
     parser.add_argument("--crash-after", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--lm-seq-len", type=int, default=0)
+    parser.add_argument("--lm-mode", default="packed")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(make_model(args.model, args.image_size))
+    lm = LMConfig(args.lm_seq_len, args.lm_mode) if args.lm_seq_len else None
+    model = DistributedDataParallel(make_model(args.model, args.image_size, lm is not None))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     mean = torch.tensor([123.7, 116.3, 103.5]).view(1, 3, 1, 1)
@@ -68,7 +79,7 @@ def main() -> None:
                             metrics_port=0, host_timeout_s=args.host_timeout)
     job = JobConfig(manifest_uri=args.data, epochs=args.epochs, batch_size=args.batch_size,
                     unit_batches=args.unit_batches,
-                    image_size=args.image_size)
+                    image_size=args.image_size, **({"dataset": "tokens", "lm": lm} if lm else {}))
     loader = Loader(job, config=config)  # rank and world size from torchrun's environment
     state_file = args.out / "state.json"
     if args.resume:
@@ -80,13 +91,21 @@ def main() -> None:
         while loader.epoch < loader.epochs:
             record.write(json.dumps({"len": len(loader), "epoch": loader.epoch}) + "\n")
             for batch in loader:
-                images = batch["image"].permute(0, 3, 1, 2).float().sub(mean).div(58.0)
-                loss = loss_fn(model(images), batch["label"].long())
+                if lm is not None:
+                    logits = model(batch["input_ids"].long())
+                    loss = loss_fn(logits.flatten(0, 1), batch["labels"].long().flatten())  # -100 ignored
+                else:
+                    images = batch["image"].permute(0, 3, 1, 2).float().sub(mean).div(58.0)
+                    loss = loss_fn(model(images), batch["label"].long())
                 optimizer.zero_grad()
                 loss.backward()  # DDP all-reduces here: a rank with a missing step would hang
                 optimizer.step()
-                record.write(json.dumps({"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
-                                         "ids": batch.sample_ids.tolist(), "at": time.time()}) + "\n")
+                line = {"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
+                        "ids": batch.sample_ids.tolist(), "at": time.time()}
+                if lm is not None:
+                    tensors = b"".join(batch[name].numpy().tobytes() for name in sorted(batch))
+                    line.update(digest=hashlib.sha256(tensors).hexdigest(), len_now=len(loader))
+                record.write(json.dumps(line) + "\n")
                 taken += 1
                 if rank == 0 and taken in (args.save_at, args.stop_after):
                     state_file.write_text(json.dumps(loader.state_dict()))

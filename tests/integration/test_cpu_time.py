@@ -139,6 +139,7 @@ def test_a_runs_workers_say_how_long_they_waited_for_a_core_beside_busy_loops(ma
     assert summary["per_core_rate"] > 100 and "waited for a core" in stdout
 
 
+@pytest.mark.timeout(600)  # thirteen 8-epoch runs on one core, five sharing it three ways: 300 s ran out at load 7
 def test_a_runs_rate_per_cpu_second_holds_beside_busy_loops(manifest, tmp_path):
     """`stoker run`'s per-core rate (rows per CPU-second of its workers) on one core beside two busy loops
     there agrees with the quiet runs on that core either side of it, medians of five; by the clock the busy runs

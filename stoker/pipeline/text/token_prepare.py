@@ -1,7 +1,7 @@
 """`stoker prepare tokens`: any corpus, any tokenizer -> Parquet shards of token documents.
 
-Documents come from pipeline.text.sources (JSONL, Parquet, WebDataset tars, .txt files, or your own
-`module:Name` source), in its fixed order, and are tokenized in chunks by pipeline.text.tokenizer
+Documents come from stoker.pipeline.text.sources (JSONL, Parquet, WebDataset tars, .txt files, or your own
+`module:Name` source), in its fixed order, and are tokenized in chunks by stoker.pipeline.text.tokenizer
 (a tokenizer.json, or your own `module:Name`, pinned by fingerprint). Shards are written as the
 documents stream past (`docs-per-shard` each), so a corpus never sits in memory whole; the order
 within an epoch is the plan's to shuffle. The same input and tokenizer give the same bytes.

@@ -9,6 +9,7 @@ import pytest
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.text.examples import TextConfig
+from stoker.protos.errors import ConfigError
 
 
 def test_a_job_that_cannot_work_is_refused_when_made():
@@ -73,3 +74,13 @@ def test_making_or_receiving_a_job_imports_no_transform_and_pinning_is_the_step_
     with pytest.raises(ConfigError, match="no_such_module_here") as refused:
         missing.pin()
     assert isinstance(refused.value, StokerError)
+
+
+def test_a_tokens_job_of_more_than_one_rank_is_refused_with_one_line():
+    from stoker.pipeline.text.lm_layout import LMConfig
+
+    JobConfig(manifest_uri="m.json", dataset="tokens", lm=LMConfig(64), world_size=1)
+    with pytest.raises(ConfigError, match="a tokens job feeds one rank for now, not 2") as refused:
+        JobConfig(manifest_uri="m.json", dataset="tokens", lm=LMConfig(64), world_size=2)
+    assert "\n" not in str(refused.value)
+    JobConfig(manifest_uri="m.json", dataset="wikipedia", world_size=2)  # BERT's ranks are not refused
