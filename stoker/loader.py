@@ -316,12 +316,13 @@ class Loader:
         return self.consumer.job.epochs
 
     def __len__(self) -> int:
-        """This rank's steps in the current epoch, the same on every rank. Images: exact, from the
-        plan. Text (rows depend on the examples): exact once the epoch's streams are all in,
-        before that the previous epoch's, or at first the most documents a rank has over the batch size."""
+        """This rank's steps in the current epoch, the same on every rank. Images and tokens: exact, from
+        the plan (tokens: from the documents' token counts). BERT text (rows depend on the examples): exact
+        once the epoch's streams are all in, before that the previous epoch's, or at first the most
+        documents a rank has over the batch size."""
         consumer = self.consumer
         epoch = min(self.epoch, consumer.job.epochs - 1)
-        if consumer.job.kind.one_row_per_sample:
+        if consumer.planned is not None:
             return consumer.steps_of(epoch, 0)
         known = self._feed.epoch_steps if self._feed is not None else {}
         if epoch in known:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from stoker.accel import checkpoint
 from stoker.accel.consumer_config import ConsumerConfig
@@ -32,8 +32,11 @@ from stoker.accel.stepping import NullAccelerator, Step, StepFactory, given
 from stoker.accel.stream import StreamOrder
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.kinds import TOKENS
+from stoker.pipeline.plan import EpochPlan, Unit
 from stoker.pipeline.store.shards import Manifest
+from stoker.pipeline.text.lm_layout import planned_batches, unit_lengths
+from stoker.pipeline.text.token_shards import lengths_of
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
@@ -84,8 +87,35 @@ def load_data(job: JobConfig, make_step: StepFactory | None, position: checkpoin
 
 def image_epoch_steps(job: JobConfig, plan: EpochPlan, epoch: int) -> int:
     """An image epoch's steps on every rank, from the plan alone: the longest rank stream."""
-    return plan.step_offset(epoch) + max(sum(job.sample_batches(u) for u in plan.rank_units(epoch, r))
-                                         for r in range(job.world_size))
+    return PlannedSteps(plan, job.sample_batches).of(epoch)
+
+
+@dataclass
+class PlannedSteps:
+    """Every rank's steps of an epoch from the plan alone, the longest rank stream's batches (each unit's
+    from `batches_of`), worked out once per epoch."""
+
+    plan: EpochPlan
+    batches_of: Callable[[Unit], int]
+    known: dict[int, int] = field(default_factory=dict)
+
+    def of(self, epoch: int) -> int:
+        if epoch not in self.known:
+            self.known[epoch] = self.plan.step_offset(epoch) + max(
+                sum(self.batches_of(u) for u in self.plan.rank_units(epoch, r)) for r in range(self.plan.world_size))
+        return self.known[epoch]
+
+
+def planned_steps(job: JobConfig, manifest: Manifest, plan: EpochPlan) -> PlannedSteps | None:
+    """Images: a unit's batches follow from its size; tokens: from its documents' token counts in its
+    visiting order (pipeline.text.lm_layout); None for BERT text, whose batches are known once made."""
+    if job.kind.one_row_per_sample:
+        return PlannedSteps(plan, job.sample_batches)
+    if job.dataset != TOKENS.name:
+        return None
+    lengths = lengths_of(manifest)
+    return PlannedSteps(plan, lambda unit: planned_batches(unit_lengths(unit, job.seed, lengths), job.lm,
+                                                           job.batch_size))
 
 
 def past_epoch_end(position: checkpoint.Position, job: JobConfig, plan: EpochPlan) -> checkpoint.Position:

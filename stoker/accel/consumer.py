@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from stoker.accel import checkpoint
-from stoker.accel.assembly import identify, image_epoch_steps, join_fleet_of, join_job, load_data, wire
+from stoker.accel.assembly import identify, join_fleet_of, join_job, load_data, planned_steps, wire
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.bottleneck import BottleneckMonitor, Totals
 from stoker.accel.consumer_config import ConsumerConfig
@@ -68,6 +68,7 @@ class Consumer:
         self.metrics.job.labels(job_id=job.job_id, dataset=job.dataset, rank=str(rank), pid=str(os.getpid())).set(1)
         data = load_data(job, make_step, position)
         self.manifest, self.accelerator, self.plan = data.manifest, data.step, data.plan
+        self.planned = planned_steps(job, data.manifest, data.plan)  # None: BERT text, whose steps the ranks exchange
         self.start_position = data.start
         parts = wire(cfg, joined, data, me, self.metrics, self._job_failed)
         self.leases, self.dispatcher, self.ledger = parts.leases, parts.dispatcher, parts.ledger
@@ -167,9 +168,10 @@ class Consumer:
         return StepSchedule(loop.next, END, self.steps_of, replayed, start.epoch, start.step - replay, replay)
 
     def steps_of(self, epoch: int, batches: int) -> int:
-        """The epoch's steps on every rank: the longest rank stream (images: from the plan alone)."""
-        if self.job.kind.one_row_per_sample:
-            return image_epoch_steps(self.job, self.plan, epoch)
+        """The epoch's steps on every rank: the longest rank stream (images and tokens: from the plan alone;
+        BERT text: once every rank has reported its stream's batches)."""
+        if self.planned is not None:
+            return self.planned.of(epoch)
         waited_from = time.monotonic()
         while True:
             steps = self.loop.wait_for(self.dispatcher.epoch_steps(epoch, self.rank, batches, self.loop.stopping),

@@ -15,7 +15,7 @@ from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
 from stoker.pipeline.images import fit as image_fit
 from stoker.pipeline.images.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
 from stoker.pipeline.images.layout import DecodeOn
-from stoker.pipeline.kinds import KINDS, TOKENS, DatasetKind, kind_of
+from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
@@ -110,10 +110,6 @@ class JobConfig:
             raise ConfigError(f"corrupt_jpegs must be one of {', '.join(CORRUPT_JPEGS)}, not {self.corrupt_jpegs!r}")
         if self.corrupt_jpegs != "skip" and not kind.encoded_images:
             raise ConfigError("--corrupt-jpegs applies to imagenet (JPEG) jobs only")
-        if self.world_size > 1 and self.dataset == TOKENS.name:
-            raise ConfigError(f"a tokens job feeds one rank for now, not {self.world_size}: its ranks' step counts "
-                             "are known only once their rows are packed, and ranks in lockstep would wait on each "
-                             "other at an epoch's end (docs/text.md, data-parallel)")
         if self.drop_last and not kind.one_row_per_sample:
             raise ConfigError("--drop-last applies to imagenet jobs only: packed text rows are cut by the packing, "
                              "and a short last text batch keeps its place (see docs/data-parallel.md, len() for text)")

@@ -222,7 +222,9 @@ class EpochPlan:
         (unit ids of epoch e start at e * units_per_epoch whatever their number)."""
         if self.resumed is not None and epoch == self.resumed.epoch:
             return len(self._units(epoch))
-        return self.units_per_epoch if self._mixture is None else sum(self._mixture_units[epoch])
+        if self._mixture is None:
+            return self.units_per_epoch
+        return sum(self._mixture_units[epoch]) if epoch < self.epochs else 0  # past the last epoch: none
 
     @cached_property
     def total_units(self) -> int:

@@ -32,7 +32,7 @@ from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
 from stoker.pipeline.text.docs import ShardError, read_doc_shard
 from stoker.pipeline.text.examples import Specials
 from stoker.pipeline.text.lm_layout import unit_token_batches
-from stoker.pipeline.text.token_shards import TokenShard, read_token_shard
+from stoker.pipeline.text.token_shards import TokenShard, lengths_of, read_token_shard
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import ImageTransform, pinned
 from stoker.protos import stoker_pb2 as pb
@@ -191,6 +191,7 @@ class TokenSource:
             raise ConfigError(f"{manifest.uri}: a tokens job needs a token manifest with its tokenizer's eot, pad and "
                              "vocab_size (make one with `stoker prepare tokens`)")
         self.eot, self.pad, self.vocab_size = info["eot"], info["pad"], info["vocab_size"]
+        self.lengths = lengths_of(manifest)  # a unit's planned batches: exactly these go, whatever is unusable
         self.shards: OrderedDict[int, TokenShard | str] = OrderedDict()
 
     def _shard(self, index: int) -> TokenShard | str:
@@ -208,7 +209,7 @@ class TokenSource:
                 ) -> Iterator[Outgoing]:
         """`skip` and `on_hang` are not used: token rows run no user transform that could kill or hang."""
         for batch in unit_token_batches(self._shard, unit, self.job.lm, self.job.seed, self.job.batch_size,
-                                        self.eot, self.pad):
+                                        self.eot, self.pad, self.lengths):
             header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
             header.stages.pack = batch.pack_s
             header.text.CopyFrom(pb.TextStats(sequences=batch.segments, real_tokens=batch.tokens,

@@ -58,17 +58,17 @@ def _planned(manifest: Manifest, epochs: int) -> list[list[int]]:
 
 def _check(manifest: Manifest, ranks: dict[int, dict], epochs: int, epochs_from: int = 0) -> None:
     """Every planned document once per epoch, equal steps on every rank, and len(loader) the same on every
-    rank at the epoch's start. (Not checked: len(loader) is exact by a text epoch's last step; it is not yet.)"""
+    rank and exact (the steps the epoch took) at the epoch's start and at every step of it."""
     planned = _planned(manifest, epochs)
     for epoch in range(epochs_from, epochs):
         streams = [[s for s in ranks[r]["steps"] if s["epoch"] == epoch] for r in ranks]
         assert len({len(s) for s in streams}) == 1 and streams[0], f"epoch {epoch}: unequal steps"
         ids = sorted(i for stream in streams for s in stream for i in s["ids"])
         assert ids == planned[epoch], f"epoch {epoch}: not every planned document exactly once"
-        for stream in streams:
+        for r, stream in zip(ranks, streams, strict=True):
             assert [s["step"] for s in stream] == list(range(len(stream)))
-        starts = {ranks[r]["len"][epoch] for r in ranks if epoch in ranks[r]["len"]}
-        assert len(starts) <= 1, f"epoch {epoch}: len(loader) differs across ranks at the start: {starts}"
+            assert ranks[r]["len"].get(epoch, len(stream)) == len(stream), f"epoch {epoch}: len(loader) not exact"
+            assert {s["len_now"] for s in stream} == {len(stream)}, f"epoch {epoch}: len(loader) moved in the epoch"
 
 
 def _batches(steps: list[dict]) -> list[tuple]:
@@ -131,20 +131,16 @@ def test_a_token_job_restarted_in_place_continues_exactly_once_while_the_daemons
     _check(token_set, whole, 2)
 
 
-def test_ddp_ranks_of_a_token_job_are_refused_at_once_not_left_to_wait_on_each_other(tmp_path, log_dir):
-    """2 torchrun DDP ranks on a tokens job: refused with one line as the job is made, at once. Ranks in lockstep
-    hung at the end of epoch 0 before (a short rank waited for the long rank's step count, which the long rank
-    reported only after steps the short one never took), so a tokens job feeds one rank until the plan knows
-    each rank's steps ahead (issue 48, left open)."""
-    manifest = prepared(tmp_path / "set", count=97, docs_per_shard=40)[0].manifest
-    port, out = free_port(), tmp_path / "run"
-    fleet = Fleet(port, log_dir, hosts=1, procs=1)
-    try:
-        _run(manifest, out, port, 2, fleet, *LM, "--epochs", "1", expect_code=1, timeout=60)
-    finally:
-        fleet.stop()
-    log = (out / "torchrun.log").read_text()
-    assert "a tokens job feeds one rank for now, not 2" in log, log[-3000:]
+def test_ddp_ranks_of_a_token_job_take_the_planned_steps_in_lockstep(token_set, tmp_path, log_dir):
+    """2 torchrun DDP ranks (an all-reduce each step) on a tokens job fed by 2 hosts: every planned document once
+    per epoch, the same steps on both ranks, and len(loader) the same on both and exact from each epoch's first
+    step. They hung at the end of epoch 0 once (a short rank waited for the long rank's step count, which the
+    long rank gave only after steps the short one never took); now each rank's steps come from the plan and the
+    documents' token counts, so no rank waits on another."""
+    ranks = _job(token_set, tmp_path / "run", log_dir, *LM, "--epochs", "2", "--host-timeout", DEFAULT_HOST_TIMEOUT,
+                 ranks=2)
+    _check(token_set, ranks, 2)
+    assert all(ranks[r]["len"].keys() == {0, 1} for r in ranks)
 
 
 def test_a_fleets_hosts_serve_a_token_job_and_redo_a_killed_hosts_work(token_set, stoker_fleet, log_dir):

@@ -97,9 +97,7 @@ def concat_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> Causal
     docs = _checked(documents)
     width = config.seq_len
     stream = _stream(docs, config.eot)
-    full = max(0, (stream.size - 1) // width)
-    partial = not config.drop_last and stream.size - 1 > full * width
-    n_rows = full + int(partial)
+    n_rows = concat_row_count(stream.size, width, config.drop_last)
     windows = np.full((n_rows, width + 1), config.pad, dtype=np.int32)
     real = np.zeros(n_rows, dtype=np.int64)  # stream tokens in each row's window
     for r in range(n_rows):
@@ -125,12 +123,28 @@ def concat_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> Causal
         stats=stats, first_rows=first.astype(np.int64))
 
 
-def packed_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> CausalRows:
-    """Best-fit packed rows, segments kept apart (see the module's docstring)."""
+def concat_row_count(stream_tokens: int, width: int, drop_last: bool) -> int:
+    """Rows of a concat stream of `stream_tokens` (each document and its eot): the windows of width + 1
+    that start every `width` tokens, a partial last one kept unless `drop_last`."""
+    full = max(0, (stream_tokens - 1) // width)
+    return full + int(not drop_last and stream_tokens - 1 > full * width)
+
+
+def piece_lengths(lengths: Sequence[int], width: int) -> list[int]:
+    """The packed pieces' sizes of documents of these lengths, in order: each plus its eot, cut into
+    pieces of `width` only when longer than that (as `packed_rows` cuts them)."""
+    return [min(width, n + 1 - start) for n in lengths for start in range(0, int(n) + 1, width)]
+
+
+def packed_rows(documents: Sequence[np.ndarray], config: CausalConfig, holes: Sequence[bool] = ()) -> CausalRows:
+    """Best-fit packed rows, segments kept apart (see the module's docstring). A document marked in
+    `holes` takes its place in the packing but is left as padding (an unusable document whose length the
+    plan knows: the rows stay the ones the plan counted)."""
     docs = _checked(documents)
     width = config.seq_len
+    hole = np.asarray(holes, dtype=bool) if len(holes) else np.zeros(len(docs), dtype=bool)
     pieces, owners = _pieces(docs, config.eot, width)
-    rows = best_fit([p.size for p in pieces], width)
+    rows = best_fit(piece_lengths([d.size for d in docs], width), width)
     n_rows = len(rows)
     ids = np.full((n_rows, width), config.pad, dtype=np.int32)
     labels = np.full((n_rows, width), IGNORE, dtype=np.int32)
@@ -140,22 +154,27 @@ def packed_rows(documents: Sequence[np.ndarray], config: CausalConfig) -> Causal
     first_rows = np.full(len(docs), -1, dtype=np.int64)
     for r, members in enumerate(rows):
         start = 0
-        ends = [0]
-        for k, index in enumerate(members):
+        ends = [0]  # a hole's span is a bound of its own, as a padding tail is
+        k = 0
+        for index in members:
             piece = pieces[index]
-            if first_rows[owners[index]] < 0:
-                first_rows[owners[index]] = r
             stop = start + piece.size
-            ids[r, start:stop] = piece
-            labels[r, start:stop - 1] = piece[1:]
-            positions[r, start:stop] = np.arange(piece.size)
-            segments[r, start:stop] = k + 1
+            if not hole[owners[index]]:
+                if first_rows[owners[index]] < 0:
+                    first_rows[owners[index]] = r
+                k += 1
+                ids[r, start:stop] = piece
+                labels[r, start:stop - 1] = piece[1:]
+                positions[r, start:stop] = np.arange(piece.size)
+                segments[r, start:stop] = k
             ends.append(stop)
             start = stop
         bounds.append(np.array(ends, dtype=np.int32))
-    tokens = sum(p.size for p in pieces)
-    split = int(np.count_nonzero(np.bincount(owners, minlength=len(docs)) > 1)) if owners else 0
-    stats = CausalStats(len(docs), n_rows, tokens, n_rows * width - tokens, split, len(pieces))
+    real = [i for i, owner in enumerate(owners) if not hole[owner]]
+    tokens = sum(pieces[i].size for i in real)
+    per_doc = np.bincount([owners[i] for i in real], minlength=len(docs))
+    stats = CausalStats(len(docs) - int(hole.sum()), n_rows, tokens, n_rows * width - tokens,
+                        int(np.count_nonzero(per_doc > 1)), len(real))
     return CausalRows(ids, labels, positions, segments, tuple(bounds), stats, first_rows)
 
 

@@ -7,6 +7,13 @@ best-fit with each document's positions restarting), kept in order and cut into 
 `doc_ids`) in exactly one batch, the first that holds any of its tokens, so the consumer's
 exactly-once ledger counts documents. Unusable documents are listed in `skipped` of the last batch.
 
+A unit's batches are known ahead, from its documents' token counts (the token set's lengths file) in
+its visiting order: `planned_batches` runs the same arithmetic (concat) and the same best fit (packed)
+the rows are made with, so every rank knows every rank's steps of an epoch from the plan alone. The
+worker sends exactly that many whatever turns out unusable: packed, an unusable document keeps its
+place as padding (a hole: the rows are the planned ones); concat, it leaves the stream shorter, and
+batches the rows no longer fill go as empty ones (zero rows), each still a step.
+
 Tensors, (B, L) int32 each, L = `seq_len`:
   input_ids     the tokens, padding where none (the tokenizer's pad id)
   labels        the next token, -100 where nothing is predicted (padding; packed: a segment's end)
@@ -18,7 +25,7 @@ A packed batch carries no `cu_seqlens` (its length varies, and a batch's shapes 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,9 +33,17 @@ import numpy as np
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.tensors import TensorSpec
-from stoker.pipeline.text.causal import MODES, CausalConfig, causal_rows
+from stoker.pipeline.text.causal import (
+    MODES,
+    CausalConfig,
+    best_fit,
+    concat_row_count,
+    concat_rows,
+    packed_rows,
+    piece_lengths,
+)
 from stoker.pipeline.text.token_shards import TokenShard
-from stoker.protos.errors import ConfigError
+from stoker.protos.errors import ConfigError, DataError
 
 MAX_SEQ_LEN = 1 << 20
 
@@ -88,55 +103,107 @@ class TokenBatch:
     lengths: list[int] = field(default_factory=list)
 
 
-def unit_documents(source_of: Callable[[int], TokenShard | str], unit: Unit, seed: int
-                   ) -> tuple[list[int], list[np.ndarray], list[tuple[int, str, str]]]:
-    """The unit's usable documents in its seeded order (ids, tokens), and the unusable ones
-    (`source_of` gives a shard, or why it cannot be read)."""
+def unit_lengths(unit: Unit, seed: int, lengths: np.ndarray) -> np.ndarray:
+    """The planned tokens of the unit's documents in its seeded visiting order (`lengths` by sample id;
+    a mixture's repeated document has its id plus a multiple of the documents)."""
+    ids = np.fromiter((doc_id for _, _, doc_id in unit.rows(seed)), dtype=np.int64, count=unit.size)
+    return lengths[ids % max(1, lengths.size)]
+
+
+def unit_rows(lengths: Sequence[int] | np.ndarray, cfg: LMConfig) -> int:
+    """The rows documents of these token counts make, in this order (0: a document never delivered)."""
+    kept = [int(n) for n in lengths if n > 0]
+    if cfg.mode == "concat":
+        return concat_row_count(sum(kept) + len(kept), cfg.seq_len, drop_last=False)
+    return len(best_fit(piece_lengths(kept, cfg.seq_len), cfg.seq_len))
+
+
+def planned_batches(lengths: Sequence[int] | np.ndarray, cfg: LMConfig, batch_size: int) -> int:
+    """The batches of a unit whose documents have these token counts in its visiting order."""
+    return len(batch_bounds(unit_rows(lengths, cfg), batch_size))
+
+
+def unit_documents(source_of: Callable[[int], TokenShard | str], unit: Unit, seed: int, lengths: np.ndarray,
+                   holes: bool = False) -> tuple[list[int], list[np.ndarray], list[tuple[int, str, str]], list[bool]]:
+    """The unit's documents in its seeded order (ids, tokens), the unusable ones (`source_of` gives a
+    shard, or why it cannot be read), and which documents are holes: with `holes`, an unusable document
+    the plan counts (its planned length > 0) stays in the list as that many placeholder tokens."""
     ids: list[int] = []
     docs: list[np.ndarray] = []
     skipped: list[tuple[int, str, str]] = []
+    hole: list[bool] = []
     for shard_index, row, doc_id in unit.rows(seed):
         shard = source_of(shard_index)
-        if isinstance(shard, str):
-            skipped.append((doc_id, f"shard {shard_index} row {row}", shard))
-            continue
-        problem = shard.problem(row)
+        problem = shard if isinstance(shard, str) else shard.problem(row)
         if problem:
-            skipped.append((doc_id, shard.key(row), problem))
+            skipped.append((doc_id, f"shard {shard_index} row {row}" if isinstance(shard, str) else shard.key(row),
+                            problem))
+            planned = int(lengths[doc_id % lengths.size])
+            if holes and planned:
+                ids.append(doc_id)
+                docs.append(np.zeros(planned, dtype=np.int32))
+                hole.append(True)
             continue
+        assert not isinstance(shard, str)
         ids.append(doc_id)
         docs.append(shard.document(row))
-    return ids, docs, skipped
+        hole.append(False)
+    return ids, docs, skipped, hole
 
 
 def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit, cfg: LMConfig, seed: int,
-                       batch_size: int, eot: int, pad: int) -> Iterator[TokenBatch]:
-    """Every batch of a unit (see the module's docstring); a unit with no usable document gives one
-    empty last batch that names what it skipped."""
+                       batch_size: int, eot: int, pad: int, lengths: np.ndarray) -> Iterator[TokenBatch]:
+    """Every batch of a unit (see the module's docstring), exactly `planned_batches` of them (`lengths`:
+    every document's tokens by sample id); a unit with no usable document gives empty batches, the last
+    naming what it skipped."""
     started = stage_clock()
-    ids, docs, skipped = unit_documents(source_of, unit, seed)
-    made = causal_rows(docs, cfg.causal(eot, pad))
-    bounds = batch_bounds(made.stats.rows, batch_size)
+    packed = cfg.mode == "packed"
+    ids, docs, skipped, holes = unit_documents(source_of, unit, seed, lengths, holes=packed)
+    arrays, first_rows = _rows(docs, holes, cfg.causal(eot, pad))
+    hole = np.asarray(holes, dtype=bool)
+    n_rows = len(arrays["input_ids"])
+    bounds = batch_bounds(n_rows, batch_size)
+    planned = planned_batches(unit_lengths(unit, seed, lengths), cfg, batch_size)
+    if len(bounds) > planned:
+        raise DataError(f"unit {unit.unit_id}: {len(bounds)} batches where the token set's lengths file plans "
+                        f"{planned} (a lengths file that does not match the shards: prepare the token set again)")
+    bounds += [(n_rows, n_rows)] * (planned - len(bounds))  # empty batches: each still a step
     starts = np.array([start for start, _ in bounds], dtype=np.int64)
     # a document in no row (concat: a unit whose whole stream is its one end-of-text) is listed in the last batch
-    first_batch = np.where(made.first_rows >= 0, np.searchsorted(starts, made.first_rows, side="right") - 1,
-                           len(bounds) - 1)
+    first_batch = np.where(first_rows >= 0, np.searchsorted(starts, first_rows, side="right") - 1, len(bounds) - 1)
     built = stage_clock() - started
-    packed = cfg.mode == "packed"
     for index, (start, stop) in enumerate(bounds):
         sliced = stage_clock()
-        tensors = {"input_ids": made.input_ids[start:stop], "labels": made.labels[start:stop]}
-        if packed:
-            tensors |= {"position_ids": made.position_ids[start:stop], "segment_ids": made.segment_ids[start:stop]}
-        segs = made.segment_ids[start:stop]
+        tensors = {name: arrays[name][start:stop] for name in _NAMES[cfg.mode]}
+        segs = arrays["segment_ids"][start:stop]
         pieces = int(segs.max(axis=1, initial=0).sum()) if packed else int(np.count_nonzero(segs.any(axis=1)))
         tokens = int(np.count_nonzero(segs))
         rows = stop - start
         last = index == len(bounds) - 1
         yield TokenBatch(
             tensors={k: np.ascontiguousarray(v) for k, v in tensors.items()},
-            doc_ids=[ids[i] for i in np.flatnonzero(first_batch == index)], skipped=skipped if last else [],
-            batch_index=index, last=last, rows=rows, segments=pieces, tokens=tokens,
-            token_slots=rows * cfg.seq_len, unpacked_slots=(pieces if packed else rows) * cfg.seq_len,
+            doc_ids=[ids[i] for i in np.flatnonzero((first_batch == index) & ~hole)],
+            skipped=skipped if last else [], batch_index=index, last=last, rows=rows, segments=pieces,
+            tokens=tokens, token_slots=rows * cfg.seq_len, unpacked_slots=(pieces if packed else rows) * cfg.seq_len,
             pack_s=(built if index == 0 else 0.0) + stage_clock() - sliced,
             lengths=[int(n) for n in np.count_nonzero(segs, axis=1)])
+
+
+_NAMES = {"concat": ("input_ids", "labels"), "packed": ("input_ids", "labels", "position_ids", "segment_ids")}
+
+
+def _rows(docs: list[np.ndarray], holes: list[bool], config: CausalConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The unit's rows (each tensor, and `segment_ids`) and each document's first row. Packed, holes keep
+    their places and a row left with no token at all goes (its batch may then be one of the empty ones)."""
+    if config.mode == "concat":
+        made = concat_rows(docs, config)
+        return {"input_ids": made.input_ids, "labels": made.labels, "segment_ids": made.segment_ids}, made.first_rows
+    made = packed_rows(docs, config, holes)
+    arrays = {"input_ids": made.input_ids, "labels": made.labels, "position_ids": made.position_ids,
+              "segment_ids": made.segment_ids}
+    if not any(holes):
+        return arrays, made.first_rows
+    keep = made.segment_ids.any(axis=1)
+    moved = np.cumsum(keep) - 1  # a kept row's new index
+    first = np.where(made.first_rows >= 0, moved[np.maximum(made.first_rows, 0)], -1)
+    return {name: a[keep] for name, a in arrays.items()}, first

@@ -17,8 +17,6 @@ its id plus j * (documents in the manifest), j its pass counted from the epoch's
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
 import re
 from dataclasses import dataclass
@@ -28,12 +26,11 @@ import numpy as np
 
 from stoker.pipeline.seeds import derived_rng
 from stoker.pipeline.store.shards import Manifest
-from stoker.pipeline.store.storage import read_bytes
+from stoker.pipeline.text.token_shards import lengths_of
 from stoker.protos.errors import ConfigError, DataError
 
 MIXTURE = "mixture"  # the key of manifest.tokens that makes a token set a mixture
 EXHAUSTED = ("repeat", "end")
-LENGTHS_FILE = "lengths.npy"
 TOLERANCE = Fraction(1, 100)  # each source's share of an epoch's tokens, at most this far from its weight
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -152,19 +149,6 @@ class MixRule:
             return cls(sources, int(data["budget"]), str(data["pass"]), str(data["exhausted"]))
         except (AssertionError, KeyError, TypeError, ValueError, IndexError, MixtureError) as exc:
             raise DataError(f"{where}: not a mixture this Stoker reads ({exc})") from exc
-
-
-def lengths_of(manifest: Manifest) -> np.ndarray:
-    """Every document's tokens (int64, by sample id), read once and checked against the manifest's sha256."""
-    mix = manifest.tokens.get(MIXTURE, {})
-    uri = manifest.relative_uri(mix.get("lengths", LENGTHS_FILE))
-    data = read_bytes(uri)
-    if hashlib.sha256(data).hexdigest() != mix.get("lengths_sha256"):
-        raise DataError(f"{uri}: sha256 does not match the manifest (corrupt or replaced lengths file)")
-    lengths = np.load(io.BytesIO(data), allow_pickle=False).astype(np.int64)
-    if lengths.shape != (manifest.num_samples,) or (lengths < 0).any():
-        raise DataError(f"{uri}: {lengths.shape} lengths, the manifest has {manifest.num_samples} documents")
-    return lengths
 
 
 class _Walk:

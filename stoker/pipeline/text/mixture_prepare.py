@@ -11,8 +11,6 @@ cannot hold within 1%.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,8 +20,8 @@ import numpy as np
 from stoker.pipeline.kinds import TOKENS
 from stoker.pipeline.store.shards import MANIFEST_NAME, Manifest, ShardInfo
 from stoker.pipeline.store.storage import is_remote, join, read_bytes, staged
-from stoker.pipeline.text.mixture import LENGTHS_FILE, MIXTURE, MixRule, MixSource, MixtureError, Schedule
-from stoker.pipeline.text.token_shards import read_token_shard
+from stoker.pipeline.text.mixture import MIXTURE, MixRule, MixSource, MixtureError, Schedule
+from stoker.pipeline.text.token_shards import read_token_shard, write_lengths
 from stoker.protos.errors import DataError
 
 SAME = ("fingerprint", "eot", "pad", "vocab_size")  # what every source's tokenizer must agree on
@@ -128,15 +126,11 @@ def _write(folder: Path, first: Manifest, rule: MixRule, shards: list[ShardInfo]
         empty = next(s.name for s, part in zip(rule.sources, per_source, strict=True) if not part.sum())
         raise MixtureError(f"source {empty}: none of its documents has a usable token")
     rule.check_precision([int(p.sum()) for p in per_source], [int(p.max()) for p in per_source])
-    buffer = io.BytesIO()
-    np.save(buffer, np.concatenate(lengths).astype(np.int32), allow_pickle=False)
-    (folder / LENGTHS_FILE).write_bytes(buffer.getvalue())
     tokens = {key: first.tokens[key] for key in ("tokenizer", *SAME)}
     if first.tokens["tokenizer"].endswith(".json"):
         (folder / tokens["tokenizer"]).write_bytes(read_bytes(first.relative_uri(first.tokens["tokenizer"])))
     tokens |= {"source": "mixture", "shard_tokens": shard_tokens, "total": sum(shard_tokens),
-               MIXTURE: rule.to_json() | {"lengths": LENGTHS_FILE,
-                                          "lengths_sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}}
+               MIXTURE: rule.to_json()} | write_lengths(folder, np.concatenate(lengths))
     manifest = Manifest(kind=TOKENS.name, classes=[], shards=shards, skipped=skipped,
                         vocab_size=first.vocab_size, tokens=tokens)
     manifest.save(folder / MANIFEST_NAME)

@@ -9,7 +9,9 @@ within an epoch is the plan's to shuffle. The same input and tokenizer give the 
 The manifest (kind `tokens`) lists the shards with their sha256, every skipped document with its
 reason (what the source skips, and a document that tokenizes to nothing), and in `tokens`: the
 tokenizer (`tokenizer.json` copied beside the manifest, or the `module:Name`), its fingerprint,
-end-of-text and padding ids and vocabulary size, the source's name, and the tokens of each shard.
+end-of-text and padding ids and vocabulary size, the source's name, the tokens of each shard, and
+every document's tokens (`lengths.npy`, sha256 pinned: pipeline.text.token_shards), from which the plan
+knows each unit's batches ahead.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from stoker.pipeline.kinds import TOKENS
 from stoker.pipeline.store.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
 from stoker.pipeline.store.storage import join, read_bytes, staged
 from stoker.pipeline.text.sources import DEFAULT_TEXT_FIELD, CallableSource, Document, Skipped, TextSource, pin_source
-from stoker.pipeline.text.token_shards import write_token_shard
+from stoker.pipeline.text.token_shards import write_lengths, write_token_shard
 from stoker.pipeline.text.tokenizer import TextTokenizer, TokenizerConfig
 from stoker.pipeline.transforms import IMPORT_PATH
 from stoker.protos.errors import DataError
@@ -140,6 +142,7 @@ class _ShardWriter:
         self.out = out
         self.shards: list[ShardInfo] = []
         self.tokens: list[int] = []
+        self.lengths: list[int] = []  # every document's tokens, by sample id
         self.documents = 0
         self._keys: list[str] = []
         self._docs: list[np.ndarray] = []
@@ -158,6 +161,7 @@ class _ShardWriter:
         self.shards.append(ShardInfo(path.name, len(self._keys), path.stat().st_size, file_sha256(path),
                                      self.documents))
         self.tokens.append(int(sum(d.size for d in self._docs)))
+        self.lengths += [d.size for d in self._docs]
         self.documents += len(self._keys)
         self._keys, self._docs = [], []
 
@@ -168,7 +172,7 @@ def _manifest(out: Path, writer: _ShardWriter, config: TokenizerConfig, tok: Tex
         (out / TOKENIZER_FILE).write_bytes(read_bytes(config.path))  # the bytes its fingerprint hashes
     tokens = {"tokenizer": TOKENIZER_FILE if config.path else config.factory, "fingerprint": tok.fingerprint,
               "eot": tok.eot_id, "pad": tok.pad_id, "vocab_size": tok.vocab_size, "source": _safe(source),
-              "shard_tokens": writer.tokens, "total": sum(writer.tokens)}
+              "shard_tokens": writer.tokens, "total": sum(writer.tokens)} | write_lengths(out, np.array(writer.lengths))
     manifest = Manifest(kind=TOKENS.name, classes=[], shards=writer.shards, skipped=skipped,
                         vocab_size=tok.vocab_size, tokens=tokens)
     manifest.save(out / MANIFEST_NAME)

@@ -6,6 +6,10 @@ slices. The shard's sha256 is checked against the manifest and every document on
 empty one, or one with an id outside the tokenizer's vocabulary, is reported by `problem(row)`
 and skipped by the caller (counted and named), never turned into a row. A shard that cannot be
 used at all raises `ShardError` (pipeline.text.docs), whose rows the worker reports as skipped.
+
+Every token set (`stoker prepare tokens`, `stoker prepare mixture`) also writes each document's token
+count by sample id (`lengths.npy`, its sha256 in the manifest's `tokens`; 0 for a document never
+delivered): the plan reads it to know every unit's batches, and so every rank's steps, ahead.
 """
 
 from __future__ import annotations
@@ -13,17 +17,20 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.pipeline.store.shards import ShardInfo
-from stoker.pipeline.store.storage import filesystem
+from stoker.pipeline.store.shards import Manifest, ShardInfo
+from stoker.pipeline.store.storage import filesystem, read_bytes
 from stoker.pipeline.text.docs import ShardError
+from stoker.protos.errors import DataError
 
 TOKEN_SCHEMA = pa.schema([("key", pa.string()), ("tokens", pa.list_(pa.int32()))])
 ROW_GROUP = 1024
+LENGTHS_FILE = "lengths.npy"
 
 
 def write_token_shard(path: str, keys: list[str], documents: list[np.ndarray]) -> None:
@@ -98,3 +105,26 @@ def flatten_tokens(table: pa.Table, vocab_size: int) -> TokenShard:
             first = int(tokens[a:b][bad[a:b]][0])
             problems[row] = f"token id {first} outside the tokenizer's vocabulary (size {vocab_size})"
     return TokenShard(keys, tokens, offsets, problems)
+
+
+def write_lengths(folder: Path, lengths: np.ndarray) -> dict[str, str]:
+    """Write every document's token count beside the manifest; the entries its `tokens` keeps."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(lengths).astype(np.int32), allow_pickle=False)
+    (folder / LENGTHS_FILE).write_bytes(buffer.getvalue())
+    return {"lengths": LENGTHS_FILE, "lengths_sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+
+
+def lengths_of(manifest: Manifest) -> np.ndarray:
+    """Every document's tokens (int64, by sample id), read once and checked against the manifest's sha256."""
+    if "lengths_sha256" not in manifest.tokens:
+        raise DataError(f"{manifest.uri}: a token set without its documents' lengths (made by an older Stoker): "
+                        "run `stoker prepare tokens` (and `stoker prepare mixture`) again")
+    uri = manifest.relative_uri(str(manifest.tokens.get("lengths", LENGTHS_FILE)))
+    data = read_bytes(uri)
+    if hashlib.sha256(data).hexdigest() != manifest.tokens["lengths_sha256"]:
+        raise DataError(f"{uri}: sha256 does not match the manifest (corrupt or replaced lengths file)")
+    lengths = np.load(io.BytesIO(data), allow_pickle=False).astype(np.int64)
+    if lengths.shape != (manifest.num_samples,) or (lengths < 0).any():
+        raise DataError(f"{uri}: {lengths.shape} lengths, the manifest has {manifest.num_samples} documents")
+    return lengths

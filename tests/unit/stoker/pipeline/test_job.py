@@ -55,7 +55,7 @@ def test_making_or_receiving_a_job_imports_no_transform_and_pinning_is_the_step_
     """A config is a value: a job naming your transform is made, copied and sent without running a
     line of your module; `pin()` imports it once, where the job is made to be served."""
     from stoker.pipeline.job_wire import job_from_proto, job_to_proto
-    from stoker.protos.errors import ConfigError, StokerError
+    from stoker.protos.errors import StokerError
 
     imported = tmp_path / "imported"
     (tmp_path / "noisy_transform_mod.py").write_text(
@@ -74,13 +74,3 @@ def test_making_or_receiving_a_job_imports_no_transform_and_pinning_is_the_step_
     with pytest.raises(ConfigError, match="no_such_module_here") as refused:
         missing.pin()
     assert isinstance(refused.value, StokerError)
-
-
-def test_a_tokens_job_of_more_than_one_rank_is_refused_with_one_line():
-    from stoker.pipeline.text.lm_layout import LMConfig
-
-    JobConfig(manifest_uri="m.json", dataset="tokens", lm=LMConfig(64), world_size=1)
-    with pytest.raises(ConfigError, match="a tokens job feeds one rank for now, not 2") as refused:
-        JobConfig(manifest_uri="m.json", dataset="tokens", lm=LMConfig(64), world_size=2)
-    assert "\n" not in str(refused.value)
-    JobConfig(manifest_uri="m.json", dataset="wikipedia", world_size=2)  # BERT's ranks are not refused

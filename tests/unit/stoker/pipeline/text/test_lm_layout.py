@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.text.causal import IGNORE
-from stoker.pipeline.text.lm_layout import LMConfig, cu_seqlens_of, tensor_specs, unit_token_batches
+from stoker.pipeline.text.lm_layout import (
+    LMConfig,
+    cu_seqlens_of,
+    planned_batches,
+    tensor_specs,
+    unit_lengths,
+    unit_rows,
+    unit_token_batches,
+)
 from stoker.pipeline.text.token_shards import TokenShard
 from stoker.protos.errors import ConfigError
 
@@ -17,17 +25,25 @@ EOT, PAD, WIDTH = 0, 1, 16
 
 
 def _shard(docs: list[list[int]], problems: dict[int, str] | None = None) -> TokenShard:
+    """As read_token_shard makes one: an empty document is a problem."""
     sizes = [len(d) for d in docs]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     flat = np.array([t for d in docs for t in d], dtype=np.int32)
-    return TokenShard([f"k{i}" for i in range(len(docs))], flat, offsets, problems or {})
+    empty = {i: "document has no tokens" for i, d in enumerate(docs) if not d}
+    return TokenShard([f"k{i}" for i in range(len(docs))], flat, offsets, empty | (problems or {}))
+
+
+def _lengths(docs) -> np.ndarray:
+    """The lengths file of a shard whose row 0 is sample id 100 (what `stoker prepare tokens` writes)."""
+    return np.array([0] * 100 + [len(d) for d in docs], dtype=np.int64)
 
 
 def _batches(docs, mode, batch_size=3, seed=5, problems=None):
     shard = _shard(docs, problems)
     unit = Unit(7, 1, (Segment(0, 0, len(docs), 100),))
     order = [doc_id - 100 for _, _, doc_id in unit.rows(seed)]
-    made = list(unit_token_batches(lambda _i: shard, unit, LMConfig(WIDTH, mode), seed, batch_size, EOT, PAD))
+    made = list(unit_token_batches(lambda _i: shard, unit, LMConfig(WIDTH, mode), seed, batch_size, EOT, PAD,
+                                   _lengths(docs)))
     return made, order
 
 
@@ -39,7 +55,7 @@ documents = st.lists(st.lists(st.integers(2, 50), min_size=0, max_size=40), min_
 def test_concat_delivers_the_stream_of_the_unit_in_its_order_once(docs, batch_size):
     made, order = _batches(docs, "concat", batch_size)
     inputs = np.concatenate([b.tensors["input_ids"].reshape(-1)[:b.tokens] for b in made if b.rows] or [[]])
-    stream = [t for i in order for t in [*docs[i], EOT]]
+    stream = [t for i in order if docs[i] for t in [*docs[i], EOT]]  # an empty document is skipped
     assert inputs.tolist() == stream[:len(inputs)] and len(inputs) >= len(stream) - 1  # the last eot: maybe a label
     assert all(b.rows == batch_size for b in made[:-2])  # the last two may share a remainder (plan.batch_bounds)
     _listed_once(made, docs)
@@ -63,7 +79,7 @@ def test_packed_rows_keep_documents_apart_and_every_token_once(docs, batch_size)
                 assert labels[r, at[:-1]].tolist() == ids[r, at[1:]].tolist() and labels[r, at[-1]] == IGNORE
                 delivered.append(tuple(ids[r, at].tolist()))
             assert (labels[r, seg[r] == 0] == IGNORE).all() and (ids[r, seg[r] == 0] == PAD).all()
-    expected = [tuple(whole[i:i + WIDTH]) for doc in docs for whole in [[*doc, EOT]]
+    expected = [tuple(whole[i:i + WIDTH]) for doc in docs if doc for whole in [[*doc, EOT]]
                 for i in range(0, len(whole), WIDTH)]
     assert sorted(delivered) == sorted(expected)
     _listed_once(made, docs)
@@ -71,7 +87,8 @@ def test_packed_rows_keep_documents_apart_and_every_token_once(docs, batch_size)
 
 def _listed_once(made, docs) -> None:
     listed = [d - 100 for b in made for d in b.doc_ids]
-    assert sorted(listed) == list(range(len(docs)))  # every document in exactly one batch
+    assert sorted(listed) == [i for i, d in enumerate(docs) if d]  # every usable document in exactly one batch
+    assert sorted(d - 100 for d, _, _ in made[-1].skipped) == [i for i, d in enumerate(docs) if not d]
     assert made[-1].last and not any(b.last for b in made[:-1])
     assert [b.batch_index for b in made] == list(range(len(made)))
 
@@ -92,7 +109,7 @@ def test_unusable_documents_are_skipped_and_named_in_the_last_batch():
     assert made[-1].skipped == [(101, "k1", "document has no tokens")]
     assert sorted(d for b in made for d in b.doc_ids) == [100, 102]
     unreadable = list(unit_token_batches(lambda _i: "unreadable shard: sha256", Unit(0, 0, (Segment(0, 0, 2, 0),)),
-                                         LMConfig(WIDTH), 0, 4, EOT, PAD))
+                                         LMConfig(WIDTH), 0, 4, EOT, PAD, np.array([3, 4])))
     assert len(unreadable) == 1 and unreadable[0].rows == 0 and len(unreadable[0].skipped) == 2
 
 
@@ -119,3 +136,42 @@ def test_the_layout_and_its_settings():
 def test_cu_seqlens_follow_the_segments_row_by_row():
     seg = np.array([[1, 1, 2, 0], [1, 1, 1, 1]])
     assert cu_seqlens_of(seg).tolist() == [0, 2, 3, 4, 8]
+
+
+@settings(max_examples=80, deadline=None)
+@given(documents, st.integers(1, 4), st.sampled_from(["concat", "packed"]), st.integers(0, 3))
+def test_the_planned_batches_are_the_batches_the_worker_makes(docs, batch_size, mode, seed):
+    """`planned_batches` on the lengths file's counts in the unit's visiting order (what every rank works
+    out from the plan) is how many batches the worker's rows make."""
+    unit = Unit(7, 1, (Segment(0, 0, len(docs), 100),))
+    made, _ = _batches(docs, mode, batch_size, seed)
+    assert planned_batches(unit_lengths(unit, seed, _lengths(docs)), LMConfig(WIDTH, mode), batch_size) == len(made)
+    assert unit_rows(unit_lengths(unit, seed, _lengths(docs)), LMConfig(WIDTH, mode)) == sum(b.rows for b in made)
+
+
+@settings(max_examples=60, deadline=None)
+@given(documents, st.integers(1, 4), st.sampled_from(["concat", "packed"]), st.data())
+def test_unusable_documents_leave_the_planned_batch_count(docs, batch_size, mode, data):
+    """A document that turns out unusable (its shard failed its sha256, an id out of the vocabulary) still
+    counted in the plan: the unit gives the planned batches all the same (packed: its place left as
+    padding, a row of nothing dropped; concat: empty batches at the end), the others each listed once."""
+    bad = data.draw(st.sets(st.integers(0, len(docs) - 1)))
+    made, _ = _batches(docs, mode, batch_size, problems={i: "token id 999 outside the vocabulary" for i in bad})
+    clean, _ = _batches(docs, mode, batch_size)
+    assert len(made) == len(clean)
+    assert sorted(d - 100 for b in made for d in b.doc_ids) == [i for i, d in enumerate(docs) if d and i not in bad]
+    assert all(b.rows == 0 or b.tokens for b in made)  # no row of padding alone
+    rows = [b.rows for b in made]
+    assert sorted(rows, key=lambda r: r == 0) == rows  # the empty batches come last
+    assert made[-1].last and sorted(d - 100 for d, _, _ in made[-1].skipped) == sorted(
+        {i for i, d in enumerate(docs) if not d} | bad)
+
+
+def test_a_whole_unit_of_unreadable_documents_gives_its_planned_batches_empty():
+    lengths = np.array([20, 30, 5, 40, 9])
+    unit = Unit(0, 0, (Segment(0, 0, 5, 0),))
+    for mode in ("packed", "concat"):
+        made = list(unit_token_batches(lambda _i: "unreadable shard: sha256", unit, LMConfig(WIDTH, mode), 0, 2,
+                                       EOT, PAD, lengths))
+        assert len(made) == planned_batches(unit_lengths(unit, 0, lengths), LMConfig(WIDTH, mode), 2) > 1
+        assert all(b.rows == 0 and not b.doc_ids for b in made) and len(made[-1].skipped) == 5

@@ -199,6 +199,6 @@ def test_a_resume_at_another_world_size_delivers_the_rest_of_the_epoch_once(mixe
 
 def test_a_lengths_file_that_differs_from_the_manifest_is_refused(mixed, tmp_path):
     manifest = Manifest.load(mixed.uri)
-    manifest.tokens = {**manifest.tokens, MIXTURE: {**manifest.tokens[MIXTURE], "lengths_sha256": "0" * 64}}
+    manifest.tokens = {**manifest.tokens, "lengths_sha256": "0" * 64}
     with pytest.raises(DataError, match="sha256 does not match"):
         Schedule.of(manifest, 16)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from stoker.pipeline.store.shards import Manifest
-from stoker.pipeline.text.mixture import MIXTURE, MixtureError, Schedule, lengths_of
+from stoker.pipeline.text.mixture import MIXTURE, MixtureError, Schedule
 from stoker.pipeline.text.mixture_prepare import SourceSpec, prepare_mixture
-from stoker.pipeline.text.token_shards import read_token_shard
+from stoker.pipeline.text.token_shards import lengths_of, read_token_shard
 from tests.token_corpus import prepared, two_sources
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
-from stoker.pipeline.text.token_shards import read_token_shard
+from stoker.pipeline.text.token_shards import lengths_of, read_token_shard
 from stoker.pipeline.text.tokenizer import TokenizerConfig, TokenizerError
 from stoker.protos.errors import DataError
 from tests.token_corpus import jsonl, prepared, texts, tokenizer_json
@@ -59,7 +59,7 @@ def test_the_same_input_gives_the_same_bytes(tmp_path, made):
     for name in ("a", "b"):
         prepare_tokens(src, tmp_path / name, str(tok_path), TokenPrepareConfig(docs_per_shard=16, progress=False))
         outs.append({p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())})
-    assert outs[0] == outs[1] and len(outs[0]) == 4 + 2  # 4 shards, the manifest and the tokenizer
+    assert outs[0] == outs[1] and len(outs[0]) == 4 + 3  # 4 shards, the manifest, the tokenizer and the lengths
 
 
 def test_a_bad_tokenizer_is_refused_before_any_document_and_nothing_left_is_an_error(tmp_path, made):
@@ -83,3 +83,16 @@ def test_the_command_prints_what_it_wrote_and_skipped(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "wrote 30 documents" in run.stdout and "in 3 shard(s)" in run.stdout and "skipped 2" in run.stdout
     assert Manifest.load(tmp_path / "out").tokens["source"] == "mine"
+
+
+def test_the_lengths_file_holds_every_documents_tokens_and_an_old_set_without_it_is_refused(tmp_path, made):
+    _, corpus, tok_path = made
+    src = jsonl(tmp_path / "c.jsonl", corpus[:30])
+    result = prepare_tokens(src, tmp_path / "t", str(tok_path), TokenPrepareConfig(docs_per_shard=16, progress=False))
+    manifest = result.manifest
+    sizes = [len(read_token_shard(manifest.shard_uri(i), s, manifest.vocab_size).document(r))
+             for i, s in enumerate(manifest.shards) for r in range(s.num_samples)]
+    assert lengths_of(manifest).tolist() == sizes and sum(sizes) == result.tokens
+    manifest.tokens = {k: v for k, v in manifest.tokens.items() if not k.startswith("lengths")}
+    with pytest.raises(DataError, match="prepare tokens` .*again"):
+        lengths_of(manifest)
