@@ -43,7 +43,10 @@ T = TypeVar("T")
 TRIVIALAUGMENT = ("stoker_trivialaugment:TrivialAugmentWide", '{"size": 176}')
 
 
-SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+# a loop that dies with its parent (PR_SET_PDEATHSIG, SIGKILL): a measurement killed before its `finally` (a
+# pytest killed mid-test) left two loops spinning on a core for 50 minutes under everything measured after it
+SPIN = ("import ctypes, os, sys\nctypes.CDLL(None).prctl(1, 9)\nif os.getppid() == 1: sys.exit()\n"
+        "os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass")
 
 
 @contextlib.contextmanager
