@@ -12,9 +12,10 @@ of `seq_len` 2048 and 512.
   map(tokenize, batched=True) -> the group_texts map (concat) or DataCollatorWithFlattening over
   documents grouped in order (packed), its cache in a fresh folder each run); Grain
   (ConcatThenSplitIterDataset / FirstFitPackIterDataset over the same Rust batch encoder's ids).
-- pre-tokenized reading (tokens in, rows out): Stoker reading a Parquet file of token lists, one row
-  per document, into causal_rows (`stoker prepare tokens` does not exist yet: this is the layout
-  its shards are to have); MosaicML Streaming (MDSWriter of seq_len-token samples, then
+- pre-tokenized reading (tokens in, rows out): Stoker reading the token set `stoker prepare tokens`
+  wrote from the same JSONL and tokenizer, through the worker's own code (TokenSource: read_token_shard,
+  then lm_layout.unit_token_batches over every unit of an epoch's plan, the job's defaults otherwise);
+  MosaicML Streaming (MDSWriter of seq_len-token samples, then
   StreamingDataset) and litdata (optimize, then StreamingDataset with TokensLoader). Writing
   the stores is not timed.
 
@@ -42,12 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from benchmarks.report import header, write_results
+from stoker.pipeline.store.shards import MANIFEST_NAME
 from stoker.pipeline.store.wheels import fetch_wheel
 from stoker.pipeline.text.corpus import VOCAB_SOURCE, read_articles
+from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
 from stoker.pipeline.text.tokenizer import TokenizerConfig
 
 ROOT = Path(__file__).parent
@@ -85,8 +86,8 @@ FIELD = (
     Contender("Grain FirstFitPackIterDataset", ONLINE, "text-peer-venv", "grain", "packed"),
     Contender("Grain BestFitPackIterDataset", ONLINE, "text-peer-venv", "grain_best", "packed"),
     Contender("Grain ConcatThenSplitIterDataset", ONLINE, "text-peer-venv", "grain", "concat"),
-    Contender("Stoker: Parquet token lists + causal_rows", READ, "stoker", "stoker_read", "concat", False),
-    Contender("Stoker: Parquet token lists + causal_rows", READ, "stoker", "stoker_read", "packed", False),
+    Contender("Stoker: token shards -> TokenSource", READ, "stoker", "stoker_read", "concat", False),
+    Contender("Stoker: token shards -> TokenSource", READ, "stoker", "stoker_read", "packed", False),
     Contender("MosaicML Streaming: MDS -> StreamingDataset", READ, "mosaic-venv", "mosaic_read", "concat"),
     Contender("litdata: optimize -> StreamingDataset(TokensLoader)", READ, "text-peer-venv", "litdata_read",
               "concat"),
@@ -120,10 +121,11 @@ def peer_python(name: str) -> tuple[str | None, str]:
 
 
 def write_inputs(folder: Path) -> dict[str, Path]:
-    """The corpus as JSONL, the tokenizer.json, and its tokens (npz and Parquet) for the stores."""
+    """The corpus as JSONL, the tokenizer.json, its tokens (npz) for the peers' stores, and Stoker's token set
+    (`stoker prepare tokens` of the JSONL, its manifest at paths["tokens"])."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = {"jsonl": folder / "wikipedia.jsonl", "tokenizer": folder / "tokenizer.json",
-             "npz": folder / "tokens.npz", "parquet": folder / "tokens.parquet"}
+             "npz": folder / "tokens.npz", "tokens": folder / "token-set" / MANIFEST_NAME}
     articles = read_articles()
     with open(paths["jsonl"], "w", encoding="utf-8") as out:
         for title, text in articles:
@@ -134,8 +136,8 @@ def write_inputs(folder: Path) -> dict[str, Path]:
     docs = tok.encode_batch([text for _, text in articles])
     offsets = np.concatenate([[0], np.cumsum([d.size for d in docs])]).astype(np.int64)
     np.savez(paths["npz"], flat=np.concatenate(docs), offsets=offsets)
-    column = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(np.concatenate(docs)))
-    pq.write_table(pa.table({"input_ids": column}), paths["parquet"], row_group_size=1024)
+    shutil.rmtree(paths["tokens"].parent, ignore_errors=True)
+    prepare_tokens(paths["jsonl"], paths["tokens"].parent, str(paths["tokenizer"]), TokenPrepareConfig(progress=False))
     return paths
 
 
@@ -143,7 +145,7 @@ def loop_args(c: Contender, seq_len: int, paths: dict[str, Path], stores: dict[s
               ) -> list[str]:
     """text_loop.py's arguments for contender `c` at `seq_len`."""
     inputs = {"stoker_online": paths["jsonl"], "hf_datasets": paths["jsonl"], "grain": paths["jsonl"],
-              "grain_best": paths["jsonl"], "stoker_read": paths["parquet"], "mosaic_read": stores[f"mds-{seq_len}"],
+              "grain_best": paths["jsonl"], "stoker_read": paths["tokens"], "mosaic_read": stores[f"mds-{seq_len}"],
               "litdata_read": stores["litdata"]}
     eot, pad = specials
     return [c.loop, "--input", str(inputs[c.loop]), "--tokenizer", str(paths["tokenizer"]), "--seq-len",

@@ -8,7 +8,7 @@ and sent over a CURVE connection to a sink process on another core, as a worker 
 (stoker.wire_cost): the framing, the encryption and the kernel's TCP work are a worker's CPU
 too. What it leaves out is the worker's lease loop (leases, credit, waits), a few percent of a
 text worker (docs/ratio.md). A token set's tokens job is measured in tokens (its shards read again
-each epoch), and its tokenizer alone beside it (`tokenize`: what online tokenizing would add).
+each epoch; an online set's text tokenized in the workers), and its tokenizer alone beside it (`tokenize`).
 `stoker plan` turns these per-core rates into cores, hosts, time-to-train and cost.
 
 The file keeps one image rate per transform, with its name, parameters and version, because a
@@ -35,7 +35,7 @@ from stoker.machine import machine_kind
 from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
 from stoker.pipeline.job import JOB_DEFAULTS, JobConfig
 from stoker.pipeline.store.shards import Manifest
-from stoker.pipeline.text import token_cost
+from stoker.pipeline.text import text_shards, token_cost
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.pipeline.transforms import parse_params, resolve
@@ -50,7 +50,7 @@ EPOCHS = 1_000_000  # of a job whose batches are timed for some seconds: more th
 SENT = "framed and sent over CURVE, "  # what a rate measured with the wire says it counts
 PACKED = "wikipedia_packed"  # the calibration's entry for BERT with --pack (`stoker plan --pack`)
 TOKENS = "tokens"  # the entry of a token-stream job: shards read and packed (`stoker plan --dataset tokens`)
-TOKENIZE = "tokenize"  # the tokenizer alone, on the same documents: what online tokenizing would add
+TOKENIZE = "tokenize"  # the tokenizer alone, on the same documents: what online tokenizing costs
 TOKENS_LM = LMConfig()  # the rows a token-stream calibration packs: `stoker run`'s defaults
 DEFAULT_TRANSFORM = "train"  # what `stoker run` runs by default: MLPerf's random-resized crop + flip at 224 px
 
@@ -200,8 +200,16 @@ def tokens_entry(manifest: Manifest, seconds: float, lm: LMConfig = TOKENS_LM, w
     return {"per_core_rate": rate, "unit": "tokens per CPU-second", "clock": "cpu", "seq_len": lm.seq_len,
             "mode": lm.mode, "bytes_per_token": per_token, "parquet_over_int32": per_token / token_cost.INT32_BYTES,
             "fill": made["tokens"] / max(made["slots"], 1), "data": manifest.uri,
-            "what": f"token shards read whole and packed into causal-LM rows of {lm.seq_len} ({lm.mode}), "
+            "online": text_shards.is_online(manifest),  # the workers tokenize: stoker plan adds no tokenizer
+            "what": f"{_read_how(manifest)} and packed into causal-LM rows of {lm.seq_len} ({lm.mode}), "
                     f"{SENT if wire else ''}one core"}
+
+
+def _read_how(manifest: Manifest) -> str:
+    """What a worker does to a shard of this set before packing: reads tokens, or tokenizes text per unit."""
+    if text_shards.is_online(manifest):
+        return "text shards read whole and tokenized online, a unit at a time"
+    return "token shards read whole"
 
 
 def tokenize_entry(manifest: Manifest, seconds: float) -> dict:
@@ -211,8 +219,8 @@ def tokenize_entry(manifest: Manifest, seconds: float) -> dict:
     return {"per_core_rate": rate, "unit": "tokens per CPU-second", "clock": "cpu", "tokenizer": tok.name,
             "fingerprint": tok.fingerprint, "data": manifest.uri,
             "what": f"tokenize only (not a job's rate): {tok.name} encoding the set's documents in batches of "
-                    f"{token_cost.TOKENIZE_BATCH}, one core; a tokens job reads the tokens `stoker prepare tokens` "
-                    "made, and tokenizing online would add this step"}
+                    f"{token_cost.TOKENIZE_BATCH}, one core; a tokens job of token shards skips this step, one of "
+                    "an online set (`stoker prepare tokens --online`) takes it in its workers"}
 
 
 def transform_entry(manifest: str, seconds: float, transform: str = DEFAULT_TRANSFORM, params: str = "") -> dict:

@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from stoker.accel.backends.accelerators import AccelSpec
-from stoker.accel.backends.profiles import PROFILE_SEQ_LEN, profile_rate
+from stoker.accel.backends.profiles import GPT_PROFILE_SEQ_LEN, PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.cost import cores_text
@@ -45,7 +45,7 @@ from stoker.local_workers import (
 from stoker.options import FREE, emit_json
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.kinds import kind_of
+from stoker.pipeline.kinds import ModelFamily, kind_of
 from stoker.protos import job_secret
 from stoker.protos.errors import StateError
 
@@ -173,6 +173,8 @@ def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> di
         return None
     first = s.ranks[0] if s.ranks else s
     step = first.stage_seconds.get("step", 0.0)
+    if kind_of(s.dataset).model_family == ModelFamily.GPT:
+        return _tokens_answer(s, accel, first, step)
     if accel.kind == "simulated" and accel.profile:
         name, rate = f"a full-size {accel.profile}", profile_rate(accel.profile, s.dataset)
     elif accel.kind == "simulated" and accel.rate:
@@ -195,6 +197,30 @@ def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> di
     return answer
 
 
+def _tokens_answer(s: Summary, accel: AccelSpec, first: Summary, step: float) -> dict | None:
+    """A tokens job's cores answer in tokens, as `stoker plan --dataset tokens` (stoker.token_planning) counts
+    them: the accelerator's tokens/s over the real tokens (padding not counted) one host core made per
+    CPU-second. A profile's rate is GPT-2 124M's rows of GPT_PROFILE_SEQ_LEN tokens, what its simulated device
+    steps; a simulated --rate or this run's device took rows, each with this run's tokens per row."""
+    if not s.tokens or not s.rows:
+        return None
+    per_row = s.tokens / s.rows  # real tokens in a row this run made
+    if accel.kind == "simulated" and accel.profile:
+        name = f"a full-size {accel.profile} (GPT-2 124M, rows of {GPT_PROFILE_SEQ_LEN} tokens)"
+        rate = profile_rate(accel.profile, s.dataset) * GPT_PROFILE_SEQ_LEN
+    elif accel.kind == "simulated" and accel.rate:
+        name, rate = "the simulated device", accel.rate * per_row
+    elif step > 0 and first.tokens:
+        name, rate = f"this {accel.model} step on {accel.device}", first.tokens / step
+    else:
+        return None
+    per_core = s.per_core_rate * per_row
+    return {"accelerator": name, "accelerator_rate": rate, "unit": "tokens/s", "per_core_rate": per_core,
+            "per_core_spread": [x * per_row for x in s.per_core_spread], "cores_needed": rate / per_core,
+            "cpu_wait_fraction": s.cpu_wait_fraction, "transform": None, "decode_on": s.decode_on,
+            "tokens_per_row": per_row, "seq_len": s.seq_len, "padding_fraction": s.padding_fraction}
+
+
 def cores_line(answer: dict) -> str:
     """The closing line for `cores_answer`: the figure, the two rates it divides, the spread, what made it."""
     unit = answer["unit"]
@@ -208,7 +234,10 @@ def cores_line(answer: dict) -> str:
     if answer.get("sequences_per_row", 1.0) > 1.0:  # packed; one sequence per row says nothing
         details.append(f"packing puts {answer['sequences_per_row']:.2f} sequences in a row" if unit == "sequences/s"
                        else f"packing puts {answer['sequences_per_row']:.2f} sequences in a row of the rate")
-    if answer.get("seq_len") and answer["seq_len"] != answer.get("profile_seq_len"):
+    if unit == "tokens/s":
+        details.append(f"real tokens, padding not counted, as `stoker plan --dataset tokens` counts them: "
+                       f"{answer['tokens_per_row']:,.1f} in a row of {answer['seq_len']}")
+    elif answer.get("seq_len") and answer["seq_len"] != answer.get("profile_seq_len"):
         details.append(f"the profile's rate is at length {answer['profile_seq_len']} and this run's rows hold "
                        f"{answer['seq_len']} tokens: run --seq-len {answer['profile_seq_len']} for its sequences")
     if made:

@@ -317,9 +317,9 @@ class Loader:
 
     def __len__(self) -> int:
         """This rank's steps in the current epoch, the same on every rank. Images and tokens: exact, from
-        the plan (tokens: from the documents' token counts). BERT text (rows depend on the examples): exact
-        once the epoch's streams are all in, before that the previous epoch's, or at first the most
-        documents a rank has over the batch size."""
+        the plan (tokens: from the documents' token counts). BERT text (rows depend on the examples): an
+        estimate until the epoch has ended, the previous epoch's count, or at first the most documents a
+        rank has over the batch size; the steps are equal on every rank all the same."""
         consumer = self.consumer
         epoch = min(self.epoch, consumer.job.epochs - 1)
         if consumer.planned is not None:

@@ -33,11 +33,12 @@ from stoker.pipeline.images import fit as image_fit
 from stoker.pipeline.images.augment import REFERENCE_AREA, TORCHVISION_AREA
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import DATASETS, JOB_DEFAULTS, JobConfig
-from stoker.pipeline.kinds import IMAGENET, kind_of
+from stoker.pipeline.kinds import IMAGENET, TOKENS, WIKIPEDIA, kind_of
 from stoker.pipeline.store.files import write_atomically
 from stoker.pipeline.store.shard_cache import LIMIT_ENV, parse_gb
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.lm_layout import LMConfig
+from stoker.protos.errors import ConfigError
 from stoker.workers.worker_config import WorkerConfig
 
 
@@ -232,8 +233,27 @@ def transform_error(transform: str | None, transform_params: str, image_size: in
 def job_config(args: argparse.Namespace, rank: int | None = None, manifest_uri: str | None = None) -> JobConfig:
     """The job the options describe, its transform pinned (imported) here, where it is made; `manifest_uri`:
     the manifest the command resolved itself (`stoker run`'s default set), else --data."""
-    return JobConfig(manifest_uri=manifest_uri or args.data, dataset=dataset(args, args.data),
-                     **job_fields(args, rank)).pin()
+    kind = dataset(args, args.data)
+    unused = row_flags_unused(args, kind)
+    if unused:
+        raise ConfigError(unused)
+    return JobConfig(manifest_uri=manifest_uri or args.data, dataset=kind, **job_fields(args, rank)).pin()
+
+
+def row_flags_unused(args: argparse.Namespace, kind: str) -> str | None:
+    """A text job's row flag given for the other text kind would be ignored without a word: --lm-seq-len and
+    --lm-mode make a tokens job's rows, --seq-len a BERT job's. A value other than the default is refused, naming
+    it (an image job ignores the text flags, as a text job does the image ones)."""
+    lm, text = LMConfig(), TextConfig()
+    given = [flag for flag, value, default, of in (
+        ("--lm-seq-len", getattr(args, "lm_seq_len", lm.seq_len), lm.seq_len, TOKENS.name),
+        ("--lm-mode", getattr(args, "lm_mode", lm.mode), lm.mode, TOKENS.name),
+        ("--seq-len", getattr(args, "seq_len", text.seq_len), text.seq_len, WIKIPEDIA.name)) if value != default
+        and kind != of and kind in (TOKENS.name, WIKIPEDIA.name)]
+    if not given:
+        return None
+    return (f"{', '.join(given)}: the rows of another kind of job; this is a {kind} job (--lm-seq-len and --lm-mode "
+            "are a tokens job's, --seq-len a wikipedia job's)")
 
 
 def world_size(args: argparse.Namespace, rank: int | None) -> int:

@@ -6,8 +6,9 @@ tokens per CPU-second (`stoker calibrate`'s `tokens` entry: token shards read wh
 so N accelerators need ceil((1 - s) N A / r) cores for a stall below `s`. They read `b` bytes per token
 (the token set's shards over its tokens), N A b bytes/s when never waiting. A store that gives the job
 `S` bytes/s delivers at most S / b tokens/s: below (1 - s) N A, storage, not CPU, is the limit, and no
-number of cores meets the stall target. Tokenizing online as well (the tokens kind does not yet) costs a
-core 1/r + 1/t CPU-seconds per token, `t` the tokenizer's own rate (`stoker calibrate`'s `tokenize`).
+number of cores meets the stall target. A set of token shards read as it is measured; tokenizing online as
+well (`stoker prepare tokens --online`) costs a core 1/r + 1/t CPU-seconds per token, `t` the tokenizer's own
+rate (`stoker calibrate`'s `tokenize`). A calibration of an online set has the tokenizer in `r` already.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class TokenPlanInput:
     stall_target: float = 0.02
     storage_mbps: float | None = None  # MB/s the job's store gives all its hosts together; None: not limited
     tokenize_rate: float | None = None  # tokens per CPU-second of the tokenizer alone, where measured
+    online: bool = False  # per_core_rate was measured on an online set: tokenizing is in it already
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class TokenPlan:
     storage_limit_mbps: float | None
     feeds: tuple[TokenFeed, ...]
     source: str
+    online: bool = False  # the per-core rate is of an online set (the workers tokenize)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,7 +76,7 @@ def _feed(inp: TokenPlanInput, count: int, rate: float) -> TokenFeed:
     bound = stored < (1 - inp.stall_target) * consumed
     delivered = min(cpu, stored)
     online = None
-    if inp.tokenize_rate:
+    if inp.tokenize_rate and not inp.online:
         both = 1 / (1 / inp.per_core_rate + 1 / inp.tokenize_rate)
         online = math.ceil((1 - inp.stall_target) * consumed / both - 1e-9)
     return TokenFeed(count=count, consumed=consumed, cores=cores, delivered=delivered, cpu_stall=1 - cpu / consumed,
@@ -99,7 +102,7 @@ def make_token_plan(inp: TokenPlanInput) -> TokenPlan:
     counts = sorted({1, inp.accelerators})
     return TokenPlan(system=system.name, model=lm.model, accel_rate=rate, per_core_rate=inp.per_core_rate,
                      bytes_per_token=inp.bytes_per_token, storage_limit_mbps=inp.storage_mbps,
-                     feeds=tuple(_feed(inp, count, rate) for count in counts), source=lm.source)
+                     feeds=tuple(_feed(inp, count, rate) for count in counts), source=lm.source, online=inp.online)
 
 
 def _mbps(value: float) -> str:
@@ -110,12 +113,13 @@ def describe_tokens(plan: TokenPlan) -> str:
     """The plan in words: cores and storage per count of systems, and where storage is the limit."""
     lines = [f"{plan.system} / tokens ({plan.model} pretraining): {plan.accel_rate:,.0f} tokens/s when fed; "
              f"{rate_figure(plan.per_core_rate)} tokens per CPU-second per host core; "
-             f"{plan.bytes_per_token:.2f} bytes read per token"]
+             f"{plan.bytes_per_token:.2f} bytes read per token"
+             + (" (an online set: the workers' tokenizing is in the rate)" if plan.online else "")]
     for feed in plan.feeds:
         lines.append(f"  {feed.count} x {plan.system}: {feed.cores:,} host core(s) for stall "
                      f"{100 * feed.cpu_stall:.1f}%; storage reads {_mbps(feed.storage_mbps)} MB/s")
         if feed.cores_online is not None:
-            lines.append(f"    tokenizing online too (the tokens kind reads prepared tokens; from the calibration's "
+            lines.append(f"    tokenizing online instead (`stoker prepare tokens --online`; from the calibration's "
                          f"tokenize-only rate): {feed.cores_online:,} host core(s)")
         if feed.storage_bound and plan.storage_limit_mbps is not None:
             lines.append(f"    storage, not CPU, is the limit: {_mbps(plan.storage_limit_mbps)} MB/s gives "

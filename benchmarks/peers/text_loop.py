@@ -129,23 +129,27 @@ def stoker_online(args: argparse.Namespace) -> tuple[Callable[[], tuple[int, int
 
 
 def stoker_read(args: argparse.Namespace) -> tuple[Callable[[], tuple[int, int]], dict]:
-    """A Parquet file of token lists (one row per document), read a batch of rows at a time
-    into causal-LM rows: what Stoker's token shards are to be read as."""
-    import pyarrow.parquet as pq
+    """A token set `stoker prepare tokens` wrote, read as a worker reads it: every unit of epoch 0 through
+    the worker's TokenSource (read_token_shard: the shard's sha256, Parquet decode, every document checked;
+    lm_layout.unit_token_batches: the unit's documents in its seeded order as causal-LM rows and batches,
+    each batch's header made). Each pass is a new TokenSource, so every shard is read again."""
+    from stoker.pipeline.job import JobConfig
+    from stoker.pipeline.store.shards import Manifest
+    from stoker.pipeline.text.lm_layout import LMConfig
+    from stoker.workers.sources import TokenSource
 
-    from stoker.pipeline.text.causal import CausalConfig, causal_rows
-
-    config = CausalConfig(seq_len=args.seq_len, eot=args.eot, pad=args.pad, mode=args.mode)
+    manifest = Manifest.load(args.input)
+    job = JobConfig(manifest_uri=args.input, dataset="tokens", batch_size=args.batch_size,
+                    lm=LMConfig(seq_len=args.seq_len, mode=args.mode))
+    units = job.plan(manifest).units(0)
+    next(TokenSource(manifest, job).batches(units[0]))  # untimed: pyarrow's and numpy's lazy imports
 
     def one_pass() -> tuple[int, int]:
+        source = TokenSource(manifest, job)
         tokens = rows = 0
-        for batch in pq.ParquetFile(args.input).iter_batches(batch_size=READ_BATCH, columns=["input_ids"]):
-            column = batch.column(0)
-            offsets = column.offsets.to_numpy()
-            flat = column.values.to_numpy()[offsets[0]:]
-            docs = np.split(flat, offsets[1:-1] - offsets[0])
-            out = causal_rows(docs, config)
-            tokens, rows = tokens + out.stats.tokens, rows + out.stats.rows
+        for unit in units:
+            for out in source.batches(unit):
+                tokens, rows = tokens + out.header.text.real_tokens, rows + out.header.rows
         return tokens, rows
 
     return repeated(one_pass, args.passes), versions("numpy", "pyarrow")
@@ -316,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pad", type=int, default=0)
     parser.add_argument("--passes", type=int, default=1, help="readers: passes over the store, timed together")
     parser.add_argument("--bins", type=int, default=16, help="Grain's num_packing_bins")
+    parser.add_argument("--batch-size", type=int, default=64, help="stoker_read: the job's --batch-size "
+                        "(JobConfig's default; a unit holds 4 batches' worth of documents)")
     args = parser.parse_args(argv)
     if args.contender in PREPARERS:
         PREPARERS[args.contender](args)

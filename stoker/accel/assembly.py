@@ -145,6 +145,19 @@ def credit_budget(cfg: ConsumerConfig, job: JobConfig) -> int:
     return max(2 * cfg.credit_window, int(cfg.credit_budget_mb * (1 << 20)) // nbytes)
 
 
+def counted_at_epoch_end(job: JobConfig) -> bool:
+    """A BERT job of several ranks: its epoch's steps are settled only once every rank has received its whole
+    stream and said how many batches it holds (Consumer.steps_of; planned_steps says why)."""
+    return not job.kind.one_row_per_sample and job.dataset != TOKENS.name and job.world_size > 1
+
+
+def credit_window(cfg: ConsumerConfig, job: JobConfig, budget: int) -> int:
+    """Batches in flight per sender: --credit-window, but the whole budget where counted_at_epoch_end: a rank
+    with more batches left than its window, stepping in lockstep with one that waits for its count, would
+    never get the credit its steps give back, and DDP would hang at the epoch's end."""
+    return max(cfg.credit_window, budget) if counted_at_epoch_end(job) else cfg.credit_window
+
+
 def wire(cfg: ConsumerConfig, joined: Joined, data: RankData, me: Member, metrics: ConsumerMetrics,
          on_job_failed: Callable[[str], None]) -> Wiring:
     """Phase 4: the dispatcher link (in-process on rank 0, else attached), the books restored from the
@@ -160,10 +173,11 @@ def wire(cfg: ConsumerConfig, joined: Joined, data: RankData, me: Member, metric
     units, replay = start.ranks[me.rank]
     order = StreamOrder(plan, me.rank, start.epoch, units, released=start.step - replay)
     systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
-    data_socket = DataSocket(cfg.data_bind, cfg.advertise_host, server_keys, cfg.credit_window,
-                             credit_budget(cfg, job), cfg.sender_timeout_s)
+    budget = credit_budget(cfg, job)
+    data_socket = DataSocket(cfg.data_bind, cfg.advertise_host, server_keys, credit_window(cfg, job, budget),
+                             budget, cfg.sender_timeout_s)
     loop = ReceiveLoop(job.job_id, data_socket, schema_of(job), ledger, order, leases, metrics, dispatcher,
-                       on_job_failed, systemd)
+                       on_job_failed, systemd, report_epoch_ends=counted_at_epoch_end(job))
     return Wiring(leases, dispatcher, ledger, order, systemd, loop)
 
 

@@ -26,7 +26,9 @@ import numpy as np
 
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.consumer_config import ConsumerConfig
+from stoker.accel.schema import BatchSchema, schema_of
 from stoker.accel.steps import EpochDone, Scheduled, StepSchedule
+from stoker.pipeline.images import layout as image_layout
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.store.shards import Manifest
@@ -250,6 +252,8 @@ class _Converter:
                                    job.corrupt_jpegs)
             self.decoder = DecodingAccelerator(None, dali, key_of=source.manifest.key_of)  # type: ignore[arg-type]
         self._stream: Any = None
+        self._job = job
+        self._schema: BatchSchema | None = None  # what a step gives, made at the first empty batch
 
     def convert(self, step: Scheduled) -> Batch:
         started = time.perf_counter()
@@ -258,7 +262,10 @@ class _Converter:
             prepared = self.prepare(received) if received.size else None
             return Batch({}, received.size, step.epoch, step.step, received.sample_ids, received, prepared,
                          time.perf_counter() - started)
-        if self.decoder is not None and received.size:
+        if not received.size:  # an empty batch (a unit's unfilled batch, a split's empty piece): the job's
+            arrays = self._empty()  # tensors, zero rows, whatever the wire carried
+            ids, rows = received.sample_ids, 0
+        elif self.decoder is not None:
             decoded = self.decoder.decode(received)
             arrays = {"image": decoded.images, "label": decoded.labels}
             ids, rows = decoded.sample_ids, decoded.size
@@ -267,6 +274,14 @@ class _Converter:
             ids, rows = received.sample_ids, received.size
         tensors, ready = self._to_format(arrays)
         return Batch(tensors, rows, step.epoch, step.step, ids, received, None, time.perf_counter() - started, ready)
+
+    def _empty(self) -> dict[str, Any]:
+        """The job's tensors with no rows: the wire's, or decoded images where the accelerator decodes."""
+        if self._schema is None:
+            job = self._job
+            self._schema = (BatchSchema(image_layout.tensor_specs(job.image_size), True) if self.decoder is not None
+                            else schema_of(job))
+        return self._schema.empty()
 
     def _to_format(self, arrays: dict[str, Any]) -> tuple[dict[str, Any], object]:
         if self.format == "numpy":

@@ -29,7 +29,7 @@ from stoker.accel.ledger import Ledger
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import Receiver
 from stoker.accel.schema import BatchSchema
-from stoker.accel.stream import StreamOrder
+from stoker.accel.stream import EpochEnd, StreamOrder
 from stoker.protos.aio import pump, run_until_one_fails
 from stoker.protos.curve import ServerKeys
 from stoker.protos.endpoints import advertised, bind
@@ -64,8 +64,10 @@ class DataSocket:
 class ReceiveLoop:
     def __init__(self, job_id: str, socket: DataSocket, schema: BatchSchema, ledger: Ledger, order: StreamOrder,
                  leases: LeaseSigner, metrics: ConsumerMetrics, dispatcher: DispatcherLink,
-                 on_job_failed: Callable[[str], None], systemd: Notifier | None = None) -> None:
-        """`on_job_failed(reason)`: the dispatcher failed the job (called on the loop)."""
+                 on_job_failed: Callable[[str], None], systemd: Notifier | None = None,
+                 report_epoch_ends: bool = False) -> None:
+        """`on_job_failed(reason)`: the dispatcher failed the job (called on the loop). `report_epoch_ends`: tell
+        the dispatcher a stream's batch count as soon as it is all here (BERT ranks in lockstep: _epoch_end)."""
         self.job_id = job_id
         self.socket = socket
         self.schema = schema
@@ -85,6 +87,8 @@ class ReceiveLoop:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._waiting_since: float | None = None  # a thread waits in next() on an empty queue since then
+        self.report_epoch_ends = report_epoch_ends
+        self._reports: set[asyncio.Task] = set()  # epoch counts on their way to the dispatcher
 
     @property
     def started(self) -> bool:
@@ -154,7 +158,7 @@ class ReceiveLoop:
         return Receiver(data, self.job_id, self.socket.credit_window, self.ledger, self.queue, self.metrics,
                         self._unit_done, self.schema, self.leases, self.order, keyed=self.socket.keys is not None,
                         sender_timeout_s=self.socket.sender_timeout_s, on_unit_received=self.dispatcher.received,
-                        on_unit_short=self.dispatcher.redo, budget=self.socket.budget)
+                        on_unit_short=self.dispatcher.redo, budget=self.socket.budget, on_epoch_end=self._epoch_end)
 
     async def _sweep_senders(self, receiver: Receiver) -> None:
         while not self.stopping.is_set():
@@ -165,6 +169,16 @@ class ReceiveLoop:
         while not self.stopping.is_set():
             self.systemd.watchdog()
             await asyncio.sleep(1.0)
+
+    def _epoch_end(self, end: EpochEnd) -> None:
+        """The rank's stream of an epoch is all here: its count goes to the dispatcher now, not when the training
+        loop reaches the epoch's end (Consumer.steps_of asks again then). A rank stepping in lockstep with one
+        that waits for this count would otherwise never get there: its prefetch and its credit are full."""
+        if self.report_epoch_ends:
+            report = asyncio.get_running_loop().create_task(
+                self.dispatcher.epoch_steps(end.epoch, self.order.rank, end.batches, self.stopping))
+            self._reports.add(report)
+            report.add_done_callback(self._reports.discard)
 
     def _unit_done(self, unit_id: int, batches: int) -> None:
         self.dispatcher.ack(unit_id, batches)

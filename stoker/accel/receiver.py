@@ -38,7 +38,7 @@ from stoker.accel.credit import CreditBook, Grant, SenderCredit
 from stoker.accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.schema import BatchSchema
-from stoker.accel.stream import StreamOrder
+from stoker.accel.stream import EpochEnd, StreamOrder
 from stoker.pipeline.plan import Unit
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import NOBODY, WORKER, Caller, caller_of
@@ -125,6 +125,7 @@ class Receiver:
                  schema: BatchSchema, leases: LeaseSigner, order: StreamOrder, keyed: bool = False,
                  on_unit_received: Callable[[int], None] = lambda unit_id: None,
                  on_unit_short: Callable[[int], object] = lambda unit_id: None,
+                 on_epoch_end: Callable[[EpochEnd], None] = lambda end: None,
                  sender_timeout_s: float = 30.0, budget: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.socket = socket
@@ -137,6 +138,7 @@ class Receiver:
         self.on_unit_done = on_unit_done
         self.on_unit_received = on_unit_received  # all its batches are here: nobody need make it again
         self.on_unit_short = on_unit_short  # its last batch left samples out: have it made again
+        self.on_epoch_end = on_epoch_end  # the rank's whole stream of an epoch is here (its batch count known)
         self.leases = leases
         self.order = order
         self.credit = CreditBook(window, budget or MAX_SENDERS * window)  # what every sender may send
@@ -328,6 +330,8 @@ class Receiver:
         for released in self.order.offer(unit, header.batch_index, header.last_in_unit, batch):
             if isinstance(released, ReceivedBatch):
                 self.credit.released(released.peer, released.header.unit_id)
+            else:
+                self.on_epoch_end(released)
             self.out.put(released)  # a batch, or the EpochEnd after a rank's last batch of an epoch
 
     # ---- after the step ----------------------------------------------------------------

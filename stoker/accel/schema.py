@@ -50,6 +50,10 @@ class BatchSchema(BatchLayout):
         for name, ends in self.ragged.items():  # after the row checks: the ends are known well-formed here
             self._check_ragged(name, self.tensors[name], parts[name], np.concatenate(parts[ends]))
 
+    def empty(self) -> dict[str, np.ndarray]:
+        """Zero-row arrays of every tensor: what a step of an empty batch gives, which travels without tensors."""
+        return {name: np.empty((0, *spec.shape), dtype=np.dtype(spec.dtype)) for name, spec in self.tensors.items()}
+
     @staticmethod
     def _check_ragged(name: str, spec: TensorSpec, parts: list[np.ndarray], ends: np.ndarray) -> None:
         if any(part.ndim != 1 or part.dtype.str != spec.dtype for part in parts):

@@ -21,6 +21,7 @@ from stoker.pipeline.images.layout import DecodeOn
 ADDED_UP = ("samples", "unique_samples", "duplicates_dropped", "batches", "skipped_samples", "rows",
             "bytes_received", "delivered_samples_per_s", "rows_per_s", "sequences", "sequences_per_s",
             "tokens", "tokens_per_s")
+UNSIZED = ("cores_needed", "cores_in_use")  # what `stoker.embedded.print_summary` writes as null where it sizes nothing
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Summary:
     # text only (None for images): BERT examples and tokens stepped, and padding as sent
     sequences: int | None = None
     seq_len: int | None = None  # tokens a row holds
+    lm_mode: str | None = None  # a tokens job's --lm-mode (packed or concat); None for BERT
     sequences_per_s: float | None = None
     tokens: int | None = None
     tokens_per_s: float | None = None
@@ -86,6 +88,9 @@ class Summary:
         """A summary read back from JSON (what a printer added beside the figures is left out)."""
         known = {f.name for f in fields(cls)}
         values = {name: value for name, value in data.items() if name in known}
+        for name in UNSIZED:  # a printer's null (not sized) reads back as 0.0, so a job's ranks add up
+            if values.get(name, 0.0) is None:
+                values[name] = 0.0
         values["ranks"] = [cls.from_dict(rank) for rank in data.get("ranks", [])]
         return cls(**values)
 

@@ -25,6 +25,7 @@ from stoker.accel.receiver import TextTotals
 from stoker.accel.stepping import Step, StepRunner
 from stoker.accel.summary import Books, Summary
 from stoker.pipeline.images.layout import DecodeOn
+from stoker.pipeline.kinds import ModelFamily
 
 
 class TrainingRank(StepSource, Protocol):
@@ -185,7 +186,10 @@ class _Loop:
     def _text_fields(self, text: TextTotals, steady: float) -> dict[str, Any]:
         if not self.consumer.job.kind.text:
             return {}
-        return dict(sequences=self.sequences, seq_len=self.consumer.job.text.seq_len,
+        job = self.consumer.job
+        lm = job.kind.model_family == ModelFamily.GPT  # a tokens job's rows are --lm-seq-len, not BERT's
+        return dict(sequences=self.sequences, seq_len=job.lm.seq_len if lm else job.text.seq_len,
+                    lm_mode=job.lm.mode if lm else None,
                     sequences_per_s=self.sequences / steady, tokens=self.tokens,
                     tokens_per_s=self.tokens / steady, padding_fraction=text.padding_fraction,
                     padding_fraction_before_packing=text.padding_fraction_before_packing,

@@ -200,6 +200,16 @@ def _check(args: argparse.Namespace, dataset: str, rate: float) -> dict:
     return result.as_dict()
 
 
+def _no_tokens_rate(path: Path, data: str | None) -> str:
+    """What to run when the calibration has no tokens rate (or is not there): the command for this data."""
+    where = "has no tokens rate" if path.exists() else "does not exist, so it has no tokens rate"
+    out = "" if path == DEFAULT_CALIBRATION else f" --out {path}"
+    on = f"--tokens {data}" if data else "--tokens MANIFEST"
+    what = "on the token set you plan for" if data else "on your token set (`stoker prepare tokens`' manifest)"
+    return (f"{path} {where}: run `stoker calibrate {on}{out}` to measure it {what}, or `stoker calibrate{out}` for "
+            f"every kind (tokens on the shipped Bible); or pass --per-core-rate in tokens per CPU-second")
+
+
 def _plan_tokens(args: argparse.Namespace) -> int:
     """--dataset tokens: each system's plan in tokens, from the calibration's `tokens` entry or --per-core-rate."""
     from stoker.calibrate import TOKENIZE, TOKENS, calibration_notes, checked_rate, load
@@ -210,8 +220,7 @@ def _plan_tokens(args: argparse.Namespace) -> int:
     path = args.calibration or DEFAULT_CALIBRATION
     data = load(path) if args.calibration or not args.per_core_rate else {}
     if not args.per_core_rate and TOKENS not in data:
-        raise ConfigError(f"{path} has no {TOKENS} rate: run `stoker calibrate` (or `stoker calibrate --tokens "
-                          "MANIFEST` on your own token set), or pass --per-core-rate in tokens per CPU-second")
+        raise ConfigError(_no_tokens_rate(path, args.data))
     found = data.get(TOKENS)
     entry: dict = found if isinstance(found, dict) else {}
     rate = args.per_core_rate or checked_rate(entry, TOKENS, str(path))
@@ -221,7 +230,7 @@ def _plan_tokens(args: argparse.Namespace) -> int:
     per_token = bytes_per_token(Manifest.load(args.data)) if args.data else measured
     if isinstance(per_token, bool) or not isinstance(per_token, int | float) or not 0 < per_token < math.inf:
         per_token = INT32_BYTES
-        print(f"note: no token set measured: {INT32_BYTES} bytes per token (int32, before Parquet and zstd); give "
+        print(f"note: no token set measured: {INT32_BYTES} bytes per token (int32, before Parquet and LZ4); give "
               "--data MANIFEST for your shards' own")
     tokenize = data.get(TOKENIZE)
     out = []
@@ -229,7 +238,8 @@ def _plan_tokens(args: argparse.Namespace) -> int:
         plan = make_token_plan(TokenPlanInput(
             system=system, per_core_rate=rate, bytes_per_token=per_token, accelerators=args.accelerators or 8,
             stall_target=args.stall_target, storage_mbps=args.storage_mbps,
-            tokenize_rate=checked_rate(tokenize, TOKENIZE, str(path)) if isinstance(tokenize, dict) else None))
+            tokenize_rate=checked_rate(tokenize, TOKENIZE, str(path)) if isinstance(tokenize, dict) else None,
+            online=entry.get("online") is True))
         print(describe_tokens(plan))
         out.append(plan.as_dict())
     emit_json(args.json, out, "plans")

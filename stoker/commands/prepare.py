@@ -85,9 +85,12 @@ def _image_options(command: argparse.ArgumentParser) -> None:
 
 
 def _add_wikipedia(prepare) -> None:
-    wikipedia = prepare.add_parser("wikipedia", help="BERT-format text -> tokenized Parquet shards + manifest")
-    wikipedia.add_argument("src", help="a text file or folder of .txt files: one sentence (or paragraph) per "
-                                       "line, a blank line between documents")
+    wikipedia = prepare.add_parser("wikipedia", help="BERT-format text, or any document source -> tokenized "
+                                                     "Parquet shards + manifest (BERT pretraining)")
+    wikipedia.add_argument("src", help="a text file or folder of .txt files (one sentence or paragraph a line, a "
+                                       "blank line between documents); or documents as `stoker prepare tokens` "
+                                       "reads them: JSONL (.gz, .zst), Parquet, WebDataset tars (a file, a folder "
+                                       "or a pattern), or package.module:name")
     from stoker.pipeline.text.prepare import TextPrepareConfig
 
     wikipedia.add_argument("dst", help="a folder or s3://bucket/path")
@@ -105,7 +108,17 @@ def _add_tokens(prepare) -> None:
     tokens.add_argument("--tokenizer", required=True, metavar="PATH_OR_MODULE:NAME",
                         help="a tokenizers tokenizer.json, or package.module:Name of your own (pinned by version)")
     tokens.add_argument("--out", required=True, metavar="DIR", help="a folder or s3://bucket/path")
+    tokens.add_argument("--eot", type=_special_token, metavar="TEXT_OR_ID",
+                        help="the end-of-text token, by its text (<|endoftext|>) or its id (digits); default: read "
+                             "from the tokenizer's special tokens")
     add_options(tokens, TokenPrepareConfig)
+
+
+def _special_token(text: str) -> str | int:
+    """`--eot`: a token's text, or its id when all digits; empty is refused as it is parsed."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be the end-of-text token's text or its id, not empty")
+    return int(text) if text.isdigit() else text
 
 
 def _mixture_source(text: str):
@@ -149,6 +162,10 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         except MixtureError as exc:
             parser.error(f"prepare mixture: {exc}")
         return
+    if args.prepare_command in ("tokens", "wikipedia") and not args.text_field.strip():
+        # refused here: an empty field would read the whole corpus, then find no document at all
+        parser.error(f"prepare {args.prepare_command}: argument --text-field: must name the field (column) that "
+                     f"holds a document's text, not be empty")
     if args.prepare_command in IMAGE_SOURCES and args.records == "bytes" and args.restart_interval_px:
         parser.error(f"prepare {args.prepare_command}: argument --restart-interval-px: --records bytes stores "
                      f"records as given, with no JPEG to transcode (drop the flag, or use --records jpeg)")
@@ -210,22 +227,29 @@ def _prepare_wikipedia(args: argparse.Namespace) -> int:
     from stoker.pipeline.text.prepare import TextPrepareConfig, prepare_wikipedia
 
     result = prepare_wikipedia(args.src, args.dst, args.vocab, config_of(TextPrepareConfig, args))
-    _print_some("skipped", result.skipped)
+    # each skipped document was named once in the log as it was read (stoker.pipeline.text.sources)
     m = result.manifest
     print(f"wrote {m.num_samples} documents ({result.sentences} sentences, {result.tokens} tokens) in "
-          f"{len(m.shards)} shard(s) to {args.dst}; skipped {len(result.skipped)} document(s)")
+          f"{len(m.shards)} shard(s) to {args.dst}; skipped {len(result.skipped)} document(s); SRC read as "
+          f"{m.tokens['read_as']}")
     return 0
 
 
 
 def _prepare_tokens(args: argparse.Namespace) -> int:
-    from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
+    from dataclasses import replace
 
-    result = prepare_tokens(args.src, args.out, args.tokenizer, config_of(TokenPrepareConfig, args))
-    _print_some("skipped", result.skipped)
+    from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens, tokenizer_config
+
+    tokenizer = tokenizer_config(args.tokenizer)
+    if args.eot is not None:
+        tokenizer = replace(tokenizer, eot=args.eot)
+    result = prepare_tokens(args.src, args.out, tokenizer, config_of(TokenPrepareConfig, args))
+    # each skipped document was named once in the log as it was read (stoker.pipeline.text.sources)
     m = result.manifest
+    online = "; their text, tokenized online by the workers" if m.tokens.get("online") else ""
     print(f"wrote {result.documents} documents ({result.tokens} tokens, tokenizer {m.tokens['fingerprint']}) in "
-          f"{len(m.shards)} shard(s) to {args.out}; skipped {len(result.skipped)} document(s)")
+          f"{len(m.shards)} shard(s) to {args.out}; skipped {len(result.skipped)} document(s){online}")
     return 0
 
 

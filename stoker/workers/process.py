@@ -39,6 +39,8 @@ from stoker.pipeline.job import JobConfig
 from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.shard_cache import CacheConfig
 from stoker.pipeline.store.shards import Manifest
+from stoker.pipeline.text.sources import SourceRefused
+from stoker.pipeline.text.tokenizer import TokenizerError
 from stoker.pipeline.transforms import TransformOutputError, TransformRefused
 from stoker.pipeline.unit_wire import unit_from_proto
 from stoker.protos import stoker_pb2 as pb
@@ -122,8 +124,8 @@ def _serve(spec: ProcessSpec) -> int:
     job = spec.job
     try:
         source = make_source(Manifest.load(job.manifest_uri), job, spec.cache)
-    except TransformRefused as exc:
-        return _refuse(spec, None, str(exc))
+    except (TransformRefused, TokenizerError, SourceRefused) as exc:  # pinned to what this host does not have:
+        return _refuse(spec, None, str(exc))  # the job fails with this reason, not a bare 'cannot serve'
     except (OSError, ValueError) as exc:
         log.error("%s: cannot serve job %s: %s", spec.worker_id, job.job_id, exc)
         return EXIT_BAD_JOB

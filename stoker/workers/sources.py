@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.images.augment import CROP_DECODER_AVAILABLE
 from stoker.pipeline.images.batching import OnHang, unit_batches
 from stoker.pipeline.images.corrupt import job_sample_work
@@ -27,11 +28,13 @@ from stoker.pipeline.kinds import IMAGENET, TOKENS, WIKIPEDIA
 from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.open_shards import OpenShards
 from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache
-from stoker.pipeline.store.shards import Manifest
+from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.pipeline.text.batching import TextUnitSource, unit_text_batches
 from stoker.pipeline.text.docs import ShardError, read_doc_shard
 from stoker.pipeline.text.examples import Specials
 from stoker.pipeline.text.lm_layout import unit_token_batches
+from stoker.pipeline.text.text_shards import TextShard, encode_unit, is_online, read_text_shard
+from stoker.pipeline.text.token_cost import manifest_tokenizer
 from stoker.pipeline.text.token_shards import TokenShard, lengths_of, read_token_shard
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import ImageTransform, pinned
@@ -192,15 +195,28 @@ class TokenSource:
                              "vocab_size (make one with `stoker prepare tokens`)")
         self.eot, self.pad, self.vocab_size = info["eot"], info["pad"], info["vocab_size"]
         self.lengths = lengths_of(manifest)  # a unit's planned batches: exactly these go, whatever is unusable
+        # an online set's text is tokenized here, per unit, by the set's own tokenizer (its fingerprint checked)
+        self.tokenizer = manifest_tokenizer(manifest) if is_online(manifest) else None
         self.shards: OrderedDict[int, TokenShard | str] = OrderedDict()
+        self.texts: OrderedDict[int, TextShard | str] = OrderedDict()  # an online set's shards
 
     def _shard(self, index: int) -> TokenShard | str:
         return kept_shard(self.shards, index, self._read)
 
+    def _text(self, index: int) -> TextShard | str:
+        return kept_shard(self.texts, index, self._read_text)
+
     def _read(self, index: int) -> TokenShard | str:
+        return self._checked(index, lambda uri, info: read_token_shard(uri, info, self.vocab_size))
+
+    def _read_text(self, index: int) -> TextShard | str:
+        return self._checked(index, read_text_shard)
+
+    def _checked(self, index: int, read: Callable[[str, ShardInfo], T]) -> T | str:
+        """Shard `index` read with `read`, or why it cannot be used (logged; its rows are skipped)."""
         uri = self.manifest.shard_uri(index)
         try:
-            return read_token_shard(uri, self.manifest.shards[index], self.vocab_size)
+            return read(uri, self.manifest.shards[index])
         except ShardError as exc:
             log.error("shard %s is unusable: %s", uri, exc)
             return f"unreadable shard: {exc}"
@@ -208,10 +224,12 @@ class TokenSource:
     def batches(self, unit: Unit, skip: Mapping[int, str] | None = None, on_hang: OnHang | None = None
                 ) -> Iterator[Outgoing]:
         """`skip` and `on_hang` are not used: token rows run no user transform that could kill or hang."""
-        for batch in unit_token_batches(self._shard, unit, self.job.lm, self.job.seed, self.job.batch_size,
+        source_of, tokenize_s = self._unit_shards(unit)
+        for batch in unit_token_batches(source_of, unit, self.job.lm, self.job.seed, self.job.batch_size,
                                         self.eot, self.pad, self.lengths):
             header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
             header.stages.pack = batch.pack_s
+            header.stages.examples = tokenize_s if batch.batch_index == 0 else 0.0  # online: the unit's tokenizing
             header.text.CopyFrom(pb.TextStats(sequences=batch.segments, real_tokens=batch.tokens,
                                               token_slots=batch.token_slots, unpacked_token_slots=batch.unpacked_slots))
             tensors = batch.tensors if batch.rows else {}
@@ -227,6 +245,16 @@ class TokenSource:
                 metrics.pack_seconds.inc(batch.pack_s)
 
             yield Outgoing(header, tensors, observe)
+
+    def _unit_shards(self, unit: Unit) -> tuple[Callable[[int], TokenShard | str], float]:
+        """What the unit's rows are made from, and the CPU seconds tokenizing it took: token shards as read,
+        or (online) the unit's documents tokenized in one call; a document whose count is not the planned
+        one is skipped and named (its place kept as padding)."""
+        if self.tokenizer is None:
+            return self._shard, 0.0
+        started = stage_clock()
+        encoded = encode_unit(self._text, unit, self.job.seed, self.tokenizer, self.lengths)
+        return encoded, stage_clock() - started
 
 
 SOURCES: dict[str, Callable[[Manifest, JobConfig, CacheConfig | None], BatchSource]] = {

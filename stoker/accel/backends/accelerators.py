@@ -14,16 +14,21 @@ from stoker.accel.stepping import NullAccelerator, PreparedStep, Step, StepFacto
 from stoker.pipeline.kinds import ModelFamily, kind_of
 from stoker.protos.errors import ConfigError
 
+MAX_LATE_S = 0.05  # overrun a simulated device makes up for at most (not a pause of the whole process)
+
 
 @dataclass
 class SimulatedAccelerator(Step):
     """Takes len(batch) / rate seconds per step, like a device with that throughput: rows per second,
     or, for a named system's text rate (`per_sequence`), sequences per second, as the profiles count
-    BERT (a packed row of three sequences is three of them)."""
+    BERT (a packed row of three sequences is three of them), or, for a tokens job (`row_tokens`), token
+    slots per second, as a profile's GPT-2 rate is stated (a row of 64 takes a 16th of a row of 1024)."""
 
-    rate: float  # rows per second; with per_sequence, sequences per second
+    rate: float  # rows per second; with per_sequence, sequences per second; with row_tokens, token slots
     name: str = "simulated"
     per_sequence: bool = False
+    row_tokens: int = 0  # a tokens job's row length (--lm-seq-len): the rate counts rows x this
+    _late: float = field(default=0.0, init=False, repr=False)  # how far past its deadlines sleeping has run
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
@@ -31,16 +36,20 @@ class SimulatedAccelerator(Step):
 
     def amount(self, batch: ReceivedBatch) -> int:
         """What the rate counts in this batch."""
+        if self.row_tokens:
+            return batch.size * self.row_tokens
         return batch.sequences if self.per_sequence and batch.header.HasField("text") else batch.size
 
     def step(self, batch: ReceivedBatch) -> None:
         self.compute(self.amount(batch))
 
     def compute(self, rows: int) -> None:
-        """Busy the 'device' for as long as `rows` take at `rate`."""
-        deadline = time.perf_counter() + rows / self.rate
+        """Busy the 'device' for as long as `rows` take at `rate`: a sleep that overran its deadline (a
+        tenth of a millisecond, more on a busy host) is taken off the next, so short steps keep the rate."""
+        deadline = time.perf_counter() + rows / self.rate - self._late
         while (left := deadline - time.perf_counter()) > 0:
             time.sleep(left)
+        self._late = min(time.perf_counter() - deadline, MAX_LATE_S)
 
 
 @dataclass
@@ -126,9 +135,12 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
     if spec.kind == "simulated":
         kind = ConvertingSimulatedAccelerator if spec.convert else SimulatedAccelerator
         if spec.profile:
-            from stoker.accel.backends.profiles import profile_rate
+            from stoker.accel.backends.profiles import GPT_PROFILE_SEQ_LEN, profile_rate
 
-            return kind(profile_rate(spec.profile, dataset, spec.scale), per_sequence=kind_of(dataset).text)
+            rate = profile_rate(spec.profile, dataset, spec.scale)
+            if kind_of(dataset).model_family == ModelFamily.GPT:  # rows of 1024 tokens/s: token slots/s
+                return kind(rate * GPT_PROFILE_SEQ_LEN, row_tokens=seq_len)
+            return kind(rate, per_sequence=kind_of(dataset).text)
         if spec.rate is None:
             raise ConfigError("--accel simulated needs --rate SAMPLES_PER_S or --profile NAME")
         return kind(spec.rate)

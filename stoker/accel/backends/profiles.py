@@ -14,6 +14,7 @@ from stoker.protos.errors import ConfigError
 
 RESNET50, BERT, GPT = ModelFamily.RESNET50, ModelFamily.BERT, ModelFamily.GPT
 PROFILE_SEQ_LEN = 512  # the sequence length the profiles' BERT rates count (MLPerf's BERT-large phase 2)
+GPT_PROFILE_SEQ_LEN = 1024  # the row length the profiles' GPT-2 124M rates count (nanoGPT's)
 
 
 @dataclass(frozen=True)

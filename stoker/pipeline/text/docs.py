@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stoker.pipeline.store.files import replace_atomically
 from stoker.pipeline.store.shards import ShardInfo
 from stoker.pipeline.store.storage import filesystem
 from stoker.protos.errors import DataError
@@ -31,7 +32,8 @@ class ShardError(DataError):
 def write_doc_shard(path: str, keys: list[str], sentences: list[list[list[int]]]) -> None:
     table = pa.table([pa.array(keys, pa.string()), pa.array(sentences, DOC_SCHEMA.field("sentences").type)],
                      schema=DOC_SCHEMA)
-    pq.write_table(table, path, row_group_size=1024, compression="zstd")
+    # to a temporary name, then renamed: a rerun never writes through a hard link to an older set's shard
+    replace_atomically(path, lambda f: pq.write_table(table, f, row_group_size=1024, compression="zstd"), "doc shard")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -36,11 +37,12 @@ from stoker.pipeline.tensors import TensorSpec
 from stoker.pipeline.text.causal import (
     MODES,
     CausalConfig,
-    best_fit,
+    FlatDocuments,
     concat_row_count,
-    concat_rows,
-    packed_rows,
+    fit_rows,
     piece_lengths,
+    row_tensors,
+    runs,
 )
 from stoker.pipeline.text.token_shards import TokenShard
 from stoker.protos.errors import ConfigError, DataError
@@ -106,16 +108,26 @@ class TokenBatch:
 def unit_lengths(unit: Unit, seed: int, lengths: np.ndarray) -> np.ndarray:
     """The planned tokens of the unit's documents in its seeded visiting order (`lengths` by sample id;
     a mixture's repeated document has its id plus a multiple of the documents)."""
-    ids = np.fromiter((doc_id for _, _, doc_id in unit.rows(seed)), dtype=np.int64, count=unit.size)
-    return lengths[ids % max(1, lengths.size)]
+    return _planned(_visits(unit, seed), lengths)
+
+
+def _planned(visits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    return lengths[visits[:, 2] % lengths.size] if lengths.size else np.zeros(len(visits), np.int64)
+
+
+def _visits(unit: Unit, seed: int) -> np.ndarray:
+    """`unit.rows(seed)` as an (n, 3) int64 array: shard index, row, sample id."""
+    return np.fromiter(chain.from_iterable(unit.rows(seed)), dtype=np.int64, count=3 * unit.size).reshape(-1, 3)
 
 
 def unit_rows(lengths: Sequence[int] | np.ndarray, cfg: LMConfig) -> int:
     """The rows documents of these token counts make, in this order (0: a document never delivered)."""
-    kept = [int(n) for n in lengths if n > 0]
+    counts = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    kept = counts[counts > 0]
     if cfg.mode == "concat":
-        return concat_row_count(sum(kept) + len(kept), cfg.seq_len, drop_last=False)
-    return len(best_fit(piece_lengths(kept, cfg.seq_len), cfg.seq_len))
+        return concat_row_count(int(kept.sum()) + kept.size, cfg.seq_len, drop_last=False)
+    fitted = fit_rows(piece_lengths(kept, cfg.seq_len), cfg.seq_len)
+    return max(fitted) + 1 if fitted else 0
 
 
 def planned_batches(lengths: Sequence[int] | np.ndarray, cfg: LMConfig, batch_size: int) -> int:
@@ -124,31 +136,44 @@ def planned_batches(lengths: Sequence[int] | np.ndarray, cfg: LMConfig, batch_si
 
 
 def unit_documents(source_of: Callable[[int], TokenShard | str], unit: Unit, seed: int, lengths: np.ndarray,
-                   holes: bool = False) -> tuple[list[int], list[np.ndarray], list[tuple[int, str, str]], list[bool]]:
+                   holes: bool = False, visits: np.ndarray | None = None
+                   ) -> tuple[list[int], FlatDocuments, list[tuple[int, str, str]], list[bool]]:
     """The unit's documents in its seeded order (ids, tokens), the unusable ones (`source_of` gives a
     shard, or why it cannot be read), and which documents are holes: with `holes`, an unusable document
-    the plan counts (its planned length > 0) stays in the list as that many placeholder tokens."""
-    ids: list[int] = []
-    docs: list[np.ndarray] = []
-    skipped: list[tuple[int, str, str]] = []
-    hole: list[bool] = []
-    for shard_index, row, doc_id in unit.rows(seed):
-        shard = source_of(shard_index)
-        problem = shard if isinstance(shard, str) else shard.problem(row)
-        if problem:
-            skipped.append((doc_id, f"shard {shard_index} row {row}" if isinstance(shard, str) else shard.key(row),
-                            problem))
-            planned = int(lengths[doc_id % lengths.size])
-            if holes and planned:
-                ids.append(doc_id)
-                docs.append(np.zeros(planned, dtype=np.int32))
-                hole.append(True)
+    the plan counts (its planned length > 0) stays in the list as that many placeholder tokens. Each shard
+    is asked for once, and the tokens are gathered by whole-array steps (no step per document). `visits`:
+    the unit's `_visits`, where the caller has them."""
+    visits = _visits(unit, seed) if visits is None else visits
+    shard_of, row, doc_id = visits[:, 0], visits[:, 1], visits[:, 2]
+    start, size = np.zeros(len(visits), np.int64), np.zeros(len(visits), np.int64)
+    problems: dict[int, tuple[str, str]] = {}  # visit -> (key, why)
+    shards: dict[int, TokenShard] = {}
+    for index in np.unique(shard_of).tolist():
+        shard, at = source_of(index), np.flatnonzero(shard_of == index)
+        if isinstance(shard, str):
+            problems |= {i: (f"shard {index} row {row[i]}", shard) for i in at.tolist()}
             continue
-        assert not isinstance(shard, str)
-        ids.append(doc_id)
-        docs.append(shard.document(row))
-        hole.append(False)
-    return ids, docs, skipped, hole
+        shards[index] = shard
+        start[at], size[at] = shard.offsets[row[at]], shard.offsets[row[at] + 1] - shard.offsets[row[at]]
+        if shard.problems:
+            hit = at[np.isin(row[at], list(shard.problems))].tolist()
+            problems |= {i: (shard.key(int(row[i])), str(shard.problem(int(row[i])))) for i in hit}
+    bad = np.zeros(len(visits), dtype=bool)
+    bad[list(problems)] = True
+    planned = _planned(visits, lengths)
+    hole = bad & (planned > 0) & holes
+    keep = ~bad | hole
+    size[hole] = planned[hole]
+    tokens = np.zeros(int(size[keep].sum()), dtype=np.int32)
+    dest = np.cumsum(np.where(keep, size, 0)) - size  # each kept document's place in `tokens`
+    for index, shard in shards.items():
+        take = np.flatnonzero((shard_of == index) & ~bad)
+        if take.size == len(visits):  # the whole unit from this shard, all usable: its tokens in one gather
+            tokens = np.take(shard.tokens, runs(start, size)).astype(np.int32, copy=False)
+        else:
+            tokens[runs(dest[take], size[take])] = shard.tokens[runs(start[take], size[take])]
+    skipped = [(int(doc_id[i]), *problems[i]) for i in sorted(problems)]
+    return doc_id[keep].tolist(), FlatDocuments(tokens, size[keep]), skipped, hole[keep].tolist()
 
 
 def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit, cfg: LMConfig, seed: int,
@@ -158,12 +183,17 @@ def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit,
     naming what it skipped."""
     started = stage_clock()
     packed = cfg.mode == "packed"
-    ids, docs, skipped, holes = unit_documents(source_of, unit, seed, lengths, holes=packed)
-    arrays, first_rows = _rows(docs, holes, cfg.causal(eot, pad))
+    visits = _visits(unit, seed)
+    ids, docs, skipped, holes = unit_documents(source_of, unit, seed, lengths, holes=packed, visits=visits)
+    arrays, first_rows, fitted = _rows(docs, holes, cfg.causal(eot, pad))
     hole = np.asarray(holes, dtype=bool)
     n_rows = len(arrays["input_ids"])
     bounds = batch_bounds(n_rows, batch_size)
-    planned = planned_batches(unit_lengths(unit, seed, lengths), cfg, batch_size)
+    plan = _planned(visits, lengths)
+    # packed: documents of the planned sizes in the planned order make the planned rows, so the fit just run
+    # counts them (no second best fit); anything else is counted from the plan's lengths
+    same = packed and np.array_equal(docs.sizes, plan[plan > 0])
+    planned = len(batch_bounds(fitted, batch_size)) if same else planned_batches(plan, cfg, batch_size)
     if len(bounds) > planned:
         raise DataError(f"unit {unit.unit_id}: {len(bounds)} batches where the token set's lengths file plans "
                         f"{planned} (a lengths file that does not match the shards: prepare the token set again)")
@@ -171,6 +201,8 @@ def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit,
     starts = np.array([start for start, _ in bounds], dtype=np.int64)
     # a document in no row (concat: a unit whose whole stream is its one end-of-text) is listed in the last batch
     first_batch = np.where(first_rows >= 0, np.searchsorted(starts, first_rows, side="right") - 1, len(bounds) - 1)
+    doc_ids = np.asarray(ids, dtype=np.int64)[~hole]
+    first_batch = first_batch[~hole]
     built = stage_clock() - started
     for index, (start, stop) in enumerate(bounds):
         sliced = stage_clock()
@@ -182,28 +214,26 @@ def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit,
         last = index == len(bounds) - 1
         yield TokenBatch(
             tensors={k: np.ascontiguousarray(v) for k, v in tensors.items()},
-            doc_ids=[ids[i] for i in np.flatnonzero((first_batch == index) & ~hole)],
+            doc_ids=doc_ids[first_batch == index].tolist(),
             skipped=skipped if last else [], batch_index=index, last=last, rows=rows, segments=pieces,
             tokens=tokens, token_slots=rows * cfg.seq_len, unpacked_slots=(pieces if packed else rows) * cfg.seq_len,
             pack_s=(built if index == 0 else 0.0) + stage_clock() - sliced,
-            lengths=[int(n) for n in np.count_nonzero(segs, axis=1)])
+            lengths=np.count_nonzero(segs, axis=1).tolist())
 
 
 _NAMES = {"concat": ("input_ids", "labels"), "packed": ("input_ids", "labels", "position_ids", "segment_ids")}
 
 
-def _rows(docs: list[np.ndarray], holes: list[bool], config: CausalConfig) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The unit's rows (each tensor, and `segment_ids`) and each document's first row. Packed, holes keep
-    their places and a row left with no token at all goes (its batch may then be one of the empty ones)."""
-    if config.mode == "concat":
-        made = concat_rows(docs, config)
-        return {"input_ids": made.input_ids, "labels": made.labels, "segment_ids": made.segment_ids}, made.first_rows
-    made = packed_rows(docs, config, holes)
-    arrays = {"input_ids": made.input_ids, "labels": made.labels, "position_ids": made.position_ids,
-              "segment_ids": made.segment_ids}
-    if not any(holes):
-        return arrays, made.first_rows
-    keep = made.segment_ids.any(axis=1)
+def _rows(docs: FlatDocuments, holes: list[bool], config: CausalConfig
+          ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """The unit's rows (each tensor, and `segment_ids`), each document's first row, and the rows made before
+    any was dropped. Packed, holes keep their places and a row left with no token at all goes (its batch may
+    then be one of the empty ones)."""
+    arrays, first_rows = row_tensors(docs, config, holes)
+    made = len(arrays["input_ids"])
+    if config.mode == "concat" or not any(holes):
+        return arrays, first_rows, made
+    keep = arrays["segment_ids"].any(axis=1)
     moved = np.cumsum(keep) - 1  # a kept row's new index
-    first = np.where(made.first_rows >= 0, moved[np.maximum(made.first_rows, 0)], -1)
-    return {name: a[keep] for name, a in arrays.items()}, first
+    first = np.where(first_rows >= 0, moved[np.maximum(first_rows, 0)], -1)
+    return {name: a[keep] for name, a in arrays.items()}, first, made

@@ -100,39 +100,53 @@ class MixRule:
 
     def check_precision(self, tokens: list[int], longest: list[int]) -> None:
         """Refuse (MixtureError, one line) an epoch too small for every source's share to be within 1% of its
-        weight whatever documents it ends on: a source's tokens are within its longest document (+1) of its share."""
+        weight whatever documents it ends on: a source's tokens are within its longest document (+1) of its share.
+        The line names the source whose longest document makes it too small (the one that alone would need the
+        largest budget; every source's longest document strays every share) and the --budget that would do."""
         total = self.epoch_tokens(tokens)
         errors = [Fraction(d + 1) for d in longest]
-        index, worst = self._worst(total, errors)
-        if worst <= TOLERANCE:
+        strays = [self._stray(total, errors, i) for i in range(len(errors))]
+        if max(strays) <= TOLERANCE:
             return
-        high = max(1, math.ceil(total))
-        while self._worst(Fraction(high), errors)[1] > TOLERANCE:
-            high *= 2
-        low = high // 2
-        while high - low > 1:  # the smallest budget that holds: the worst case shrinks as the epoch grows
-            middle = (low + high) // 2
-            low, high = (low, middle) if self._worst(Fraction(middle), errors)[1] <= TOLERANCE else (middle, high)
+        high = self._needed(total, errors)
+        alone = [self._needed(total, [e if k == j else Fraction(1) for k, e in enumerate(errors)])
+                 for j in range(len(errors))]
+        cause = alone.index(max(alone))
+        names = [s.name for s in self.sources]
+        if strays[cause] > TOLERANCE:
+            why = f"source {names[cause]}'s share to stay within 1% of its weight (its longest document"
+        else:
+            worst = strays.index(max(strays))
+            why = (f"source {names[worst]}'s share to stay within 1% of its weight (source {names[cause]}'s longest "
+                   f"document")
         instead = " instead of --pass" if self.pass_over else ""
         instead += " (and --exhausted repeat if a source runs out first)" if self.exhausted == "end" else ""
-        raise MixtureError(
-            f"an epoch of {float(total):.0f} tokens is too small for source {self.sources[index].name}'s share to stay "
-            f"within 1% of its weight (its longest document has {longest[index]} tokens): give --budget {high} or "
-            f"more{instead}")
+        raise MixtureError(f"an epoch of {float(total):.0f} tokens is too small for {why} has {longest[cause]} "
+                           f"tokens): give --budget {high} or more{instead}")
 
-    def _worst(self, total: Fraction, errors: list[Fraction]) -> tuple[int, Fraction]:
-        """The source whose share of an epoch of `total` tokens can stray furthest from its weight, and how far."""
-        found = (0, Fraction(0))
-        for index, weight in enumerate(self.fractions()):
-            mine, others = weight * total, (1 - weight) * total
-            error, rest = errors[index], sum(errors) - errors[index]
-            high = (mine + error) / (mine + error + max(others - rest, Fraction(0)))
-            least = max(mine - error, Fraction(0))
-            low = least / (least + others + rest)
-            worst = max(high - weight, weight - low)
-            if worst > found[1]:
-                found = (index, worst)
-        return found
+    def _needed(self, total: Fraction, errors: list[Fraction]) -> int:
+        """The smallest budget at which no source's share can stray more than 1% (the worst case shrinks as the
+        epoch grows, so a bisection finds it)."""
+        worst = lambda budget: max(self._stray(Fraction(budget), errors, i) for i in range(len(errors)))  # noqa: E731
+        high = max(1, math.ceil(total))
+        while worst(high) > TOLERANCE:
+            high *= 2
+        low = high // 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if worst(middle) <= TOLERANCE else (middle, high)
+        return high
+
+    def _stray(self, total: Fraction, errors: list[Fraction], index: int) -> Fraction:
+        """How far source `index`'s share of an epoch of `total` tokens can stray from its weight, each source's
+        tokens off its share by up to its error (its longest document + 1)."""
+        weight = self.fractions()[index]
+        mine, others = weight * total, (1 - weight) * total
+        error, rest = errors[index], sum(errors) - errors[index]
+        high = (mine + error) / (mine + error + max(others - rest, Fraction(0)))
+        least = max(mine - error, Fraction(0))
+        low = least / (least + others + rest)
+        return max(high - weight, weight - low)
 
     def to_json(self) -> dict:
         return {"sources": [{"name": s.name, "weight": s.weight, "shards": [s.first_shard, s.stop_shard]}

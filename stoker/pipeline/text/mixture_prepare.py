@@ -4,9 +4,10 @@ Each source's shards are linked (or, across file systems and on object storage, 
 the new folder, so the manifest keeps its own paths and sha256 checks and can live on object storage as
 any token set does; their sample ids run on from source to source. Each shard is read once, checked
 against its source's sha256, and every document's tokens are written to `lengths.npy` (pinned by its
-sha256), which the plan reads to cut each epoch (pipeline.text.mixture). Refused in one line: sources of
-different tokenizers (fingerprint) or special ids, a source with no tokens, weights the mixture's epoch
-cannot hold within 1%.
+sha256), which the plan reads to cut each epoch (pipeline.text.mixture). Refused in one line: an --out that
+is, is inside or holds a source's folder (before anything is written: the mixture would overwrite the
+source), sources of different tokenizers (fingerprint) or special ids, a source with no tokens, weights the
+mixture's epoch cannot hold within 1%.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import numpy as np
 
 from stoker.pipeline.kinds import TOKENS
 from stoker.pipeline.store.shards import MANIFEST_NAME, Manifest, ShardInfo
-from stoker.pipeline.store.storage import is_remote, join, read_bytes, staged
+from stoker.pipeline.store.storage import is_remote, join, staged
 from stoker.pipeline.text.mixture import MIXTURE, MixRule, MixSource, MixtureError, Schedule
+from stoker.pipeline.text.text_shards import is_online
+from stoker.pipeline.text.token_prepare import copy_file, folder_key, refuse_overlap
 from stoker.pipeline.text.token_shards import read_token_shard, write_lengths
 from stoker.protos.errors import DataError
 
@@ -63,6 +66,9 @@ def _components(specs: list[SourceSpec]) -> list[Manifest]:
     for spec, manifest in zip(specs, found, strict=True):
         if manifest.kind != TOKENS.name or not manifest.tokens or MIXTURE in manifest.tokens:
             raise MixtureError(f"source {spec.name}: {manifest.uri} is not a token set of `stoker prepare tokens`")
+        if is_online(manifest):
+            raise MixtureError(f"source {spec.name}: {manifest.uri} is an online set (text the workers tokenize); "
+                               "a mixture reads token shards: prepare it without --online")
         if not manifest.num_samples or not manifest.tokens.get("total"):
             raise MixtureError(f"source {spec.name}: {manifest.uri} has no tokens (an empty source cannot be weighted)")
         for key in SAME:
@@ -73,16 +79,27 @@ def _components(specs: list[SourceSpec]) -> list[Manifest]:
     return found
 
 
+def _refuse_overlap(specs: list[SourceSpec], components: list[Manifest], out: str | Path) -> None:
+    """Refuse (one line, before anything is written) an --out that is a source's folder, inside one or holds
+    one: writing the mixture there would overwrite or entangle the source's own manifest and shards."""
+    for spec, manifest in zip(specs, components, strict=True):
+        refuse_overlap(out, f"--out {out}", folder_key(manifest.uri), f"source {spec.name}'s folder",
+                       "give the mixture a folder apart from every source's (writing there would overwrite or tangle "
+                       "with the source's own manifest and shards)", MixtureError)
+
+
 def _place(uri: str, target: Path) -> None:
-    """The shard at `uri` as `target`: a hard link where it can be, else a copy of its bytes."""
+    """The shard at `uri` as `target`: a hard link where it can be, else a copy of its bytes. What was at
+    `target` (an earlier mixture's link) is removed first, never written through."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
     if not is_remote(uri):
         try:
             os.link(uri, target)
             return
         except OSError:
             pass
-    target.write_bytes(read_bytes(uri))
+    copy_file(uri, target, "shard")
 
 
 def prepare_mixture(specs: list[SourceSpec], out: str | Path, budget: int = 0, pass_over: str = "",
@@ -90,6 +107,7 @@ def prepare_mixture(specs: list[SourceSpec], out: str | Path, budget: int = 0, p
     """Write the mixture manifest of `specs` under `out` (see the module's docstring)."""
     rule = MixRule(tuple(MixSource(s.name, s.weight) for s in specs), budget, pass_over, exhausted)
     components = _components(specs)
+    _refuse_overlap(specs, components, out)
     shards: list[ShardInfo] = []
     sources: list[MixSource] = []
     lengths: list[np.ndarray] = []
@@ -128,7 +146,7 @@ def _write(folder: Path, first: Manifest, rule: MixRule, shards: list[ShardInfo]
     rule.check_precision([int(p.sum()) for p in per_source], [int(p.max()) for p in per_source])
     tokens = {key: first.tokens[key] for key in ("tokenizer", *SAME)}
     if first.tokens["tokenizer"].endswith(".json"):
-        (folder / tokens["tokenizer"]).write_bytes(read_bytes(first.relative_uri(first.tokens["tokenizer"])))
+        copy_file(first.relative_uri(first.tokens["tokenizer"]), folder / tokens["tokenizer"], "tokenizer")
     tokens |= {"source": "mixture", "shard_tokens": shard_tokens, "total": sum(shard_tokens),
                MIXTURE: rule.to_json()} | write_lengths(folder, np.concatenate(lengths))
     manifest = Manifest(kind=TOKENS.name, classes=[], shards=shards, skipped=skipped,

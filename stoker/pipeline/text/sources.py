@@ -8,7 +8,8 @@ glob or brace pattern (`corpus-{000..009}.jsonl.gz`, store.record_sources' listi
 
 - JSONL (`.jsonl`, `.json`, `.ndjson`, each optionally `.gz`, or `.zst` with the `zstandard`
   package): one JSON object a line, its text in `text_field` (default `text`), its key in
-  `id_field` where given and present, else the line number. Blank lines hold no document.
+  `id_field` where given and present, else the line number. Blank lines hold no document: they are
+  passed over, counted (`Skipped.blank_lines`) and said in the closing summary, not skipped as errors.
 - Parquet (`.parquet`, a Hugging Face dataset's export): `text_field` is the column, read one row
   group at a time in batches (store.table_records), so a large file never sits in memory whole;
   `id_field`, where given, must be a column too (its null rows are keyed by row number).
@@ -86,10 +87,12 @@ class Document:
 
 @dataclass
 class Skipped:
-    """What a read skipped: how many by reason, and the first few, each as `file:line: reason`."""
+    """What a read skipped: how many by reason, and the first few, each as `file:line: reason`; and the blank
+    JSONL lines it passed over (they hold no document, so they are neither skipped nor an error, only counted)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
+    blank_lines: int = 0
 
     @property
     def total(self) -> int:
@@ -105,6 +108,15 @@ class Skipped:
 
     def summary(self) -> str:
         return ", ".join(f"{n} {reason}" for reason, n in sorted(self.counts.items())) or "none"
+
+    def report(self, where: str) -> None:
+        """One closing line for a read: what was skipped (each one was named as it was met) and the blank
+        lines passed over; a warning when documents were skipped, else information."""
+        if self.total or self.blank_lines:
+            level = logging.WARNING if self.total else logging.INFO
+            blank = f"; {self.blank_lines} blank line(s) passed over (no document in them, not an error)"
+            log.log(level, "%s: %d document(s) skipped: %s%s", where, self.total, self.summary(),
+                    blank if self.blank_lines else "")
 
 
 def _kind(path: Path) -> str | None:
@@ -167,6 +179,7 @@ class TextSource:
             for doc in self._file_documents(path):
                 count += 1
                 yield doc
+        self.skipped.report(self.description)
         if not count:
             raise DataError(f"{self.description}: no documents ({self.skipped.total} skipped: "
                             f"{self.skipped.summary()})")
@@ -186,11 +199,13 @@ class TextSource:
         try:
             with _open_lines(path) as lines:
                 for number, raw in enumerate(lines, 1):
-                    if raw.strip():
-                        doc = self._json_line(path, number, raw)
-                        if doc is not None:
-                            read += 1
-                            yield doc
+                    if not raw.strip():
+                        self.skipped.blank_lines += 1
+                        continue
+                    doc = self._json_line(path, number, raw)
+                    if doc is not None:
+                        read += 1
+                        yield doc
         except _CUT_SHORT as exc:
             raise DataError(f"{path}: unreadable after {read} document(s), it may be truncated: "
                             f"{type(exc).__name__}: {exc}") from exc
@@ -345,7 +360,14 @@ class CallableSource:
         if self.version and version != self.version:
             raise SourceRefused(f"source {self.name!r} is {version} here, the job runs {self.version}")
         try:
-            items = iter(made())
+            result = made()
+            if isinstance(result, str | bytes | bytearray | memoryview):  # iterating it would make each
+                raise SourceRefused(  # character (or byte) a document
+                    f"source {self.name!r} returned one {type(result).__name__}, not an iterable of documents: "
+                    f"return or yield a list or generator of texts (wrap one text as [text])")
+            items = iter(result)
+        except SourceRefused:
+            raise
         except Exception as exc:  # your code's own failure, or a callable that yields nothing
             raise DataError(f"source {self.name!r} gave no documents: {type(exc).__name__}: {exc}") from None
         count = 0
@@ -360,6 +382,7 @@ class CallableSource:
             if doc is not None:
                 count += 1
                 yield doc
+        skipped.report(self.name)
         if not count:
             raise DataError(f"source {self.name!r}: no documents ({skipped.total} skipped: {skipped.summary()})")
 

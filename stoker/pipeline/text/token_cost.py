@@ -4,11 +4,11 @@
 
 - the bytes a job reads per token (`bytes_per_token`): its shards' bytes over the tokens they hold,
   which is what storage must deliver per token, since a worker reads each shard whole
-  (pipeline.text.token_shards). Token ids are int32, 4 bytes; Parquet with zstd holds them in fewer.
+  (stoker.pipeline.text.token_shards). Token ids are int32, 4 bytes; Parquet with LZ4 holds them in fewer.
 - the CPU one core spends tokenizing (`tokenize_rate`): the set's own documents, decoded back to text
   with its own tokenizer (the one `stoker prepare tokens` copied beside the manifest, or its
   `module:Name`), encoded again in batches as prepare does, timed in CPU seconds of every thread. A
-  `tokens` job reads tokens already made; this is what tokenizing online would add per token.
+  `tokens` job of token shards reads tokens already made; one of an online set pays this in its workers.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.store.shards import Manifest
+from stoker.pipeline.text.text_shards import is_online, read_text_shard
 from stoker.pipeline.text.token_prepare import TOKENIZER_FILE
 from stoker.pipeline.text.token_shards import read_token_shard
 from stoker.pipeline.text.tokenizer import TextTokenizer, TokenizerConfig
@@ -56,6 +57,11 @@ def manifest_texts(manifest: Manifest, tok: TextTokenizer, documents: int = 2000
     vocab = int(_token_info(manifest).get("vocab_size") or tok.vocab_size)
     texts: list[str] = []
     for index, info in enumerate(manifest.shards):
+        if is_online(manifest):  # the text the workers tokenize, as it is
+            texts += [t for t in read_text_shard(manifest.shard_uri(index), info).texts if t]
+            if len(texts) >= documents:
+                break
+            continue
         shard = read_token_shard(manifest.shard_uri(index), info, vocab)
         texts += [tok.decode(shard.document(row).tolist()) for row in range(len(shard)) if not shard.problem(row)]
         if len(texts) >= documents:

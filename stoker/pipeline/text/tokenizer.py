@@ -46,6 +46,9 @@ EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<EOT>", "[SEP
 PAD_NAMES = ("<pad>", "[PAD]", "<|padding|>")
 IDS = np.int32  # the dtype of `input_ids` in a batch
 _FACTORY = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4", ".br", ".xz", ".zip")
+COMPRESSED_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
+                    (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"), (b"\x04\x22\x4d\x18", "lz4"))
 _SAVE_HINT = "give the path of a tokenizers tokenizer.json (what `Tokenizer.save(path)` writes)"
 
 
@@ -129,12 +132,21 @@ def _load_file(config: TokenizerConfig) -> TextTokenizer:
 
 
 def _read(uri: str) -> bytes:
+    """The file's own bytes; a compressed one is refused (the storage layer would quietly decompress a name
+    ending .gz, so the fingerprint would not be the given file's sha256)."""
+    suffix = next((s for s in COMPRESSED_SUFFIXES if uri.lower().endswith(s)), "")
+    if suffix:
+        raise TokenizerError(f"tokenizer {uri}: not JSON (a compressed {suffix} file: decompress it); {_SAVE_HINT}")
     try:
-        return read_bytes(uri)
+        data = read_bytes(uri)
     except FileNotFoundError:
         raise TokenizerError(f"tokenizer {uri}: no such file; {_SAVE_HINT}") from None
     except OSError as exc:
         raise TokenizerError(f"tokenizer {uri}: cannot read it ({_line(exc)}); {_SAVE_HINT}") from None
+    kind = next((name for magic, name in COMPRESSED_MAGIC if data.startswith(magic)), "")
+    if kind:
+        raise TokenizerError(f"tokenizer {uri}: not JSON (compressed, {kind} data: decompress it); {_SAVE_HINT}")
+    return data
 
 
 def _parse(uri: str, data: bytes) -> tokenizers.Tokenizer:
@@ -183,7 +195,7 @@ def _specials(config: TokenizerConfig, known: Mapping[str, int], lookup: Callabl
         eot = next((known[n] for n in EOT_NAMES if n in known), eot_default)
     if eot is None:
         raise TokenizerError(f"tokenizer {config.name}: no end-of-text token among its special tokens (looked for "
-                             f"{', '.join(EOT_NAMES)}); give eot (its text or id)")
+                             f"{', '.join(EOT_NAMES)}); pass --eot (its text or id)")
     pad = _given(config, "pad", config.pad, lookup, vocab_size)
     if pad is None:
         pad = next((known[n] for n in PAD_NAMES if n in known), pad_default)

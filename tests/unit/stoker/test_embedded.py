@@ -109,3 +109,42 @@ def test_a_run_reads_the_manifest_given_else_its_datasets_default_set(monkeypatc
     assert run_manifest("given.json", "imagenet", 100) == "given.json" and made == []
     assert run_manifest(None, "wikipedia", 100, progress=False) == str(tmp_path / "m")
     assert made == [("wikipedia", 100, False)]
+
+
+def test_a_tokens_job_is_sized_in_tokens_per_cpu_second_as_the_token_plan_counts_them():
+    """2,000 rows of 60 real tokens (of 64) over 4 CPU-seconds: 30,000 tokens per CPU-second; a device taking 300
+    rows/s takes 18,000 tokens/s, and the a100 profile's GPT-2 rate is 104 rows of 1,024 tokens."""
+    text = _rank(dataset="tokens", rows=2000, sequences=2500, tokens=120_000, cpu=4.0, seq_len=64,
+                 per_core_spread=[400.0, 600.0])
+    rate = cores_answer(text, AccelSpec("simulated", rate=300), "")
+    assert rate["unit"] == "tokens/s" and rate["per_core_rate"] == pytest.approx(30_000)
+    assert rate["accelerator_rate"] == pytest.approx(18_000) and rate["cores_needed"] == pytest.approx(0.6)
+    assert rate["per_core_spread"] == pytest.approx([24_000, 36_000])
+    line = cores_line(rate)
+    assert "18,000 tokens/s over 30,000 tokens per CPU-second" in line and "60.0 in a row of 64" in line
+    assert "sequences" not in line and "--seq-len" not in line
+    profile = cores_answer(text, AccelSpec("simulated", profile="a100"), "")
+    assert profile["accelerator_rate"] == 104 * 1024 and profile["cores_needed"] == pytest.approx(104 * 1024 / 30_000)
+    torch = cores_answer(replace(text, stage_seconds={**text.stage_seconds, "step": 2.0}),
+                         AccelSpec("torch", model="gpt-tiny", device="cpu"), "")
+    assert torch["accelerator_rate"] == pytest.approx(60_000)  # its tokens over its step seconds
+
+
+def test_stoker_run_on_a_tokens_job_reports_the_jobs_rows_and_answers_in_tokens(tmp_path):
+    """Through the command line: the JSON's seq_len and lm_mode are the job's --lm-seq-len and --lm-mode (not
+    BERT's 128), and the cores answer is in tokens per CPU-second."""
+    import subprocess
+    import sys
+
+    from tests.token_corpus import prepared
+
+    result, _, _ = prepared(tmp_path / "set", count=80)
+    out = tmp_path / "summary.json"
+    run = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", result.manifest.uri, "--lm-seq-len", "16",
+                          "--lm-mode", "concat", "--batch-size", "4", "--accel", "simulated", "--rate", "400",
+                          "--no-progress", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(out.read_text())
+    assert (data["seq_len"], data["lm_mode"]) == (16, "concat")
+    assert data["cores"]["unit"] == "tokens/s" and data["cores"]["seq_len"] == 16
+    assert "tokens per CPU-second" in run.stdout.splitlines()[-2]  # the cores line, before "summary written"

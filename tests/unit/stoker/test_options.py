@@ -157,3 +157,15 @@ def test_the_job_options_reach_the_job_under_the_fields_names():
         ("default/manifest.json", 2, 5.0, "pillow", True)
     assert job.text == TextConfig(seq_len=256, pack=True) and (job.min_area, job.max_area) == (0.08, 1.0)
     assert job.pinned
+
+
+@pytest.mark.parametrize(("dataset", "flags", "named"), [
+    ("wikipedia", ("--lm-seq-len", "64"), "--lm-seq-len"), ("wikipedia", ("--lm-mode", "concat"), "--lm-mode"),
+    ("tokens", ("--seq-len", "64"), "--seq-len")])
+def test_a_row_flag_of_another_kind_of_job_is_refused_naming_it_not_ignored(dataset, flags, named):
+    args = parse("train", "--data", "m.json", "--dataset", dataset, *flags)
+    with pytest.raises(options.ConfigError, match=f"^{named}: the rows of another kind of job; this is a {dataset}"):
+        options.job_config(args)
+    own = {"wikipedia": ("--seq-len", "64"), "tokens": ("--lm-seq-len", "64", "--lm-mode", "concat")}
+    job = options.job_config(parse("train", "--data", "m.json", "--dataset", dataset, *own[dataset]))
+    assert job.dataset == dataset

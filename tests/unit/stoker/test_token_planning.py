@@ -35,6 +35,13 @@ def test_tokenizing_online_adds_the_tokenizers_cpu_per_token():
     assert (one.cores_online, eight.cores_online) == (4, 29)
 
 
+def test_a_rate_measured_on_an_online_set_is_not_charged_the_tokenizer_twice():
+    plan = make_token_plan(_inp(tokenize_rate=20_000, online=True))
+    assert [f.cores_online for f in plan.feeds] == [None, None]
+    assert [f.cores for f in plan.feeds] == [f.cores for f in make_token_plan(_inp()).feeds]
+    assert "tokenizing is in the rate" in describe_tokens(plan) and "online instead" not in describe_tokens(plan)
+
+
 def test_storage_is_named_as_the_limit_only_where_it_is():
     plan = make_token_plan(_inp(storage_mbps=0.2))  # 100,000 tokens/s at 2 bytes each
     one, eight = plan.feeds
@@ -111,3 +118,29 @@ def test_plan_cli_reads_bytes_per_token_from_a_token_sets_manifest(tmp_path):
     assert plan["bytes_per_token"] == pytest.approx(per_token) and per_token < 4  # zstd Parquet beats int32
     plain = _plan("--per-core-rate", "5000")
     assert "4 bytes per token (int32" in plain.stdout and "8.00 bytes" not in plain.stdout
+
+
+def test_plan_without_a_calibration_says_in_one_line_the_calibrate_command_for_that_data_and_it_works(tmp_path):
+    """No calibration file where `stoker plan --dataset tokens` looks: one line naming the file as missing and the
+    `stoker calibrate --tokens MANIFEST` to run for the token set given; run as said, the plan then answers."""
+    from tests.token_corpus import prepared
+
+    result, _, _ = prepared(tmp_path / "set", count=60)
+    manifest = result.manifest.uri
+
+    def plan(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stoker", "plan", "--dataset", "tokens", *args],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    missing = plan("--data", manifest)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "stoker-calibration.json does not exist" in missing.stderr
+    command = missing.stderr.split("run `", 1)[1].split("`", 1)[0]
+    assert command == f"stoker calibrate --tokens {manifest}"
+    elsewhere = plan("--calibration", str(tmp_path / "mine.json"))
+    assert f"run `stoker calibrate --tokens MANIFEST --out {tmp_path / 'mine.json'}`" in elsewhere.stderr
+    calibrate = subprocess.run([sys.executable, "-m", "stoker", *command.split()[1:], "--seconds", "1"],
+                               capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert calibrate.returncode == 0, calibrate.stderr
+    answered = plan("--data", manifest)
+    assert answered.returncode == 0 and "tokens per CPU-second per host core" in answered.stdout, answered.stderr

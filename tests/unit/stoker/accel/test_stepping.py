@@ -104,3 +104,32 @@ def test_a_simulated_system_counts_bert_in_sequences_as_its_profile_does(monkeyp
     SimulatedAccelerator(rate=10).step(packed)
     assert waited == [pytest.approx(0.6), pytest.approx(0.2)]
     assert ConvertingSimulatedAccelerator(rate=10, per_sequence=True).prepare(packed) == 6
+
+
+@pytest.mark.parametrize("seq_len", [64, 1024])
+def test_a_simulated_system_steps_a_tokens_job_at_its_stated_tokens_per_second(seq_len):
+    """The a100 profile's GPT-2 rate is 104 rows of 1024 tokens a second (106,496 tokens/s, as `stoker run`
+    states it): a row of 64 takes a 16th of a row of 1024, not a whole sequence's 1/104 s; and short steps
+    keep the rate (a sleep's overrun is taken off the next)."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from stoker.accel.backends.accelerators import make_accelerator
+    from stoker.accel.backends.profiles import GPT_PROFILE_SEQ_LEN, profile_rate
+    from stoker.accel.batch import ReceivedBatch
+    from stoker.protos import stoker_pb2 as pb
+
+    stated = profile_rate("a100", "tokens") * GPT_PROFILE_SEQ_LEN
+    device = make_accelerator(AccelSpec(kind="simulated", profile="a100"), "tokens", 0, 300, seq_len)
+    header = pb.BatchHeader(rows=4)
+    header.text.sequences = 9  # packed: more sequences than rows, which a tokens job's rate does not count
+    batch = ReceivedBatch(b"p", header, SimpleNamespace(parts={}), np.arange(9), 0.0)  # type: ignore[arg-type]
+    assert device.amount(batch) == 4 * seq_len
+    steps = 200 if seq_len == 64 else 12
+    started = time.perf_counter()
+    for _ in range(steps):
+        device.step(batch)
+    measured = steps * 4 * seq_len / (time.perf_counter() - started)
+    assert measured == pytest.approx(stated, rel=0.1)

@@ -49,3 +49,13 @@ def test_the_json_round_trip_keeps_every_figure_and_ignores_what_a_printer_added
     job = job_totals([_rank(0, 100, 0.1), rank])
     again = Summary.from_dict(json.loads(json.dumps(job.as_dict())))
     assert again == job and again.ranks[1] == rank
+
+
+def test_a_rank_whose_printer_nulled_its_cores_reads_back_with_defaults_and_adds_up():
+    """`stoker train --accel null` writes cores_needed/cores_in_use as null; rank 0 reads that back and adds
+    the ranks up (`stoker run --world-size 2 --accel null`), which raised TypeError on float + None."""
+    data = {**_rank(1, 60, 0.3).as_dict(), "cores_needed": None, "cores_in_use": None}
+    back = Summary.from_dict(json.loads(json.dumps(data)))
+    assert (back.cores_needed, back.cores_in_use) == (0.0, 0.0)
+    assert back.sequences is None  # a figure whose default is None stays None
+    assert job_totals([_rank(0, 100, 0.1), back]).cores_needed == 1.5

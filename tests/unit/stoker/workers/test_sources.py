@@ -174,3 +174,79 @@ def test_a_token_source_holds_at_most_shards_kept_however_many_it_reads(tmp_path
         assert sorted(ids(shard)) == list(range(10 * shard, 10 * shard + 10))
         assert len(source.shards) <= SHARDS_KEPT
     assert 0 not in source.shards and ids(0) == first  # dropped, read again, the same
+
+
+def _online_pair(folder: Path, count: int = 60) -> tuple[Manifest, Manifest]:
+    """The same corpus as a token set and as an online set (text the workers tokenize), 20 per shard."""
+    from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
+    from tests.token_corpus import jsonl, texts, tokenizer_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = texts(count)
+    tok, src = tokenizer_json(folder / "tok.json", corpus), jsonl(folder / "c.jsonl", corpus)
+    return tuple(prepare_tokens(src, folder / name, str(tok), TokenPrepareConfig(docs_per_shard=20, progress=False,
+                                                                                  online=online)).manifest
+                 for name, online in (("tokens", False), ("online", True)))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("mode", ["packed", "concat"])
+def test_an_online_sets_batches_are_the_token_sets_tensor_for_tensor(tmp_path, mode, metrics):
+    """Every unit of a 2-epoch plan: the same sample ids, skips and tensors' bytes; the tokenizing's CPU time is
+    the first batch's `examples` stage."""
+    from stoker.pipeline.text.lm_layout import LMConfig
+
+    tokens, online = _online_pair(tmp_path)
+    jobs = [JobConfig(manifest_uri=m.uri, dataset="tokens", batch_size=4, epochs=2, unit_batches=2, seed=7,
+                      lm=LMConfig(32, mode)) for m in (tokens, online)]
+    sources = [make_source(m, job) for m, job in zip((tokens, online), jobs, strict=True)]
+    plan = jobs[0].plan(tokens)
+    for unit in (u for epoch in range(2) for u in plan.units(epoch)):
+        made = [list(source.batches(unit)) for source in sources]
+        assert len(made[0]) == len(made[1]) > 0
+        for a, b in zip(*made, strict=True):
+            assert list(a.header.sample_ids) == list(b.header.sample_ids) and a.header.rows == b.header.rows
+            assert a.tensors.keys() == b.tensors.keys()
+            assert all(np.array_equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+            if b.tensors:
+                schema_of(jobs[1]).check(b.header, _parts(b.tensors))
+            b.observe(metrics)
+        assert made[0][0].header.stages.examples == 0 and made[1][0].header.stages.examples > 0
+
+
+def test_an_online_document_of_another_count_is_skipped_named_and_its_place_kept(tmp_path):
+    """As if the workers' tokenizers version cut a document otherwise than prepare did: that document is
+    skipped and named in the unit's last batch, every other document comes, and the unit gives exactly its
+    planned batches (packed: its place kept as padding)."""
+    import hashlib
+
+    from stoker.pipeline.text.lm_layout import LMConfig, planned_batches, unit_lengths
+    from stoker.pipeline.text.token_shards import LENGTHS_FILE, lengths_of
+
+    _, online = _online_pair(tmp_path)
+    lengths = lengths_of(online)
+    victim = int(np.argmax(lengths))
+    lengths[victim] -= 1
+    data = (tmp_path / "online" / LENGTHS_FILE)
+    np.save(data, lengths.astype(np.int32), allow_pickle=False)
+    online.tokens["lengths_sha256"] = hashlib.sha256(data.read_bytes()).hexdigest()
+    job = JobConfig(manifest_uri=online.uri, dataset="tokens", batch_size=4, lm=LMConfig(32))
+    unit = Unit(0, 0, (Segment(0, 0, 20, 0),))
+    batches = list(make_source(online, job).batches(unit))
+    assert len(batches) == planned_batches(unit_lengths(unit, job.seed, lengths), job.lm, job.batch_size)
+    listed = sorted(d for out in batches for d in out.header.sample_ids)
+    assert listed == [d for d in range(20) if d != victim]
+    [skip] = [s for out in batches for s in out.header.skipped]
+    assert skip.sample_id == victim and "tokenized to" in skip.reason and "another tokenizers version" in skip.reason
+
+
+def test_an_online_set_whose_tokenizer_was_replaced_is_refused_in_one_line(tmp_path):
+    from stoker.pipeline.text.lm_layout import LMConfig
+    from stoker.pipeline.text.tokenizer import TokenizerError
+    from tests.token_corpus import texts, tokenizer_json
+
+    _, online = _online_pair(tmp_path)
+    tokenizer_json(tmp_path / "online" / "tokenizer.json", texts(30, seed=9))  # another tokenizer, same place
+    job = JobConfig(manifest_uri=online.uri, dataset="tokens", batch_size=4, lm=LMConfig(32))
+    with pytest.raises(TokenizerError, match="the job was pinned to sha256:") as err:
+        make_source(online, job)
+    assert "\n" not in str(err.value)

@@ -10,13 +10,24 @@ from hypothesis import strategies as st
 from stoker.pipeline.text.causal import (
     IGNORE,
     CausalConfig,
+    FlatDocuments,
     batch_cu_seqlens,
     best_fit,
     causal_rows,
     concat_rows,
+    fit_rows,
     packed_rows,
+    piece_lengths,
+    row_tensors,
+    runs,
 )
 from stoker.protos.errors import ConfigError, DataError
+from tests.unit.stoker.pipeline.text.causal_reference import (
+    old_best_fit,
+    old_concat_rows,
+    old_packed_rows,
+    old_piece_lengths,
+)
 
 EOT, PAD = 0, 1  # documents use ids >= 2, so a token's value says whether it is eot or padding
 
@@ -192,3 +203,82 @@ def test_documents_that_are_not_token_ids_are_refused():
         best_fit([3, 9], 8)
     empty = causal_rows([], cfg)
     assert empty.input_ids.shape == (0, 8) and empty.stats.padding_fraction == 0.0
+
+
+def _same_rows(fast, old) -> None:
+    """Every tensor, bound, stat and first row of two CausalRows equal, dtype included."""
+    for name in ("input_ids", "labels", "position_ids", "segment_ids", "first_rows"):
+        a, b = getattr(fast, name), getattr(old, name)
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+    assert len(fast.cu_seqlens) == len(old.cu_seqlens)
+    pairs = zip(fast.cu_seqlens, old.cu_seqlens, strict=True)
+    assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in pairs)
+    assert fast.stats == old.stats
+
+
+_DOCS = st.lists(st.lists(st.integers(0, 500), max_size=40), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DOCS, st.integers(2, 24), st.booleans(), st.integers(0, 3), st.integers(0, 3))
+def test_concat_rows_by_whole_arrays_equal_the_row_by_row_cut(docs, width, drop_last, eot, pad):
+    config = CausalConfig(width, eot, pad, "concat", drop_last)
+    arrays = [np.array(d, dtype=np.int64) for d in docs]
+    _same_rows(concat_rows(arrays, config), old_concat_rows(arrays, config))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DOCS, st.integers(2, 24), st.data())
+def test_packed_rows_by_whole_arrays_equal_the_piece_by_piece_packing(docs, width, data):
+    holes = data.draw(st.lists(st.booleans(), min_size=len(docs), max_size=len(docs))) if docs else []
+    config = CausalConfig(width, 0, 1, "packed")
+    arrays = [np.array(d, dtype=np.int32) for d in docs]
+    _same_rows(packed_rows(arrays, config, holes), old_packed_rows(arrays, config, holes))
+    flat = FlatDocuments(np.array([t for d in docs for t in d], dtype=np.int32),
+                         np.array([len(d) for d in docs], np.int64))
+    _same_rows(packed_rows(flat, config, holes), old_packed_rows(arrays, config, holes))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 20), max_size=60), st.integers(20, 30))
+def test_best_fit_by_one_sorted_list_equals_the_rooms_table(lengths, capacity):
+    assert best_fit(lengths, capacity) == old_best_fit(lengths, capacity)
+    assert piece_lengths(lengths, 7) == old_piece_lengths(lengths, 7)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 20), max_size=60), st.integers(20, 30))
+def test_fit_rows_gives_each_item_the_row_best_fit_puts_it_in(lengths, capacity):
+    rows = fit_rows(lengths, capacity)
+    assert rows == [r for i in range(len(lengths)) for r, members in enumerate(old_best_fit(lengths, capacity))
+                    if i in members]
+    with pytest.raises(DataError, match="item 1 has length 21"):
+        fit_rows([3, 21, 0], 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 9)), max_size=30))
+def test_runs_are_the_ranges_one_after_another(spans):
+    starts = np.array([a for a, _ in spans], dtype=np.int64)
+    sizes = np.array([n for _, n in spans], dtype=np.int64)
+    made = runs(starts, sizes)
+    assert made.dtype == np.int64 and made.tolist() == [a + k for a, n in spans for k in range(n)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_DOCS, st.integers(2, 24), st.sampled_from(["concat", "packed"]), st.booleans(), st.data())
+def test_row_tensors_are_the_rows_tensors_and_first_rows(docs, width, mode, drop_last, data):
+    """What a worker's batches take is exactly what causal_rows makes (the old row-by-row cut as well)."""
+    holes = data.draw(st.lists(st.booleans(), min_size=len(docs), max_size=len(docs))) if mode == "packed" else []
+    config = CausalConfig(width, 0, 1, mode, drop_last)
+    arrays = [np.array(d, dtype=np.int32) for d in docs]
+    tensors, first = row_tensors(arrays, config, holes)
+    full = packed_rows(arrays, config, holes) if mode == "packed" else concat_rows(arrays, config)
+    old = old_packed_rows(arrays, config, holes) if mode == "packed" else old_concat_rows(arrays, config)
+    names = ("input_ids", "labels", "segment_ids") + (("position_ids",) if mode == "packed" else ())
+    assert sorted(tensors) == sorted(names)
+    for made in (full, old):
+        for name in names:
+            a, b = tensors[name], getattr(made, name)
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
+        assert first.dtype == made.first_rows.dtype and np.array_equal(first, made.first_rows)

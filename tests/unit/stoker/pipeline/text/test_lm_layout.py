@@ -14,12 +14,13 @@ from stoker.pipeline.text.lm_layout import (
     cu_seqlens_of,
     planned_batches,
     tensor_specs,
+    unit_documents,
     unit_lengths,
     unit_rows,
     unit_token_batches,
 )
 from stoker.pipeline.text.token_shards import TokenShard
-from stoker.protos.errors import ConfigError
+from stoker.protos.errors import ConfigError, DataError
 
 EOT, PAD, WIDTH = 0, 1, 16
 
@@ -167,6 +168,24 @@ def test_unusable_documents_leave_the_planned_batch_count(docs, batch_size, mode
         {i for i, d in enumerate(docs) if not d} | bad)
 
 
+@pytest.mark.parametrize("mode", ["concat", "packed"])
+def test_a_lengths_file_that_does_not_match_the_shards_is_refused_or_its_count_kept(mode):
+    """Packed counts the planned batches from the rows it just made only when every document has its
+    planned length; a lengths file that plans fewer rows than the shards make is refused, one that plans
+    more gets its count (empty batches at the end)."""
+    docs = [[5] * 12 for _ in range(8)]
+    unit = Unit(7, 1, (Segment(0, 0, len(docs), 100),))
+    short = _lengths(docs)
+    short[100:] = 1
+    with pytest.raises(DataError, match="lengths file that does not match"):
+        list(unit_token_batches(lambda _i: _shard(docs), unit, LMConfig(WIDTH, mode), 0, 1, EOT, PAD, short))
+    long = _lengths(docs)
+    long[100:] = 40
+    made = list(unit_token_batches(lambda _i: _shard(docs), unit, LMConfig(WIDTH, mode), 0, 1, EOT, PAD, long))
+    assert len(made) == planned_batches(unit_lengths(unit, 0, long), LMConfig(WIDTH, mode), 1)
+    assert len(made) > len(_batches(docs, mode, batch_size=1)[0]) and made[-1].rows == 0
+
+
 def test_a_whole_unit_of_unreadable_documents_gives_its_planned_batches_empty():
     lengths = np.array([20, 30, 5, 40, 9])
     unit = Unit(0, 0, (Segment(0, 0, 5, 0),))
@@ -175,3 +194,29 @@ def test_a_whole_unit_of_unreadable_documents_gives_its_planned_batches_empty():
                                        EOT, PAD, lengths))
         assert len(made) == planned_batches(unit_lengths(unit, 0, lengths), LMConfig(WIDTH, mode), 2) > 1
         assert all(b.rows == 0 and not b.doc_ids for b in made) and len(made[-1].skipped) == 5
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(documents, min_size=1, max_size=3), st.integers(0, 3), st.booleans(), st.data())
+def test_gathering_a_unit_by_whole_arrays_equals_the_loop_per_document(shards, seed, holes, data):
+    """Several shards, one unreadable, some documents unusable: the same ids, tokens, skips and holes."""
+    from tests.unit.stoker.pipeline.text.causal_reference import old_unit_documents
+
+    made = [_shard(docs, {r: "bad id" for r in data.draw(st.sets(st.integers(0, max(0, len(docs) - 1))))})
+            for docs in shards]
+    unreadable = data.draw(st.integers(-1, len(shards) - 1))
+    segments, first = [], 0
+    for index, docs in enumerate(shards):
+        segments.append(Segment(index, 0, len(docs), first))
+        first += len(docs)
+    unit = Unit(0, 0, tuple(segments))
+    lengths = np.array([len(d) for docs in shards for d in docs], dtype=np.int64)
+
+    def source_of(index):
+        return "unreadable shard: gone" if index == unreadable else made[index]
+
+    ids, flat, skipped, hole = unit_documents(source_of, unit, seed, lengths, holes)
+    old_ids, old_docs, old_skipped, old_hole = old_unit_documents(source_of, unit, seed, lengths, holes)
+    assert ids == old_ids and skipped == old_skipped and hole == old_hole
+    assert flat.sizes.tolist() == [d.size for d in old_docs]
+    assert flat.tokens.dtype == np.int32 and flat.tokens.tolist() == [int(t) for d in old_docs for t in d]

@@ -156,6 +156,23 @@ def test_a_budget_too_small_for_one_percent_is_refused_with_the_budget_that_woul
     replace(rule, budget=need).check_precision([10**6, 10**6], [50, 50])
 
 
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_a_budget_too_small_names_the_source_whose_longest_document_makes_it_so(order):
+    """Source a is 90% with short documents, b 10% with a 1000-token one: b's document is what needs the large
+    budget, so b is named with its document's length, whichever order the sources are given in."""
+    given = [(MixSource("a", 0.9), 10), (MixSource("b", 0.1), 1000)]
+    sources, longest = zip(*[given[i] for i in order], strict=True)
+    rule = MixRule(tuple(sources), budget=1000)
+    tokens = [10**6, 10**6]
+    with pytest.raises(MixtureError, match=r"too small for source b's share .*\(its longest document has 1000 "
+                                           r"tokens\): give --budget \d+ or more$") as caught:
+        rule.check_precision(tokens, list(longest))
+    need = int(str(caught.value).rsplit("--budget ", 1)[1].split()[0])
+    replace(rule, budget=need).check_precision(tokens, list(longest))
+    with pytest.raises(MixtureError, match="source b's"):
+        replace(rule, budget=need - 1).check_precision(tokens, list(longest))
+
+
 # ---- through the plan, on a prepared mixture -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory):

@@ -83,3 +83,73 @@ def test_the_command_writes_a_mixture_and_says_its_epoch(parts, tmp_path):
     assert run.returncode == 0, run.stderr
     assert "wrote a mixture of web 0.7" in run.stdout and "repeat when a source runs out" in run.stdout
     assert Manifest.load(tmp_path / "mix").tokens[MIXTURE]["pass"] == "web"
+
+
+@pytest.mark.parametrize("out", ["{web}", "{web}/", "{web}/inner", "{top}"])
+def test_an_out_that_is_inside_or_holds_a_sources_folder_is_refused_before_anything_is_written(tmp_path, out):
+    parts = two_sources(tmp_path / "parts", sizes=(40, 20))
+    before = {p: p.read_bytes() for p in (tmp_path / "parts").rglob("*") if p.is_file()}
+    target = out.format(web=parts["web"], top=tmp_path / "parts")
+    run = _prepare("--source", f"web={parts['web']}/manifest.json:0.5", "--source", f"books={parts['books']}:0.5",
+                   "--budget", "10000000", "--out", target)
+    assert run.returncode == 2 and "source web's folder" in run.stderr and "apart from every source's" in run.stderr
+    assert len([line for line in run.stderr.splitlines() if "error" in line]) == 1, run.stderr
+    after = {p: p.read_bytes() for p in (tmp_path / "parts").rglob("*") if p.is_file()}
+    assert after == before  # the sources are as they were: not a file written, changed or removed
+    assert Manifest.load(parts["web"]).tokens.get(MIXTURE) is None
+
+
+def test_an_online_set_is_refused_as_a_source_in_one_line(parts, tmp_path):
+    """A mixture reads token shards: an online set (text the workers tokenize) is refused, naming why."""
+    from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
+    from tests.token_corpus import jsonl, texts
+
+    tok = parts["web"] / "tokenizer.json"
+    online = prepare_tokens(jsonl(tmp_path / "c.jsonl", texts(20, seed=5), bad=False), tmp_path / "online", str(tok),
+                            TokenPrepareConfig(progress=False, online=True))
+    specs = [SourceSpec("web", str(parts["web"]), 0.5), SourceSpec("talk", online.manifest.uri, 0.5)]
+    with pytest.raises(MixtureError, match="source talk: .* is an online set .* prepare it without --online") as err:
+        prepare_mixture(specs, tmp_path / "mix", budget=4000)
+    assert "\n" not in str(err.value) and not (tmp_path / "mix").exists()
+
+
+def _bytes_under(folder) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _every_shard_matches_its_manifest(folder) -> None:
+    import hashlib
+
+    manifest = Manifest.load(folder)
+    for index, info in enumerate(manifest.shards):
+        with open(manifest.shard_uri(index), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == info.sha256, manifest.shard_uri(index)
+    assert lengths_of(manifest).shape == (manifest.num_samples,)
+
+
+def test_a_mixture_rerun_into_its_folder_from_another_source_never_writes_through_a_link_to_the_first(tmp_path):
+    """The mixture links its sources' shards: a rerun into the same --out replaces its names, never the bytes
+    they shared with the first source."""
+    parts = two_sources(tmp_path / "parts", sizes=(60, 40))
+    before = _bytes_under(parts["web"])
+    for source in ("web", "books"):
+        run = _prepare("--source", f"x={parts[source]}:1", "--budget", "10000000", "--out", str(tmp_path / "mix"))
+        assert run.returncode == 0, run.stderr
+    assert _bytes_under(parts["web"]) == before
+    _every_shard_matches_its_manifest(parts["web"])
+    _every_shard_matches_its_manifest(tmp_path / "mix")
+
+
+def test_preparing_tokens_again_into_a_sources_folder_leaves_a_mixture_of_it_as_it_was(tmp_path):
+    """`prepare tokens B --out A` replaces A's files by name: a mixture that linked A's shards keeps A's bytes."""
+    parts = two_sources(tmp_path / "parts", sizes=(60, 40))
+    run = _prepare("--source", f"x={parts['web']}:1", "--budget", "10000000", "--out", str(tmp_path / "mix"))
+    assert run.returncode == 0, run.stderr
+    before = _bytes_under(tmp_path / "mix")
+    run = subprocess.run([sys.executable, "-m", "stoker", "prepare", "tokens", str(tmp_path / "parts" / "books.jsonl"),
+                          "--tokenizer", str(tmp_path / "parts" / "tokenizer-src.json"), "--out", str(parts["web"]),
+                          ], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert _bytes_under(tmp_path / "mix") == before
+    _every_shard_matches_its_manifest(tmp_path / "mix")
+    _every_shard_matches_its_manifest(parts["web"])

@@ -111,6 +111,30 @@ def test_each_bad_line_is_skipped_counted_and_named_once_with_its_file_and_line(
     assert len(source.skipped.examples) == 5
 
 
+def test_blank_lines_are_counted_and_said_in_the_closing_summary_not_skipped_as_errors(tmp_path, caplog):
+    """Three blank lines (one of spaces, one a CRLF) among two documents and one bad line: no document is lost,
+    the bad line is named once, and the closing line says 3 blank lines were passed over."""
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b'{"text": "one"}\n\n   \n{"text": ""}\r\n\r\n{"text": "two"}\n')
+    source = TextSource(path)
+    with caplog.at_level(logging.INFO, "stoker.text"):
+        assert [d.text for d in source.documents()] == ["one", "two"]
+    assert source.skipped.counts == {EMPTY: 1} and source.skipped.blank_lines == 3
+    closing = [r for r in caplog.records if "document(s) skipped" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in closing] == [
+        (logging.WARNING, f"{path}: 1 document(s) skipped: 1 empty; 3 blank line(s) passed over (no document in "
+                          f"them, not an error)")]
+    assert caplog.text.count(f"{path}:4: {EMPTY}") == 1  # the skipped document, named once
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text('{"text": "one"}\n\n')
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "stoker.text"):
+        assert [d.text for d in TextSource(clean).documents()] == ["one"]
+    [line] = [r for r in caplog.records if "blank line" in r.getMessage()]
+    assert line.levelno == logging.INFO  # not a warning: nothing was wrong
+    assert "0 document(s) skipped: none; 1 blank line(s) passed over" in line.getMessage()
+
+
 def test_bad_text_in_tars_txt_files_and_parquet_is_skipped_and_counted(tmp_path):
     _tar(tmp_path / "a.tgz", {"k1.txt": b"\xff\xfe bad", "k2.txt": b"  ", "k3.txt": b"fine"})
     (tmp_path / "b.txt").write_bytes(b"caf\xe9")
@@ -227,6 +251,30 @@ def test_your_own_source_with_nothing_usable_is_a_data_error(tmp_path, monkeypat
         list(pin_source("own_empty:texts").documents())
     with pytest.raises(SourceRefused, match="not a callable"):
         pin_source("own_empty:VALUE")
+
+
+@pytest.mark.parametrize("returned", ["'In the beginning'", "b'In the beginning'"])
+def test_your_own_source_that_returns_one_text_is_refused_not_cut_into_one_document_a_character(
+        tmp_path, monkeypatch, returned):
+    """A callable returning a str (or bytes) where an iterable of texts is wanted would make each character a
+    document; it is refused in one line, and `stoker prepare tokens` with it writes nothing."""
+    import os
+    import subprocess
+
+    from stoker.datasets import bpe_tokenizer
+
+    _user_module(tmp_path, "own_one_text", f"def texts():\n    return {returned}\n", monkeypatch)
+    with pytest.raises(SourceRefused, match=r"^source 'own_one_text:texts' returned one (str|bytes), not an "
+                                            r"iterable of documents: .*\[text\]") as caught:
+        list(pin_source("own_one_text:texts").documents())
+    assert "\n" not in str(caught.value)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "stoker", "prepare", "tokens", "own_one_text:texts", "--tokenizer",
+                          str(bpe_tokenizer(tmp_path / "tok")), "--out", str(tmp_path / "tokens")],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert run.returncode == 2 and "not an iterable of documents" in run.stderr, run.stderr
+    assert len([line for line in run.stderr.splitlines() if "error" in line]) == 1
+    assert not (tmp_path / "tokens" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("compress", [False, True])

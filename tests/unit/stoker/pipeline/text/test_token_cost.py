@@ -70,3 +70,14 @@ def test_a_set_that_is_not_a_token_set_is_refused_in_one_line(token_set):
     manifest.kind, manifest.tokens = "wikipedia", {}
     with pytest.raises(ValueError, match="is not a token set .*`stoker prepare tokens"):
         bytes_per_token(manifest)
+
+
+def test_an_online_sets_texts_are_its_text_shards_and_its_bytes_per_token_their_bytes(token_set, tmp_path):
+    result, corpus = token_set
+    tok_path = Path(result.manifest.relative_uri("tokenizer.json"))
+    online = prepare_tokens(jsonl(tmp_path / "c.jsonl", corpus, bad=False), tmp_path / "on", str(tok_path),
+                            TokenPrepareConfig(docs_per_shard=40, progress=False, online=True)).manifest
+    tok = manifest_tokenizer(online)
+    assert manifest_texts(online, tok, documents=70) == corpus[:70]
+    on_disk = sum(Path(online.relative_uri(s.path)).stat().st_size for s in online.shards)
+    assert bytes_per_token(online) == pytest.approx(on_disk / result.tokens)

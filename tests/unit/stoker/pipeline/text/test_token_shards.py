@@ -58,3 +58,38 @@ def test_a_changed_shard_or_another_row_count_is_refused_whole(tmp_path):
         read_token_shard(str(path), info, 100)
     with pytest.raises(ShardError, match="unreadable"):
         read_token_shard(str(tmp_path / "missing.parquet"), None, 100)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(-3, 120), max_size=12)), max_size=30), st.integers(0, 4))
+def test_flattening_by_whole_arrays_finds_the_problems_the_loop_per_document_found(docs, cut):
+    """Null, empty and out-of-vocabulary documents, in a table sliced as a row group's read can be."""
+    import pyarrow as pa
+
+    from stoker.pipeline.text.token_shards import TOKEN_SCHEMA, flatten_tokens
+    from tests.unit.stoker.pipeline.text.causal_reference import old_flatten_tokens
+
+    table = pa.table([pa.array([f"d{i}" for i in range(len(docs))]), pa.array(docs, pa.list_(pa.int32()))],
+                     schema=TOKEN_SCHEMA).slice(min(cut, len(docs)))
+    fast, old = flatten_tokens(table, 100), old_flatten_tokens(table, 100)
+    assert fast.keys == old.keys and fast.problems == old.problems
+    assert np.array_equal(fast.tokens, old.tokens) and np.array_equal(fast.offsets, old.offsets)
+
+
+def test_writing_over_a_hard_linked_shard_or_lengths_file_replaces_the_name_and_leaves_the_link_as_it_was(tmp_path):
+    """A mixture hard-links its sources' files: a rerun into either folder must never write through the link."""
+    from stoker.pipeline.text.token_shards import LENGTHS_FILE, write_lengths
+
+    shard, kept = tmp_path / "tokens-00000.parquet", tmp_path / "linked.parquet"
+    write_token_shard(str(shard), ["a"], [np.arange(5, dtype=np.int32)])
+    write_lengths(tmp_path, np.array([5]))
+    kept.hardlink_to(shard)
+    (tmp_path / "kept.npy").hardlink_to(tmp_path / LENGTHS_FILE)
+    before = kept.read_bytes(), (tmp_path / "kept.npy").read_bytes()
+    write_token_shard(str(shard), ["b", "c"], [np.arange(9, dtype=np.int32), np.arange(2, dtype=np.int32)])
+    write_lengths(tmp_path, np.array([9, 2]))
+    assert (kept.read_bytes(), (tmp_path / "kept.npy").read_bytes()) == before
+    assert shard.read_bytes() != before[0] and (tmp_path / LENGTHS_FILE).read_bytes() != before[1]
+    assert read_token_shard(str(shard), None, 16).keys == ["b", "c"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.npy", "lengths.npy", "linked.parquet",
+                                                          "tokens-00000.parquet"]  # no temporary file left

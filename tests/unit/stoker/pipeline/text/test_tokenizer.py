@@ -128,7 +128,8 @@ def test_padding_falls_back_to_end_of_text_and_no_end_of_text_is_refused(tmp_pat
     tok = TokenizerConfig(path=str(only_eot)).load()
     assert tok.pad_id == tok.eot_id == Tokenizer.from_file(str(only_eot)).token_to_id("</s>")
     none = _saved(tmp_path, "none", _bpe(["<unk>"]))
-    with pytest.raises(TokenizerError, match=r"none\.json: no end-of-text token .*give eot") as caught:
+    with pytest.raises(TokenizerError, match=r"none\.json: no end-of-text token .*pass --eot \(its text or id\)") \
+            as caught:
         TokenizerConfig(path=str(none)).load()
     assert "\n" not in str(caught.value)
     assert TokenizerConfig(path=str(none), eot="<unk>").load().eot_id == 0  # given, it is enough
@@ -383,3 +384,25 @@ def test_real_files_that_are_not_a_tokenizer_are_refused_in_one_line(tmp_path, r
                                              r"tokenizer\.json") as caught:
         TokenizerConfig(path=str(path), eot=BPE_EOT).load()
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json.gz", "tokenizer.json.zst", "tokenizer.json.bz2"])
+def test_a_compressed_tokenizer_json_is_refused_in_one_line_not_quietly_decompressed(tmp_path, real_bpe, name):
+    """A name the storage layer would decompress on the fly (.gz, .zst, .bz2) is refused before it is read,
+    as docs/text.md promises, and so is `stoker prepare tokens` with it: nothing is written."""
+    import bz2
+
+    whole = real_bpe.read_bytes()
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(whole) if name.endswith(".gz") else bz2.compress(whole)
+                     if name.endswith(".bz2") else whole)  # the name alone is enough to refuse a .zst
+    with pytest.raises(TokenizerError, match=f"^tokenizer {path}: not JSON .*compressed .*decompress it.*; give "
+                                             r"the path of a tokenizers tokenizer\.json") as caught:
+        TokenizerConfig(path=str(path)).load()
+    assert "\n" not in str(caught.value)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "In the beginning"}\n')
+    run = subprocess.run([sys.executable, "-m", "stoker", "prepare", "tokens", str(corpus), "--tokenizer", str(path),
+                          "--out", str(tmp_path / "tokens")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and f"tokenizer {path}: not JSON" in run.stderr, run.stderr
+    assert not (tmp_path / "tokens").exists()
