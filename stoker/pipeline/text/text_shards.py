@@ -13,8 +13,6 @@ skipped, counted and named, its planned place kept as padding, so the unit still
 
 from __future__ import annotations
 
-import hashlib
-import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,8 +23,7 @@ import pyarrow.parquet as pq
 from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.files import replace_atomically
 from stoker.pipeline.store.shards import Manifest, ShardInfo
-from stoker.pipeline.store.storage import filesystem
-from stoker.pipeline.text.docs import ShardError
+from stoker.pipeline.text.docs import ShardError, check_rows, read_shard_table
 from stoker.pipeline.text.token_shards import TokenShard
 from stoker.pipeline.text.tokenizer import IDS, TextTokenizer
 
@@ -62,22 +59,10 @@ class TextShard:
 
 def read_text_shard(uri: str, info: ShardInfo | None) -> TextShard:
     """Read and verify one shard whole; ShardError if it cannot be used at all."""
-    fs, path = filesystem(uri)
-    try:
-        with fs.open_input_stream(path) as stream:
-            data = stream.read()
-    except OSError as exc:
-        raise ShardError(f"{uri}: unreadable ({exc})") from exc
-    if info is not None and info.sha256 and hashlib.sha256(data).hexdigest() != info.sha256:
-        raise ShardError(f"{uri}: sha256 does not match the manifest (corrupt or replaced shard)")
-    try:
-        table = pq.read_table(io.BytesIO(data))
-    except (pa.ArrowException, OSError) as exc:
-        raise ShardError(f"{uri}: not a readable Parquet file ({exc})") from exc
+    table = read_shard_table(uri, info)
     if not table.schema.equals(TEXT_SCHEMA):
         raise ShardError(f"{uri}: columns {table.schema.names} are not a text shard's (key, text)")
-    if info is not None and table.num_rows != info.num_samples:
-        raise ShardError(f"{uri}: {table.num_rows} documents, the manifest says {info.num_samples}")
+    check_rows(uri, table, info)
     return TextShard(table.column("key").to_pylist(), table.column("text").to_pylist())
 
 

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 
 from stoker.pipeline.store.files import replace_atomically
 from stoker.pipeline.store.shards import Manifest, ShardInfo
-from stoker.pipeline.store.storage import filesystem, read_bytes
-from stoker.pipeline.text.docs import ShardError
+from stoker.pipeline.store.storage import read_bytes
+from stoker.pipeline.text.docs import ShardError, check_rows, read_shard_table
 from stoker.protos.errors import DataError
 
 TOKEN_SCHEMA = pa.schema([("key", pa.string()), ("tokens", pa.list_(pa.int32()))])
@@ -74,23 +74,10 @@ class TokenShard:
 
 def read_token_shard(uri: str, info: ShardInfo | None, vocab_size: int) -> TokenShard:
     """Read, verify and flatten one shard; ShardError if it cannot be used at all."""
-    fs, path = filesystem(uri)
-    try:
-        with fs.open_input_stream(path) as stream:
-            data = stream.read()
-    except OSError as exc:
-        raise ShardError(f"{uri}: unreadable ({exc})") from exc
-    if info is not None and info.sha256 and hashlib.sha256(data).hexdigest() != info.sha256:
-        raise ShardError(f"{uri}: sha256 does not match the manifest (corrupt or replaced shard)")
-    try:
-        # not read_table: its dataset layer costs as much again; a BufferReader reads the bytes in place
-        table = pq.ParquetFile(pa.BufferReader(data)).read()
-    except (pa.ArrowException, OSError) as exc:
-        raise ShardError(f"{uri}: not a readable Parquet file ({exc})") from exc
+    table = read_shard_table(uri, info)
     if not table.schema.equals(TOKEN_SCHEMA):
         raise ShardError(f"{uri}: schema {table.schema} is not {TOKEN_SCHEMA}")
-    if info is not None and table.num_rows != info.num_samples:
-        raise ShardError(f"{uri}: {table.num_rows} documents, the manifest says {info.num_samples}")
+    check_rows(uri, table, info)
     return flatten_tokens(table, vocab_size)
 
 
