@@ -151,13 +151,6 @@ def counted_at_epoch_end(job: JobConfig) -> bool:
     return not job.kind.one_row_per_sample and job.dataset != TOKENS.name and job.world_size > 1
 
 
-def credit_window(cfg: ConsumerConfig, job: JobConfig, budget: int) -> int:
-    """Batches in flight per sender: --credit-window, but the whole budget where counted_at_epoch_end: a rank
-    with more batches left than its window, stepping in lockstep with one that waits for its count, would
-    never get the credit its steps give back, and DDP would hang at the epoch's end."""
-    return max(cfg.credit_window, budget) if counted_at_epoch_end(job) else cfg.credit_window
-
-
 def wire(cfg: ConsumerConfig, joined: Joined, data: RankData, me: Member, metrics: ConsumerMetrics,
          on_job_failed: Callable[[str], None]) -> Wiring:
     """Phase 4: the dispatcher link (in-process on rank 0, else attached), the books restored from the
@@ -174,10 +167,10 @@ def wire(cfg: ConsumerConfig, joined: Joined, data: RankData, me: Member, metric
     order = StreamOrder(plan, me.rank, start.epoch, units, released=start.step - replay)
     systemd = Notifier()  # Type=notify units: ready once bound, watchdog fed by the event loop
     budget = credit_budget(cfg, job)
-    data_socket = DataSocket(cfg.data_bind, cfg.advertise_host, server_keys, credit_window(cfg, job, budget),
-                             budget, cfg.sender_timeout_s)
+    data_socket = DataSocket(cfg.data_bind, cfg.advertise_host, server_keys, cfg.credit_window, budget,
+                             cfg.sender_timeout_s, steps_wait_on_stream=counted_at_epoch_end(job))
     loop = ReceiveLoop(job.job_id, data_socket, schema_of(job), ledger, order, leases, metrics, dispatcher,
-                       on_job_failed, systemd, report_epoch_ends=counted_at_epoch_end(job))
+                       on_job_failed, systemd)
     return Wiring(leases, dispatcher, ledger, order, systemd, loop)
 
 

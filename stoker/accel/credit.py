@@ -14,6 +14,13 @@ are bounded:
   the step has nothing else to step (the budget may be all in early batches that wait for this
   unit). That one credit is what keeps a rank waiting for its own next batch from waiting for
   ever, whatever another rank, stepping in lock-step, holds back.
+
+Where the rank's steps may wait for its whole epoch stream (`steps_wait_on_stream`: BERT ranks in
+lockstep, whose epoch's steps are settled only from every rank's count, accel.assembly), a step
+in hand is no promise that credit comes back: the rank's DDP all-reduce can wait on a rank that
+waits for this one's count. There batches released to the step do not count against a sender's
+window, only against the budget, so the rank's stream comes in whole, whatever the step does,
+as far as the budget holds it.
 """
 
 from __future__ import annotations
@@ -43,11 +50,6 @@ class SenderCredit:
             self.unit_complete = False
 
     @property
-    def in_window(self) -> int:
-        """What counts against its window: all but the batches of the unit it is on."""
-        return self.outstanding + self.queued + self.held
-
-    @property
     def in_hand(self) -> int:
         return self.outstanding + self.held + self.held_current + self.queued
 
@@ -58,6 +60,7 @@ class CreditBook:
 
     window: int
     budget: int
+    steps_wait_on_stream: bool = False  # released batches count against the budget only (the module says why)
     senders: dict[Hashable, SenderCredit] = field(default_factory=dict)
     in_hand: int = 0  # credits outstanding plus batches held or queued here, over every sender
     queued: int = 0  # batches released in plan order and not yet stepped, over every sender
@@ -135,21 +138,31 @@ class CreditBook:
             self.queued -= credit.queued
         return credit
 
+    def after_leave(self, waiting_for: int | None) -> list[Grant]:
+        """Once a sender's slot is freed: what it held no longer counts, so the unit the rank waits for may come
+        now (where the steps wait for the stream, no step would ask for it again)."""
+        return self._unblock(waiting_for)
+
     # ---- the rules ------------------------------------------------------------------------
     def _top_up(self, sender: Hashable) -> list[Grant]:
         """Credit up to the sender's window, as far as the budget allows; a sender whose window is
         full of held batches still gets one at a time to finish a unit it has started."""
         credit = self.senders[sender]
-        room = min(self.window - credit.in_window, self.budget - self.in_hand)
+        room = min(self.window - self._in_window(credit), self.budget - self.in_hand)
         if (room <= 0 and credit.held_current and not credit.unit_complete and self._blocked_by_order(credit)
                 and self.in_hand < self.budget):
             room = 1
         return self._grant(sender, room)
 
+    def _in_window(self, credit: SenderCredit) -> int:
+        """What counts against a sender's window: all but the batches of the unit it is on (and, where the
+        steps may wait for the stream, but those released to the step)."""
+        return credit.outstanding + credit.held + (0 if self.steps_wait_on_stream else credit.queued)
+
     def _blocked_by_order(self, credit: SenderCredit) -> bool:
         """Out of credit because batches of its wait for their turn (not because the step is behind:
-        that is ordinary back-pressure)."""
-        return credit.outstanding == 0 and credit.queued < self.window
+        that is ordinary back-pressure, except where the steps may wait for the stream)."""
+        return credit.outstanding == 0 and (self.steps_wait_on_stream or credit.queued < self.window)
 
     def _unblock(self, waiting_for: int | None) -> list[Grant]:
         """The one credit over the budget (the module says why)."""

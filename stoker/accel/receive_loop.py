@@ -59,15 +59,17 @@ class DataSocket:
     credit_window: int
     budget: int  # batches all senders together may have in hand
     sender_timeout_s: float
+    # the rank's steps may wait until its whole epoch stream is here (BERT ranks in lockstep, whose epoch's steps
+    # are settled from every rank's count): each stream's count goes to the dispatcher as soon as it is all here
+    # (ReceiveLoop._epoch_end), and batches released to the step count against the budget only (accel.credit)
+    steps_wait_on_stream: bool = False
 
 
 class ReceiveLoop:
     def __init__(self, job_id: str, socket: DataSocket, schema: BatchSchema, ledger: Ledger, order: StreamOrder,
                  leases: LeaseSigner, metrics: ConsumerMetrics, dispatcher: DispatcherLink,
-                 on_job_failed: Callable[[str], None], systemd: Notifier | None = None,
-                 report_epoch_ends: bool = False) -> None:
-        """`on_job_failed(reason)`: the dispatcher failed the job (called on the loop). `report_epoch_ends`: tell
-        the dispatcher a stream's batch count as soon as it is all here (BERT ranks in lockstep: _epoch_end)."""
+                 on_job_failed: Callable[[str], None], systemd: Notifier | None = None) -> None:
+        """`on_job_failed(reason)`: the dispatcher failed the job (called on the loop)."""
         self.job_id = job_id
         self.socket = socket
         self.schema = schema
@@ -87,7 +89,6 @@ class ReceiveLoop:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._waiting_since: float | None = None  # a thread waits in next() on an empty queue since then
-        self.report_epoch_ends = report_epoch_ends
         self._reports: set[asyncio.Task] = set()  # epoch counts on their way to the dispatcher
 
     @property
@@ -158,7 +159,8 @@ class ReceiveLoop:
         return Receiver(data, self.job_id, self.socket.credit_window, self.ledger, self.queue, self.metrics,
                         self._unit_done, self.schema, self.leases, self.order, keyed=self.socket.keys is not None,
                         sender_timeout_s=self.socket.sender_timeout_s, on_unit_received=self.dispatcher.received,
-                        on_unit_short=self.dispatcher.redo, budget=self.socket.budget, on_epoch_end=self._epoch_end)
+                        on_unit_short=self.dispatcher.redo, budget=self.socket.budget, on_epoch_end=self._epoch_end,
+                        steps_wait_on_stream=self.socket.steps_wait_on_stream)
 
     async def _sweep_senders(self, receiver: Receiver) -> None:
         while not self.stopping.is_set():
@@ -174,7 +176,7 @@ class ReceiveLoop:
         """The rank's stream of an epoch is all here: its count goes to the dispatcher now, not when the training
         loop reaches the epoch's end (Consumer.steps_of asks again then). A rank stepping in lockstep with one
         that waits for this count would otherwise never get there: its prefetch and its credit are full."""
-        if self.report_epoch_ends:
+        if self.socket.steps_wait_on_stream:
             report = asyncio.get_running_loop().create_task(
                 self.dispatcher.epoch_steps(end.epoch, self.order.rank, end.batches, self.stopping))
             self._reports.add(report)

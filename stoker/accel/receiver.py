@@ -127,7 +127,7 @@ class Receiver:
                  on_unit_short: Callable[[int], object] = lambda unit_id: None,
                  on_epoch_end: Callable[[EpochEnd], None] = lambda end: None,
                  sender_timeout_s: float = 30.0, budget: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, steps_wait_on_stream: bool = False) -> None:
         self.socket = socket
         self.job_id = job_id
         self.schema = schema
@@ -141,7 +141,8 @@ class Receiver:
         self.on_epoch_end = on_epoch_end  # the rank's whole stream of an epoch is here (its batch count known)
         self.leases = leases
         self.order = order
-        self.credit = CreditBook(window, budget or MAX_SENDERS * window)  # what every sender may send
+        self.credit = CreditBook(window, budget or MAX_SENDERS * window,  # what every sender may send
+                                 steps_wait_on_stream)
         self._batches_of: dict[int, int] = {}  # unit -> batches it gave, once its last one arrived
         self.keyed = keyed  # CURVE: senders must be connected with a worker key
         self.sender_timeout_s = sender_timeout_s
@@ -394,6 +395,7 @@ class Receiver:
         if peer is None:
             return None
         credit = self.credit.leave(peer_id)
+        self._send_credit(self.credit.after_leave(self._waiting_for()))
         if self._by_worker.get(peer.worker_id) == peer_id:
             del self._by_worker[peer.worker_id]
         self.freed[why] = self.freed.get(why, 0) + 1

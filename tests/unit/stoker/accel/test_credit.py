@@ -5,7 +5,8 @@ senders, its plan order and its training step in every order they can happen in:
 - a sender sends only what it was granted, and the books know exactly what it holds;
 - memory is bounded: the rank holds at most `budget` batches in hand, and one more (the credit
   that lets the very unit it waits for come);
-- nothing deadlocks: the unit the rank waits for can always come.
+- nothing deadlocks: the unit the rank waits for can always come; where the steps may wait for the
+  stream (steps_wait_on_stream), without a step taken, until the budget is full.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ class Stream:
 
 class CreditRules(RuleBasedStateMachine):
     @initialize(window=st.integers(1, 4), budget=st.integers(1, 8),
-                sizes=st.lists(st.integers(1, 4), min_size=1, max_size=8))
-    def start(self, window: int, budget: int, sizes: list[int]) -> None:
-        self.book = CreditBook(window, budget)
+                sizes=st.lists(st.integers(1, 4), min_size=1, max_size=8), steps_wait_on_stream=st.booleans())
+    def start(self, window: int, budget: int, sizes: list[int], steps_wait_on_stream: bool) -> None:
+        self.book = CreditBook(window, budget, steps_wait_on_stream)
         self.stream = Stream(sizes)
         self.senders: dict[int, Sender] = {}
         self.next_sender = 0
@@ -148,6 +149,7 @@ class CreditRules(RuleBasedStateMachine):
         sender = data.draw(st.sampled_from(sorted(self.senders)))
         state = self.senders.pop(sender)
         self.book.leave(sender)
+        self._apply(self.book.after_leave(self.stream.waiting_for()))
         if state.unit >= 0:
             self.to_lease.insert(0, state.unit)
             self.to_lease.sort()
@@ -190,8 +192,55 @@ class CreditRules(RuleBasedStateMachine):
             return
         makers = [state for state in self.senders.values() if state.unit == waited]
         takers = self._idle() or len(self.senders) < MAX_SENDERS or self._can_trade()
-        assert (self.step_queue or any(state.credit > 0 for state in makers)
-                or (waited in self.to_lease and takers)), (waited, self.book, self.senders, self.stream)
+        step_gives_back = bool(self.step_queue) and not self.book.steps_wait_on_stream
+        assert (step_gives_back or any(state.credit > 0 for state in makers) or (waited in self.to_lease and takers)
+                or self.book.in_hand >= self.book.budget), (waited, self.book, self.senders, self.stream)
 
 CreditRules.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 test_the_credit_rules_keep_their_invariants = CreditRules.TestCase
+
+
+def _stream_in_without_a_step(book: CreditBook, units: dict[int, list[int]], sizes: list[int]) -> int:
+    """Senders (sender -> its units, in the order it makes them) send whatever credit allows, the step takes
+    nothing (its all-reduce waits on another rank); the batches that came in."""
+    stream, sent, arrived = Stream(sizes), {s: 0 for s in units}, 0
+    credit = {s: 0 for s in units}
+    for sender, made in units.items():
+        credit[sender] += sum(n for _, n in book.hello(sender, made[0], stream.waiting_for()))
+    while any(credit[s] and units[s] for s in units):
+        sender = next(s for s in units if credit[s] and units[s])
+        unit = units[sender][0]
+        credit[sender] -= 1
+        book.arrived(sender)
+        last = sent[sender] + 1 == sizes[unit]
+        book.admitted(sender, unit, last)
+        for owner, released, _ in stream.offer(unit, sent[sender], sender):
+            book.released(owner, released)
+        sent[sender] += 1
+        arrived += 1
+        grants = book.after_arrival(sender, stream.waiting_for())
+        if last:
+            units[sender].pop(0)
+            sent[sender] = 0
+            if units[sender]:
+                grants += book.hello(sender, units[sender][0], stream.waiting_for())
+        for owner, n in grants:
+            credit[owner] += n
+    return arrived
+
+
+def test_where_the_steps_wait_for_the_stream_it_comes_in_whole_while_no_step_is_taken():
+    """A BERT rank in lockstep with one that waits for its count: its stream must come in whole while its own step
+    waits in the all-reduce. Two senders at the default window of 3, units of 5 batches, a roomy budget: with
+    released batches counted against the window it stops short; with steps_wait_on_stream every batch comes."""
+    sizes = [5, 5, 5, 5]
+    makers = {"a": [0, 2], "b": [1, 3]}
+    assert _stream_in_without_a_step(CreditBook(3, 1000), {k: list(v) for k, v in makers.items()}, sizes) < 20
+    assert _stream_in_without_a_step(CreditBook(3, 1000, steps_wait_on_stream=True), makers, sizes) == 20
+
+
+def test_where_the_steps_wait_for_the_stream_the_budget_still_bounds_what_the_rank_holds():
+    """Released batches leave the window, not the budget: a stream longer than the budget stops at it."""
+    book = CreditBook(3, 12, steps_wait_on_stream=True)
+    arrived = _stream_in_without_a_step(book, {"a": [0, 2], "b": [1, 3]}, [5, 5, 5, 5])
+    assert arrived <= 12 and book.in_hand <= book.budget + 1
