@@ -15,7 +15,7 @@ from stoker.pipeline.deadline import MIN_CALL_LIMIT_S
 from stoker.pipeline.images import fit as image_fit
 from stoker.pipeline.images.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
 from stoker.pipeline.images.layout import DecodeOn
-from stoker.pipeline.kinds import KINDS, DatasetKind, kind_of
+from stoker.pipeline.kinds import KINDS, TOKENS, DatasetKind, kind_of
 from stoker.pipeline.plan import EpochPlan, Resumed, Unit
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
@@ -32,6 +32,7 @@ DATASETS = tuple(KINDS)
 # The built-in image transforms take their parameters from the job's image fields; any other
 # transform takes `transform_params` and leaves those fields at their defaults.
 BUILTIN_TRANSFORMS = ("train", "eval")
+MIN_TOKEN_UNITS = 8  # a tokens job's units are never so large that an epoch has fewer (JobConfig.unit_size)
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,10 @@ class JobConfig:
     epochs: int = field(default=1, metadata={"help": "passes over the data (default %(default)s)", "check": "positive"})
     batch_size: int = field(default=64, metadata={  # images, or rows of tokens
         "help": "images, or rows of tokens (default %(default)s)", "check": "positive"})
-    unit_batches: int = field(default=4, metadata={  # a unit holds batch_size * unit_batches images or documents
-        "help": "a work unit holds batch-size x unit-batches images or documents (default %(default)s)",
-        "check": "positive"})
+    unit_batches: int = field(default=4, metadata={  # a unit holds unit_batches batches' worth of samples
+        "help": "a work unit holds unit-batches batches' worth: batch-size x unit-batches images or BERT "
+                "documents, or the token documents that fill about that many batches of rows (default "
+                "%(default)s)", "check": "positive"})
     seed: int = field(default=0, metadata={
         "help": "the seed of the order, the crops and the masks: the same seed, the same batches "
                 "(default %(default)s)", "check": "seed"})
@@ -209,15 +211,25 @@ class JobConfig:
         """What the dataset's samples are and how its batches are made."""
         return kind_of(self.dataset)
 
-    @property
-    def unit_size(self) -> int:
-        """Samples in a unit: the lease a worker process makes batches of."""
-        return self.batch_size * self.unit_batches
+    def unit_size(self, manifest: Manifest) -> int:
+        """Samples in a unit, the lease a worker process makes batches of: unit_batches batches' worth. A row of a
+        tokens job holds many documents (a few hundred tokens each, beside rows of thousands), so its unit is the
+        documents that fill about that many batches at the set's mean document length: a unit of batch-size
+        documents would not fill one batch (its batches would be a fraction of --batch-size), and each unit
+        costs its worker a fixed overhead. Never so large that an epoch has under MIN_TOKEN_UNITS units (worker
+        processes and ranks share it unit by unit; it does not depend on the world size, so a unit is the same
+        whatever the ranks), nor fewer documents than batch-size x unit-batches."""
+        rows = self.batch_size * self.unit_batches
+        total = float(manifest.tokens.get("total", 0)) if self.dataset == TOKENS.name else 0.0
+        if total <= 0 or not manifest.num_samples:
+            return rows
+        by_tokens = round(rows * self.lm.seq_len * manifest.num_samples / total)
+        return max(rows, min(by_tokens, manifest.num_samples // MIN_TOKEN_UNITS))
 
     def plan(self, manifest: Manifest) -> EpochPlan:
         """The epoch plan of this job over the manifest's shards (a resumed job's cuts included)."""
-        return EpochPlan(manifest, self.unit_size, self.epochs, self.seed, self.world_size, self.batch_size,
-                         self.drop_last, Resumed.from_json(self.resumed_from))
+        return EpochPlan(manifest, self.unit_size(manifest), self.epochs, self.seed, self.world_size,
+                         self.batch_size, self.drop_last, Resumed.from_json(self.resumed_from))
 
     def planned_batches(self, unit: Unit) -> int | None:
         """Images: a unit gives ceil(size / batch size) batches whatever is skipped (a skipped image

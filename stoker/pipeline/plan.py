@@ -76,10 +76,20 @@ class Unit:
 
     def rows(self, seed: int) -> list[tuple[int, int, int]]:
         """(shard index, row in shard, global sample id) of every sample, in this epoch's seeded order."""
-        flat = [(s.shard_index, row, s.first_sample_id + row) for s in self.segments for row in range(s.start, s.stop)]
+        return [(shard, row, sample) for shard, row, sample in self.visits(seed).tolist()]
+
+    def visits(self, seed: int) -> np.ndarray:
+        """`rows` as an (n, 3) int64 array, made by whole-array steps: a unit of a token set holds thousands."""
+        rows = [np.arange(s.start, s.stop, dtype=np.int64) for s in self.segments]
+        flat = np.empty((self.size, 3), dtype=np.int64)
+        if rows:
+            flat[:, 0] = np.repeat([s.shard_index for s in self.segments], [s.size for s in self.segments])
+            flat[:, 1] = np.concatenate(rows)
+            flat[:, 2] = flat[:, 1] + np.repeat([s.first_sample_id for s in self.segments],
+                                                [s.size for s in self.segments])
         first = self.segments[0] if self.segments else Segment(0, 0, 0, 0)
         rng = derived_rng(seed, self.epoch, f"unit-{first.shard_index}-{first.start}-{self.size}")
-        return [flat[int(i)] for i in rng.permutation(len(flat))]
+        return flat[rng.permutation(len(flat))]
 
 
 def batch_bounds(rows: int, batch_size: int) -> list[tuple[int, int]]:

@@ -31,7 +31,7 @@ def replaced(tmp_path_factory):
     folder = tmp_path_factory.mktemp("replaced")
     victim, _, _ = prepared(folder / "victim", count=120, docs_per_shard=40)
     other, _, _ = prepared(folder / "other", count=90, docs_per_shard=30)
-    for shard in (folder / "victim" / "shards").glob("*.parquet"):
+    for shard in (folder / "victim" / "shards").glob("tokens-*"):
         shutil.copy(folder / "other" / "shards" / shard.name, shard)
     return victim.manifest
 

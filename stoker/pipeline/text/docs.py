@@ -68,6 +68,10 @@ class DocShard:
         return self.tokens[self.sent_offsets[first_sentence]: self.sent_offsets[stop_sentence]]
 
 
+IPC_SUFFIX = ".arrow"  # token shards; every other text shard (and an older Stoker's token shards) is Parquet
+IPC_MAGIC = b"ARROW1"  # how an Arrow IPC file begins (a Parquet one: PAR1): a shard is read as what it holds
+
+
 def read_shard_table(uri: str, info: ShardInfo | None) -> pa.Table:
     """A text shard's table, its bytes checked against the manifest's sha256 first; ShardError if it cannot
     be read at all. Every text shard kind (BERT documents, token ids, online text) is read through here."""
@@ -79,11 +83,14 @@ def read_shard_table(uri: str, info: ShardInfo | None) -> pa.Table:
         raise ShardError(f"{uri}: unreadable ({exc})") from exc
     if info is not None and info.sha256 and hashlib.sha256(data).hexdigest() != info.sha256:
         raise ShardError(f"{uri}: sha256 does not match the manifest (corrupt or replaced shard)")
+    ipc = data.startswith(IPC_MAGIC)
     try:
+        if ipc:  # uncompressed Arrow IPC (token shards): its columns are views of `data`, nothing decoded
+            return pa.ipc.open_file(pa.BufferReader(data)).read_all()
         # not read_table: its dataset layer costs as much again; a BufferReader reads the bytes in place
         return pq.ParquetFile(pa.BufferReader(data)).read()
     except (pa.ArrowException, OSError) as exc:
-        raise ShardError(f"{uri}: not a readable Parquet file ({exc})") from exc
+        raise ShardError(f"{uri}: not a readable {'Arrow IPC' if ipc else 'Parquet'} file ({exc})") from exc
 
 
 def check_rows(uri: str, table: pa.Table, info: ShardInfo | None) -> None:

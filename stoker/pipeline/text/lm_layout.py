@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
@@ -42,7 +41,6 @@ from stoker.pipeline.text.causal import (
     fit_rows,
     piece_lengths,
     row_tensors,
-    runs,
 )
 from stoker.pipeline.text.token_shards import TokenShard
 from stoker.protos.errors import ConfigError, DataError
@@ -108,16 +106,13 @@ class TokenBatch:
 def unit_lengths(unit: Unit, seed: int, lengths: np.ndarray) -> np.ndarray:
     """The planned tokens of the unit's documents in its seeded visiting order (`lengths` by sample id;
     a mixture's repeated document has its id plus a multiple of the documents)."""
-    return _planned(_visits(unit, seed), lengths)
+    return _planned(unit.visits(seed), lengths)
 
 
 def _planned(visits: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return lengths[visits[:, 2] % lengths.size] if lengths.size else np.zeros(len(visits), np.int64)
 
 
-def _visits(unit: Unit, seed: int) -> np.ndarray:
-    """`unit.rows(seed)` as an (n, 3) int64 array: shard index, row, sample id."""
-    return np.fromiter(chain.from_iterable(unit.rows(seed)), dtype=np.int64, count=3 * unit.size).reshape(-1, 3)
 
 
 def unit_rows(lengths: Sequence[int] | np.ndarray, cfg: LMConfig) -> int:
@@ -142,8 +137,8 @@ def unit_documents(source_of: Callable[[int], TokenShard | str], unit: Unit, see
     shard, or why it cannot be read), and which documents are holes: with `holes`, an unusable document
     the plan counts (its planned length > 0) stays in the list as that many placeholder tokens. Each shard
     is asked for once, and the tokens are gathered by whole-array steps (no step per document). `visits`:
-    the unit's `_visits`, where the caller has them."""
-    visits = _visits(unit, seed) if visits is None else visits
+    the unit's `visits`, where the caller has them."""
+    visits = unit.visits(seed) if visits is None else visits
     shard_of, row, doc_id = visits[:, 0], visits[:, 1], visits[:, 2]
     start, size = np.zeros(len(visits), np.int64), np.zeros(len(visits), np.int64)
     problems: dict[int, tuple[str, str]] = {}  # visit -> (key, why)
@@ -164,16 +159,18 @@ def unit_documents(source_of: Callable[[int], TokenShard | str], unit: Unit, see
     hole = bad & (planned > 0) & holes
     keep = ~bad | hole
     size[hole] = planned[hole]
-    tokens = np.zeros(int(size[keep].sum()), dtype=np.int32)
-    dest = np.cumsum(np.where(keep, size, 0)) - size  # each kept document's place in `tokens`
-    for index, shard in shards.items():
-        take = np.flatnonzero((shard_of == index) & ~bad)
-        if take.size == len(visits):  # the whole unit from this shard, all usable: its tokens in one gather
-            tokens = np.take(shard.tokens, runs(start, size)).astype(np.int32, copy=False)
-        else:
-            tokens[runs(dest[take], size[take])] = shard.tokens[runs(start[take], size[take])]
+    tokens = _gathered(shards, shard_of[keep], start[keep], size[keep], hole[keep])
     skipped = [(int(doc_id[i]), *problems[i]) for i in sorted(problems)]
     return doc_id[keep].tolist(), FlatDocuments(tokens, size[keep]), skipped, hole[keep].tolist()
+
+
+def _gathered(shards: dict[int, TokenShard], shard_of: np.ndarray, start: np.ndarray, size: np.ndarray,
+              hole: np.ndarray) -> np.ndarray:
+    """The documents' tokens one after another (int32; a hole: that many zeros), as one concatenate of slices:
+    a view per document costs less than the index arrays a gather by runs needs, at any document length."""
+    pieces = [np.zeros(n, np.int32) if gap else shards[s].tokens[a: a + n]
+              for s, a, n, gap in zip(shard_of.tolist(), start.tolist(), size.tolist(), hole.tolist(), strict=True)]
+    return np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
 
 
 def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit, cfg: LMConfig, seed: int,
@@ -183,7 +180,7 @@ def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit,
     naming what it skipped."""
     started = stage_clock()
     packed = cfg.mode == "packed"
-    visits = _visits(unit, seed)
+    visits = unit.visits(seed)
     ids, docs, skipped, holes = unit_documents(source_of, unit, seed, lengths, holes=packed, visits=visits)
     arrays, first_rows, fitted = _rows(docs, holes, cfg.causal(eot, pad))
     hole = np.asarray(holes, dtype=bool)

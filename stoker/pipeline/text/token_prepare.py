@@ -32,6 +32,7 @@ from stoker.pipeline.kinds import TOKENS
 from stoker.pipeline.store.files import replace_atomically
 from stoker.pipeline.store.shards import MANIFEST_NAME, Manifest, ShardInfo, file_sha256
 from stoker.pipeline.store.storage import is_remote, join, read_bytes, staged
+from stoker.pipeline.text.docs import IPC_SUFFIX
 from stoker.pipeline.text.sources import (
     DEFAULT_TEXT_FIELD,
     JSONL_SUFFIXES,
@@ -184,7 +185,8 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self._keys:
             return
-        path = self.out / f"{'text' if self.online else 'tokens'}-{len(self.shards):05d}.parquet"
+        path = self.out / (f"text-{len(self.shards):05d}.parquet" if self.online
+                           else f"tokens-{len(self.shards):05d}{IPC_SUFFIX}")
         if self.online:
             write_text_shard(str(path), self._keys, self._texts)
         else:

@@ -1,10 +1,12 @@
-"""Parquet shards of tokenized documents for causal-LM jobs (`key` string, `tokens` list<int32>).
+"""Shards of tokenized documents for causal-LM jobs (`key` string, `tokens` list<uint16 or int32>), in Arrow IPC.
 
-`stoker prepare tokens` writes them (pipeline.text.token_prepare); a worker reads one whole into
-two numpy arrays (every token id, and each document's offsets), so a unit's documents are array
-slices. The shard's sha256 is checked against the manifest and every document once: a null or
-empty one, or one with an id outside the tokenizer's vocabulary, is reported by `problem(row)`
-and skipped by the caller (counted and named), never turned into a row. A shard that cannot be
+`stoker prepare tokens` writes them (pipeline.text.token_prepare), uncompressed: a worker reads one's bytes
+and takes every token id and each document's offsets as numpy views of them (no decode, no copy), so a
+unit's documents are array slices. Shards written as Parquet by an older Stoker are still read (the same
+columns; docs.read_shard_table tells them by their first bytes). The shard's sha256 is checked against the
+manifest and every document once: a null or empty one, or one with an id outside the tokenizer's
+vocabulary, is reported by `problem(row)` and skipped by the caller (counted and named), never turned
+into a row. A shard that cannot be
 used at all raises `ShardError` (pipeline.text.docs), whose rows the worker reports as skipped.
 
 Every token set (`stoker prepare tokens`, `stoker prepare mixture`) also writes each document's token
@@ -16,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from stoker.pipeline.store.files import replace_atomically
 from stoker.pipeline.store.shards import Manifest, ShardInfo
@@ -30,30 +33,40 @@ from stoker.pipeline.text.docs import ShardError, check_rows, read_shard_table
 from stoker.protos.errors import DataError
 
 TOKEN_SCHEMA = pa.schema([("key", pa.string()), ("tokens", pa.list_(pa.int32()))])
+# ids under 65,536 (GPT-2's, BERT's vocabularies) are kept in 2 bytes: half the bytes to read and hash
+NARROW_SCHEMA = pa.schema([("key", pa.string()), ("tokens", pa.list_(pa.uint16()))])
+NARROW_IDS = 1 << 16
 ROW_GROUP = 1024
 LENGTHS_FILE = "lengths.npy"
 
 
 def write_token_shard(path: str, keys: list[str], documents: list[np.ndarray]) -> None:
-    """One shard, its bytes a function of its rows only (no timestamps in Parquet's footer). LZ4 and plain
-    ids: a worker decodes them about 1.5x as fast as zstd's dictionary pages, at 2.3 bytes a token, not 1.8
-    (WordPiece ids of Wikipedia); a reader of either reads both (the schema is the same)."""
+    """One shard, its bytes a function of its rows only. Arrow IPC, uncompressed, for a read that costs what its
+    sha256 does: 2 bytes a token where every id is under 65,536 (LZ4 Parquet took 2.3 on Wikipedia's WordPiece
+    ids), else 4."""
     sizes = np.fromiter((d.size for d in documents), dtype=np.int64, count=len(documents))
     offsets = np.zeros(len(documents) + 1, dtype=np.int32)
     np.cumsum(sizes, out=offsets[1:])
-    flat = np.concatenate(documents).astype(np.int32) if documents else np.zeros(0, np.int32)
-    tokens = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa.int32()))
-    table = pa.table([pa.array(keys, pa.string()), tokens], schema=TOKEN_SCHEMA)
+    flat = np.concatenate(documents).astype(np.int64) if documents else np.zeros(0, np.int64)
+    narrow = not flat.size or 0 <= flat.min() <= flat.max() < NARROW_IDS
+    schema = NARROW_SCHEMA if narrow else TOKEN_SCHEMA
+    ids = pa.array(flat.astype(np.uint16 if narrow else np.int32), schema.field("tokens").type.value_type)
+    table = pa.table([pa.array(keys, pa.string()), pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), ids)],
+                     schema=schema)
+
+    def write(f: BinaryIO) -> None:
+        with pa.ipc.new_file(f, schema) as writer:
+            writer.write_table(table, max_chunksize=max(1, table.num_rows))  # one record batch: one view
+
     # to a temporary name, then renamed: a rerun replaces a mixture's hard link, never writes through it
-    replace_atomically(path, lambda f: pq.write_table(table, f, row_group_size=ROW_GROUP, compression="lz4",
-                                                      use_dictionary=False), "token shard")
+    replace_atomically(path, write, "token shard")
 
 
 @dataclass
 class TokenShard:
     """One shard's documents as flat arrays: document i is tokens[offsets[i]:offsets[i + 1]]."""
 
-    keys: list[str]
+    keys: Sequence[str] | pa.Array  # a shard's strings stay Arrow's, made Python ones only for a document named
     tokens: np.ndarray  # int32
     offsets: np.ndarray  # int64 (num_docs + 1,)
     problems: dict[int, str]  # row -> why that document cannot be used
@@ -62,7 +75,8 @@ class TokenShard:
         return len(self.keys)
 
     def key(self, row: int) -> str:
-        return self.keys[row]
+        key = self.keys[row]
+        return key if isinstance(key, str) else str(key.as_py())
 
     def problem(self, row: int) -> str | None:
         return self.problems.get(row)
@@ -75,19 +89,19 @@ class TokenShard:
 def read_token_shard(uri: str, info: ShardInfo | None, vocab_size: int) -> TokenShard:
     """Read, verify and flatten one shard; ShardError if it cannot be used at all."""
     table = read_shard_table(uri, info)
-    if not table.schema.equals(TOKEN_SCHEMA):
-        raise ShardError(f"{uri}: schema {table.schema} is not {TOKEN_SCHEMA}")
+    if not (table.schema.equals(TOKEN_SCHEMA) or table.schema.equals(NARROW_SCHEMA)):
+        raise ShardError(f"{uri}: schema {table.schema} is not {TOKEN_SCHEMA} (or its ids as uint16)")
     check_rows(uri, table, info)
     return flatten_tokens(table, vocab_size)
 
 
 def flatten_tokens(table: pa.Table, vocab_size: int) -> TokenShard:
-    keys = table.column("key").to_pylist()
+    keys = table.column("key").combine_chunks()
     docs = table.column("tokens").combine_chunks()
     offsets = np.asarray(docs.offsets, dtype=np.int64)
     offsets -= offsets[0]  # a sliced array's offsets are not rebased; flatten() is
     flat = docs.flatten()
-    tokens = np.asarray(flat.fill_null(-1) if flat.null_count else flat, dtype=np.int32)
+    tokens = np.asarray(flat.cast(pa.int32()).fill_null(-1) if flat.null_count else flat, dtype=np.int32)
     nulls = docs.is_null().to_numpy(zero_copy_only=False)
     problems: dict[int, str] = {}
     # whole-array steps: a loop per document costs more than reading the shard. As unsigned, a negative id is

@@ -74,3 +74,28 @@ def test_making_or_receiving_a_job_imports_no_transform_and_pinning_is_the_step_
     with pytest.raises(ConfigError, match="no_such_module_here") as refused:
         missing.pin()
     assert isinstance(refused.value, StokerError)
+
+
+def _token_set(docs: int, tokens: int):
+    from stoker.pipeline.store.shards import Manifest, ShardInfo
+
+    return Manifest("tokens", [], [ShardInfo("tokens-00000.arrow", docs, 1, "", 0)], tokens={"total": tokens})
+
+
+def test_a_tokens_jobs_unit_holds_its_batches_worth_of_tokens_not_of_documents():
+    """A row of 2,048 tokens holds ~20 documents of 100: a unit of 64 x 4 documents would not fill one batch of
+    64 rows. The unit is the documents that fill unit-batches batches at the mean length, at least batch x
+    unit-batches documents, at most an eighth of the set, and the same at every world size."""
+    from stoker.pipeline.text.lm_layout import LMConfig
+
+    def size(docs: int, tokens: int, seq: int, world: int = 1) -> int:
+        job = JobConfig(manifest_uri="m", dataset="tokens", batch_size=64, world_size=world, lm=LMConfig(seq))
+        return job.unit_size(_token_set(docs, tokens))
+
+    assert size(1_000_000, 100_000_000, 2048) == round(64 * 4 * 2048 / 100)  # 5,243 documents: 4 batches
+    assert size(1_000_000, 100_000_000, 2048, world=8) == size(1_000_000, 100_000_000, 2048)
+    assert size(1_000_000, 1_000_000_000, 64) == 64 * 4  # long documents: batch x unit-batches, as before
+    assert size(10_000, 1_000_000, 2048) == 10_000 // 8  # a small set keeps 8 units for its processes
+    assert size(100, 1_000, 2048) == 64 * 4  # never under batch x unit-batches documents
+    images = JobConfig(manifest_uri="m", batch_size=64)
+    assert images.unit_size(_token_set(1_000_000, 100_000_000)) == 64 * 4

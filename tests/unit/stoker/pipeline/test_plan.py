@@ -233,3 +233,20 @@ def test_a_plan_asked_for_units_from_two_threads_keeps_its_cache_whole(manifest)
     assert not failures, failures
     assert len(plan._cache) <= 4
     assert list(plan.units(3)) == list(EpochPlan(manifest, 16, 50_000, 7).units(3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 40), st.integers(0, 30), st.integers(0, 1000)),
+                min_size=0, max_size=4), st.integers(0, 3), st.integers(0, 2**31))
+def test_a_units_visits_by_whole_arrays_are_its_rows_sample_by_sample(parts, epoch, seed):
+    """Unit.visits (numpy, for token units of thousands of documents) is the seeded order the loop per sample
+    made: the same (shard, row, sample id) in the same order."""
+    from stoker.pipeline.plan import Segment, Unit
+    from stoker.pipeline.seeds import derived_rng
+
+    unit = Unit(7, epoch, tuple(Segment(shard, start, start + size, first) for shard, start, size, first in parts))
+    flat = [(s.shard_index, row, s.first_sample_id + row) for s in unit.segments for row in range(s.start, s.stop)]
+    first = unit.segments[0] if unit.segments else Segment(0, 0, 0, 0)
+    order = derived_rng(seed, epoch, f"unit-{first.shard_index}-{first.start}-{unit.size}").permutation(len(flat))
+    assert unit.rows(seed) == [flat[int(i)] for i in order]
+    assert unit.visits(seed).shape == (unit.size, 3)
