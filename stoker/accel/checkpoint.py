@@ -27,7 +27,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stoker.accel.stepping import Stateful
-from stoker.pipeline.job_wire import IMAGE_MUST_MATCH, LM_MUST_MATCH, MUST_MATCH, TEXT_MUST_MATCH, job_identity
+from stoker.pipeline.job_wire import (
+    IMAGE_MUST_MATCH,
+    LM_MUST_MATCH,
+    MUST_MATCH,
+    TEXT_MUST_MATCH,
+    TOKEN_UNITS,
+    job_identity,
+)
 from stoker.pipeline.plan import Cut, Resumed
 from stoker.pipeline.store.files import replace_atomically, write_atomically
 from stoker.protos.errors import ConfigError, DataError, ResourceError
@@ -159,6 +166,9 @@ def check_matches(job, saved: dict) -> None:
     differ = [f"{name}: checkpoint {saved.get(name)!r}, now {getattr(job, name)!r}" for name in MUST_MATCH
               if saved.get(name) != getattr(job, name)]
     ours = job_identity(job)
+    if TOKEN_UNITS in ours and saved.get(TOKEN_UNITS) != ours[TOKEN_UNITS]:
+        differ.append("units: the checkpoint's tokens job had units of batch x unit-batches documents (an older "
+                      "Stoker), this one's hold their batches' worth of tokens, so its positions name other documents")
     for name in (*IMAGE_MUST_MATCH, TEXT_MUST_MATCH, LM_MUST_MATCH):
         if name not in saved or name not in ours:
             continue  # a checkpoint from before the field was saved, or a field of the other kind

@@ -26,6 +26,9 @@ MUST_MATCH = ("manifest_uri", "dataset", "epochs", "seed", "batch_size", "unit_b
 IMAGE_MUST_MATCH = ("image_size", "transform", "transform_params", "min_area", "max_area")
 TEXT_MUST_MATCH = "text"  # wikipedia
 LM_MUST_MATCH = "lm"  # tokens
+# how a tokens job's units are sized (JobConfig.unit_size): "tokens". A checkpoint or journal without it was written
+# when a unit held batch x unit-batches documents: its positions name other documents, so it is refused
+TOKEN_UNITS = "units"
 
 
 def job_to_proto(job: JobConfig, data_endpoint: str = "") -> pb.JobSpec:
@@ -60,6 +63,7 @@ def job_identity(job: JobConfig) -> dict:
     named = {"job_id": job.job_id, "world_size": job.world_size, **{name: getattr(job, name) for name in MUST_MATCH}}
     if job.kind is TOKENS:
         named[LM_MUST_MATCH] = asdict(job.lm)
+        named[TOKEN_UNITS] = "tokens"
     elif job.kind.text:
         named[TEXT_MUST_MATCH] = asdict(job.text)
     else:

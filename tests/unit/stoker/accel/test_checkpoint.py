@@ -61,6 +61,18 @@ def test_another_job_is_refused_naming_the_fields_that_differ():
         checkpoint.resume(_job(world_size=3, seed=5), _state(_job(world_size=3)))
 
 
+def test_a_tokens_checkpoint_from_when_units_held_documents_is_refused_not_misread():
+    """Units of a tokens job became token-sized (JobConfig.unit_size): a checkpoint written before names its
+    position in units of batch x unit-batches documents, which now hold other documents. It is refused; one
+    written now resumes."""
+    tokens = _job(dataset="tokens", world_size=3)
+    state = _state(tokens)
+    assert checkpoint.resume(tokens, state)[1] == Position(1, 4, [(1, 0), (0, 4), (1, 1)])
+    older = state | {"job": {k: v for k, v in state["job"].items() if k != "units"}}
+    with pytest.raises(CheckpointError, match="units: the checkpoint's tokens job had units of batch x unit-batches"):
+        checkpoint.resume(tokens, older)
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda s: [s], "is a JSON object"),
     (lambda s: {k: v for k, v in s.items() if k != "job"}, "names no job"),
