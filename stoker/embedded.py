@@ -102,7 +102,7 @@ def run_embedded(job: JobConfig, cfg: RunConfig, on_start: Callable[[Consumer], 
     consumer.start()
     if on_start is not None:
         on_start(consumer)
-    daemons: list[DaemonProcess] = []
+    daemons: list[DaemonProcess] = []  # the other ranks' `stoker train`, then the worker daemons
     progress = Progress(job.epochs * consumer.plan.rank_sizes[0], cfg.progress, job.dataset)
     done = threading.Event()
     folder = Path(tempfile.mkdtemp(prefix="stoker-run-"))
@@ -120,6 +120,9 @@ def run_embedded(job: JobConfig, cfg: RunConfig, on_start: Callable[[Consumer], 
         summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
         progress.close(consumer)
         try:
+            if summary.interrupted:  # Ctrl-C: the worker daemons go first, while the dispatcher still answers
+                done.set()  # their hand-backs (after it, each waited out a request's timeout, then a kill)
+                stop_daemons([d.proc for d in daemons[job.world_size - 1:]], timeout_s=0.0)  # not the ranks
             consumer.stop()  # rank 0 waits here for the other ranks to finish
             done.set()
             stop_daemons([d.proc for d in daemons], timeout_s=15.0 if consumer.dispatcher.finished else 0.0)
