@@ -53,6 +53,7 @@ _WHERE = {
     "Crop": "stoker.pipeline.transforms", "CropFirst": "stoker.pipeline.transforms",
     "ImageTransform": "stoker.pipeline.transforms", "Output": "stoker.pipeline.transforms",
     "Sample": "stoker.pipeline.transforms",
+    "StepRecorder": "stoker.accel.step_record",
     # errors a user catches
     "JobFailed": "stoker.accel.consumer", "RankRefused": "stoker.accel.control.remote",
     "NotAConsumer": "stoker.accel.control.remote",
@@ -67,7 +68,7 @@ _WHERE = {
 __all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", "CropFirst", "DataError",
            "FleetSeat", "ImageTransform", "JobConfig", "JobFailed", "JobSecretError", "LMConfig", "Loader",
            "LoaderClosed", "NotAConsumer", "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample",
-           "StateError",
+           "StateError", "StepRecorder",
            "StokerError", "TextConfig", "TransformError", "TransformOutputError", "TransformRefused",
            "UntrustedSecret"]
 
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
     from stoker.accel.control.fleet_seat import FleetSeat
     from stoker.accel.control.remote import NotAConsumer, RankRefused
     from stoker.accel.feed import Batch
+    from stoker.accel.step_record import StepRecorder
     from stoker.loader import Loader, LoaderClosed
     from stoker.pipeline.job import JobConfig
     from stoker.pipeline.text.examples import TextConfig

@@ -15,6 +15,7 @@ from types import ModuleType
 
 from stoker import __version__, options
 from stoker.commands import (
+    audit,
     calibrate,
     data,
     dispatch,
@@ -35,7 +36,8 @@ from stoker.protos.errors import StokerError
 # in the order --help lists them
 COMMANDS: dict[str, ModuleType] = {
     "data": data, "prepare": prepare, "worker": worker, "keys": keys, "train": train, "dispatch": dispatch,
-    "fleet": fleet, "run": run, "lab": lab, "sweep": sweep, "calibrate": calibrate, "plan": plan, "status": status}
+    "fleet": fleet, "run": run, "lab": lab, "sweep": sweep, "calibrate": calibrate, "plan": plan, "status": status,
+    "audit": audit}
 
 
 def build_parser() -> argparse.ArgumentParser:

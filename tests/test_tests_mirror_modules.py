@@ -73,6 +73,7 @@ COVERED_BY = {
     "stoker/accel/backends/training": [E2E + "test_torch_step.py"],
     "stoker/accel/training_loop": [E2E + "test_torch_step.py", E2E + "test_exactly_once.py"],
     "stoker/cli": [E2E + "test_flags.py", "tests/unit/stoker/test_options.py"],
+    "stoker/commands/audit": ["tests/unit/stoker/accel/test_step_record.py", E2E + "test_local_workers.py"],
     "stoker/commands/calibrate": [E2E + "test_plan_check.py"],
     "stoker/commands/data": [E2E + "test_flags.py"],
     "stoker/commands/dispatch": [E2E + "test_flags.py", E2E + "test_dispatch.py"],

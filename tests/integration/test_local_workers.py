@@ -160,19 +160,22 @@ def test_a_worker_that_cannot_import_the_jobs_transform_fails_the_loaders_job_wi
 
 def test_ranks_in_lockstep_each_with_their_own_workers_get_every_sample_once(manifest, tmp_path):
     """torchrun, two ranks that all-reduce every step, each rank's Loader starting one worker process: two
-    daemons serve one plan; every sample once per epoch across the ranks, and equal steps."""
+    daemons serve one plan; every sample once per epoch across the ranks, and equal steps. Each rank also
+    keeps step records (issue 49, item 4): `stoker audit` of them says the same, by itself."""
     script = _script(tmp_path, """
         import json, os, sys
         import torch, torch.distributed as dist
-        from stoker import JobConfig, Loader
+        from stoker import JobConfig, Loader, StepRecorder
 
         dist.init_process_group("gloo")
         job = JobConfig(manifest_uri=sys.argv[1], epochs=2, batch_size=16, image_size=64)
         seen, steps = {}, {}
         with Loader(job, workers=1, format="numpy") as loader:
+            recorder = StepRecorder(os.path.join(sys.argv[2], "records"), loader.job, loader.rank)
             while loader.epoch < loader.epochs:
                 for batch in loader:
                     dist.all_reduce(torch.ones(1))  # every rank takes each step together
+                    recorder.stepped(batch)
                     seen.setdefault(batch.epoch, []).extend(batch.sample_ids.tolist())
                     steps[batch.epoch] = steps.get(batch.epoch, 0) + 1
         out = os.path.join(sys.argv[2], f"rank-{dist.get_rank()}.json")
@@ -190,6 +193,13 @@ def test_ranks_in_lockstep_each_with_their_own_workers_get_every_sample_once(man
     for epoch in ("0", "1"):
         together = sorted(ranks[0]["seen"][epoch] + ranks[1]["seen"][epoch])
         assert together == list(range(manifest.num_samples)), epoch
+    audit = subprocess.run([sys.executable, "-m", "stoker", "audit", str(tmp_path / "records")], capture_output=True,
+                           text=True, timeout=60, cwd=tmp_path, env=env)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    n = manifest.num_samples
+    assert [line for line in audit.stdout.splitlines() if line.startswith("epoch")] == [
+        f"epoch {e}: exactly once: {n} planned, {n} delivered, 0 duplicated, 0 skipped as unusable, 0 missing"
+        for e in (0, 1)]
 
 
 def test_a_finished_jobs_daemons_leave_at_once_not_after_the_dispatcher_is_gone(manifest, tmp_path):
