@@ -144,10 +144,12 @@ def options_of(cls: type, only: Iterable[str] | None = None) -> list[Option]:
 
 
 def add_options(group: Any, cls: type, only: Iterable[str] | None = None, *, layered: bool = False,
-                helps: dict[str, str] | None = None, defaults: dict[str, Any] | None = None) -> list[Option]:
+                helps: dict[str, str] | None = None, defaults: dict[str, Any] | None = None,
+                noted: bool = False) -> list[Option]:
     """Add `cls`'s options to a parser or argument group. `layered`: an option left out is absent
     from the namespace (stoker.settings fills it from a file, the environment or the default).
-    `defaults`: this command's own default for a field, instead of the config's."""
+    `defaults`: this command's own default for a field, instead of the config's. `noted`: `was_given`
+    tells whether the command line gave each (its default value included)."""
     made = options_of(cls, only)
     for option in made:
         extra: dict[str, Any] = {"dest": option.dest, "help": option.help((helps or {}).get(option.name),
@@ -160,8 +162,38 @@ def add_options(group: Any, cls: type, only: Iterable[str] | None = None, *, lay
             if option.meta.get("choices") and "check" not in option.meta:
                 extra |= {"choices": option.meta["choices"], "type": option.kind}
         extra["default"] = argparse.SUPPRESS if layered else (defaults or {}).get(option.name, option.default)
-        group.add_argument(option.flag, **extra)
+        action = group.add_argument(option.flag, **extra)
+        if noted:
+            _noting_given(action)
     return made
+
+
+GIVEN = "_options_given"  # the namespace's set of option dests the command line itself gave (`was_given`)
+
+
+class _NotesGiven(argparse.Action):
+    """Mixed into an option's own action: it also notes that the command line gave the option, so that one
+    given at its default value is told from one left out (a flag that cannot apply to the job is refused
+    even then: `--seq-len 128` on a tokens job)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {self.dest})
+        super().__call__(parser, namespace, values, option_string)
+
+
+_NOTING: dict[type, type] = {}
+
+
+def _noting_given(action: argparse.Action) -> None:
+    kind = type(action)
+    action.__class__ = _NOTING.setdefault(kind, type(f"Noted{kind.__name__}", (_NotesGiven, kind), {}))
+
+
+def was_given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the command line gave the option stored at `dest` (not its default, nor a file's value); only
+    for options added `noted`."""
+    return dest in getattr(args, GIVEN, frozenset())
 
 
 def _named(option: Option) -> Callable[[str], Any]:

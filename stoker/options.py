@@ -27,7 +27,7 @@ import sys
 
 from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
-from stoker.configured import add_options, config_of, fields_of
+from stoker.configured import add_options, config_of, fields_of, options_of, was_given
 from stoker.flags import METRICS_PORT, POSITIVE, output_file
 from stoker.pipeline.images import fit as image_fit
 from stoker.pipeline.images.augment import REFERENCE_AREA, TORCHVISION_AREA
@@ -59,8 +59,8 @@ def _job() -> argparse.ArgumentParser:
                    help="random-resized-crop area range: MLPerf reference 0.05-1.0 or torchvision 0.08-1.0")
     p.add_argument("--world-size", type=POSITIVE, default=None,
                    help="data-parallel ranks (default 1, or $WORLD_SIZE): one stream each, equal steps")
-    add_options(parent.add_argument_group("job, wikipedia (BERT pretraining)"), TextConfig)
-    add_options(parent.add_argument_group("job, tokens (causal-LM token streams)"), LMConfig)
+    add_options(parent.add_argument_group("job, wikipedia (BERT pretraining)"), TextConfig, noted=True)
+    add_options(parent.add_argument_group("job, tokens (causal-LM token streams)"), LMConfig, noted=True)
     return parent
 
 
@@ -241,19 +241,18 @@ def job_config(args: argparse.Namespace, rank: int | None = None, manifest_uri: 
 
 
 def row_flags_unused(args: argparse.Namespace, kind: str) -> str | None:
-    """A text job's row flag given for the other text kind would be ignored without a word: --lm-seq-len and
-    --lm-mode make a tokens job's rows, --seq-len a BERT job's. A value other than the default is refused, naming
-    it (an image job ignores the text flags, as a text job does the image ones)."""
-    lm, text = LMConfig(), TextConfig()
-    given = [flag for flag, value, default, of in (
-        ("--lm-seq-len", getattr(args, "lm_seq_len", lm.seq_len), lm.seq_len, TOKENS.name),
-        ("--lm-mode", getattr(args, "lm_mode", lm.mode), lm.mode, TOKENS.name),
-        ("--seq-len", getattr(args, "seq_len", text.seq_len), text.seq_len, WIKIPEDIA.name)) if value != default
-        and kind != of and kind in (TOKENS.name, WIKIPEDIA.name)]
+    """A text job's row flag for the other text kind would be ignored without a word: --lm-seq-len and --lm-mode
+    make a tokens job's rows, --seq-len, --pack and BERT's masking flags a wikipedia job's. Any of them given on
+    the command line (its default value included) is refused, naming it. An image job ignores the text flags,
+    as a text job does the image ones."""
+    other = {TOKENS.name: TextConfig, WIKIPEDIA.name: LMConfig}.get(kind)
+    if other is None:
+        return None
+    given = [o.flag for o in options_of(other) if was_given(args, o.dest)]
     if not given:
         return None
     return (f"{', '.join(given)}: the rows of another kind of job; this is a {kind} job (--lm-seq-len and --lm-mode "
-            "are a tokens job's, --seq-len a wikipedia job's)")
+            "are a tokens job's; --seq-len, --pack and the masking flags a wikipedia job's)")
 
 
 def world_size(args: argparse.Namespace, rank: int | None) -> int:

@@ -49,11 +49,17 @@ class Position:
     epoch: int
     step: int  # steps of `epoch` taken, on every rank
     ranks: list[tuple[int, int]]  # per rank: (units of the epoch wholly consumed, steps taken after them)
+    data_sha256: str = ""  # the checkpointed job's Manifest.data_sha256 ("": a checkpoint from before it was kept)
 
     def check(self, plan, planned_batches=None) -> None:
-        """Every rank's position lies inside its stream of the epoch (the checkpoint fits the plan).
-        `planned_batches` (images: a unit's batches follow from its size): also the step, and the
-        batches after each rank's units, lie inside the streams, and agree with each other."""
+        """The checkpoint's data set is the plan's, and every rank's position lies inside its stream of the
+        epoch (the checkpoint fits the plan). `planned_batches` (images: a unit's batches follow from its
+        size): also the step, and the batches after each rank's units, lie inside the streams, and agree."""
+        if self.data_sha256 and self.data_sha256 != plan.manifest.data_sha256:
+            raise CheckpointError(f"{plan.manifest.uri} is not the data set the job was checkpointed with (its "
+                                  "shards or its token sources and weights differ: prepared again at the same path?), "
+                                  "so the checkpoint's position names other samples; resume with that data set, or "
+                                  "start the job afresh")
         if self.epoch >= plan.epochs:
             return
         streams = [plan.rank_units(self.epoch, rank) for rank in range(len(self.ranks))]
@@ -85,13 +91,14 @@ class Position:
         return frozenset(done)
 
 
-def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int) -> dict:
-    """`job`'s position; the cuts its current epoch went through before this world size, when any."""
+def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int, data_sha256: str = "") -> dict:
+    """`job`'s position; the cuts its current epoch went through before this world size, when any;
+    `data_sha256`: its manifest's `data_sha256`."""
     resumed = Resumed.from_json(job.resumed_from)
     cuts = resumed.cuts if resumed is not None and resumed.epoch == epoch else ()
     return {"version": STATE_VERSION, "job": job_identity(job), "epoch": epoch, "step": step,
             "ranks": [list(r) for r in ranks], "samples_stepped": samples,
-            "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts]}
+            "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts], "data_sha256": data_sha256}
 
 
 class CheckpointError(ConfigError):
@@ -105,6 +112,7 @@ class _Saved:
     step: int
     ranks: list[tuple[int, int]]
     cuts: tuple[Cut, ...]
+    data_sha256: str
 
     @property
     def world_size(self) -> int:
@@ -137,7 +145,10 @@ def _read(state: object, epochs: int) -> _Saved:
             raise CheckpointError(f"a cut is [world size, step, rank positions], not {item!r}")
         cut_ranks = _positions(item[2], "a cut's ranks")
         cuts.append(Cut(len(cut_ranks), _count({"step": item[1]}, "step"), tuple(cut_ranks)))
-    return _Saved(job, epoch, step, ranks, tuple(cuts))
+    data = state.get("data_sha256", "")
+    if not isinstance(data, str):
+        raise CheckpointError(f"the checkpoint's data_sha256 is a digest (a string), not {data!r}")
+    return _Saved(job, epoch, step, ranks, tuple(cuts), data)
 
 
 def _count(state: dict, name: str) -> int:
@@ -216,7 +227,7 @@ def _resume(job, state: object):
     if job.resumed_from and job.resumed_from != planned:
         raise CheckpointError("the dispatcher's job continues another cut of this epoch than the checkpoint's")
     job = replace(job, job_id=saved.job["job_id"], resumed_from=planned)
-    return job, Position(saved.epoch, saved.step, ranks)
+    return job, Position(saved.epoch, saved.step, ranks, saved.data_sha256)
 
 
 ELSEWHERE = "give another path"  # what a refused write says to do; the CLI names its flag

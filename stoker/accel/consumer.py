@@ -223,7 +223,7 @@ class Consumer:
             if found is None:
                 raise StateError("stopped before the dispatcher said where the ranks stand")
             ranks = found
-        return checkpoint.state(self.job, epoch, step, ranks, self.ledger.samples)
+        return checkpoint.state(self.job, epoch, step, ranks, self.ledger.samples, self.manifest.data_sha256)
 
     def stop(self) -> None:
         """Close everything. Rank 0 with the job's dispatcher first waits (a while) for the other

@@ -115,10 +115,11 @@ def _add_tokens(prepare) -> None:
 
 
 def _special_token(text: str) -> str | int:
-    """`--eot`: a token's text, or its id when all digits; empty is refused as it is parsed."""
+    """`--eot`: a token's text, or its id when all ASCII digits (`٣` or `³` is a token's text, as Python's
+    int() would read it as 3); empty is refused as it is parsed."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must be the end-of-text token's text or its id, not empty")
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def _mixture_source(text: str):

@@ -32,7 +32,7 @@ DATASETS = tuple(KINDS)
 # The built-in image transforms take their parameters from the job's image fields; any other
 # transform takes `transform_params` and leaves those fields at their defaults.
 BUILTIN_TRANSFORMS = ("train", "eval")
-MIN_TOKEN_UNITS = 8  # a tokens job's units are never so large that an epoch has fewer (JobConfig.unit_size)
+MIN_TOKEN_UNITS = 8  # a tokens unit holds at most 1/8 of the documents, unless its batch floor is more (unit_size)
 
 
 @dataclass(frozen=True)
@@ -137,8 +137,10 @@ class JobConfig:
         builtin = self.transform in BUILTIN_TRANSFORMS
         if self.kind.text:
             if self.transform != "train" or self.transform_params:
-                raise ConfigError("--transform and --transform-params apply to image jobs: a wikipedia job's "
-                                 "examples are set by its text options")
+                made = "rows are set by its lm" if self.kind is TOKENS else "examples are set by its text"
+                raise ConfigError(f"--transform and --transform-params apply to image jobs: a {self.dataset} job's "
+                                 f"{made} options")
+            self._check_rows_config()
             return
         if builtin and self.transform_params:
             raise ConfigError(f"the built-in {self.transform} transform takes --image-size (and train: --crop-area, "
@@ -150,6 +152,15 @@ class JobConfig:
             if self.decode_on == DecodeOn.ACCELERATOR:
                 raise ConfigError("--decode-on accelerator ships the crop the built-in train and eval transforms "
                                  f"draw; {self.transform} runs on the worker hosts (--decode-on host)")
+
+    def _check_rows_config(self) -> None:
+        """The other text kind's row settings would be ignored without a word: refused."""
+        if self.kind is TOKENS and self.text != TextConfig():
+            raise ConfigError("text= (TextConfig: --seq-len, --pack, masking) makes a wikipedia job's rows; a tokens "
+                             "job's rows are lm=LMConfig(seq_len=..., mode=...)")
+        if self.kind is not TOKENS and self.lm != LMConfig():
+            raise ConfigError(f"lm= (LMConfig: --lm-seq-len, --lm-mode) makes a tokens job's rows; a {self.dataset} "
+                             "job's are text=TextConfig(...)")
 
     @property
     def pinned(self) -> bool:

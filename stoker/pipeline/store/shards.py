@@ -14,6 +14,7 @@ names the shard and what differs, and its samples are skipped by the caller.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 import stat
@@ -77,6 +78,14 @@ class Manifest:
     def num_samples(self) -> int:
         """Samples in all the shards."""
         return sum(s.num_samples for s in self.shards)
+
+    @property
+    def data_sha256(self) -> str:
+        """What a sample id means, as one digest: the kind, each shard's digest and size, and a token set's
+        own entry (a mixture's sources and weights). A checkpoint keeps it, so a resume against a set
+        prepared again at the same path (other documents, other weights) is refused, not read as the same."""
+        named = {"kind": self.kind, "shards": [[s.sha256, s.num_samples] for s in self.shards], "tokens": self.tokens}
+        return hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()
 
     def key_of(self, sample_id: int) -> str:
         """The stored key of a sample (opens its shard); for reports, so never raises."""

@@ -10,7 +10,8 @@ glob or brace pattern (`corpus-{000..009}.jsonl.gz`, store.record_sources' listi
   package): one JSON object a line, its text in `text_field` (default `text`), its key in
   `id_field` where given and present, else the line number. Blank lines hold no document: they are
   passed over, counted (`Skipped.blank_lines`) and said in the closing summary, not skipped as errors.
-- Parquet (`.parquet`, a Hugging Face dataset's export): `text_field` is the column, read one row
+- Parquet (`.parquet`, a Hugging Face dataset's export): `text_field` is the column (strings or bytes,
+  dictionary-encoded ones too, as pandas writes a categorical, read decoded), read one row
   group at a time in batches (store.table_records), so a large file never sits in memory whole;
   `id_field`, where given, must be a column too (its null rows are keyed by row number).
 - WebDataset tars (`.tar`, `.tar.gz`, `.tgz`): each `.txt` member is a document, its sample key
@@ -206,7 +207,7 @@ class TextSource:
                     if doc is not None:
                         read += 1
                         yield doc
-        except _CUT_SHORT as exc:
+        except _read_errors(path) as exc:
             raise DataError(f"{path}: unreadable after {read} document(s), it may be truncated: "
                             f"{type(exc).__name__}: {exc}") from exc
 
@@ -317,8 +318,9 @@ def _check_text_column(path: Path, schema: pa.Schema, column: str) -> None:
         names = ", ".join(f"{f.name}: {f.type}" for f in schema)
         raise DataError(f"{path}: no column {column!r} (its columns: {names}); name the text column")
     kind = schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)):
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind  # pandas categoricals: read decoded
+    if not (pa.types.is_string(values) or pa.types.is_large_string(values) or pa.types.is_binary(values)
+            or pa.types.is_large_binary(values)):
         raise DataError(f"{path}: column {column!r} is {kind}, not text")
 
 
@@ -329,6 +331,23 @@ def _zstandard(path: Path) -> Any:
     except ImportError:
         raise ConfigError(f"{path}: reading .zst files needs the `zstandard` package "
                           f"(pip install zstandard), or decompress it first") from None
+
+
+def _read_errors(path: Path) -> tuple[type[BaseException], ...]:
+    """What reading the file can raise for damaged or mislabelled bytes: zstandard's own error is no OSError."""
+    if path.name.lower().endswith(".zst"):
+        return (*_CUT_SHORT, _zstandard(path).ZstdError)
+    return _CUT_SHORT
+
+
+def first_line(path: Path) -> bytes:
+    """The file's first line, decompressed as its name says; DataError naming the file, with the library's
+    words, when it cannot be read at all (a plain file named .gz, say)."""
+    try:
+        with _open_lines(path) as lines:
+            return lines.readline()
+    except _read_errors(path) as exc:
+        raise DataError(f"{path}: unreadable as {path.suffix or 'text'}: {type(exc).__name__}: {exc}") from exc
 
 
 def _open_lines(path: Path) -> io.BufferedIOBase:
@@ -371,7 +390,7 @@ class CallableSource:
         except Exception as exc:  # your code's own failure, or a callable that yields nothing
             raise DataError(f"source {self.name!r} gave no documents: {type(exc).__name__}: {exc}") from None
         count = 0
-        for index, item in enumerate(items):
+        for index, item in enumerate(_guarded(self.name, items)):
             where = f"{self.name}: item {index}"
             if isinstance(item, Document):
                 text = check_text(skipped, where, item.text)
@@ -385,6 +404,21 @@ class CallableSource:
         skipped.report(self.name)
         if not count:
             raise DataError(f"source {self.name!r}: no documents ({skipped.total} skipped: {skipped.summary()})")
+
+
+def _guarded(name: str, items: Iterator[object]) -> Iterator[object]:
+    """The callable's items; what its code raises on the way becomes one DataError naming the source (a
+    folder's error names its file; this one names the callable, so a user can tell which of theirs broke)."""
+    index = 0
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except Exception as exc:  # your code's own failure, part way
+            raise DataError(f"source {name!r} failed after {index} item(s): {type(exc).__name__}: {exc}") from exc
+        yield item
+        index += 1
 
 
 def pin_source(name: str) -> CallableSource:

@@ -9,9 +9,9 @@ within an epoch is the plan's to shuffle. The same input and tokenizer give the 
 The manifest (kind `tokens`) lists the shards with their sha256, every skipped document with its
 reason (what the source skips, and a document that tokenizes to nothing), and in `tokens`: the
 tokenizer (`tokenizer.json` copied beside the manifest, or the `module:Name`), its fingerprint,
-end-of-text and padding ids and vocabulary size, the source's name, the tokens of each shard, and
-every document's tokens (`lengths.npy`, sha256 pinned: stoker.pipeline.text.token_shards), from which the
-plan knows each unit's batches ahead.
+end-of-text and padding ids and vocabulary size, the source's name (and, for your own `module:Name`, the
+`version` of what provides it), the tokens of each shard, and every document's tokens (`lengths.npy`,
+sha256 pinned: stoker.pipeline.text.token_shards), from which the plan knows each unit's batches ahead.
 
 `online` writes the documents' text instead of their tokens (stoker.pipeline.text.text_shards: the same
 documents, skips and lengths, counted with the tokenizer now), and the manifest's `tokens` says `online`
@@ -40,9 +40,9 @@ from stoker.pipeline.text.sources import (
     Document,
     Skipped,
     TextSource,
+    first_line,
     pin_source,
 )
-from stoker.pipeline.text.sources import _open_lines as open_lines
 from stoker.pipeline.text.text_shards import ONLINE, write_text_shard
 from stoker.pipeline.text.token_shards import write_lengths, write_token_shard
 from stoker.pipeline.text.tokenizer import TextTokenizer, TokenizerConfig
@@ -96,15 +96,16 @@ def tokenizer_config(name: str) -> TokenizerConfig:
     return TokenizerConfig(path=name)
 
 
-def _documents(src: str, cfg: TokenPrepareConfig, skipped: NamedSkips) -> tuple[Iterator[Document], str]:
-    """The source's documents and its default name."""
+def _documents(src: str, cfg: TokenPrepareConfig, skipped: NamedSkips) -> tuple[Iterator[Document], dict[str, str]]:
+    """The source's documents, and what the manifest records of it: its default name, and for your own code
+    the version of what provides it (as `prepare wikipedia` records it), pinned as a transform is."""
     if IMPORT_PATH.fullmatch(src) and not Path(src).exists():
         source: CallableSource = pin_source(src)
-        return source.documents(skipped), src
+        return source.documents(skipped), {"source": src, "version": source.version}
     files = TextSource(src, text_field=cfg.text_field)
     refuse_json_arrays(files.files)
     files.skipped = skipped
-    return files.documents(), Path(src.rstrip("/")).name or src
+    return files.documents(), {"source": Path(src.rstrip("/")).name or src}
 
 
 def document_key(doc: Document, src: str) -> str:
@@ -136,7 +137,7 @@ def prepare_tokens(src: str | Path, dst: str | Path, tokenizer: str | TokenizerC
     config = tokenizer if isinstance(tokenizer, TokenizerConfig) else tokenizer_config(tokenizer)
     tok = config.load()  # refused here, in one line, before any document is read
     skipped = NamedSkips()
-    documents, default_name = _documents(str(src), cfg, skipped)
+    documents, made = _documents(str(src), cfg, skipped)
     with staged(dst) as out:
         writer = _ShardWriter(out, cfg.online)
         bar = tqdm(desc="tokenize", unit="doc", disable=not cfg.progress)
@@ -152,7 +153,8 @@ def prepare_tokens(src: str | Path, dst: str | Path, tokenizer: str | TokenizerC
         if not writer.shards:
             raise DataError(f"{src}: none of its documents has any tokens ({skipped.total} skipped: "
                             f"{skipped.summary()})")
-        manifest = _manifest(out, writer, config, tok, cfg.source_name or default_name, skipped.named)
+        made["source"] = _safe(cfg.source_name or made["source"])
+        manifest = _manifest(out, writer, config, tok, made, skipped.named)
     manifest.uri = join(dst, MANIFEST_NAME)
     return TokenPrepareResult(manifest, skipped.named, writer.documents, sum(writer.tokens))
 
@@ -199,12 +201,12 @@ class _ShardWriter:
         self._keys, self._docs, self._texts, self._sizes = [], [], [], []
 
 
-def _manifest(out: Path, writer: _ShardWriter, config: TokenizerConfig, tok: TextTokenizer, source: str,
+def _manifest(out: Path, writer: _ShardWriter, config: TokenizerConfig, tok: TextTokenizer, made: dict[str, str],
               skipped: list[dict[str, str]]) -> Manifest:
     if config.path:
         copy_file(config.path, out / TOKENIZER_FILE, "tokenizer")  # the bytes its fingerprint hashes
     tokens = {"tokenizer": TOKENIZER_FILE if config.path else config.factory, "fingerprint": tok.fingerprint,
-              "eot": tok.eot_id, "pad": tok.pad_id, "vocab_size": tok.vocab_size, "source": _safe(source),
+              "eot": tok.eot_id, "pad": tok.pad_id, "vocab_size": tok.vocab_size, **made,
               "shard_tokens": writer.tokens, "total": sum(writer.tokens)} | write_lengths(out, np.array(writer.lengths))
     if writer.online:
         import tokenizers
@@ -222,10 +224,9 @@ def refuse_json_arrays(files: Iterable[Path]) -> None:
     for path in files:
         if not path.name.lower().endswith(JSONL_SUFFIXES):
             continue
-        with open_lines(path) as lines:
-            if lines.readline().strip() == b"[":
-                raise DataError(f"{path}: one JSON array (its first line is `[`), not JSON Lines: write one JSON "
-                                f"object a line (for example `jq -c '.[]' {path.name}`)")
+        if first_line(path).strip() == b"[":
+            raise DataError(f"{path}: one JSON array (its first line is `[`), not JSON Lines: write one JSON "
+                            f"object a line (for example `jq -c '.[]' {path.name}`)")
 
 
 def copy_file(uri: str, target: Path, what: str) -> None:

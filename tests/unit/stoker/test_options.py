@@ -161,7 +161,11 @@ def test_the_job_options_reach_the_job_under_the_fields_names():
 
 @pytest.mark.parametrize(("dataset", "flags", "named"), [
     ("wikipedia", ("--lm-seq-len", "64"), "--lm-seq-len"), ("wikipedia", ("--lm-mode", "concat"), "--lm-mode"),
-    ("tokens", ("--seq-len", "64"), "--seq-len")])
+    ("tokens", ("--seq-len", "64"), "--seq-len"),
+    # given at the other kind's default value, or a switch: still not this job's (it was taken silently)
+    ("tokens", ("--seq-len", "128"), "--seq-len"), ("tokens", ("--pack",), "--pack"),
+    ("tokens", ("--whole-word-mask", "--masked-lm-prob", "0.15"), "--masked-lm-prob, --whole-word-mask"),
+    ("wikipedia", ("--lm-seq-len", "1024"), "--lm-seq-len")])
 def test_a_row_flag_of_another_kind_of_job_is_refused_naming_it_not_ignored(dataset, flags, named):
     args = parse("train", "--data", "m.json", "--dataset", dataset, *flags)
     with pytest.raises(options.ConfigError, match=f"^{named}: the rows of another kind of job; this is a {dataset}"):
@@ -169,3 +173,14 @@ def test_a_row_flag_of_another_kind_of_job_is_refused_naming_it_not_ignored(data
     own = {"wikipedia": ("--seq-len", "64"), "tokens": ("--lm-seq-len", "64", "--lm-mode", "concat")}
     job = options.job_config(parse("train", "--data", "m.json", "--dataset", dataset, *own[dataset]))
     assert job.dataset == dataset
+
+
+def test_a_jobconfig_refuses_the_other_text_kinds_rows_and_names_its_own_kind():
+    from stoker import JobConfig, LMConfig
+
+    with pytest.raises(options.ConfigError, match="a tokens job's rows are lm=LMConfig"):
+        JobConfig(manifest_uri="m.json", dataset="tokens", text=TextConfig(seq_len=256))
+    with pytest.raises(options.ConfigError, match="makes a tokens job's rows; a wikipedia job's are text="):
+        JobConfig(manifest_uri="m.json", dataset="wikipedia", lm=LMConfig(seq_len=64))
+    with pytest.raises(options.ConfigError, match="a tokens job's rows are set by its lm options"):
+        JobConfig(manifest_uri="m.json", dataset="tokens", transform="eval")

@@ -98,6 +98,30 @@ def test_a_position_past_a_ranks_stream_is_refused_once_the_plan_is_known(manife
     Position(0, 3, [(0, 3), (0, 3)]).check(plan)
 
 
+def test_a_mixture_prepared_again_at_the_same_path_is_refused_not_resumed_into_repeats(tmp_path):
+    """The same manifest path, other weights (or other shards): a checkpoint's units would name other documents,
+    and a resume used to go on silently and deliver documents twice in the epoch."""
+    from stoker.pipeline.store.shards import Manifest
+    from stoker.pipeline.text.mixture_prepare import SourceSpec, prepare_mixture
+    from tests.token_corpus import two_sources
+
+    parts = two_sources(tmp_path, sizes=(60, 20))
+
+    def mixed(web: float) -> Manifest:
+        specs = [SourceSpec("web", str(parts["web"]), web), SourceSpec("books", str(parts["books"]), 1 - web)]
+        return Manifest.load(prepare_mixture(specs, tmp_path / "mix", budget=4000).manifest.uri)
+
+    first = mixed(0.75)
+    job = JobConfig(manifest_uri=first.uri, dataset="tokens", epochs=2, batch_size=4)
+    saved = checkpoint.state(job, 0, 1, [[0, 1]], 4, first.data_sha256)
+    _, position = checkpoint.resume(job, saved)
+    position.check(job.plan(first))  # the same set: resumed
+    again = mixed(0.5)
+    assert again.uri == first.uri and again.data_sha256 != first.data_sha256
+    with pytest.raises(CheckpointError, match="is not the data set the job was checkpointed with"):
+        position.check(job.plan(again))
+
+
 def test_a_checkpoint_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

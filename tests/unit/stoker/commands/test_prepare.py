@@ -104,3 +104,13 @@ def test_the_parquet_example_makes_a_set_that_prepares(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = Manifest.load(tmp_path / "shards")
     assert manifest.num_samples == 24 and manifest.classes == ["n01440764", "n01443537", "n01484850"]
+
+
+@pytest.mark.parametrize(("given", "taken"), [("3", 3), ("0042", 42), ("<|endoftext|>", "<|endoftext|>"),
+                                              ("\u0663", "\u0663"), ("\u00b3", "\u00b3"), ("\uff13", "\uff13")])
+def test_eot_is_an_id_only_when_ascii_digits_else_a_tokens_text(given, taken):
+    """Python's int() reads `٣` (Arabic-Indic three) or a full-width `３` as 3: those are tokens' texts, to be
+    looked up in the vocabulary (and refused there when it lacks them), never silently id 3."""
+    from stoker.commands.prepare import _special_token
+
+    assert _special_token(given) == taken and type(_special_token(given)) is type(taken)

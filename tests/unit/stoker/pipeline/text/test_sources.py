@@ -29,6 +29,7 @@ from stoker.pipeline.text.sources import (
     Document,
     SourceRefused,
     TextSource,
+    first_line,
     pin_source,
 )
 from stoker.protos.errors import ConfigError, DataError
@@ -184,6 +185,54 @@ def test_a_zst_file_needs_zstandard_and_says_so(tmp_path):
     assert [d.text for d in TextSource(path).documents()] == ["z"]
 
 
+def test_a_plain_file_named_gz_is_refused_naming_it_with_the_librarys_words(tmp_path):
+    """A folder of many files: the one that is not gzip is named, before any document and while reading."""
+    path = _jsonl(tmp_path / "plain.jsonl.gz", ["not compressed"])
+    with pytest.raises(DataError, match=r"plain\.jsonl\.gz: unreadable as \.gz: BadGzipFile: Not a gzipped file"):
+        first_line(path)
+    with pytest.raises(DataError, match=r"plain\.jsonl\.gz: unreadable after 0 document\(s\).*Not a gzipped file"):
+        list(TextSource(path).documents())
+    assert first_line(_jsonl(tmp_path / "real.jsonl.gz", ["x"], compress=True)) == b'{"text": "x"}\n'
+
+
+class _ZstdError(Exception):
+    """zstandard's error is no OSError: a stand-in for it, where the package is not installed."""
+
+
+class _BrokenFrames(io.RawIOBase):
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        raise _ZstdError("zstd decompress error: Unknown frame descriptor")
+
+
+def test_a_zst_file_that_is_not_zstd_is_refused_naming_it(tmp_path, monkeypatch):
+    import types
+
+    fake = types.ModuleType("zstandard")
+    fake.ZstdError = _ZstdError  # type: ignore[attr-defined]
+    fake.ZstdDecompressor = lambda: types.SimpleNamespace(  # type: ignore[attr-defined]
+        stream_reader=lambda raw, read_across_frames, closefd: (raw.close(), _BrokenFrames())[1])
+    monkeypatch.setitem(sys.modules, "zstandard", fake)
+    path = _jsonl(tmp_path / "gz-inside.jsonl.zst", ["z"], compress=True)
+    with pytest.raises(DataError, match=r"gz-inside\.jsonl\.zst: unreadable as \.zst: _ZstdError: zstd decompress"):
+        first_line(path)
+    with pytest.raises(DataError, match=r"gz-inside\.jsonl\.zst: unreadable after 0 document\(s\)"):
+        list(TextSource(path).documents())
+
+
+def test_a_dictionary_encoded_text_column_is_read_decoded(tmp_path):
+    """pandas writes a categorical column (and some exports a string column) dictionary-encoded."""
+    texts = pa.array(["alpha", "beta", "alpha", None]).dictionary_encode()
+    ids = pa.array(["a", "b", "c", "d"]).dictionary_encode()
+    path = _parquet(tmp_path / "dict.parquet", {"text": texts, "id": ids})
+    assert str(pq.read_schema(path).field("text").type).startswith("dictionary<values=string")
+    source = TextSource(path, id_field="id")
+    assert [(d.key, d.text) for d in source.documents()] == [("a", "alpha"), ("b", "beta"), ("c", "alpha")]
+    assert source.skipped.counts == {NO_TEXT: 1}
+
+
 @pytest.mark.parametrize("kind, keep", [("gz", 0.5), ("tar", 0.5), ("tar", 0.5 + 100 / 128_000),
                                         ("tar", 0.5 + 1500 / 128_000)])
 def test_a_file_cut_short_gives_what_came_before_then_a_data_error_naming_it(tmp_path, kind, keep):
@@ -251,6 +300,17 @@ def test_your_own_source_with_nothing_usable_is_a_data_error(tmp_path, monkeypat
         list(pin_source("own_empty:texts").documents())
     with pytest.raises(SourceRefused, match="not a callable"):
         pin_source("own_empty:VALUE")
+
+
+def test_your_own_source_that_raises_part_way_is_a_data_error_naming_it_after_what_it_gave(tmp_path, monkeypatch):
+    _user_module(tmp_path, "own_boom", "def texts():\n    yield 'alpha'\n    yield 'beta'\n"
+                 "    raise RuntimeError('disk on fire')\n", monkeypatch)
+    got: list[str] = []
+    with pytest.raises(DataError, match=r"^source 'own_boom:texts' failed after 2 item\(s\): RuntimeError: "
+                                        r"disk on fire$"):
+        for doc in pin_source("own_boom:texts").documents():
+            got.append(doc.text)
+    assert got == ["alpha", "beta"]
 
 
 @pytest.mark.parametrize("returned", ["'In the beginning'", "b'In the beginning'"])

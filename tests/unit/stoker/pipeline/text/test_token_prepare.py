@@ -199,3 +199,28 @@ def test_an_empty_text_field_is_refused_as_the_flags_are_parsed(tmp_path, made):
         assert run.returncode == 2 and "argument --text-field: must name the field" in run.stderr, run.stderr
         assert len([line for line in run.stderr.splitlines() if "error" in line]) == 1, run.stderr
         assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_your_own_source_is_recorded_with_the_version_of_what_provides_it(tmp_path, made, monkeypatch, online):
+    """As `prepare wikipedia` records it: a token set (or an online one) says which version of your code made it."""
+    _, corpus, tok_path = made
+    (tmp_path / "own_corpus.py").write_text(f"__version__ = '2.5'\nTEXTS = {corpus[:10]!r}\n"
+                                            "def texts():\n    yield from TEXTS\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "own_corpus", raising=False)
+    result = prepare_tokens("own_corpus:texts", tmp_path / "t", str(tok_path),
+                            TokenPrepareConfig(progress=False, online=online, source_name="mine"))
+    saved = Manifest.load(result.manifest.uri).tokens
+    assert (saved["source"], saved["version"], result.documents) == ("mine", "own_corpus 2.5", 10)
+    assert "version" not in made[0].manifest.tokens  # a set made from files names no code
+
+
+def test_a_plain_file_named_gz_among_others_is_refused_naming_it(tmp_path, made):
+    _, corpus, tok_path = made
+    (tmp_path / "src").mkdir()
+    jsonl(tmp_path / "src" / "a.jsonl", corpus[:5], bad=False)
+    jsonl(tmp_path / "src" / "b.jsonl.gz", corpus[5:10], bad=False)  # not gzip, whatever its name says
+    with pytest.raises(DataError, match=r"src/b\.jsonl\.gz: unreadable as \.gz: BadGzipFile: Not a gzipped file"):
+        prepare_tokens(tmp_path / "src", tmp_path / "t", str(tok_path), TokenPrepareConfig(progress=False))
+    assert not (tmp_path / "t").exists()
