@@ -26,12 +26,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from stoker.accel.backends.accelerators import AccelSpec
+from stoker.accel.backends.accelerators import AccelSpec, torch_model
 from stoker.accel.backends.profiles import GPT_PROFILE_SEQ_LEN, PROFILE_SEQ_LEN, profile_rate
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.cost import cores_text
-from stoker.accel.summary import Summary, job_totals
+from stoker.accel.summary import WHOLE_RUN, Summary, job_totals
 from stoker.configured import command_line
 from stoker.datasets import default_manifest
 from stoker.local_workers import (
@@ -183,7 +183,7 @@ def cores_answer(s: Summary, accel: AccelSpec | None, transform: str = "") -> di
     elif accel.kind == "simulated" and accel.rate:
         name, rate = "the simulated device", accel.rate
     elif step > 0:
-        name, rate = f"this {accel.model} step on {accel.device}", first.rows / step
+        name, rate = f"this {torch_model(accel, s.dataset)} step on {accel.device}", first.rows / step
     else:
         return None
     kind = kind_of(s.dataset)
@@ -214,7 +214,7 @@ def _tokens_answer(s: Summary, accel: AccelSpec, first: Summary, step: float) ->
     elif accel.kind == "simulated" and accel.rate:
         name, rate = "the simulated device", accel.rate * per_row
     elif step > 0 and first.tokens:
-        name, rate = f"this {accel.model} step on {accel.device}", first.tokens / step
+        name, rate = f"this {torch_model(accel, s.dataset)} step on {accel.device}", first.tokens / step
     else:
         return None
     per_core = s.per_core_rate * per_row
@@ -255,9 +255,12 @@ def _print_delivery(s: Summary, ranks: int) -> None:
     who = f" to {ranks} ranks" if ranks > 1 else ""
     if s.interrupted:
         print("interrupted (Ctrl-C): the figures below cover what was stepped until then")
+    whole = s.rates_over == WHOLE_RUN
+    over = " over the whole run, start-up included (too short after start-up for a steady rate)" if whole else ""
     print(f"delivered {s.samples} {noun} ({s.unique_samples} unique) in {s.epochs} epoch(s) from "
-          f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s, "
-          f"stall {100 * s.stall_fraction:.1f}%, start-up {s.startup_s:.1f} s, total {s.elapsed_s:.1f} s")
+          f"{s.hosts} host(s){procs}{who}: {s.delivered_samples_per_s:.0f} {noun}/s"
+          f"{' and' if whole else ','} stall {100 * s.stall_fraction:.1f}%{over}, start-up {s.startup_s:.1f} s, "
+          f"total {s.elapsed_s:.1f} s")
     print(f"duplicates dropped: {s.duplicates_dropped}; {noun} skipped as unusable: {s.skipped_samples}; "
           f"messages dropped: {sum(s.frames_dropped.values())}; units re-leased after a loss: {s.units_released}"
           + (f" (handed back while waiting for credit, nothing lost: {s.units_handed_back})"
@@ -265,7 +268,8 @@ def _print_delivery(s: Summary, ranks: int) -> None:
     if s.tokens is not None:
         packing = f" ({s.sequences / s.rows:.2f} per row: packed)" if s.rows and s.sequences else ""
         print(f"text: {s.sequences} sequences in {s.rows} rows{packing}, {s.sequences_per_s:.0f} sequences/s, "
-              f"{s.tokens_per_s:.0f} tokens/s; padding {100 * (s.padding_fraction or 0.0):.1f}% as sent, "
+              f"{s.tokens_per_s:.0f} tokens/s{' (over the whole run)' if whole else ''}; "
+              f"padding {100 * (s.padding_fraction or 0.0):.1f}% as sent, "
               f"{100 * (s.padding_fraction_before_packing or 0.0):.1f}% with one sequence per row")
     stages = ", ".join(f"{k} {v:.2f}" for k, v in s.stage_seconds.items())
     print(f"stage seconds (the workers' in CPU time, waits in wall time): {stages}")
@@ -293,7 +297,8 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
     if len(ranks) > 1:
         for r in ranks:
             print(f"rank {r.rank}: {r.samples} samples ({r.unique_samples} unique) in {r.steps} steps, "
-                  f"{r.delivered_samples_per_s:.0f}/s, stall {100 * r.stall_fraction:.1f}%")
+                  f"{r.delivered_samples_per_s:.0f}/s, stall {100 * r.stall_fraction:.1f}%"
+                  + (" (over the whole run: too short for a steady rate)" if r.rates_over == WHOLE_RUN else ""))
     s = job_totals(ranks) if len(ranks) > 1 else ranks[0]
     data = s.as_dict()
     kind = kind_of(s.dataset)
@@ -306,6 +311,8 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
         print("bottleneck: none measured (nothing was delivered)")
     elif s.bottleneck != "unknown":
         print(f"bottleneck: {s.bottleneck} ({s.bottleneck_detail})")
+    elif s.rates_over == WHOLE_RUN:
+        print(f"bottleneck: not judged ({s.bottleneck_detail})")
     if accel is not None and accel.kind == "null" or s.bottleneck == "unknown":
         # the null device never computes, and too short a run gives no steady window: no need to size
         data["cores_needed"] = data["cores_in_use"] = None
@@ -313,8 +320,9 @@ def print_summary(summaries: Summary | list[Summary], json_path: str | None, acc
         waited = ("not measured here (no schedstat)" if s.cpu_wait_fraction is None
                   else f"{100 * s.cpu_wait_fraction:.1f}% of their runnable time")
         cpu = sum(r.stage_seconds.get("cpu", 0.0) for r in ranks)
-        busy = cpu / max(s.elapsed_s - s.startup_s, 1e-9)  # the whole run's average, every rank's workers
-        print(f"worker CPU: {cores_text(busy)} cores busy on average, {s.per_core_rate:,.0f} "
+        busy = cpu / s.rate_seconds()  # every rank's workers, over the run after start-up (too short: the whole run)
+        over = " over the whole run" if s.rates_over == WHOLE_RUN else ""
+        print(f"worker CPU: {cores_text(busy)} cores busy on average{over}, {s.per_core_rate:,.0f} "
               f"{'rows' if kind.text else unit} per CPU-second; they waited for a core {waited}")
     answer = data["cores"] = cores_answer(s, accel, transform)
     if answer is not None:

@@ -2,8 +2,9 @@
 
 `Consumer.run` returns it; `stoker run` and `stoker lab wait` add the ranks of a data-parallel
 job up with `job_totals` (each rank's summary under `ranks`); a rank's JSON read back is
-`Summary.from_dict`. `Books` is what the rank's books hold when the run ends, the part of the
-figures the training loop does not count itself.
+`Summary.from_dict`. `rate_window` is what its rates are over: the run after start-up, or the
+whole run where that is too short to mean anything. `Books` is what the rank's books hold when
+the run ends, the part of the figures the training loop does not count itself.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ ADDED_UP = ("samples", "unique_samples", "duplicates_dropped", "batches", "skipp
             "bytes_received", "delivered_samples_per_s", "rows_per_s", "sequences", "sequences_per_s",
             "tokens", "tokens_per_s")
 UNSIZED = ("cores_needed", "cores_in_use")  # what `stoker.embedded.print_summary` writes as null where it sizes nothing
+# The least run after start-up (the wait for the first batch) that a steady rate, stall or bottleneck is measured
+# over: a small job can arrive whole with its first batch, and figures divided by a window of a millisecond are
+# absurd (hundreds of thousands of samples/s, hundreds of cores busy). Shorter: over the whole run (`rates_over`).
+MIN_STEADY_S = 1.0
+MIN_STEADY_STEPS = 2  # steps after the first batch
+STEADY, WHOLE_RUN = "steady", "whole_run"
 
 
 @dataclass
@@ -75,6 +82,13 @@ class Summary:
     masked_fraction: float | None = None  # masked-LM targets per real token
     random_next_fraction: float | None = None  # sequences whose B is a random next sentence
     ranks: list[Summary] = field(default_factory=list)  # a job's figures: each rank's own, rank 0's first
+    # what the rates (*_per_s) and the stall are over: STEADY, the run after start-up; WHOLE_RUN, start-up included,
+    # where the run after it was shorter than MIN_STEADY_S or MIN_STEADY_STEPS (and no bottleneck was judged)
+    rates_over: str = STEADY
+
+    def rate_seconds(self) -> float:
+        """The wall seconds the rates are over (`rates_over`): what a figure per second divides by."""
+        return max(self.elapsed_s if self.rates_over == WHOLE_RUN else self.elapsed_s - self.startup_s, 1e-9)
 
     def as_dict(self) -> dict[str, Any]:
         """For JSON; a rank's own summary has no `ranks`."""
@@ -108,7 +122,22 @@ def job_totals(ranks: list[Summary]) -> Summary:
                    cores_needed=sum(r.cores_needed for r in ranks),  # each rank's device wants its own supply
                    cores_in_use=sum(r.cores_in_use for r in ranks), **_cpu_totals(ranks),
                    bottleneck=worst.bottleneck, bottleneck_detail=worst.bottleneck_detail,
-                   interrupted=any(r.interrupted for r in ranks))
+                   interrupted=any(r.interrupted for r in ranks),
+                   rates_over=WHOLE_RUN if any(r.rates_over == WHOLE_RUN for r in ranks) else STEADY)
+
+
+def rate_window(elapsed: float, startup: float, batches: int, stall_s: float) -> tuple[float, float, str | None]:
+    """The seconds a run's rates divide by, its stall over them, and why they are the whole run's (None: the
+    steady run's, after start-up). A job that arrives within its first batch or two leaves a window after
+    start-up of a millisecond: rates over it would be absurd, so under MIN_STEADY_S or MIN_STEADY_STEPS they
+    are over the whole run, the wait for the first batch (`startup`) counted as stall."""
+    steady, steps = elapsed - startup, max(batches - 1, 0)
+    if steady >= MIN_STEADY_S and steps >= MIN_STEADY_STEPS:
+        return steady, stall_s / steady, None
+    whole = max(elapsed, 1e-9)
+    why = (f"too short after start-up: {steady:.2f} s and {steps} step(s) after the first batch; a steady figure "
+           f"needs at least {MIN_STEADY_S:g} s and {MIN_STEADY_STEPS} steps")
+    return whole, min(1.0, (startup + stall_s) / whole), why
 
 
 def _per_epoch_unique(ranks: list[Summary]) -> list[int]:

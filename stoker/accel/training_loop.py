@@ -23,7 +23,7 @@ from stoker.accel.feed import Batch, Feed, StepSource
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import TextTotals
 from stoker.accel.stepping import Step, StepRunner
-from stoker.accel.summary import Books, Summary
+from stoker.accel.summary import STEADY, WHOLE_RUN, Books, Summary, rate_window
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.kinds import ModelFamily
 
@@ -148,14 +148,8 @@ class _Loop:
     def summary(self, procs_per_host: int) -> Summary:
         consumer, job, p = self.consumer, self.consumer.job, self.p
         elapsed = time.perf_counter() - self.started
-        steady = max(elapsed - self.startup, 1e-9)
-        # over the steady run, but with every transform call past its limit counted, start-up's too: one that
-        # hung in the first batch is what made start-up long
-        totals = consumer.totals()
-        verdict = diagnose(replace(self.steady_from, hung_s=0.0), totals) if self.steady_from is not None else None
-        if verdict is not None and verdict.stage != "transform" and totals.hung_s > 0:
-            verdict.detail += (f" (and worker processes spent {totals.hung_s:.0f} s in transform calls past "
-                               f"--transform-timeout: the logs name each sample)")
+        window, stall, short = rate_window(elapsed, self.startup, p.batches, p.stall_s)
+        judged = self._bottleneck(short)  # the counters now, before the books settle the steps handed back
         books = consumer.books()
         stages = books.stages
         work = {name: getattr(stages, name) for name in job.kind.stages}
@@ -164,7 +158,7 @@ class _Loop:
         return Summary(
             samples=books.samples, unique_samples=books.unique_samples, duplicates_dropped=books.duplicates,
             epochs=job.epochs, elapsed_s=elapsed, startup_s=self.startup,
-            delivered_samples_per_s=books.samples / steady, stall_fraction=p.stall_s / steady, batches=p.batches,
+            delivered_samples_per_s=books.samples / window, stall_fraction=stall, batches=p.batches,
             hosts=books.hosts, procs_per_host=procs_per_host, skipped_samples=len(books.skipped),
             skipped=[asdict(s) for s in books.skipped], frames_dropped=books.frames_dropped,
             units_released=books.dispatch.releases, units_handed_back=books.dispatch.handed_back,
@@ -177,29 +171,42 @@ class _Loop:
                                if stages.cpu_wait_batches and stages.cpu + stages.cpu_wait > 0 else None),
             per_epoch_unique=books.per_epoch_unique, dataset=job.dataset,
             rank=consumer.rank, world_size=job.world_size, steps=p.batches,
-            rows=p.rows, rows_per_s=p.rows / steady, bytes_received=books.bytes_received,
+            rows=p.rows, rows_per_s=p.rows / window, bytes_received=books.bytes_received,
             time_boxed=self.time_boxed, interrupted=self.interrupted, decode_on=job.decode_on,
-            metrics=consumer.metrics_url,
-            **self._text_fields(books.text, steady),
-            **_verdict_fields(verdict))
+            metrics=consumer.metrics_url, rates_over=WHOLE_RUN if short else STEADY,
+            **self._text_fields(books.text, window),
+            **judged)
 
-    def _text_fields(self, text: TextTotals, steady: float) -> dict[str, Any]:
+    def _bottleneck(self, short: str | None) -> dict[str, Any]:
+        """The bottleneck's fields: judged over the steady run (none judged where `short` says why), with every
+        transform call past its limit named, start-up's too: one that hung in the first batch made start-up long."""
+        totals = self.consumer.totals()
+        hung = (f" (and worker processes spent {totals.hung_s:.0f} s in transform calls past --transform-timeout: "
+                f"the logs name each sample)" if totals.hung_s > 0 else "")
+        if short is not None:
+            return dict(bottleneck_detail=short + hung)
+        if self.steady_from is None:
+            return {}
+        verdict = diagnose(replace(self.steady_from, hung_s=0.0), totals)
+        if verdict.stage != "transform":
+            verdict.detail += hung
+        return _verdict_fields(verdict)
+
+    def _text_fields(self, text: TextTotals, window: float) -> dict[str, Any]:
         if not self.consumer.job.kind.text:
             return {}
         job = self.consumer.job
         lm = job.kind.model_family == ModelFamily.GPT  # a tokens job's rows are --lm-seq-len, not BERT's
         return dict(sequences=self.sequences, seq_len=job.lm.seq_len if lm else job.text.seq_len,
                     lm_mode=job.lm.mode if lm else None,
-                    sequences_per_s=self.sequences / steady, tokens=self.tokens,
-                    tokens_per_s=self.tokens / steady, padding_fraction=text.padding_fraction,
+                    sequences_per_s=self.sequences / window, tokens=self.tokens,
+                    tokens_per_s=self.tokens / window, padding_fraction=text.padding_fraction,
                     padding_fraction_before_packing=text.padding_fraction_before_packing,
                     masked_fraction=text.masked_tokens / text.real_tokens if text.real_tokens else 0.0,
                     random_next_fraction=text.random_next / text.sequences if text.sequences else 0.0)
 
 
-def _verdict_fields(verdict: Diagnosis | None) -> dict[str, Any]:
-    if verdict is None:
-        return {}
+def _verdict_fields(verdict: Diagnosis) -> dict[str, Any]:
     return dict(bottleneck=verdict.stage, bottleneck_detail=verdict.detail, cores_needed=verdict.cores_needed,
                 cores_in_use=verdict.cores_in_use)
 

@@ -128,6 +128,17 @@ class AccelSpec:
                                                       else job.text.seq_len)
 
 
+def torch_model(spec: AccelSpec, dataset: str) -> str:
+    """The model an --accel torch step of `dataset` runs: a tokens job's gpt-tiny and a BERT job's bert-tiny
+    unless --model names one of their family (its default, resnet18, is the images' model)."""
+    family = kind_of(dataset).model_family
+    if family == ModelFamily.GPT and not spec.model.startswith("gpt"):
+        return "gpt-tiny"
+    if family == ModelFamily.BERT and not spec.model.startswith("bert"):
+        return "bert-tiny"
+    return spec.model
+
+
 def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: int = 0,
                      seq_len: int = 128) -> Step:
     if spec.kind == "null":
@@ -153,14 +164,12 @@ def make_accelerator(spec: AccelSpec, dataset: str, classes: int, vocab_size: in
             raise ConfigError(f"--model {spec.model} needs --dataset wikipedia")
         if spec.optimizer not in ("", "adamw"):
             raise ConfigError(f"--optimizer {spec.optimizer}: a tokens job's GPT steps with adamw")
-        model = spec.model if spec.model.startswith("gpt") else "gpt-tiny"
-        return GPTAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr)
+        return GPTAccelerator(torch_model(spec, dataset), vocab_size, seq_len, device=spec.device, lr=spec.lr)
     if spec.kind == "torch" and kind_of(dataset).model_family == ModelFamily.BERT:
         require("transformers", "--accel torch with --dataset wikipedia")
         from stoker.accel.backends.bert_accel import BertAccelerator
 
-        model = spec.model if spec.model.startswith("bert") else "bert-tiny"
-        return BertAccelerator(model, vocab_size, seq_len, device=spec.device, lr=spec.lr,
+        return BertAccelerator(torch_model(spec, dataset), vocab_size, seq_len, device=spec.device, lr=spec.lr,
                                optimizer_name=spec.optimizer or "adamw")
     if spec.kind == "torch":
         if not spec.model.startswith("resnet"):

@@ -10,7 +10,7 @@ import pytest
 
 from stoker import embedded
 from stoker.accel.backends.accelerators import AccelSpec
-from stoker.accel.summary import Summary, job_totals
+from stoker.accel.summary import STEADY, WHOLE_RUN, Summary, job_totals
 from stoker.embedded import cores_answer, cores_line, print_summary, run_manifest
 
 
@@ -148,3 +148,38 @@ def test_stoker_run_on_a_tokens_job_reports_the_jobs_rows_and_answers_in_tokens(
     assert (data["seq_len"], data["lm_mode"]) == (16, "concat")
     assert data["cores"]["unit"] == "tokens/s" and data["cores"]["seq_len"] == 16
     assert "tokens per CPU-second" in run.stdout.splitlines()[-2]  # the cores line, before "summary written"
+
+
+def test_a_run_too_short_after_start_up_prints_its_figures_over_the_whole_run(tmp_path, capsys):
+    """300 documents arrived with the first batch: 3.6 s of start-up, 1 ms after it. Over that millisecond the
+    workers' 0.27 CPU-seconds read 270 cores busy; over the whole run they are 0.075, and the lines say so."""
+    out = tmp_path / "summary.json"
+    short = _rank(dataset="tokens", rows=52, samples=300, unique_samples=300, sequences=307, tokens=52_000, cpu=0.27,
+                  elapsed_s=3.6, startup_s=3.599, delivered_samples_per_s=300 / 3.6, stall_fraction=1.0,
+                  rates_over=WHOLE_RUN, tokens_per_s=52_000 / 3.6, sequences_per_s=307 / 3.6,
+                  bottleneck_detail="too short after start-up: 0.00 s and 1 step(s) after the first batch")
+    print_summary([short], str(out), AccelSpec("simulated", rate=50))
+    lines = capsys.readouterr().out.splitlines()
+    assert "83 documents/s and stall 100.0% over the whole run, start-up included" in lines[0]
+    assert "14444 tokens/s (over the whole run)" in next(line for line in lines if line.startswith("text: "))
+    assert any(line.startswith("bottleneck: not judged (too short after start-up: 0.00 s and 1 step(s)")
+               for line in lines)
+    assert any(line.startswith("worker CPU: 0.075 cores busy on average over the whole run,") for line in lines)
+    data = json.loads(out.read_text())
+    assert data["rates_over"] == WHOLE_RUN and data["delivered_samples_per_s"] == pytest.approx(300 / 3.6)
+    assert data["cores_needed"] is None and data["cores_in_use"] is None  # nothing sized over no window
+    print_summary([short, replace(short, rank=1, rates_over=STEADY)], None, AccelSpec("null"))
+    lines = capsys.readouterr().out.splitlines()  # a rank's line says which ranks' rates are the whole run's
+    assert lines[0].endswith("(over the whole run: too short for a steady rate)") and lines[1].endswith("%")
+    assert "over the whole run, start-up included" in lines[2]  # and the job's with it
+
+
+@pytest.mark.parametrize(("dataset", "model", "stepped"), [
+    ("tokens", "resnet18", "gpt-tiny"), ("tokens", "gpt-tiny", "gpt-tiny"), ("wikipedia", "resnet18", "bert-tiny"),
+    ("wikipedia", "bert-base", "bert-base"), ("imagenet", "resnet50", "resnet50")])
+def test_the_torch_answer_names_the_model_the_step_ran_not_the_model_flags_default(dataset, model, stepped):
+    """--model defaults to resnet18, the images' model; a tokens job steps gpt-tiny and a BERT job bert-tiny."""
+    rank = _rank(dataset=dataset, rows=2000, sequences=2500, tokens=120_000, seq_len=64)
+    found = cores_answer(rank, AccelSpec("torch", model=model, device="cpu"), "")
+    assert found["accelerator"] == f"this {stepped} step on cpu"
+    assert cores_line(found).startswith(f"host cores needed for this {stepped} step on cpu: ")

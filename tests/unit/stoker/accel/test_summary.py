@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from stoker.accel.summary import Summary, job_totals
+import pytest
+
+from stoker.accel.summary import STEADY, WHOLE_RUN, Summary, job_totals, rate_window
 
 
 def _rank(rank: int, samples: int, stall: float, **more) -> Summary:
@@ -59,3 +61,28 @@ def test_a_rank_whose_printer_nulled_its_cores_reads_back_with_defaults_and_adds
     assert (back.cores_needed, back.cores_in_use) == (0.0, 0.0)
     assert back.sequences is None  # a figure whose default is None stays None
     assert job_totals([_rank(0, 100, 0.1), back]).cores_needed == 1.5
+
+
+def test_a_run_that_arrives_with_its_first_batch_has_its_rates_over_the_whole_run():
+    """300 documents in 2 units came in the first batch or two: 3.6 s of start-up left 1 ms after it, and the
+    rates over that millisecond read 342,238 documents/s and 338 cores busy. Under a second or two steps after
+    start-up, the rates divide the whole run and the wait for the first batch counts as stall."""
+    window, stall, why = rate_window(3.601, 3.6, 2, 0.0005)
+    assert window == pytest.approx(3.601) and stall == pytest.approx(1.0, abs=1e-3)
+    assert why is not None and "too short after start-up: 0.00 s and 1 step(s) after the first batch" in why
+    window, _, why = rate_window(10.0, 1.0, 2, 0.0)  # 9 s after start-up but one step: no steady rate either
+    assert window == 10.0 and why is not None
+
+
+def test_a_steady_run_has_its_rates_over_the_run_after_start_up():
+    window, stall, why = rate_window(10.0, 1.0, 20, 0.9)
+    assert (window, stall, why) == (9.0, pytest.approx(0.1), None)
+
+
+def test_a_jobs_rates_are_the_whole_runs_when_one_ranks_are_and_say_what_they_divide():
+    steady, short = _rank(0, 100, 0.1), _rank(1, 60, 0.3, rates_over=WHOLE_RUN)
+    assert (steady.rate_seconds(), short.rate_seconds()) == (9.0, 11.0)  # after start-up; the whole run
+    assert job_totals([steady, short]).rates_over == WHOLE_RUN
+    assert job_totals([steady, _rank(1, 60, 0.3)]).rates_over == STEADY
+    again = Summary.from_dict(json.loads(json.dumps(short.as_dict())))
+    assert again.rates_over == WHOLE_RUN
