@@ -62,6 +62,7 @@ class RunConfig:
     progress: bool = True
     log_level: str = "WARNING"
     shard_cache_gb: float | None = None  # each worker daemon's --shard-cache-gb (they share this machine's cache)
+    record_steps: str = ""  # every rank records its steps here (--record-steps), for `stoker audit`
 
 
 class Progress:
@@ -117,7 +118,7 @@ def run_embedded(job: JobConfig, cfg: RunConfig, on_start: Callable[[Consumer], 
                                  cfg.shard_cache_gb)
             daemons.append(DaemonProcess(f"host{i}", cmd, worker_environment()))
         watch_daemons(daemons, consumer.abort, done)
-        summary = consumer.run(on_step=progress, procs_per_host=cfg.procs)
+        summary = consumer.run(on_step=progress, procs_per_host=cfg.procs, record_steps=cfg.record_steps or None)
         progress.close(consumer)
         try:
             if summary.interrupted:  # Ctrl-C: the worker daemons go first, while the dispatcher still answers
@@ -151,7 +152,8 @@ def _rank_command(consumer: Consumer, rank: int, cfg: RunConfig, folder: Path) -
     port = 0 if cfg.consumer.metrics_port is not None else -1  # a free one: another job's ranks may run here too
     return [sys.executable, "-m", "stoker", "--log-level", cfg.log_level, "train", "--rank", str(rank),
             "--world-size", str(consumer.job.world_size), f"--metrics-port={port}", "--no-progress",
-            "--json", str(folder / f"rank-{rank}.json"), *command_line(child), *command_line(cfg.accel)]
+            "--json", str(folder / f"rank-{rank}.json"), *command_line(child), *command_line(cfg.accel),
+            *([f"--record-steps={cfg.record_steps}"] if cfg.record_steps else [])]
 
 
 def _rank_summary(folder: Path, rank: int) -> Summary:

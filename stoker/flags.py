@@ -173,6 +173,20 @@ def output_file(dash_is_stdout: bool = False) -> Callable[[str], str]:
     return parse
 
 
+def output_folder(text: str) -> str:
+    """A folder a command writes files into as it runs: one that is (or can be made as) a folder now."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write into {text!r}: it is a file, not a folder")
+    why = unwritable(path) if not path.exists() else None if os.access(path, os.W_OK | os.X_OK) else "not writable"
+    if why:
+        raise argparse.ArgumentTypeError(f"cannot make the folder {text!r}: {why}")
+    return text
+
+
+output_folder.__name__ = "folder"
+
+
 def unwritable(path: Path) -> str | None:
     """Why a file cannot be written at `path` by this user (None: it can be, as far as can be told now)."""
     folder = path.parent

@@ -28,7 +28,7 @@ import sys
 from stoker.accel.backends.accelerators import AccelSpec
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.configured import add_options, config_of, fields_of, options_of, was_given
-from stoker.flags import METRICS_PORT, POSITIVE, output_file
+from stoker.flags import METRICS_PORT, POSITIVE, output_file, output_folder
 from stoker.pipeline.images import fit as image_fit
 from stoker.pipeline.images.augment import REFERENCE_AREA, TORCHVISION_AREA
 from stoker.pipeline.images.layout import DecodeOn
@@ -134,6 +134,9 @@ def _output() -> argparse.ArgumentParser:
     p = parent.add_argument_group("output")
     json_option(p, "the closing summary")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--record-steps", metavar="DIR", type=output_folder,
+                   help="every rank records each step it takes in DIR (StepRecorder: a JSON line a step); "
+                        "`stoker audit DIR` then says each epoch's samples delivered, duplicated and missing")
     return parent
 
 

@@ -202,12 +202,14 @@ class Consumer:
 
     # ---- the built-in training loop -------------------------------------------------------
     def run(self, on_step: Callable[[Consumer], None] | None = None, procs_per_host: int = 0,
-            max_seconds: float | None = None) -> Summary:
+            max_seconds: float | None = None, record_steps: str | None = None) -> Summary:
         """Step the accelerator through every batch of the job; returns the closing summary.
 
         `max_seconds`: stop after that long past the first batch (a time-boxed measurement, as
-        `stoker sweep` makes; the job is then not complete and `time_boxed` says so)."""
-        return train(self, on_step=on_step, procs_per_host=procs_per_host, max_seconds=max_seconds)
+        `stoker sweep` makes; the job is then not complete and `time_boxed` says so). `record_steps`: a
+        folder this rank records each step in (accel.step_record)."""
+        return train(self, on_step=on_step, procs_per_host=procs_per_host, max_seconds=max_seconds,
+                     record_steps=record_steps)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def state_dict(self, answer_timeout_s: float = ANSWER_TIMEOUT_S) -> dict:

@@ -22,6 +22,7 @@ from stoker.accel.bottleneck import Diagnosis, Totals, diagnose
 from stoker.accel.feed import Batch, Feed, StepSource
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.receiver import TextTotals
+from stoker.accel.step_record import StepRecorder
 from stoker.accel.stepping import Step, StepRunner
 from stoker.accel.summary import STEADY, WHOLE_RUN, Books, Summary, rate_window
 from stoker.pipeline.images.layout import DecodeOn
@@ -58,12 +59,17 @@ R = TypeVar("R", bound=TrainingRank)
 
 
 def train(rank: R, on_step: Callable[[R], None] | None = None, procs_per_host: int = 0,
-          max_seconds: float | None = None) -> Summary:
+          max_seconds: float | None = None, record_steps: str | None = None) -> Summary:
     """Step the rank's accelerator through the job (or for `max_seconds` past the first
-    batch); returns the closing `Summary`."""
+    batch); returns the closing `Summary`. `record_steps`: the folder each step is recorded in."""
     rank.start()
     loop = _Loop(rank, on_step, max_seconds)
-    loop.run()
+    loop.recorder = StepRecorder(record_steps, rank.job, rank.rank) if record_steps else None
+    try:
+        loop.run()
+    finally:
+        if loop.recorder is not None:
+            loop.recorder.close()
     return loop.summary(procs_per_host)
 
 
@@ -86,6 +92,7 @@ class _Loop:
         self.sequences = self.tokens = 0
         self.time_boxed = False
         self.interrupted = False  # SIGINT: the steps so far are summed up, not thrown away
+        self.recorder: StepRecorder | None = None  # --record-steps: each step taken, for `stoker audit`
 
     def run(self) -> None:
         """Step until the job is done or time-boxed; a Ctrl-C (KeyboardInterrupt) ends it early, and the
@@ -127,6 +134,8 @@ class _Loop:
         if received.size:
             self.runner.run(received, batch.prepared)
         step_s = time.perf_counter() - step_from
+        if self.recorder is not None:
+            self.recorder.stepped(batch)
         metrics.step_seconds.observe(step_s)
         mine = set(received.sample_ids.tolist())  # a piece's failures are in the list its whole batch shares
         rows = received.size - sum(s.sample_id in mine for s in received.undecodable)

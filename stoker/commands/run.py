@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig(hosts=args.hosts, procs=args.procs, accel=spec, consumer=consumer,
                     worker_metrics_port=None if worker_port < 0 else worker_port,
                     progress=not args.no_progress, log_level=args.log_level,
-                    shard_cache_gb=args.shard_cache_gb)
+                    shard_cache_gb=args.shard_cache_gb, record_steps=args.record_steps or "")
     endpoints: dict[str, str | None] = {}
 
     def started(consumer: Consumer) -> None:  # say where this job listens: its ports may be free ones

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             checkpoint.save_all(c, args.checkpoint, elsewhere=CHECKPOINT_ELSEWHERE)
 
     try:
-        summary = consumer.run(on_step=on_step, max_seconds=args.max_seconds)
+        summary = consumer.run(on_step=on_step, max_seconds=args.max_seconds, record_steps=args.record_steps)
         progress.close(consumer)
         if args.checkpoint:
             try:  # after a Ctrl-C, a dispatcher that does not answer at once is not waited on for long

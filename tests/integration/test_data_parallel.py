@@ -355,17 +355,25 @@ def test_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_epoch(odd_man
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_stoker_run_world_size_two_reports_each_rank_and_the_job(odd_manifest, tmp_path, drop_last):
-    """157 images over 2 ranks at batch 13: 79 + 78 rows, or with --drop-last 78 + 78 (6 whole batches each)."""
+    """157 images over 2 ranks at batch 13: 79 + 78 rows, or with --drop-last 78 + 78 (6 whole batches each).
+    Both ranks record their steps (--record-steps, issue 49 item 4), and `stoker audit` reads the same."""
     out = tmp_path / "out.json"
     result = subprocess.run([sys.executable, "-m", "stoker", "run", "--data", odd_manifest.uri, "--world-size", "2",
                              "--epochs", "2", "--batch-size", "13", "--no-progress", "--json", str(out),
                              "--data-bind", "tcp://127.0.0.1:0", "--control-bind", "tcp://127.0.0.1:0",
                              "--metrics-port", "-1", "--worker-metrics-port", "-1",
-                             *(["--drop-last"] if drop_last else [])],
+                             "--record-steps", str(tmp_path / "steps"), *(["--drop-last"] if drop_last else [])],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(out.read_text())
+    assert sorted(p.name for p in (tmp_path / "steps").iterdir()) == ["job.json", "steps-rank-0.jsonl",
+                                                                      "steps-rank-1.jsonl"]
+    audit = subprocess.run([sys.executable, "-m", "stoker", "audit", str(tmp_path / "steps"), "--json", "-"],
+                           capture_output=True, text=True, timeout=60)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
     per_epoch = 156 if drop_last else SIZE
+    epochs = json.loads(audit.stdout)["epochs"]
+    assert [(e["delivered"], e["duplicated"], e["missing"]) for e in epochs] == [(per_epoch, 0, 0)] * 2
+    summary = json.loads(out.read_text())
     assert summary["unique_samples"] == summary["samples"] == 2 * per_epoch
     assert summary["per_epoch_unique"] == [per_epoch, per_epoch]
     ranks = summary["ranks"]

@@ -249,7 +249,15 @@ def test_own_transform_runs_on_two_daemons_every_sample_once_and_the_same_on_a_r
         resumed.run()
     finally:
         resumed.stop()
-    assert [d.wait(timeout=60) for d in daemons] == [0, 0], "\n".join(d.output()[-2000:] for d in daemons)
+    # a --once daemon exits 0 once it hears the job finish. One still rejoining when the (short) resumed run
+    # ended never hears it and keeps registering, as docs/operations.md says (CI saw host1 do so twice): it
+    # must say so, and drain to 0 on SIGTERM, with nothing of the job lost (asserted below)
+    for daemon in daemons:
+        code = daemon.wait(timeout=60)
+        if code is None:
+            assert daemon.unanswered(), daemon.output()[-2000:]
+            code = daemon.stop()
+        assert code == 0, daemon.output()[-2000:]
     assert not set(before.trained) & set(after.trained)  # nothing repeated across the resume
     assert {**before.trained, **after.trained} == whole.trained  # nothing lost, every pixel the same
 
@@ -357,7 +365,7 @@ def test_a_job_with_a_transform_stuck_in_c_says_who_holds_what_then_fails_with_t
         run.kill()
     held = [line for line in status.get("stalled", []) if "held by" in line]
     stuck = re.search(r"held by host0/p0\.\d+ \(host host0\), transforming sample (\d+) for \d+ s", "".join(held))
-    assert stuck and int(stuck[1]) >= 20, status  # StuckInC sticks from sample 20 on
+    assert stuck and int(stuck[1]) >= 20, (status, run.returncode, err[-3000:])  # StuckInC sticks from sample 20 on
     assert "rank 0 has waited" in status["text"]
     assert run.returncode == 2, out[-2000:] + err[-3000:]
     assert "stalled: rank 0 has waited" in err and "is held by host0/p0." in err

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from stoker.flags import MAX_INT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, endpoint
+from stoker.flags import MAX_INT, NON_NEGATIVE, POSITIVE, SECONDS, SEED, endpoint, output_folder
 
 
 @pytest.mark.parametrize("text", ["0", "-3", "1_0", "٣", "1.5", "", "5000000000", str(MAX_INT + 1)])
@@ -39,3 +39,14 @@ def test_endpoints_zeromq_takes_are_taken(text):
 def test_endpoints_that_cannot_work_are_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="must be an endpoint"):
         endpoint(text)
+
+
+def test_a_folder_to_write_into_is_refused_at_parse_time_when_it_is_a_file_or_cannot_be_made(tmp_path):
+    """--record-steps DIR: refused now, not at the job's first step."""
+    (tmp_path / "a-file").write_text("")
+    assert output_folder(str(tmp_path / "new")) == str(tmp_path / "new")  # made when the job starts
+    assert output_folder(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError, match="it is a file, not a folder"):
+        output_folder(str(tmp_path / "a-file"))
+    with pytest.raises(argparse.ArgumentTypeError, match="cannot make the folder"):
+        output_folder(str(tmp_path / "missing" / "deeper"))
