@@ -63,8 +63,7 @@ def train(rank: R, on_step: Callable[[R], None] | None = None, procs_per_host: i
     """Step the rank's accelerator through the job (or for `max_seconds` past the first
     batch); returns the closing `Summary`. `record_steps`: the folder each step is recorded in."""
     rank.start()
-    loop = _Loop(rank, on_step, max_seconds)
-    loop.recorder = StepRecorder(record_steps, rank.job, rank.rank) if record_steps else None
+    loop = _Loop(rank, on_step, max_seconds, StepRecorder(record_steps, rank.job, rank.rank) if record_steps else None)
     try:
         loop.run()
     finally:
@@ -76,7 +75,8 @@ def train(rank: R, on_step: Callable[[R], None] | None = None, procs_per_host: i
 class _Loop:
     """One pass of the built-in loop: the step adapter, the feed over the rank, and the clocks."""
 
-    def __init__(self, rank: R, on_step: Callable[[R], None] | None, max_seconds: float | None) -> None:
+    def __init__(self, rank: R, on_step: Callable[[R], None] | None, max_seconds: float | None,
+                 recorder: StepRecorder | None = None) -> None:
         self.consumer: TrainingRank = rank
         self.on_step: Callable[[Any], None] | None = on_step
         self.max_seconds = max_seconds
@@ -92,7 +92,7 @@ class _Loop:
         self.sequences = self.tokens = 0
         self.time_boxed = False
         self.interrupted = False  # SIGINT: the steps so far are summed up, not thrown away
-        self.recorder: StepRecorder | None = None  # --record-steps: each step taken, for `stoker audit`
+        self.recorder = recorder  # --record-steps: each step taken, for `stoker audit`
 
     def run(self) -> None:
         """Step until the job is done or time-boxed; a Ctrl-C (KeyboardInterrupt) ends it early, and the
