@@ -7,7 +7,8 @@ alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]
 does `repeat` (the tests behind the process and kill guarantees, RUNS times each, about 15 minutes), and
 `repeat_fleet` (the fleet's, about 20 minutes) and `repeat_hangs` (a hanging transform and a host out of
 processes, at the default timeouts: about 16 minutes), and `repeat_trainers` (Lightning and Accelerate
-end to end, a kill and a resume from each one's checkpoint: about 20 minutes)."""
+end to end, a kill and a resume from each one's checkpoint: about 20 minutes), and `text_elastic` (text jobs
+resumed at other world sizes and under torchrun's elastic mode, RUNS times each: about 35 minutes)."""
 
 import os
 import sys
@@ -33,6 +34,7 @@ from benchmarks import (
     stability,
     suite,
     text,
+    text_elastic,
     text_peers,
     tokenize_cost,
     transform_contract,
@@ -51,7 +53,8 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
 ALONE = {"soak": soak.main, "repeat": repeat.main,  # never part of `all`
          "repeat_fleet": lambda runs=10: repeat.main(runs, "repeat_fleet"),
          "repeat_hangs": lambda runs=10: repeat.main(runs, "repeat_hangs"),
-         "repeat_trainers": lambda runs=10: repeat.main(runs, "repeat_trainers")}
+         "repeat_trainers": lambda runs=10: repeat.main(runs, "repeat_trainers"),
+         "text_elastic": text_elastic.main}
 
 if __name__ == "__main__":
     name = sys.argv[1] if len(sys.argv) > 1 else "all"

@@ -78,7 +78,7 @@ def _replay_sender(control: str, host: str, seconds: float) -> None:
     """A worker process that makes no batches: it sends one pre-made batch for every batch of every
     unit it leases, through the worker's own send path."""
     os.sched_setaffinity(0, {SENDER_CORE})
-    from stoker.pipeline.plan import Segment, Unit, batch_bounds
+    from stoker.pipeline.units import Segment, Unit, batch_bounds
     from stoker.protos import stoker_pb2 as pb
     from stoker.protos.control_client import ControlClient
     from stoker.workers.metrics import WorkerMetrics

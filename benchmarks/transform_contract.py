@@ -38,9 +38,10 @@ from stoker.datasets import default_imagenet
 from stoker.pipeline.images.augment import DecodeError, EvalTransform, TrainTransform, decode_augment
 from stoker.pipeline.images.batching import HostTransform, unit_batches
 from stoker.pipeline.job import JOB_DEFAULTS
-from stoker.pipeline.plan import EpochPlan, Unit, batch_bounds
+from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import Manifest, ShardReader
+from stoker.pipeline.units import Unit, batch_bounds
 
 CORE = 0
 BATCH = 64

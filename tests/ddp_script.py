@@ -16,6 +16,7 @@ rank took the same number of steps, and how long the longest wait between two st
 loader's default on loopback).
 --lm-seq-len L: a tokens job (causal-LM rows of L, --lm-mode packed|concat) stepping a one-layer next-token
 model; each step's line also holds a sha256 of its tensors and len(loader) as the step saw it.
+--bert-seq-len L: a BERT (wikipedia) job of sequences of L, stepping an embedding's mean; its lines as a tokens job's.
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from stoker import ConsumerConfig, JobConfig, Loader
 from stoker.accel.backends.models.resnet import resnet18
+from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.lm_layout import LMConfig
 
 VOCAB = 1024  # above the ids of the tests' tokenizers (tests/token_corpus.py: 300)
+BERT_VOCAB = 30522  # BERT's uncased WordPiece
 
 
-def make_model(kind: str, image_size: int, lm: bool = False) -> nn.Module:
+def make_model(kind: str, image_size: int, lm: bool = False, bert: bool = False) -> nn.Module:
+    if bert:
+        return nn.Sequential(nn.Embedding(BERT_VOCAB, 4), nn.Linear(4, 1))
     if lm:
         return nn.Sequential(nn.Embedding(VOCAB, 8), nn.Linear(8, VOCAB))
     if kind == "linear":
@@ -64,13 +69,16 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--lm-seq-len", type=int, default=0)
     parser.add_argument("--lm-mode", default="packed")
+    parser.add_argument("--bert-seq-len", type=int, default=0)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     lm = LMConfig(args.lm_seq_len, args.lm_mode) if args.lm_seq_len else None
-    model = DistributedDataParallel(make_model(args.model, args.image_size, lm is not None))
+    bert = TextConfig(seq_len=args.bert_seq_len) if args.bert_seq_len else None
+    text = lm is not None or bert is not None
+    model = DistributedDataParallel(make_model(args.model, args.image_size, lm is not None, bert is not None))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = nn.CrossEntropyLoss()
     mean = torch.tensor([123.7, 116.3, 103.5]).view(1, 3, 1, 1)
@@ -79,7 +87,8 @@ def main() -> None:
                             metrics_port=0, host_timeout_s=args.host_timeout)
     job = JobConfig(manifest_uri=args.data, epochs=args.epochs, batch_size=args.batch_size,
                     unit_batches=args.unit_batches,
-                    image_size=args.image_size, **({"dataset": "tokens", "lm": lm} if lm else {}))
+                    image_size=args.image_size, **({"dataset": "tokens", "lm": lm} if lm else {}),
+                    **({"dataset": "wikipedia", "text": bert} if bert else {}))
     loader = Loader(job, config=config)  # rank and world size from torchrun's environment
     state_file = args.out / "state.json"
     if args.resume:
@@ -91,8 +100,10 @@ def main() -> None:
         while loader.epoch < loader.epochs:
             record.write(json.dumps({"len": len(loader), "epoch": loader.epoch}) + "\n")
             for batch in loader:
-                if lm is not None and not batch.rows:  # an empty step: it all-reduces too
-                    loss = sum(p.sum() for p in model.parameters()) * 0.0
+                if text and not batch.rows:  # an empty step: through DDP's forward, so that it all-reduces too
+                    loss = model(torch.zeros(1, 1, dtype=torch.long)).sum() * 0.0
+                elif bert is not None:
+                    loss = model(batch["input_ids"].long()).mean()
                 elif lm is not None:
                     logits = model(batch["input_ids"].long())
                     loss = loss_fn(logits.flatten(0, 1), batch["labels"].long().flatten())  # -100 ignored
@@ -104,7 +115,7 @@ def main() -> None:
                 optimizer.step()
                 line = {"epoch": batch.epoch, "step": batch.step, "rows": batch.rows,
                         "ids": batch.sample_ids.tolist(), "at": time.time()}
-                if lm is not None:
+                if text:
                     tensors = b"".join(batch[name].numpy().tobytes() for name in sorted(batch))
                     line.update(digest=hashlib.sha256(tensors).hexdigest(), len_now=len(loader))
                 record.write(json.dumps(line) + "\n")

@@ -39,6 +39,7 @@ COVERED_BY = {
     "stoker/pipeline/images/photos": ["tests/unit/stoker/pipeline/test_prepare.py"],
     "stoker/pipeline/images/synth": ["tests/unit/stoker/pipeline/test_prepare.py"],
     "stoker/pipeline/tensors": ["tests/unit/stoker/pipeline/test_kinds.py"],
+    "stoker/pipeline/units": ["tests/unit/stoker/pipeline/test_plan.py"],
     "stoker/pipeline/text/layout": ["tests/unit/stoker/pipeline/text/test_packing.py"],
     "stoker/workers/process": [E2E + "test_exactly_once.py", E2E + "test_lifecycle.py"],
     "stoker/accel/backends/accelerators": ["tests/unit/stoker/accel/test_stepping.py"],

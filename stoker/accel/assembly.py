@@ -33,10 +33,11 @@ from stoker.accel.stream import StreamOrder
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import TOKENS
-from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.lm_layout import planned_batches, unit_lengths
 from stoker.pipeline.text.token_shards import lengths_of
+from stoker.pipeline.units import Unit
 from stoker.protos.curve import CONSUMER, ClientKeys, ServerKeys
 from stoker.protos.leases import LeaseSigner
 from stoker.protos.sd_notify import Notifier
@@ -115,7 +116,7 @@ def planned_steps(job: JobConfig, manifest: Manifest, plan: EpochPlan) -> Planne
         return None
     lengths = lengths_of(manifest)
     return PlannedSteps(plan, lambda unit: planned_batches(unit_lengths(unit, job.seed, lengths), job.lm,
-                                                           job.batch_size))
+                                                           job.batch_size) - unit.skip)
 
 
 def past_epoch_end(position: checkpoint.Position, job: JobConfig, plan: EpochPlan) -> checkpoint.Position:

@@ -10,7 +10,7 @@ grows with the world size, not with samples or units.
 
 The position is the job's, not a rank's: an image job resumed at another world size continues
 the epoch from it, the rows no rank had stepped cut into the new world size's streams
-(pipeline.plan.Resumed), and plans later epochs for the new world size. The cuts an epoch has
+(pipeline.remainder.Resumed), and plans later epochs for the new world size. The cuts an epoch has
 been through already travel in the state, so a job can change its world size again in the same
 epoch. Text jobs resume at their own world size only: how many rows a text unit gives depends
 on its documents' examples, so the part of a unit that a rank had not stepped yet cannot be
@@ -35,12 +35,13 @@ from stoker.pipeline.job_wire import (
     TOKEN_UNITS,
     job_identity,
 )
-from stoker.pipeline.plan import Cut, Resumed
+from stoker.pipeline.remainder import Cut, Resumed
 from stoker.pipeline.store.files import replace_atomically, write_atomically
 from stoker.protos.errors import ConfigError, DataError, ResourceError
 
 STATE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: before resuming at another world size (it has no cuts)
+UNSURE_SETTLE_S = 2.0  # a state_dict waits this long at most for a text unit's batch count still on its way
 JOB_ID = re.compile(r"[\w.-]{1,64}", re.ASCII)
 
 
@@ -91,14 +92,18 @@ class Position:
         return frozenset(done)
 
 
-def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int, data_sha256: str = "") -> dict:
+def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int, data_sha256: str = "",
+          unsure: list[int] | None = None) -> dict:
     """`job`'s position; the cuts its current epoch went through before this world size, when any;
-    `data_sha256`: its manifest's `data_sha256`."""
+    `data_sha256`: its manifest's `data_sha256`; `unsure`: text ranks whose place in their unit the
+    dispatcher could not say exactly (accel.control.progress.RankPositions): it resumes at this world size
+    only."""
     resumed = Resumed.from_json(job.resumed_from)
     cuts = resumed.cuts if resumed is not None and resumed.epoch == epoch else ()
     return {"version": STATE_VERSION, "job": job_identity(job), "epoch": epoch, "step": step,
             "ranks": [list(r) for r in ranks], "samples_stepped": samples,
-            "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts], "data_sha256": data_sha256}
+            "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]] for c in cuts], "data_sha256": data_sha256,
+            "unsure": sorted(unsure or [])}
 
 
 class CheckpointError(ConfigError):
@@ -113,6 +118,7 @@ class _Saved:
     ranks: list[tuple[int, int]]
     cuts: tuple[Cut, ...]
     data_sha256: str
+    unsure: tuple[int, ...] = ()  # text ranks whose place in their unit was not known exactly
 
     @property
     def world_size(self) -> int:
@@ -148,7 +154,10 @@ def _read(state: object, epochs: int) -> _Saved:
     data = state.get("data_sha256", "")
     if not isinstance(data, str):
         raise CheckpointError(f"the checkpoint's data_sha256 is a digest (a string), not {data!r}")
-    return _Saved(job, epoch, step, ranks, tuple(cuts), data)
+    unsure = state.get("unsure") or []
+    if not (isinstance(unsure, list) and all(type(r) is int and 0 <= r < len(ranks) for r in unsure)):
+        raise CheckpointError(f"the checkpoint's unsure ranks are rank indexes, not {unsure!r}")
+    return _Saved(job, epoch, step, ranks, tuple(cuts), data, tuple(unsure))
 
 
 def _count(state: dict, name: str) -> int:
@@ -202,8 +211,8 @@ def resume(job, state: object):
 
 def _resume(job, state: object):
     """The job to run and where it starts, from a `state_dict()` of it (checked to be the same job). At
-    another world size (images), the job continues the checkpoint's epoch from its position: its
-    plan gets the cut (pipeline.plan.Resumed) and every rank starts that epoch's new stream at the
+    another world size, the job continues the checkpoint's epoch from its position: its
+    plan gets the cut (pipeline.remainder.Resumed) and every rank starts that epoch's new stream at the
     checkpoint's step. A job that already carries the cut (a rank that took the job from the
     dispatcher) is taken as it is."""
     saved = _read(state, job.epochs)
@@ -214,11 +223,12 @@ def _resume(job, state: object):
     if saved.world_size != world and saved.epoch < job.epochs and saved.step == 0:
         ranks = [(0, 0)] * world  # at an epoch's start: the epoch is planned for the new world size whole
     elif saved.world_size != world and saved.epoch < job.epochs:
-        if not job.kind.one_row_per_sample:
+        if saved.unsure:
             raise CheckpointError(f"this text job was checkpointed at world size {saved.world_size} and resumes at "
-                                  f"{world}: a text unit's rows depend on its documents' examples, so what a rank "
-                                  f"had not stepped of its unit cannot be named without making it again; resume "
-                                  f"with {saved.world_size} ranks")
+                                  f"{world}, but where rank(s) {', '.join(map(str, saved.unsure))} stood in their "
+                                  f"unit was not known exactly when it was taken (the unit's batch count had not "
+                                  f"reached the dispatcher in {UNSURE_SETTLE_S:g} s): resume with "
+                                  f"{saved.world_size} ranks, or from another checkpoint")
         resumed = Resumed(saved.epoch, (*saved.cuts, Cut(saved.world_size, saved.step, tuple(saved.ranks))))
         ranks = [(0, 0)] * world
     elif saved.world_size != world:

@@ -217,15 +217,20 @@ class Consumer:
         the dispatcher, which knows where the other ranks stand, must answer within `answer_timeout_s`."""
         epoch, step = self.position
         if epoch >= self.job.epochs:
-            ranks = [(0, 0)] * self.job.world_size
-        else:
+            return checkpoint.state(self.job, epoch, step, [(0, 0)] * self.job.world_size, self.ledger.samples,
+                                    self.manifest.data_sha256)
+        settle_by = time.monotonic() + checkpoint.UNSURE_SETTLE_S
+        while True:
             found = self.loop.wait_for(self.dispatcher.position(epoch, step, self.loop.stopping),
                                        f"where every rank stands after step {step} of epoch {epoch} (for a state_dict)",
                                        answer_timeout_s)
             if found is None:
                 raise StateError("stopped before the dispatcher said where the ranks stand")
-            ranks = found
-        return checkpoint.state(self.job, epoch, step, ranks, self.ledger.samples, self.manifest.data_sha256)
+            if not found.unsure or time.monotonic() >= settle_by:
+                break
+            time.sleep(0.02)  # a text unit's batch count, sent with its first batch, is on its way
+        return checkpoint.state(self.job, epoch, step, found.ranks, self.ledger.samples, self.manifest.data_sha256,
+                                found.unsure)
 
     def stop(self) -> None:
         """Close everything. Rank 0 with the job's dispatcher first waits (a while) for the other

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.units import Unit
 from stoker.protos.errors import PeerError
 
 log = logging.getLogger("stoker.consumer")
@@ -112,10 +113,14 @@ class Ledger:
         return unit
 
     def admit(self, epoch: int, unit_id: int, batch_index: int, sample_ids: np.ndarray,
-              skipped_ids: np.ndarray | None = None, last: bool = False) -> bool:
-        """True if the batch is new; False (and counted) if it is a duplicate."""
+              skipped_ids: np.ndarray | None = None, last: bool = False, stepped_before: np.ndarray | None = None
+              ) -> bool:
+        """True if the batch is new; False (and counted) if it is a duplicate. `stepped_before`: a text unit
+        part-stepped at another world size names the documents its batches stepped then held: accounted
+        for, not delivered here."""
         skipped_ids = np.empty(0, dtype=np.int64) if skipped_ids is None else skipped_ids
-        unit = self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids]))
+        before = np.empty(0, dtype=np.int64) if stepped_before is None else stepped_before
+        unit = self._check(epoch, unit_id, np.concatenate([sample_ids, skipped_ids, before]))
         progress = self._units.get(unit_id)
         if self._completed(epoch, unit_id) or (progress and batch_index in progress.admitted):
             self.duplicate_batches += 1
@@ -123,7 +128,8 @@ class Ledger:
             return False
         if progress is None:
             progress = self._units[unit_id] = _UnitProgress(unit.size)
-        here = set(sample_ids.tolist()) | set(skipped_ids.tolist())
+        progress.covered.update(before.tolist())
+        here = set(sample_ids.tolist()) | set(skipped_ids.tolist()) | set(before.tolist())
         if last and len(progress.seen | here) < progress.size:
             if not progress.admitted:
                 del self._units[unit_id]

@@ -159,6 +159,7 @@ class ReceiveLoop:
         return Receiver(data, self.job_id, self.socket.credit_window, self.ledger, self.queue, self.metrics,
                         self._unit_done, self.schema, self.leases, self.order, keyed=self.socket.keys is not None,
                         sender_timeout_s=self.socket.sender_timeout_s, on_unit_received=self.dispatcher.received,
+                        on_unit_counted=self.dispatcher.counted,
                         on_unit_short=self.dispatcher.redo, budget=self.socket.budget, on_epoch_end=self._epoch_end,
                         steps_wait_on_stream=self.socket.steps_wait_on_stream)
 

@@ -39,7 +39,7 @@ from stoker.accel.ledger import InvalidBatch, Ledger, ShortUnit, Skipped, Step
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.schema import BatchSchema
 from stoker.accel.stream import EpochEnd, StreamOrder
-from stoker.pipeline.plan import Unit
+from stoker.pipeline.units import Unit
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.curve import NOBODY, WORKER, Caller, caller_of
 from stoker.protos.droplog import DropLog
@@ -124,6 +124,7 @@ class Receiver:
                  out: queue.Queue, metrics: ConsumerMetrics, on_unit_done: Callable[[int, int], None],
                  schema: BatchSchema, leases: LeaseSigner, order: StreamOrder, keyed: bool = False,
                  on_unit_received: Callable[[int], None] = lambda unit_id: None,
+                 on_unit_counted: Callable[[int, int], None] = lambda unit_id, batches: None,
                  on_unit_short: Callable[[int], object] = lambda unit_id: None,
                  on_epoch_end: Callable[[EpochEnd], None] = lambda end: None,
                  sender_timeout_s: float = 30.0, budget: int | None = None,
@@ -137,6 +138,7 @@ class Receiver:
         self.metrics = metrics
         self.on_unit_done = on_unit_done
         self.on_unit_received = on_unit_received  # all its batches are here: nobody need make it again
+        self.on_unit_counted = on_unit_counted  # text: how many batches a unit sends, told with its first
         self.on_unit_short = on_unit_short  # its last batch left samples out: have it made again
         self.on_epoch_end = on_epoch_end  # the rank's whole stream of an epoch is here (its batch count known)
         self.leases = leases
@@ -267,7 +269,7 @@ class Receiver:
             skipped_ids = np.asarray([s.sample_id for s in header.skipped], dtype=np.int64)
             self.schema.check(header, tensors.parts)
             fresh = self.ledger.admit(header.epoch, header.unit_id, header.batch_index, sample_ids, skipped_ids,
-                                      header.last_in_unit)
+                                      header.last_in_unit, np.asarray(header.stepped_before, dtype=np.int64))
         except (FrameError, InvalidBatch) as exc:
             self._drop(exc.reason, peer_id, str(exc))
             self._send_credit(self.credit.refused(peer_id))
@@ -278,6 +280,8 @@ class Receiver:
             self.metrics.duplicates.inc(len(sample_ids))
             self._send_credit(self.credit.refused(peer_id))
             return
+        if header.batch_index == 0 and header.unit_batches:
+            self.on_unit_counted(header.unit_id, header.unit_batches)
         if self.ledger.received(header.unit_id):
             self.on_unit_received(header.unit_id)
         self.credit.admitted(peer_id, header.unit_id, header.last_in_unit)

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from stoker.accel.batch import ReceivedBatch
-from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.units import Unit
 
 
 @dataclass

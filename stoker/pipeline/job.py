@@ -16,12 +16,14 @@ from stoker.pipeline.images import fit as image_fit
 from stoker.pipeline.images.augment import CORRUPT_JPEGS, DECODERS, REFERENCE_AREA
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.kinds import KINDS, TOKENS, DatasetKind, kind_of
-from stoker.pipeline.plan import EpochPlan, Resumed, Unit
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.remainder import Resumed
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
 from stoker.pipeline.text.lm_layout import LMConfig
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import Resolved, TransformError, check_name, parse_params, resolve
+from stoker.pipeline.units import Unit
 from stoker.pipeline.wire_values import wire_problem
 from stoker.protos import message_fit
 from stoker.protos import stoker_pb2 as pb
@@ -89,7 +91,7 @@ class JobConfig:
     drop_last: bool = field(default=False, metadata={  # images: leave out the rows past every rank's last batch
         "help": "imagenet: every rank streams only whole batches; the few rows past them sit the epoch out "
                 "(default: no sample is dropped, and a rank's last batches may be short)"})
-    resumed_from: str = ""  # the epoch a job of another world size left part-way (pipeline.plan.Resumed, JSON)
+    resumed_from: str = ""  # the epoch a job of another world size left part-way (pipeline.remainder.Resumed, JSON)
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -240,7 +242,8 @@ class JobConfig:
     def plan(self, manifest: Manifest) -> EpochPlan:
         """The epoch plan of this job over the manifest's shards (a resumed job's cuts included)."""
         return EpochPlan(manifest, self.unit_size(manifest), self.epochs, self.seed, self.world_size,
-                         self.batch_size, self.drop_last, Resumed.from_json(self.resumed_from))
+                         self.batch_size, self.drop_last, Resumed.from_json(self.resumed_from),
+                         0 if self.kind.one_row_per_sample else self.unit_batches)
 
     def planned_batches(self, unit: Unit) -> int | None:
         """Images: a unit gives ceil(size / batch size) batches whatever is skipped (a skipped image

@@ -21,121 +21,20 @@ such cuts (resumed at 8 ranks, then at 6, then at 7 in one epoch) is applied in 
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-import numpy as np
-
+from stoker.pipeline.remainder import Left, Resumed, check_resumed, remainder
 from stoker.pipeline.seeds import derived_rng
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.mixture import MIXTURE, Schedule
-from stoker.protos.errors import ConfigError, DataError
+from stoker.pipeline.units import Segment, Unit, split_rows
+from stoker.protos.errors import ConfigError
 
 _UNIT_ORDER_KEY = "unit-order"
 _CACHE_LOCK = threading.Lock()  # every plan's epoch cache: trims are rare and quick, one lock serves all
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Rows [start, stop) of one shard."""
-
-    shard_index: int
-    start: int
-    stop: int
-    first_sample_id: int  # global id of the shard's row 0
-
-    @property
-    def size(self) -> int:
-        """Rows in the run."""
-        return self.stop - self.start
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A run of one rank's stream: whole batches of rows, delivered in one epoch."""
-
-    unit_id: int  # unique in the job: epoch * units_per_epoch + index in the epoch (rank-major)
-    epoch: int
-    segments: tuple[Segment, ...]
-    rank: int = 0
-    position: int = 0  # its place in the rank's stream this epoch: batches are delivered in this order
-
-    @property
-    def size(self) -> int:
-        """Samples in the unit."""
-        return sum(s.size for s in self.segments)
-
-    def sample_ids(self) -> np.ndarray:
-        """Global ids of the unit's samples, in plan (not visiting) order."""
-        parts = [np.arange(s.first_sample_id + s.start, s.first_sample_id + s.stop, dtype=np.int64)
-                 for s in self.segments]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-    def rows(self, seed: int) -> list[tuple[int, int, int]]:
-        """(shard index, row in shard, global sample id) of every sample, in this epoch's seeded order."""
-        return [(shard, row, sample) for shard, row, sample in self.visits(seed).tolist()]
-
-    def visits(self, seed: int) -> np.ndarray:
-        """`rows` as an (n, 3) int64 array, made by whole-array steps: a unit of a token set holds thousands."""
-        rows = [np.arange(s.start, s.stop, dtype=np.int64) for s in self.segments]
-        flat = np.empty((self.size, 3), dtype=np.int64)
-        if rows:
-            flat[:, 0] = np.repeat([s.shard_index for s in self.segments], [s.size for s in self.segments])
-            flat[:, 1] = np.concatenate(rows)
-            flat[:, 2] = flat[:, 1] + np.repeat([s.first_sample_id for s in self.segments],
-                                                [s.size for s in self.segments])
-        first = self.segments[0] if self.segments else Segment(0, 0, 0, 0)
-        rng = derived_rng(seed, self.epoch, f"unit-{first.shard_index}-{first.start}-{self.size}")
-        return flat[rng.permutation(len(flat))]
-
-
-def batch_bounds(rows: int, batch_size: int) -> list[tuple[int, int]]:
-    """Where a unit's rows are cut into batches: ceil(rows / batch_size) batches, all full but the
-    last two when the remainder is under half a batch (they share it, so no batch is a sliver:
-    a one-row batch would break batch norm in training). At least one (possibly empty) batch."""
-    count = max(1, -(-rows // batch_size))
-    bounds = [(i * batch_size, min((i + 1) * batch_size, rows)) for i in range(count)]
-    remainder = rows - (count - 1) * batch_size
-    if count >= 2 and 0 < remainder < batch_size / 2:
-        start = (count - 2) * batch_size
-        middle = start + (batch_size + remainder + 1) // 2
-        bounds[-2:] = [(start, middle), (middle, rows)]
-    return bounds
-
-
-@dataclass(frozen=True)
-class Cut:
-    """Where a job of `world_size` ranks stood in an epoch when it was checkpointed: after `step` steps,
-    rank r had wholly consumed `ranks[r][0]` of its units and `ranks[r][1]` batches of the next."""
-
-    world_size: int
-    step: int
-    ranks: tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """The epoch a job resumed at another world size continues, and the cuts that led there (oldest first)."""
-
-    epoch: int
-    cuts: tuple[Cut, ...]
-
-    def to_json(self) -> str:
-        """The text a job carries it as (JobConfig.resumed)."""
-        return json.dumps({"epoch": self.epoch, "cuts": [[c.world_size, c.step, [list(r) for r in c.ranks]]
-                                                         for c in self.cuts]})
-
-    @classmethod
-    def from_json(cls, text: str) -> Resumed | None:
-        """Read what `to_json` wrote; None for the empty text of a job that is not resumed."""
-        if not text:
-            return None
-        data = json.loads(text)
-        return cls(int(data["epoch"]), tuple(Cut(int(w), int(s), tuple((int(u), int(b)) for u, b in r))
-                                             for w, s, r in data["cuts"]))
 
 
 @dataclass(frozen=True)
@@ -151,6 +50,8 @@ class EpochPlan:
     batch_size: int = 0  # 0: the unit size; a rank's last unit takes in a remainder under half a batch
     drop_last: bool = False  # every rank streams the same whole batches; the rows past them sit the epoch out
     resumed: Resumed | None = None  # the epoch a job of another world size left part-way, and where
+    unit_batches: int = 0  # text: the batches a unit is made for, whose rows come from its documents together
+    # (what a rank had not stepped of one is the unit less its stepped batches: pipeline.remainder); 0: images
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -167,7 +68,7 @@ class EpochPlan:
             raise ConfigError(f"with drop_last, {self.manifest.num_samples} samples do not make one batch of "
                              f"{self.batch_size or self.unit_size} for each of {self.world_size} ranks")
         if self.resumed is not None:
-            _check_resumed(self, self.resumed)
+            check_resumed(self, self.resumed, self.resumed_left)
 
     @cached_property
     def _blocks(self) -> tuple[Segment, ...]:
@@ -197,7 +98,7 @@ class EpochPlan:
     def epoch_rank_sizes(self, epoch: int) -> tuple[int, ...]:
         """Samples in each rank's stream in a whole `epoch` (not one a resumed job continues)."""
         rows = self.manifest.num_samples if self._mixture is None else self._mixture.rows(self.seed, epoch)
-        return _split(self, rows, self.world_size)
+        return split_rows(rows, self.world_size, self.drop_last_batch)
 
     @cached_property
     def _mixture_units(self) -> tuple[tuple[int, ...], ...]:
@@ -221,19 +122,23 @@ class EpochPlan:
 
     @cached_property
     def units_per_epoch(self) -> int:
-        """Units of a whole epoch, every rank's; unit ids of epoch e start at e times this (a mixture: the
-        most any epoch has)."""
-        if self._mixture is not None:
-            return max(sum(counts) for counts in self._mixture_units)
-        return sum(self.units_per_rank)
+        """Unit ids of epoch e start at e times this: the units of a whole epoch, every rank's (a mixture: the
+        most any epoch has), or of the epoch a resumed text job continues where that has more (its part-stepped
+        units go beside the units its documents are cut into)."""
+        whole = max(sum(counts) for counts in self._mixture_units) if self._mixture is not None else \
+            sum(self.units_per_rank)
+        if self.resumed is None or not self.unit_batches:
+            return whole
+        left = self.resumed_left
+        return max(whole, sum(1 for _ in self.cut(self.resumed.epoch, left.runs, left.sizes, left.tails, 0)))
 
     def units_in(self, epoch: int) -> int:
-        """How many units `epoch` has: units_per_epoch, or fewer in the epoch a resumed job continues
-        (unit ids of epoch e start at e * units_per_epoch whatever their number)."""
+        """How many units `epoch` has: a whole epoch's, or fewer (or, text, more) in the epoch a resumed job
+        continues (unit ids of epoch e start at e * units_per_epoch whatever their number)."""
         if self.resumed is not None and epoch == self.resumed.epoch:
             return len(self._units(epoch))
         if self._mixture is None:
-            return self.units_per_epoch
+            return sum(self.units_per_rank)
         return sum(self._mixture_units[epoch]) if epoch < self.epochs else 0  # past the last epoch: none
 
     @cached_property
@@ -242,7 +147,8 @@ class EpochPlan:
         most --epochs takes, spent some 5 minutes here before its first lease)."""
         if self._mixture is not None:
             return sum(self.units_in(epoch) for epoch in range(self.epochs))
-        return self.units_per_epoch * self.epochs + _resumed_change(self, self.units_per_epoch, self.units)
+        whole = sum(self.units_per_rank)
+        return whole * self.epochs + _resumed_change(self, whole, self.units)
 
     def rank_total_units(self, rank: int) -> int:
         """Units of `rank`'s streams over the whole job (what a rank attached to the dispatcher awaits)."""
@@ -297,24 +203,44 @@ class EpochPlan:
             yield unit
         self._cache.keep(epoch, tuple(made))
 
+    @cached_property
+    def resumed_left(self) -> Left:
+        """What the epoch a resumed job continues still owes, laid out for this world size."""
+        if self.resumed is None:
+            return Left([], (), ())
+        epoch, cuts = self.resumed.epoch, self.resumed.cuts
+        first = replace(self, world_size=cuts[0].world_size, resumed=None, epochs=epoch + 1).units(epoch)
+        return remainder(self, epoch, cuts, first)
+
+    @property
+    def drop_last_batch(self) -> int:
+        """With drop_last, the batch every rank's stream is a whole number of; 0 without."""
+        return (self.batch_size or self.unit_size) if self.drop_last else 0
+
     def _make_units(self, epoch: int) -> Iterator[Unit]:
         if self.resumed is not None and epoch == self.resumed.epoch:
-            stream, sizes = _remainder(self, epoch, self.resumed.cuts)
-        else:
-            blocks = self._blocks if self._mixture is None else \
-                tuple(Segment(*run) for run in self._mixture.runs(self.seed, epoch))
-            order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
-            stream, sizes = [blocks[int(i)] for i in order], self.epoch_rank_sizes(epoch)
-        yield from self._cut(epoch, stream, sizes)
+            left = self.resumed_left
+            yield from self.cut(epoch, left.runs, left.sizes, left.tails)
+            return
+        blocks = self._blocks if self._mixture is None else \
+            tuple(Segment(*run) for run in self._mixture.runs(self.seed, epoch))
+        order = derived_rng(self.seed, epoch, _UNIT_ORDER_KEY).permutation(len(blocks))
+        yield from self.cut(epoch, [blocks[int(i)] for i in order], self.epoch_rank_sizes(epoch))
 
-    def _cut(self, epoch: int, stream: list[Segment], sizes: tuple[int, ...]) -> Iterator[Unit]:
+    def cut(self, epoch: int, stream: list[Segment], sizes: tuple[int, ...],
+            tails: tuple[tuple[Unit, ...], ...] = (), first_id: int | None = None) -> Iterator[Unit]:
         """`stream` (runs of rows, in order) cut into consecutive rank streams of `sizes` rows, each cut
-        into units."""
-        made = 0
+        into units, after the rank's `tails` (text units part-stepped at another world size, which keep
+        their documents and skip). Unit ids from `first_id` (default: the epoch's first)."""
+        made = epoch * self.units_per_epoch if first_id is None else first_id
         cursor = 0  # index into stream
         offset = 0  # rows of stream[cursor] already taken
         for rank, size in enumerate(sizes):
-            for position, want in enumerate(_unit_sizes(self, size)):
+            own = tails[rank] if tails else ()
+            for position, tail in enumerate(own):
+                yield replace(tail, unit_id=made, rank=rank, position=position)
+                made += 1
+            for position, want in enumerate(_unit_sizes(self, size), start=len(own)):
                 segments = []
                 while want > 0:
                     block = stream[cursor]
@@ -325,7 +251,7 @@ class EpochPlan:
                     offset += take
                     if offset == block.size:
                         cursor, offset = cursor + 1, 0
-                yield Unit(epoch * self.units_per_epoch + made, epoch, tuple(segments), rank, position)
+                yield Unit(made, epoch, tuple(segments), rank, position)
                 made += 1
 
 
@@ -352,15 +278,6 @@ class _UnitCache:
         return units
 
 
-def _split(plan: EpochPlan, total: int, world_size: int) -> tuple[int, ...]:
-    """`total` rows as rank stream sizes: they differ by at most one (with drop_last, whole batches each)."""
-    if plan.drop_last:
-        batch = plan.batch_size or plan.unit_size
-        return (total // world_size // batch * batch,) * world_size
-    base, extra = divmod(total, world_size)
-    return tuple(base + (rank < extra) for rank in range(world_size))
-
-
 def _unit_sizes(plan: EpochPlan, rows: int) -> list[int]:
     """A rank's stream cut into units: whole units, and a last one that keeps a remainder under
     half a batch (which would be a sliver of a batch on its own: see batch_bounds)."""
@@ -379,67 +296,3 @@ def _resumed_change(plan: EpochPlan, per_epoch: int, units_of: Callable[[int], l
     if plan.resumed is None:
         return 0
     return len(units_of(plan.resumed.epoch)) - per_epoch
-
-
-def _remainder(plan: EpochPlan, epoch: int, cuts: tuple[Cut, ...]) -> tuple[list[Segment], tuple[int, ...]]:
-    """The rows of `epoch` no rank had stepped at the last of `cuts` (the resumed job's), in order, and
-    this plan's rank sizes for them. Each cut is applied to the streams the one before it made."""
-    first = cuts[0]
-    earlier = replace(plan, world_size=first.world_size, resumed=None, epochs=epoch + 1)
-    units = earlier.units(epoch)
-    for number, cut in enumerate(cuts):
-        left = [segment for rank in range(cut.world_size)
-                for segment in _left_of(plan, [u for u in units if u.rank == rank], cut.ranks[rank])]
-        world = cuts[number + 1].world_size if number + 1 < len(cuts) else None
-        if world is None:
-            return left, _split(plan, sum(s.size for s in left), plan.world_size)
-        units = list(plan._cut(epoch, left, _split(plan, sum(s.size for s in left), world)))
-    raise AssertionError("unreachable: a Resumed has at least one cut")
-
-
-def _left_of(plan: EpochPlan, stream: list[Unit], position: tuple[int, int]) -> list[Segment]:
-    """The rows of one rank's stream not stepped at `position` (units wholly consumed, batches of the
-    next): the part of the unit it was in that its seeded order had not reached, then the units
-    after it, as runs of rows."""
-    index, batches = position
-    while index < len(stream) and batches >= len(batch_bounds(stream[index].size, plan.batch_size or
-                                                              plan.unit_size)):
-        batches -= len(batch_bounds(stream[index].size, plan.batch_size or plan.unit_size))
-        index += 1
-    if index >= len(stream):
-        return []
-    part = stream[index]
-    taken = batch_bounds(part.size, plan.batch_size or plan.unit_size)[batches][0] if batches else 0
-    rows = sorted((shard, row, sample_id - row) for shard, row, sample_id in part.rows(plan.seed)[taken:])
-    return _runs(rows) + [s for unit in stream[index + 1:] for s in unit.segments]
-
-
-def _check_resumed(plan: EpochPlan, resumed: Resumed) -> None:
-    """A resume that cannot work is refused with the reason, when the job is made."""
-    if not 0 <= resumed.epoch < plan.epochs:
-        raise DataError(f"the checkpoint's epoch {resumed.epoch} is not one of the job's epochs "
-                         f"0..{plan.epochs - 1}")
-    for cut in resumed.cuts:
-        if cut.world_size < 1 or len(cut.ranks) != cut.world_size:
-            raise DataError(f"a checkpoint of world size {cut.world_size} must hold {cut.world_size} rank "
-                             f"positions, not {len(cut.ranks)}")
-        if any(units < 0 or batches < 0 for units, batches in cut.ranks):
-            raise DataError(f"a checkpoint's rank positions cannot be negative: {list(cut.ranks)}")
-    left, sizes = _remainder(plan, resumed.epoch, resumed.cuts)
-    if 0 in sizes:
-        rows = sum(s.size for s in left)
-        raise DataError(f"{rows} samples of epoch {resumed.epoch} are left, fewer than the "
-                         f"{plan.world_size} ranks (or a batch each, with drop_last): resume with fewer ranks, "
-                         f"or from an earlier checkpoint")
-
-
-def _runs(rows: list[tuple[int, int, int]]) -> list[Segment]:
-    """(shard, row, first sample id of the shard) rows, sorted, as runs of consecutive rows."""
-    runs: list[Segment] = []
-    for shard, row, first in rows:
-        last = runs[-1] if runs else None
-        if last is not None and last.shard_index == shard and last.stop == row and last.first_sample_id == first:
-            runs[-1] = Segment(shard, last.start, row + 1, first)
-        else:
-            runs.append(Segment(shard, row, row + 1, first))
-    return runs

@@ -81,7 +81,7 @@ class SkippedSample(_message.Message):
     def __init__(self, sample_id: _Optional[int] = ..., key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BatchHeader(_message.Message):
-    __slots__ = ("job_id", "worker_id", "epoch", "unit_id", "batch_index", "last_in_unit", "sample_ids", "skipped", "frames", "has_crc32c", "crc32c", "created_unix", "stages", "rows", "text", "lease_token", "host_id")
+    __slots__ = ("job_id", "worker_id", "epoch", "unit_id", "batch_index", "last_in_unit", "sample_ids", "skipped", "frames", "has_crc32c", "crc32c", "created_unix", "stages", "rows", "text", "lease_token", "host_id", "unit_batches", "stepped_before")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,8 @@ class BatchHeader(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    UNIT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    STEPPED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     worker_id: str
     epoch: int
@@ -116,7 +118,9 @@ class BatchHeader(_message.Message):
     text: TextStats
     lease_token: bytes
     host_id: str
-    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., unit_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., last_in_unit: _Optional[bool] = ..., sample_ids: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., frames: _Optional[_Iterable[_Union[FrameSpec, _Mapping]]] = ..., has_crc32c: _Optional[bool] = ..., crc32c: _Optional[int] = ..., created_unix: _Optional[float] = ..., stages: _Optional[_Union[StageSeconds, _Mapping]] = ..., rows: _Optional[int] = ..., text: _Optional[_Union[TextStats, _Mapping]] = ..., lease_token: _Optional[bytes] = ..., host_id: _Optional[str] = ...) -> None: ...
+    unit_batches: int
+    stepped_before: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., epoch: _Optional[int] = ..., unit_id: _Optional[int] = ..., batch_index: _Optional[int] = ..., last_in_unit: _Optional[bool] = ..., sample_ids: _Optional[_Iterable[int]] = ..., skipped: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., frames: _Optional[_Iterable[_Union[FrameSpec, _Mapping]]] = ..., has_crc32c: _Optional[bool] = ..., crc32c: _Optional[int] = ..., created_unix: _Optional[float] = ..., stages: _Optional[_Union[StageSeconds, _Mapping]] = ..., rows: _Optional[int] = ..., text: _Optional[_Union[TextStats, _Mapping]] = ..., lease_token: _Optional[bytes] = ..., host_id: _Optional[str] = ..., unit_batches: _Optional[int] = ..., stepped_before: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("worker_id", "job_id", "host_id", "unit_id", "lease_token")
@@ -345,7 +349,7 @@ class Segment(_message.Message):
     def __init__(self, shard_index: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., first_sample_id: _Optional[int] = ...) -> None: ...
 
 class WorkUnit(_message.Message):
-    __slots__ = ("unit_id", "epoch", "lease_token", "segments", "rank", "position", "data_endpoint", "skip")
+    __slots__ = ("unit_id", "epoch", "lease_token", "segments", "rank", "position", "data_endpoint", "skip", "skip_batches")
     UNIT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +358,7 @@ class WorkUnit(_message.Message):
     POSITION_FIELD_NUMBER: _ClassVar[int]
     DATA_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SKIP_FIELD_NUMBER: _ClassVar[int]
+    SKIP_BATCHES_FIELD_NUMBER: _ClassVar[int]
     unit_id: int
     epoch: int
     lease_token: bytes
@@ -362,7 +367,8 @@ class WorkUnit(_message.Message):
     position: int
     data_endpoint: str
     skip: _containers.RepeatedCompositeFieldContainer[SkippedSample]
-    def __init__(self, unit_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_token: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., rank: _Optional[int] = ..., position: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., skip: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ...) -> None: ...
+    skip_batches: int
+    def __init__(self, unit_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_token: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., rank: _Optional[int] = ..., position: _Optional[int] = ..., data_endpoint: _Optional[str] = ..., skip: _Optional[_Iterable[_Union[SkippedSample, _Mapping]]] = ..., skip_batches: _Optional[int] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("host_id", "worker_ids", "reason", "unit_ids", "run_id", "crashed_sample")
@@ -437,20 +443,24 @@ class StartPosition(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., step: _Optional[int] = ..., units: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("unit_ids", "batches", "received", "redo", "waiting_s", "need")
+    __slots__ = ("unit_ids", "batches", "received", "redo", "waiting_s", "need", "counted_units", "counted_batches")
     UNIT_IDS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
     REDO_FIELD_NUMBER: _ClassVar[int]
     WAITING_S_FIELD_NUMBER: _ClassVar[int]
     NEED_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_UNITS_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     unit_ids: _containers.RepeatedScalarFieldContainer[int]
     batches: _containers.RepeatedScalarFieldContainer[int]
     received: _containers.RepeatedScalarFieldContainer[int]
     redo: _containers.RepeatedScalarFieldContainer[int]
     waiting_s: float
     need: RankNeed
-    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ..., batches: _Optional[_Iterable[int]] = ..., received: _Optional[_Iterable[int]] = ..., redo: _Optional[_Iterable[int]] = ..., waiting_s: _Optional[float] = ..., need: _Optional[_Union[RankNeed, _Mapping]] = ...) -> None: ...
+    counted_units: _containers.RepeatedScalarFieldContainer[int]
+    counted_batches: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, unit_ids: _Optional[_Iterable[int]] = ..., batches: _Optional[_Iterable[int]] = ..., received: _Optional[_Iterable[int]] = ..., redo: _Optional[_Iterable[int]] = ..., waiting_s: _Optional[float] = ..., need: _Optional[_Union[RankNeed, _Mapping]] = ..., counted_units: _Optional[_Iterable[int]] = ..., counted_batches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RankNeed(_message.Message):
     __slots__ = ("measured", "cores_needed", "stall_fraction", "cores_in_use", "stage")
@@ -553,12 +563,14 @@ class Steps(_message.Message):
     def __init__(self, steps: _Optional[int] = ...) -> None: ...
 
 class RankPosition(_message.Message):
-    __slots__ = ("units", "batches")
+    __slots__ = ("units", "batches", "unsure")
     UNITS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    UNSURE_FIELD_NUMBER: _ClassVar[int]
     units: int
     batches: int
-    def __init__(self, units: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
+    unsure: bool
+    def __init__(self, units: _Optional[int] = ..., batches: _Optional[int] = ..., unsure: _Optional[bool] = ...) -> None: ...
 
 class Position(_message.Message):
     __slots__ = ("ranks",)

@@ -36,13 +36,13 @@ from stoker.pipeline import activity
 from stoker.pipeline.activity import ActivitySlot, Phase
 from stoker.pipeline.cpu_clock import CpuAccount, stage_clock
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.shard_cache import CacheConfig
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.sources import SourceRefused
 from stoker.pipeline.text.tokenizer import TokenizerError
 from stoker.pipeline.transforms import TransformOutputError, TransformRefused
 from stoker.pipeline.unit_wire import unit_from_proto
+from stoker.pipeline.units import Unit
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
@@ -54,7 +54,7 @@ from stoker.workers.limits import is_out_of_tasks
 from stoker.workers.metrics import WorkerMetrics
 from stoker.workers.sender import DataSender, Lease, LeaseRefused, Rejected, SendTimedOut
 from stoker.workers.skips import Skips
-from stoker.workers.sources import BatchSource, Outgoing, make_source
+from stoker.workers.sources import BatchSource, Outgoing, make_source, unsent_part
 
 log = logging.getLogger("stoker.worker")
 
@@ -239,7 +239,8 @@ class _LeaseLoop:
         sender = self._sender_for(leased.data_endpoint)
         sender.start_unit(Lease(unit.unit_id, leased.lease_token))
         skip = Skips(ChainMap({s.sample_id: s.reason for s in leased.skip}, self.poison), self._refresh_poison)
-        self.works[unit.rank] = _Work(unit, sender, iter(self.source.batches(unit, skip, self._hung)))
+        made = self.source.batches(unit, skip, self._hung)
+        self.works[unit.rank] = _Work(unit, sender, iter(unsent_part(made, unit.skip, unit.unit_id)))
 
     def _hung(self, unit_id: int, sample_id: int, seconds: float) -> None:
         """The transform ran past --transform-timeout on a sample: say so now, skip it in every unit this

@@ -25,7 +25,6 @@ from stoker.pipeline.images.batching import OnHang, unit_batches
 from stoker.pipeline.images.corrupt import job_sample_work
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.kinds import IMAGENET, TOKENS, WIKIPEDIA
-from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.open_shards import OpenShards
 from stoker.pipeline.store.shard_cache import CacheConfig, ShardCache
 from stoker.pipeline.store.shards import Manifest, ShardInfo
@@ -38,6 +37,7 @@ from stoker.pipeline.text.token_cost import manifest_tokenizer
 from stoker.pipeline.text.token_shards import TokenShard, lengths_of, read_token_shard
 from stoker.pipeline.text.vocab import Vocab
 from stoker.pipeline.transforms import ImageTransform, pinned
+from stoker.pipeline.units import Unit
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.errors import ConfigError
 from stoker.workers.metrics import WorkerMetrics
@@ -52,6 +52,33 @@ class Outgoing:
     header: pb.BatchHeader  # sample ids, skips, rows, stages and text stats; identity fields are the sender's
     tensors: dict[str, np.ndarray]
     observe: Callable[[WorkerMetrics], None]  # count the batch once it is sent
+
+
+def unsent_part(batches: Iterator[Outgoing], stepped: int, unit_id: int) -> Iterator[Outgoing]:
+    """The batches of a text unit a job of another world size had stepped `stepped` of (pipeline.remainder):
+    made whole as before, the first `stepped` kept back, the rest numbered from 0 and naming the documents
+    the kept-back ones held (`stepped_before`), so that the rank's books count the unit whole."""
+    if not stepped:
+        yield from batches
+        return
+    before: list[int] = []
+    kept: Outgoing | None = None  # the last batch kept back, while none has been sent
+    for index, made in enumerate(batches):
+        if index < stepped:
+            before += made.header.sample_ids
+            kept = made
+            continue
+        kept = None
+        made.header.batch_index -= stepped
+        made.header.unit_batches = max(0, made.header.unit_batches - stepped)
+        made.header.stepped_before.extend(before)
+        yield made
+    if kept is not None:  # every batch kept back: only a position past the unit's end gets here
+        log.error("unit %d has no batch past the %d its checkpoint says were stepped: it is sent as stepped whole "
+                  "(such a position names documents of the units after it too)", unit_id, stepped)
+        header = pb.BatchHeader(batch_index=0, last_in_unit=True, unit_batches=1, stepped_before=before,
+                                skipped=kept.header.skipped)
+        yield Outgoing(header, {}, lambda metrics: None)
 
 
 class BatchSource(Protocol):
@@ -69,8 +96,9 @@ def transform_of(job: JobConfig) -> ImageTransform:
 
 
 def _header(sample_ids: list[int], skipped: list[tuple[int, str, str]], rows: int, last: bool,
-            index: int) -> pb.BatchHeader:
-    header = pb.BatchHeader(batch_index=index, last_in_unit=last, sample_ids=sample_ids, rows=rows)
+            index: int, unit_batches: int = 0) -> pb.BatchHeader:
+    header = pb.BatchHeader(batch_index=index, last_in_unit=last, sample_ids=sample_ids, rows=rows,
+                            unit_batches=unit_batches)
     for sample_id, key, reason in skipped:
         header.skipped.add(sample_id=sample_id, key=key, reason=reason[:200])
     return header
@@ -161,7 +189,7 @@ class TextSource:
                 ) -> Iterator[Outgoing]:
         """`skip` and `on_hang` are not used: text has no user transform that could kill or hang the process."""
         for batch in unit_text_batches(self._shard, unit, self.cfg, self.job.seed, self.job.batch_size):
-            header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
+            header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index, batch.batches)
             header.stages.examples = batch.examples_s
             header.stages.pack = batch.pack_s
             header.text.CopyFrom(pb.TextStats(
@@ -227,7 +255,7 @@ class TokenSource:
         source_of, tokenize_s = self._unit_shards(unit)
         for batch in unit_token_batches(source_of, unit, self.job.lm, self.job.seed, self.job.batch_size,
                                         self.eot, self.pad, self.lengths):
-            header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index)
+            header = _header(batch.doc_ids, batch.skipped, batch.rows, batch.last, batch.batch_index, batch.batches)
             header.stages.pack = batch.pack_s
             header.stages.examples = tokenize_s if batch.batch_index == 0 else 0.0  # online: the unit's tokenizing
             header.text.CopyFrom(pb.TextStats(sequences=batch.segments, real_tokens=batch.tokens,

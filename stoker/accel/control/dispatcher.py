@@ -24,7 +24,8 @@ from stoker.accel.control.liveness import Liveness, RankError
 from stoker.accel.control.poison import PoisonList
 from stoker.accel.control.progress import Progress
 from stoker.accel.control.unit_queue import UnitQueue, lease_key
-from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.units import Unit
 from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED, release_label
 
 __all__ = ["Dispatcher", "DispatcherStats", "Lease", "RankError"]

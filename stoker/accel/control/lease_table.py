@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from stoker.pipeline.plan import Unit
+from stoker.pipeline.units import Unit
 
 AVOID_S = 5.0  # a unit redone because its leaseholder ended it short goes to another host first, this long
 

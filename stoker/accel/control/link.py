@@ -17,6 +17,7 @@ import zmq.asyncio
 
 from stoker.accel.control.dispatcher import DispatcherStats
 from stoker.accel.control.fleet_member import Need
+from stoker.accel.control.progress import RankPositions
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class DispatcherLink(Protocol):
         """Every batch of the unit is at its rank: nobody need make it again."""
         ...
 
+    def counted(self, unit_id: int, batches: int) -> None:
+        """A text unit sends `batches` batches (its first is here): a data position after it is exact."""
+        ...
+
     def redo(self, unit_id: int) -> bool:
         """The unit's last batch left samples out: have it made again."""
         ...
@@ -79,9 +84,9 @@ class DispatcherLink(Protocol):
         has reported, else None (ask again)."""
         ...
 
-    async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
-        """Where every rank's stream stands after `step` steps of `epoch` (accel.control.dispatcher);
-        None when stopped before the answer came."""
+    async def position(self, epoch: int, step: int, stop: threading.Event) -> RankPositions | None:
+        """Where every rank's stream stands after `step` steps of `epoch` (accel.control.progress), and
+        the ranks whose place in a text unit is not sure yet; None when stopped before the answer came."""
         ...
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:

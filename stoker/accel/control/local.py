@@ -22,6 +22,7 @@ from stoker.accel.control.dispatcher import Dispatcher, DispatcherStats
 from stoker.accel.control.fleet_member import NOT_MEASURED, Need
 from stoker.accel.control.link import CloseWait
 from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.progress import RankPositions
 from stoker.accel.control.serving.server import AccessPolicy, ControlServer, bind_control, serve_control
 from stoker.accel.control.watchdog import StallBounds
 from stoker.protos import stoker_pb2 as pb
@@ -107,6 +108,9 @@ class InProcessDispatcher:
     def received(self, unit_id: int) -> None:
         self.dispatcher.received(unit_id)
 
+    def counted(self, unit_id: int, batches: int) -> None:
+        self.dispatcher.progress.remember_batches({unit_id: batches})
+
     def redo(self, unit_id: int) -> bool:
         """As another rank's redo: through the control server, which holds it while a transform runs."""
         return self.server.redo_short(0, unit_id) if self.server is not None else self.dispatcher.redo(unit_id)
@@ -120,8 +124,8 @@ class InProcessDispatcher:
     async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
         return self.dispatcher.progress.epoch_steps(epoch, rank, batches)
 
-    async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
-        return self.dispatcher.progress.position(epoch, step)
+    async def position(self, epoch: int, step: int, stop: threading.Event) -> RankPositions | None:
+        return self.dispatcher.progress.where(epoch, step)
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
         """The other ranks' last acks (when this rank is done: they may still be on their way), then

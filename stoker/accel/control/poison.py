@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stoker.pipeline.plan import Unit
+from stoker.pipeline.units import Unit
 
 POISON_CRASHES = 2  # a sample whose transform killed this many processes is skipped from then on
 CRASHES_KEPT = 4096  # samples whose crashes are counted at once

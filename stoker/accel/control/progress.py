@@ -12,7 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.units import Unit
+
+
+@dataclass(frozen=True)
+class RankPositions:
+    """Where every rank's stream stands after a step: (units whose batches are all counted, batches consumed
+    after them) per rank, and the ranks whose unit's batch count has not come yet while it stands past the
+    unit's start (text: it may have stepped the whole unit and more; such a position holds at its own world
+    size only, where the rank replays it)."""
+
+    ranks: list[tuple[int, int]]
+    unsure: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -136,19 +148,27 @@ class Progress:
         return max(reported.values()) if len(reported) == self.plan.world_size else None
 
     def position(self, epoch: int, step: int) -> list[tuple[int, int]]:
+        """`where`'s positions alone."""
+        return self.where(epoch, step).ranks
+
+    def where(self, epoch: int, step: int) -> RankPositions:
         """Per rank, where its stream stands after `step` steps of `epoch`: (units whose batches are
-        all counted, batches consumed after them). A unit whose count is not known yet (its ack is
-        on its way) is simply not counted: resuming then replays a few more batches, silently."""
-        out = []
+        all counted, batches consumed after them). A unit whose count is not known yet is not counted:
+        at the same world size a resume replays a few more batches, silently; a text rank standing past
+        the start of such a unit is named unsure (its count comes with the unit's first batch)."""
+        out, unsure = [], []
         for rank in range(self.plan.world_size):
             index, consumed = self._prefix.get((epoch, rank), (0, 0))
             if consumed > step:
                 index, consumed = 0, 0
-            for unit in self.plan.rank_units(epoch, rank)[index:]:
+            stream = self.plan.rank_units(epoch, rank)
+            for unit in stream[index:]:
                 count = self.batches_of(unit)
+                if count is None and consumed < step:
+                    unsure.append(rank)
                 if count is None or consumed + count > step:
                     break
                 consumed += count
                 index += 1
             out.append((index, step - consumed))
-        return out
+        return RankPositions(out, unsure)

@@ -28,6 +28,7 @@ from stoker.accel.control.dispatcher import DispatcherStats
 from stoker.accel.control.failures import dispatcher_gone_line
 from stoker.accel.control.fleet_member import NOT_MEASURED, Need, need_to_proto
 from stoker.accel.control.link import CloseWait
+from stoker.accel.control.progress import RankPositions
 from stoker.protos import stoker_pb2 as pb
 from stoker.protos.control_client import ControlClient, DispatcherUnreachable
 from stoker.protos.curve import ClientKeys
@@ -128,6 +129,7 @@ class RemoteDispatcher:
         self._acked: set[int] = set(done_before)
         self._unsent: dict[int, int] = {}  # unit -> its batches
         self._received: set[int] = set()  # units whose batches are all here, to tell
+        self._counted: dict[int, int] = {}  # text units whose first batch is here -> their batches, to tell
         self._redo: set[int] = set()  # units whose leaseholder ended them short, to have made again
         self.finished = False  # every unit of the job is done (the dispatcher said so)
         self.on_failure: Callable[[str], None] = lambda reason: None  # the dispatcher says the job failed
@@ -146,6 +148,9 @@ class RemoteDispatcher:
 
     def received(self, unit_id: int) -> None:
         self._received.add(unit_id)
+
+    def counted(self, unit_id: int, batches: int) -> None:
+        self._counted[unit_id] = batches
 
     def redo(self, unit_id: int) -> bool:
         self._redo.add(unit_id)
@@ -186,9 +191,12 @@ class RemoteDispatcher:
                                 stop)
         return reply.steps.steps if reply is not None and reply.WhichOneof("kind") == "steps" else None
 
-    async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
+    async def position(self, epoch: int, step: int, stop: threading.Event) -> RankPositions | None:
         reply = await self.call(pb.ControlRequest(position=pb.PositionQuery(epoch=epoch, step=step)), stop)
-        return None if reply is None else [(r.units, r.batches) for r in reply.position.ranks]
+        if reply is None:
+            return None
+        ranks = reply.position.ranks
+        return RankPositions([(r.units, r.batches) for r in ranks], [i for i, r in enumerate(ranks) if r.unsure])
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
         """Acks still on their way must reach the dispatcher."""
@@ -202,16 +210,20 @@ class RemoteDispatcher:
         try:
             while not stop.is_set():
                 now = asyncio.get_running_loop().time()
-                if self._unsent or self._received or self._redo or now >= next_beat:
+                if self._unsent or self._received or self._redo or self._counted or now >= next_beat:
                     batch, received, redo = dict(self._unsent), set(self._received), set(self._redo)
+                    counted = dict(self._counted)
                     self._unsent.clear()
                     self._received.clear()
                     self._redo.clear()
+                    self._counted.clear()
                     self._in_flight = len(batch)
                     reply = await self.call(pb.ControlRequest(ack=pb.Ack(unit_ids=list(batch),
                                                                          batches=list(batch.values()),
                                                                          received=sorted(received),
                                                                          redo=sorted(redo),
+                                                                         counted_units=list(counted),
+                                                                         counted_batches=list(counted.values()),
                                                                          waiting_s=self.waited_s(),
                                                                          need=need_to_proto(self.need()))), stop)
                     self._in_flight = 0
@@ -219,6 +231,7 @@ class RemoteDispatcher:
                         self._unsent.update(batch)
                         self._received |= received
                         self._redo |= redo
+                        self._counted.update(counted)
                         continue
                     self._acked |= set(batch)
                     if reply.HasField("stats"):

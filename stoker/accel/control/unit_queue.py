@@ -15,7 +15,8 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from stoker.pipeline.plan import EpochPlan, Unit
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.units import Unit
 
 SCAN_PAST = 64  # pending units a lease may pass over (ranks the asking process holds) before it says wait
 MAKE_AHEAD_UNITS = 16  # units of the next epoch made per lease: ~0.1 ms, the epoch ready well before it is due

@@ -25,10 +25,10 @@ from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.deadline import CallLimit, TransformTimeout
 from stoker.pipeline.images.augment import DecodeError, Transform, decode_augment, decode_whole, jpeg_size
 from stoker.pipeline.images.layout import DecodeOn
-from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.seeds import sample_random
 from stoker.pipeline.store.shards import ShardReader
 from stoker.pipeline.transforms import Crop, ImageTransform, Sample, check_outputs
+from stoker.pipeline.units import Unit, batch_bounds
 from stoker.protos.errors import ConfigError
 
 
@@ -246,7 +246,7 @@ def unit_batches(reader_of: Callable[[int], ShardReader | str], unit: Unit, work
     come from several shards: `reader_of(shard index)` gives a reader, or why the shard is
     unusable). An unusable image leaves its batch a row short, so a unit always gives
     ceil(size / batch_size) batches (at least one, possibly empty, marked last), cut as
-    `pipeline.plan.batch_bounds` says. A `work` with `batch_rows(count)` (HostTransform) has each sample
+    `pipeline.units.batch_bounds` says. A `work` with `batch_rows(count)` (HostTransform) has each sample
     copied into its batch as soon as it is made, and its payload let go. `skip`: sample id -> why it
     is not even read (it killed or hung the processes that transformed it), skipped like an unusable
     one; read at each sample, so a mapping that grows meanwhile is heeded. `on_hang`: told at once of

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stoker.pipeline.cpu_clock import stage_clock
-from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.seeds import ReseededRng, derived_rng
 from stoker.pipeline.text.docs import DocShard
 from stoker.pipeline.text.examples import Sequence, Specials, TextConfig, document_sequences, valid_rows
 from stoker.pipeline.text.layout import assemble
 from stoker.pipeline.text.packing import pack
+from stoker.pipeline.units import Unit, batch_bounds
 
 
 @dataclass
@@ -41,6 +41,7 @@ class TextBatch:
     masked: int = 0
     random_next: int = 0
     lengths: list[int] = field(default_factory=list)
+    batches: int = 0  # the unit's
 
 
 @dataclass
@@ -128,7 +129,7 @@ def unit_text_batches(source_of: Callable[[int], TextUnitSource | str], unit: Un
             pack_s=((packed - made) if index == 0 else 0.0) + assemble_s,
             masked=sum(s.masked_positions.size for s in flat),
             random_next=sum(s.is_random_next for s in flat),
-            lengths=[len(s) for s in flat])
+            lengths=[len(s) for s in flat], batches=count)
 
 
 def _rows(unit: Unit, sequences: list[Sequence], cfg: TextConfig, seed: int) -> list[list[Sequence]]:

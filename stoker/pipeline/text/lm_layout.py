@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stoker.pipeline.cpu_clock import stage_clock
-from stoker.pipeline.plan import Unit, batch_bounds
 from stoker.pipeline.tensors import TensorSpec
 from stoker.pipeline.text.causal import (
     MODES,
@@ -43,6 +42,7 @@ from stoker.pipeline.text.causal import (
     row_tensors,
 )
 from stoker.pipeline.text.token_shards import TokenShard
+from stoker.pipeline.units import Unit, batch_bounds
 from stoker.protos.errors import ConfigError, DataError
 
 MAX_SEQ_LEN = 1 << 20
@@ -101,6 +101,7 @@ class TokenBatch:
     unpacked_slots: int  # one piece per row: segments * seq_len (concat: token_slots)
     pack_s: float = 0.0  # the unit's row-making time, on its first batch, and this batch's slicing
     lengths: list[int] = field(default_factory=list)
+    batches: int = 0  # the unit's
 
 
 def unit_lengths(unit: Unit, seed: int, lengths: np.ndarray) -> np.ndarray:
@@ -215,7 +216,7 @@ def unit_token_batches(source_of: Callable[[int], TokenShard | str], unit: Unit,
             skipped=skipped if last else [], batch_index=index, last=last, rows=rows, segments=pieces,
             tokens=tokens, token_slots=rows * cfg.seq_len, unpacked_slots=(pieces if packed else rows) * cfg.seq_len,
             pack_s=(built if index == 0 else 0.0) + stage_clock() - sliced,
-            lengths=np.count_nonzero(segs, axis=1).tolist())
+            lengths=np.count_nonzero(segs, axis=1).tolist(), batches=len(bounds))
 
 
 _NAMES = {"concat": ("input_ids", "labels"), "packed": ("input_ids", "labels", "position_ids", "segment_ids")}

@@ -20,12 +20,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.files import replace_atomically
 from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.pipeline.text.docs import ShardError, check_rows, read_shard_table
 from stoker.pipeline.text.token_shards import TokenShard
 from stoker.pipeline.text.tokenizer import IDS, TextTokenizer
+from stoker.pipeline.units import Unit
 
 TEXT_SCHEMA = pa.schema([("key", pa.string()), ("text", pa.string())])
 ROW_GROUP = 1024

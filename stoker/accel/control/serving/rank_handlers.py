@@ -58,6 +58,7 @@ class RankHandlers:
             self.needs.heard(rank[0], need_from_proto(ack.need))
         for unit_id in ack.received:
             d.received(unit_id)
+        d.progress.remember_batches(dict(zip(ack.counted_units, ack.counted_batches, strict=False)))
         for unit_id in ack.redo:
             self.redo_short(rank[0], unit_id)
         counts = list(ack.batches)
@@ -75,8 +76,10 @@ class RankHandlers:
             pb.ControlReply(steps=pb.Steps(steps=steps))
 
     def on_position(self, asked: Asked) -> pb.ControlReply:
-        ranks = self.dispatcher.progress.position(asked.request.position.epoch, asked.request.position.step)
-        return pb.ControlReply(position=pb.Position(ranks=[pb.RankPosition(units=u, batches=b) for u, b in ranks]))
+        where = self.dispatcher.progress.where(asked.request.position.epoch, asked.request.position.step)
+        ranks = [pb.RankPosition(units=u, batches=b, unsure=rank in where.unsure)
+                 for rank, (u, b) in enumerate(where.ranks)]
+        return pb.ControlReply(position=pb.Position(ranks=ranks))
 
     def redo_short(self, rank: int, unit_id: int) -> bool:
         """The rank got a unit short (its sender went silent in the middle): lease it again; unless its

@@ -21,10 +21,11 @@ from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
 from stoker.accel.control.dispatcher import DispatcherStats
 from stoker.accel.control.link import CloseWait, DispatcherLink
+from stoker.accel.control.progress import RankPositions
 from stoker.accel.receive_loop import END, ReceiveLoop
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.plan import Unit
 from stoker.pipeline.store.shards import Manifest, ShardInfo
+from stoker.pipeline.units import Unit
 from stoker.protos import stoker_pb2 as pb
 
 HOST, WORKER, PEER = "h0", "h0/p0.1", b"peer-1"
@@ -37,6 +38,7 @@ class FakeDispatcher:
         self.total_units = total_units
         self.acks: list[tuple[int, int | None]] = []
         self.received_units: list[int] = []
+        self.counts: dict[int, int] = {}  # text units' batch counts, told with their first batch
         self.redone: list[int] = []
         self.releases = 0
         self.on_failure: Callable[[str], None] | None = None
@@ -69,6 +71,9 @@ class FakeDispatcher:
     def received(self, unit_id: int) -> None:
         self.received_units.append(unit_id)
 
+    def counted(self, unit_id: int, batches: int) -> None:
+        self.counts[unit_id] = batches
+
     def redo(self, unit_id: int) -> bool:
         self.redone.append(unit_id)
         return True
@@ -84,9 +89,9 @@ class FakeDispatcher:
     async def epoch_steps(self, epoch: int, rank: int, batches: int, stop: threading.Event) -> int | None:
         return batches
 
-    async def position(self, epoch: int, step: int, stop: threading.Event) -> list[tuple[int, int]] | None:
+    async def position(self, epoch: int, step: int, stop: threading.Event) -> RankPositions | None:
         self.positions.append((epoch, step))
-        return [(step // 2, step % 2)]
+        return RankPositions([(step // 2, step % 2)])
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
         self.closed_done.append(stream_done)

@@ -10,7 +10,7 @@ from stoker.accel import checkpoint
 from stoker.accel.checkpoint import CheckpointError, Position
 from stoker.accel.stepping import Stateful
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.plan import Resumed
+from stoker.pipeline.remainder import Resumed
 from stoker.protos.errors import ResourceError
 
 
@@ -50,10 +50,19 @@ def test_a_checkpoint_taken_in_a_resumed_epoch_carries_its_cuts_and_a_later_one_
     assert checkpoint.state(first, 2, 1, [[0, 1], [0, 1]], 10)["cuts"] == []
 
 
-def test_a_text_job_at_another_world_size_is_refused_with_the_reason():
+def test_a_text_job_continues_at_another_world_size_unless_a_ranks_place_in_its_unit_was_unsure():
+    """A text checkpoint resumes at another world size (pipeline.remainder names the part-stepped units);
+    one whose dispatcher could not say where a rank stood in its unit (its batch count had not come) resumes
+    at its own world size only, and says so."""
     text = _job(dataset="wikipedia", world_size=3)
-    with pytest.raises(CheckpointError, match="text unit's rows depend on its documents"):
-        checkpoint.resume(_job(dataset="wikipedia", world_size=2), _state(text))
+    job, position = checkpoint.resume(_job(dataset="wikipedia", world_size=2), _state(text))
+    assert job.resumed_from and position.ranks == [(0, 0), (0, 0)]
+    unsure = _state(text) | {"unsure": [2]}
+    with pytest.raises(CheckpointError, match=r"rank\(s\) 2 stood in their unit was not known exactly.*resume with 3"):
+        checkpoint.resume(_job(dataset="wikipedia", world_size=2), unsure)
+    assert checkpoint.resume(text, unsure)[1] == Position(1, 4, [(1, 0), (0, 4), (1, 1)])
+    with pytest.raises(CheckpointError, match="unsure ranks are rank indexes"):
+        checkpoint.resume(text, _state(text) | {"unsure": [3]})
 
 
 def test_another_job_is_refused_naming_the_fields_that_differ():

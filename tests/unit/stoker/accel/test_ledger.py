@@ -67,3 +67,18 @@ def test_another_ranks_units_do_not_close_an_epoch(manifest):
         _step_whole_unit(ledger, unit)
     assert ledger.open_epochs == 1
     assert ledger.admit(0, mine[-1].unit_id, 0, np.array(mine[-1].sample_ids()), last=True)  # still wanted
+
+
+def test_a_unit_part_stepped_at_another_world_size_is_whole_with_what_its_batches_say_was_stepped_before(plan):
+    """A text unit resumed part-way (pipeline.remainder) sends only its later batches; they name the documents
+    its earlier ones held, which the books count as the unit's without counting them delivered here."""
+    ledger = Ledger(plan)
+    unit = plan.units(0)[0]
+    ids = np.array(unit.sample_ids())
+    with pytest.raises(InvalidBatch):  # without them, the unit's last batch leaves documents out
+        ledger.admit(0, unit.unit_id, 0, ids[20:], last=True)
+    assert ledger.admit(0, unit.unit_id, 0, ids[20:], last=True, stepped_before=ids[:20])
+    assert ledger.stepped(0, unit.unit_id, 0, True, ids[20:], np.empty(0, np.int64)) == Step.DONE
+    assert ledger.samples == 12  # delivered here: the unit's rest only
+    with pytest.raises(InvalidBatch, match="outside unit"):
+        Ledger(plan).admit(0, unit.unit_id, 0, ids[20:], last=True, stepped_before=np.array([10_000]))

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from stoker.pipeline.images.augment import TrainTransform
 from stoker.pipeline.images.batching import HostTransform, unit_batches
-from stoker.pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.remainder import Cut, Resumed
 from stoker.pipeline.store.shards import Manifest, ShardInfo, ShardReader
+from stoker.pipeline.units import batch_bounds
 
 
 def _readers(manifest):
@@ -241,8 +243,8 @@ def test_a_plan_asked_for_units_from_two_threads_keeps_its_cache_whole(manifest)
 def test_a_units_visits_by_whole_arrays_are_its_rows_sample_by_sample(parts, epoch, seed):
     """Unit.visits (numpy, for token units of thousands of documents) is the seeded order the loop per sample
     made: the same (shard, row, sample id) in the same order."""
-    from stoker.pipeline.plan import Segment, Unit
     from stoker.pipeline.seeds import derived_rng
+    from stoker.pipeline.units import Segment, Unit
 
     unit = Unit(7, epoch, tuple(Segment(shard, start, start + size, first) for shard, start, size, first in parts))
     flat = [(s.shard_index, row, s.first_sample_id + row) for s in unit.segments for row in range(s.start, s.stop)]

@@ -18,7 +18,6 @@ from PIL import Image
 
 from stoker.pipeline.images.augment import TrainTransform, decode_augment
 from stoker.pipeline.images.batching import HostTransform, unit_batches
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.prepare import (
     CORRUPT_KIND,
     TRAINING_SKIPS,
@@ -40,6 +39,7 @@ from stoker.pipeline.store.spill import SPILL_NAME
 from stoker.pipeline.store.stats import folder_stats, image_files
 from stoker.pipeline.store.table_records import TableSource
 from stoker.pipeline.store.tar_records import TarSource
+from stoker.pipeline.units import Segment, Unit
 from tests.corrupt_jpegs import garbled, truncated
 from tests.packing import add_member, folder_samples, write_arrow_binary, write_hf_parquet, write_tars
 from tests.shard_edits import rows_of

@@ -1,7 +1,7 @@
 """stoker/pipeline/unit_wire.py: a work unit and its segments, as a worker receives it."""
 
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.unit_wire import unit_from_proto, unit_to_proto
+from stoker.pipeline.units import Segment, Unit
 
 
 def test_a_unit_that_spans_shards_survives_the_wire():

@@ -79,7 +79,6 @@ def test_a_config_that_cannot_work_is_a_config_error_a_user_catches_at_the_root(
 # A builtin raised on purpose: a programming error of Stoker's own (a broken invariant, a method a
 # subclass must write, a container's protocol), never a user's to catch and act on.
 BUILTIN_RAISES_ALLOWED = {
-    ("stoker/pipeline/plan.py", "AssertionError"): "unreachable: a Resumed has at least one cut",
     ("stoker/pipeline/store/record_sources.py", "NotImplementedError"): "the method each record source writes",
     ("stoker/pipeline/store/shards.py", "IndexError"): "a shard reader's __getitem__ (the sequence protocol)",
     ("stoker/pipeline/job_wire.py", "TypeError"): "a config field with no wire field, found at import",

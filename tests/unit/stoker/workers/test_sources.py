@@ -11,12 +11,13 @@ from prometheus_client import CollectorRegistry
 from stoker.accel.schema import schema_of
 from stoker.pipeline.images.augment import DECODE_PATHS
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.store.shard_cache import CacheConfig
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.examples import TextConfig
+from stoker.pipeline.units import Segment, Unit
+from stoker.protos import stoker_pb2 as pb
 from stoker.workers.metrics import WorkerMetrics
-from stoker.workers.sources import ImageSource, make_source
+from stoker.workers.sources import ImageSource, Outgoing, make_source, unsent_part
 
 
 def _whole_first_shard(manifest: Manifest) -> Unit:
@@ -250,3 +251,22 @@ def test_an_online_set_whose_tokenizer_was_replaced_is_refused_in_one_line(tmp_p
     with pytest.raises(TokenizerError, match="the job was pinned to sha256:") as err:
         make_source(online, job)
     assert "\n" not in str(err.value)
+
+
+def _made(docs: list[list[int]]) -> list[Outgoing]:
+    return [Outgoing(pb.BatchHeader(batch_index=i, last_in_unit=i == len(docs) - 1, sample_ids=ids, rows=len(ids),
+                                    unit_batches=len(docs)), {}, lambda metrics: None) for i, ids in enumerate(docs)]
+
+
+def test_a_unit_part_stepped_sends_its_later_batches_numbered_from_0_naming_what_was_stepped():
+    sent = [o.header for o in unsent_part(iter(_made([[1, 2], [3], [4, 5], [6]])), 2, unit_id=7)]
+    assert [(h.batch_index, h.last_in_unit, h.unit_batches, list(h.sample_ids)) for h in sent] == \
+        [(0, False, 2, [4, 5]), (1, True, 2, [6])]
+    assert all(list(h.stepped_before) == [1, 2, 3] for h in sent)
+    assert [o.header for o in unsent_part(iter(_made([[1], [2]])), 0, unit_id=7)][0].stepped_before == []
+
+
+def test_a_unit_whose_every_batch_was_stepped_sends_one_empty_last_batch_and_says_so(caplog):
+    sent = [o.header for o in unsent_part(iter(_made([[1, 2], [3]])), 2, unit_id=7)]
+    assert len(sent) == 1 and sent[0].last_in_unit and sent[0].rows == 0 and list(sent[0].stepped_before) == [1, 2, 3]
+    assert "unit 7 has no batch past the 2" in caplog.text

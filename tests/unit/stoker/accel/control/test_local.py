@@ -10,6 +10,7 @@ import zmq.asyncio
 from stoker.accel.control.dispatcher import Dispatcher
 from stoker.accel.control.local import Closing, ControlSocket, InProcessDispatcher
 from stoker.accel.control.metrics import ControlMetrics
+from stoker.accel.control.progress import RankPositions
 from stoker.accel.control.serving.server import AccessPolicy
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.store.shards import Manifest, ShardInfo
@@ -32,7 +33,10 @@ def test_acks_and_questions_go_straight_to_the_dispatcher():
     assert link.stats().done == 1 and link.total_units == link.dispatcher.total_units
     assert asyncio.run(link.epoch_steps(0, 0, 5, threading.Event())) is None  # rank 1 has not reported
     assert asyncio.run(link.epoch_steps(0, 1, 4, threading.Event())) == 5
-    assert asyncio.run(link.position(0, 2, threading.Event())) == [(1, 0), (0, 2)]
+    where = asyncio.run(link.position(0, 2, threading.Event()))
+    assert where is not None and where.ranks == [(1, 0), (0, 2)] and where.unsure == [1]  # rank 1's count not come
+    link.counted(link.dispatcher.plan.rank_units(0, 1)[0].unit_id, 3)  # its first batch says it sends 3
+    assert asyncio.run(link.position(0, 2, threading.Event())) == RankPositions([(1, 0), (0, 2)], [])
 
 
 def test_it_binds_the_control_socket_attaches_rank_zero_and_waits_for_the_ranks_before_closing():

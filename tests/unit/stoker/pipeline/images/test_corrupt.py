@@ -15,8 +15,8 @@ from stoker.pipeline.images.augment import TrainTransform
 from stoker.pipeline.images.batching import HostTransform, ShipEncoded, unit_batches
 from stoker.pipeline.images.corrupt import CorruptJpegs, job_sample_work
 from stoker.pipeline.job import JobConfig
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.transforms import Output, Sample
+from stoker.pipeline.units import Segment, Unit
 
 pytestmark = pytest.mark.skipif(not augment.CROP_DECODER_AVAILABLE, reason="built without libjpeg-turbo headers")
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from stoker.pipeline.plan import Unit
 from stoker.pipeline.text.causal import IGNORE, CausalConfig, CausalRows, CausalStats, concat_row_count
 from stoker.pipeline.text.token_shards import TokenShard
+from stoker.pipeline.units import Unit
 from stoker.protos.errors import DataError
 
 

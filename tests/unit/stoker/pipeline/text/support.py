@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.batching import TextUnitSource
 from stoker.pipeline.text.docs import read_doc_shard
 from stoker.pipeline.text.examples import Specials, TextConfig
 from stoker.pipeline.text.vocab import Vocab
+from stoker.pipeline.units import Segment, Unit
 
 
 def source(manifest: Manifest, shard: int, cfg: TextConfig, seed: int = 0) -> TextUnitSource:

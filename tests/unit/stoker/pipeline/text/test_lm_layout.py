@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.text.causal import IGNORE
 from stoker.pipeline.text.lm_layout import (
     LMConfig,
@@ -20,6 +19,7 @@ from stoker.pipeline.text.lm_layout import (
     unit_token_batches,
 )
 from stoker.pipeline.text.token_shards import TokenShard
+from stoker.pipeline.units import Segment, Unit
 from stoker.protos.errors import ConfigError, DataError
 
 EOT, PAD, WIDTH = 0, 1, 16

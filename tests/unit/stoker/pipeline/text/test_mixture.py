@@ -11,10 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stoker.pipeline.plan import Cut, EpochPlan, Resumed, batch_bounds
+from stoker.pipeline.plan import EpochPlan
+from stoker.pipeline.remainder import Cut, Resumed
 from stoker.pipeline.store.shards import Manifest, ShardInfo
 from stoker.pipeline.text.mixture import MIXTURE, MixRule, MixSource, MixtureError, Schedule
 from stoker.pipeline.text.mixture_prepare import SourceSpec, prepare_mixture
+from stoker.pipeline.units import batch_bounds
 from stoker.protos.errors import DataError
 from tests.token_corpus import two_sources
 

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.pipeline.plan import Segment, Unit
 from stoker.pipeline.store.shards import Manifest
 from stoker.pipeline.text.docs import ShardError
 from stoker.pipeline.text.text_shards import (
@@ -24,6 +23,7 @@ from stoker.pipeline.text.text_shards import (
 from stoker.pipeline.text.token_cost import manifest_tokenizer
 from stoker.pipeline.text.token_prepare import TokenPrepareConfig, prepare_tokens
 from stoker.pipeline.text.token_shards import lengths_of, read_token_shard
+from stoker.pipeline.units import Segment, Unit
 from tests.token_corpus import jsonl, texts, tokenizer_json
 
 
