@@ -10,7 +10,8 @@ run again from the checkpoint at another world size while the daemons run on. Sh
 - chain: 3 ranks, then 2 (which checkpoint and crash again in the same epoch), then 4 (a two-source mixture)
 - node-lost-and-added: `torchrun --nnodes 1:2` in network namespaces, node1 added then killed
   (tests/integration/test_multinode.py::test_an_elastic_lm_job_grows_to_two_nodes_and_shrinks_back_with_every_document_once,
-  run as it is; it checks every document once itself)
+  run as it is; it checks every document once itself); its gap: the last step at one world size to the
+  first at the next, torchrun's restart included
 
 A run passes when every run of the job exits as planned and each epoch's planned documents are stepped once
 across the runs (each run's steps before the checkpoint the next one loaded, and the last run whole), with
@@ -125,18 +126,25 @@ def run_once(manifest: str, shape: Shape, busy: bool, logs: Path) -> dict:
             loop.wait()
 
 
-def elastic_once(busy: bool) -> dict:
-    """The torchrun elastic test in network namespaces, once; it checks its documents itself."""
+def elastic_once(busy: bool, logs: Path) -> dict:
+    """The torchrun elastic test in network namespaces, once (it checks its documents itself); the longest
+    gap after a change of world size, from the records it leaves: the last step of a round to the first of
+    the next, torchrun's restart included."""
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 if busy else 0)]
+    base = Path(tempfile.mkdtemp(prefix="text-elastic-nodes-", dir=logs))
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", ELASTIC_TEST],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                               str(base), ELASTIC_TEST], cwd=ROOT, capture_output=True, text=True, timeout=600)
     finally:
         for loop in loops:
             loop.kill()
             loop.wait()
     tail = done.stdout.strip().splitlines()[-1:] or [""]
-    return {"passed": done.returncode == 0 and "1 passed" in tail[0], "why": tail[0]}
+    outcome = {"passed": done.returncode == 0 and "1 passed" in tail[0], "why": tail[0], "out": str(base)}
+    records = sorted((json.loads(line) for f in base.glob("*/rank-*.jsonl") for line in f.read_text().splitlines()),
+                     key=lambda x: x["at"])
+    changes = [b["at"] - a["at"] for a, b in zip(records, records[1:], strict=False) if a["world"] != b["world"]]
+    return outcome | ({"longest_gap_s": round(max(changes), 2)} if changes else {})
 
 
 def make_data(folder: Path) -> dict[bool, str]:
@@ -160,7 +168,7 @@ def main(runs: int = 10) -> None:
         outcomes = []
         for i in range(runs):
             busy = i % 2 == 1
-            outcome = (run_once(data[shape.mixture], shape, busy, logs) if shape else elastic_once(busy)) | \
+            outcome = (run_once(data[shape.mixture], shape, busy, logs) if shape else elastic_once(busy, logs)) | \
                 {"busy": busy}
             outcomes.append(outcome)
             verdict = "pass" if outcome["passed"] else f"FAIL: {outcome['why']} ({outcome.get('out', '')})"
