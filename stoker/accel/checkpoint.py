@@ -95,9 +95,8 @@ class Position:
 def state(job, epoch: int, step: int, ranks: list[tuple[int, int]], samples: int, data_sha256: str = "",
           unsure: list[int] | None = None) -> dict:
     """`job`'s position; the cuts its current epoch went through before this world size, when any;
-    `data_sha256`: its manifest's `data_sha256`; `unsure`: text ranks whose place in their unit the
-    dispatcher could not say exactly (accel.control.progress.RankPositions): it resumes at this world size
-    only."""
+    `data_sha256`: its manifest's `data_sha256`; `unsure`: ranks whose position cannot be cut for another
+    world size (accel.control.progress.RankPositions.here_only): it resumes at this world size only."""
     resumed = Resumed.from_json(job.resumed_from)
     cuts = resumed.cuts if resumed is not None and resumed.epoch == epoch else ()
     return {"version": STATE_VERSION, "job": job_identity(job), "epoch": epoch, "step": step,
@@ -118,7 +117,7 @@ class _Saved:
     ranks: list[tuple[int, int]]
     cuts: tuple[Cut, ...]
     data_sha256: str
-    unsure: tuple[int, ...] = ()  # text ranks whose place in their unit was not known exactly
+    unsure: tuple[int, ...] = ()  # ranks whose position cannot be cut for another world size
 
     @property
     def world_size(self) -> int:
@@ -224,10 +223,11 @@ def _resume(job, state: object):
         ranks = [(0, 0)] * world  # at an epoch's start: the epoch is planned for the new world size whole
     elif saved.world_size != world and saved.epoch < job.epochs:
         if saved.unsure:
-            raise CheckpointError(f"this text job was checkpointed at world size {saved.world_size} and resumes at "
-                                  f"{world}, but where rank(s) {', '.join(map(str, saved.unsure))} stood in their "
-                                  f"unit was not known exactly when it was taken (the unit's batch count had not "
-                                  f"reached the dispatcher in {UNSURE_SETTLE_S:g} s): resume with "
+            raise CheckpointError(f"this job was checkpointed at world size {saved.world_size} and resumes at "
+                                  f"{world}, but where rank(s) {', '.join(map(str, saved.unsure))} stood was not "
+                                  f"known exactly when it was taken (a text unit's batch count had not reached the "
+                                  f"dispatcher in {UNSURE_SETTLE_S:g} s, or the rank was inside the pieces of its "
+                                  f"epoch's last batch, which a rank short of steps splits): resume with "
                                   f"{saved.world_size} ranks, or from another checkpoint")
         resumed = Resumed(saved.epoch, (*saved.cuts, Cut(saved.world_size, saved.step, tuple(saved.ranks))))
         ranks = [(0, 0)] * world

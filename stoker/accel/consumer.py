@@ -230,7 +230,7 @@ class Consumer:
                 break
             time.sleep(0.02)  # a text unit's batch count, sent with its first batch, is on its way
         return checkpoint.state(self.job, epoch, step, found.ranks, self.ledger.samples, self.manifest.data_sha256,
-                                found.unsure)
+                                found.here_only)
 
     def stop(self) -> None:
         """Close everything. Rank 0 with the job's dispatcher first waits (a while) for the other

@@ -563,14 +563,16 @@ class Steps(_message.Message):
     def __init__(self, steps: _Optional[int] = ...) -> None: ...
 
 class RankPosition(_message.Message):
-    __slots__ = ("units", "batches", "unsure")
+    __slots__ = ("units", "batches", "unsure", "split")
     UNITS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     UNSURE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_FIELD_NUMBER: _ClassVar[int]
     units: int
     batches: int
     unsure: bool
-    def __init__(self, units: _Optional[int] = ..., batches: _Optional[int] = ..., unsure: _Optional[bool] = ...) -> None: ...
+    split: bool
+    def __init__(self, units: _Optional[int] = ..., batches: _Optional[int] = ..., unsure: _Optional[bool] = ..., split: _Optional[bool] = ...) -> None: ...
 
 class Position(_message.Message):
     __slots__ = ("ranks",)

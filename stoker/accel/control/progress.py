@@ -25,6 +25,12 @@ class RankPositions:
 
     ranks: list[tuple[int, int]]
     unsure: list[int] = field(default_factory=list)
+    split: list[int] = field(default_factory=list)  # past its stream's last unit: inside its last batch's pieces
+
+    @property
+    def here_only(self) -> list[int]:
+        """The ranks whose position cannot be cut for another world size (it holds at this one, by replay)."""
+        return sorted({*self.unsure, *self.split})
 
 
 @dataclass
@@ -156,7 +162,7 @@ class Progress:
         all counted, batches consumed after them). A unit whose count is not known yet is not counted:
         at the same world size a resume replays a few more batches, silently; a text rank standing past
         the start of such a unit is named unsure (its count comes with the unit's first batch)."""
-        out, unsure = [], []
+        out, unsure, split = [], [], []
         for rank in range(self.plan.world_size):
             index, consumed = self._prefix.get((epoch, rank), (0, 0))
             if consumed > step:
@@ -170,5 +176,7 @@ class Progress:
                     break
                 consumed += count
                 index += 1
+            if stream and index == len(stream):  # a short rank splits its last batch: some pieces may be ahead
+                split.append(rank)
             out.append((index, step - consumed))
-        return RankPositions(out, unsure)
+        return RankPositions(out, unsure, split)

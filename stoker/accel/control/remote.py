@@ -196,7 +196,8 @@ class RemoteDispatcher:
         if reply is None:
             return None
         ranks = reply.position.ranks
-        return RankPositions([(r.units, r.batches) for r in ranks], [i for i, r in enumerate(ranks) if r.unsure])
+        return RankPositions([(r.units, r.batches) for r in ranks], [i for i, r in enumerate(ranks) if r.unsure],
+                             [i for i, r in enumerate(ranks) if r.split])
 
     def close_waits(self, stream_done: bool) -> Iterator[CloseWait]:
         """Acks still on their way must reach the dispatcher."""

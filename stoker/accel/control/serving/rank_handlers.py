@@ -77,7 +77,7 @@ class RankHandlers:
 
     def on_position(self, asked: Asked) -> pb.ControlReply:
         where = self.dispatcher.progress.where(asked.request.position.epoch, asked.request.position.step)
-        ranks = [pb.RankPosition(units=u, batches=b, unsure=rank in where.unsure)
+        ranks = [pb.RankPosition(units=u, batches=b, unsure=rank in where.unsure, split=rank in where.split)
                  for rank, (u, b) in enumerate(where.ranks)]
         return pb.ControlReply(position=pb.Position(ranks=ranks))
 

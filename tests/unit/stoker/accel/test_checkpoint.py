@@ -58,7 +58,7 @@ def test_a_text_job_continues_at_another_world_size_unless_a_ranks_place_in_its_
     job, position = checkpoint.resume(_job(dataset="wikipedia", world_size=2), _state(text))
     assert job.resumed_from and position.ranks == [(0, 0), (0, 0)]
     unsure = _state(text) | {"unsure": [2]}
-    with pytest.raises(CheckpointError, match=r"rank\(s\) 2 stood in their unit was not known exactly.*resume with 3"):
+    with pytest.raises(CheckpointError, match=r"rank\(s\) 2 stood was not known exactly.*resume with 3"):
         checkpoint.resume(_job(dataset="wikipedia", world_size=2), unsure)
     assert checkpoint.resume(text, unsure)[1] == Position(1, 4, [(1, 0), (0, 4), (1, 1)])
     with pytest.raises(CheckpointError, match="unsure ranks are rank indexes"):

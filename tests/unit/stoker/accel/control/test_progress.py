@@ -43,3 +43,18 @@ def test_images_know_a_units_batches_from_its_size_before_its_ack():
     progress = Progress(plan, planned_batches=lambda unit: 7)
     assert progress.batches_of(plan.units(0)[0]) == 7
     assert Progress(plan).batches_of(plan.units(0)[0]) is None
+
+
+def test_a_rank_past_its_last_unit_is_in_its_last_batchs_pieces_and_one_inside_an_uncounted_unit_is_unsure():
+    """Two positions hold at their own world size only: a rank whose units are all stepped is inside the pieces
+    of its epoch's last batch (a rank short of steps splits it, and a cut there would lose the pieces ahead), and
+    a text rank standing past the start of a unit whose batch count has not come (it may be past its end)."""
+    plan = small_plan(samples=16, unit_size=8, epochs=1, world_size=2)
+    progress = Progress(plan)
+    mine = plan.rank_units(0, 0)
+    for unit in mine:
+        progress.mark_done(unit.unit_id, batches=1)
+    where = progress.where(0, len(mine))
+    assert where.split == [0] and where.unsure == [1] and where.here_only == [0, 1]
+    progress.remember_batches({plan.rank_units(0, 1)[0].unit_id: 5})
+    assert progress.where(0, 1).unsure == [] and progress.where(0, 0).here_only == []
