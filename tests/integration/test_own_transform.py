@@ -353,8 +353,9 @@ def test_a_job_with_a_transform_stuck_in_c_says_who_holds_what_then_fails_with_t
     try:
         status: dict = {}
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and run.poll() is None and not any("held by" in line for line in
-                                                                              status.get("stalled", [])):
+        # until the holder's line says what it does: before its daemon's first activity report it is "unknown"
+        while time.monotonic() < deadline and run.poll() is None and not any(
+                "held by" in line and "transforming sample" in line for line in status.get("stalled", [])):
             time.sleep(1)
             try:
                 status = read_status(f"http://127.0.0.1:{metrics}/metrics")
