@@ -61,6 +61,7 @@ _WHERE = {
     "TransformOutputError": "stoker.pipeline.transforms", "CheckpointError": "stoker.accel.checkpoint",
     "JobSecretError": "stoker.protos.job_secret", "UntrustedSecret": "stoker.protos.job_secret",
     "StokerError": "stoker.protos.errors", "ConfigError": "stoker.protos.errors", "LoaderClosed": "stoker.loader",
+    "UncommittedStep": "stoker.accel.feed",
     "DataError": "stoker.protos.errors", "ResourceError": "stoker.protos.errors", "NotFound": "stoker.protos.errors",
     "PeerError": "stoker.protos.errors", "StateError": "stoker.protos.errors",
 }
@@ -70,7 +71,7 @@ __all__ = ["Batch", "CheckpointError", "ConfigError", "ConsumerConfig", "Crop", 
            "LoaderClosed", "NotAConsumer", "NotFound", "Output", "PeerError", "RankRefused", "ResourceError", "Sample",
            "StateError", "StepRecorder",
            "StokerError", "TextConfig", "TransformError", "TransformOutputError", "TransformRefused",
-           "UntrustedSecret"]
+           "UncommittedStep", "UntrustedSecret"]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; never run
     from stoker.accel.checkpoint import CheckpointError
@@ -78,7 +79,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors; nev
     from stoker.accel.consumer_config import ConsumerConfig
     from stoker.accel.control.fleet_seat import FleetSeat
     from stoker.accel.control.remote import NotAConsumer, RankRefused
-    from stoker.accel.feed import Batch
+    from stoker.accel.feed import Batch, UncommittedStep
     from stoker.accel.step_record import StepRecorder
     from stoker.loader import Loader, LoaderClosed
     from stoker.pipeline.job import JobConfig

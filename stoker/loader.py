@@ -26,6 +26,11 @@ a loop mid-epoch, two `iter()` calls before a `next`) never loses or repeats one
 
 `state_dict()` is the job's data position after the batches yielded so far, the same on
 every rank (accel.checkpoint); `load_state_dict()` before the first pass continues from it.
+
+`commit_steps=True` is for a trainer that may roll a step back (torchft): a step counts once
+`loader.commit()` says so, a batch asked past without a commit comes again, and `state_dict()` is
+the position after the last commit; a replica group restarted from that state steps the rest of its
+stream once, while the other groups go on (docs/trainers.md, examples/train_torchft.py).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from stoker.accel import checkpoint
 from stoker.accel.batch import ReceivedBatch
 from stoker.accel.consumer import Consumer
 from stoker.accel.consumer_config import ConsumerConfig
-from stoker.accel.feed import FORMATS, Batch, Feed
+from stoker.accel.feed import FORMATS, NOT_COMMITTING, NOTHING_TO_COMMIT, Batch, Feed, UncommittedStep
 from stoker.accel.metrics import ConsumerMetrics
 from stoker.accel.optional import require
 from stoker.accel.ranks import (
@@ -72,7 +77,7 @@ from stoker.local_workers import (
 from stoker.pipeline.job import JobConfig
 from stoker.protos.errors import ConfigError, PeerError, StateError, StokerError
 
-__all__ = ["Batch", "Loader", "LoaderClosed"]
+__all__ = ["Batch", "Loader", "LoaderClosed", "UncommittedStep"]
 REACH_S = 10.0  # a rank that knows rank 0's dispatcher is up gives up reaching it after this long
 log = logging.getLogger("stoker.loader")
 FINAL_STATE_S = 5.0  # at close: how long the dispatcher may take to say where the ranks stand (state_dict after)
@@ -166,7 +171,7 @@ class Loader:
                  device: str = "cpu", format: str = "torch", overlap: bool = True,
                  prepare: Callable[[ReceivedBatch], object] | None = None,
                  metrics: ConsumerMetrics | None = None, keys: str | None = None,
-                 insecure: bool | None = None, workers: int = 0) -> None:
+                 insecure: bool | None = None, workers: int = 0, commit_steps: bool = False) -> None:
         """`job`: rank 0's (it runs the dispatcher); other ranks may pass it too and get the job from
         the dispatcher. Rank, world size and local rank: the arguments, else torchrun's environment,
         else an initialised torch.distributed or jax.distributed (accel.ranks).
@@ -184,7 +189,8 @@ class Loader:
         all of them serve the job's one plan. With workers and no `config`, /metrics and the dispatcher
         (of a single process, or of ranks that meet through the process group's store) take free ports:
         `metrics_port` and `control_endpoint` say which. Without `config`, a default /metrics port another
-        job holds gives way to a free one."""
+        job holds gives way to a free one. `commit_steps`: each step counts only when `commit()` is called
+        after it; a batch not committed is given again by the next `next()` (the module's docstring)."""
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         if format != "numpy" and prepare is None:  # said now, not at the first batch after workers started
@@ -210,6 +216,7 @@ class Loader:
         self.overlap = overlap
         self.prepare = prepare
         self.metrics = metrics
+        self.commit_steps = commit_steps
         self._resume: dict | None = None
         self._local: LocalWorkers | None = None  # the daemon `workers` asked for, once the consumer is up
         self._consumer: Consumer | None = None
@@ -342,8 +349,19 @@ class Loader:
         consumer = self.consumer
         if self._feed is None:
             self._check_place()  # used (`with`) before the group existed: refused before its first batch
-            self._feed = Feed(consumer, self.device, self.format, self.overlap, self.prepare)
+            self._feed = Feed(consumer, self.device, self.format, self.overlap, self.prepare, self.commit_steps)
         return iter(self._feed)
+
+    def commit(self, batch: Batch | None = None) -> None:
+        """With commit_steps: the step of the batch in hand is committed (torchft: after `should_commit()`
+        said so). From now its samples count as stepped, its unit may be acked, and `state_dict()` is past
+        it. Without a commit the next `next()` gives the same batch again. `batch`, when given, must be the
+        batch in hand; committing twice, or before a batch, is refused (UncommittedStep)."""
+        if not self.commit_steps:
+            raise ConfigError(NOT_COMMITTING)
+        if self._feed is None:
+            raise UncommittedStep(NOTHING_TO_COMMIT)
+        self._feed.commit(batch)
 
     @classmethod
     def over(cls, consumer: Consumer, **options: Any) -> Loader:

@@ -11,6 +11,12 @@ batch. A pass that took an epoch's last batch without asking once more (a traine
 `len(loader)` batches) leaves the epoch's end unseen: the next pass passes over it and begins
 the next epoch. A pass left mid-epoch is continued by the next one. An older iterator asked
 again after a newer one finished its epoch is over: it stops, having lost nothing.
+
+With `commit_steps` a step counts only once the trainer commits it (`commit()`: a fault-tolerant
+trainer whose step may be rolled back, torchft's `should_commit()`): the position moves and the
+batch's books close (its unit is acked) at the commit, and a batch asked past without a commit
+is given again, the same batch, until it is committed. Nothing uncommitted is ever acked, so a
+rank that dies resumes from its last commit and steps the rest once.
 """
 
 from __future__ import annotations
@@ -32,9 +38,13 @@ from stoker.pipeline.images import layout as image_layout
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.store.shards import Manifest
-from stoker.protos.errors import ConfigError
+from stoker.protos.errors import ConfigError, StateError
 
 FORMATS = ("torch", "numpy", "jax")
+NOT_COMMITTING = ("commit() needs a loader made with commit_steps=True (then every step must be committed, or its "
+                  "batch comes again)")
+NOTHING_TO_COMMIT = ("commit(): no batch is in hand to commit (each batch is committed once, after it was given and "
+                     "before the next is asked for)")
 WAKE_S = 0.5  # a main thread waiting for the next batch wakes this often (to see a Ctrl-C)
 
 
@@ -83,15 +93,22 @@ class Batch(Mapping):
         return len(self.tensors)
 
 
+class UncommittedStep(StateError):
+    """commit() with no batch to commit, or naming another batch than the one in hand."""
+
+
 class Feed:
     def __init__(self, source: StepSource, device: str = "cpu", format: str = "torch", overlap: bool = True,
-                 prepare: Callable[[ReceivedBatch], object] | None = None) -> None:
+                 prepare: Callable[[ReceivedBatch], object] | None = None, commit_steps: bool = False) -> None:
         """`prepare`: run on the prefetch thread on each received batch instead of the format
-        conversion; its result is `batch.prepared`."""
+        conversion; its result is `batch.prepared`. `commit_steps`: a step counts when `commit()` is
+        called, and a batch not committed is given again (the module's docstring)."""
         if format not in FORMATS:
             raise ConfigError(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
         self.source = source
         self.overlap = overlap
+        self.commit_steps = commit_steps
+        self._uncommitted: tuple[Scheduled, Batch] | None = None  # commit_steps: given, not yet committed
         self.epoch_steps: dict[int, int] = {}  # epoch -> its steps on every rank, once its end was seen
         self._schedule = source.schedule()
         self._converter = _Converter(source, device, format, prepare)
@@ -121,6 +138,12 @@ class Feed:
 
     def next_of(self, feed_pass: FeedPass) -> Batch | None:
         """The pass's next batch, or None at its epoch's end (a later epoch's item stays for the next pass)."""
+        if self._uncommitted is not None:  # commit_steps: the step was not committed, so it is given again
+            scheduled, batch = self._uncommitted
+            if feed_pass.epoch is None or feed_pass.epoch == scheduled.epoch:
+                feed_pass.epoch = scheduled.epoch
+                return batch
+            return None
         self.hand_back()  # asking for the next batch means the step of the last one is over
         if feed_pass.epoch is None:
             item = self._first_of_pass()
@@ -136,11 +159,35 @@ class Feed:
             return None
         self._peeked = None
         scheduled, batch = item
-        self._pending, self.in_hand = scheduled, scheduled.epoch
-        self.source.taken(scheduled)
+        self.in_hand = scheduled.epoch
         if batch.ready is not None:
             _wait_for_copy(batch)
+        if self.commit_steps:
+            self._uncommitted = item
+        else:
+            self._pending = scheduled
+            self.source.taken(scheduled)
         return batch
+
+    def commit(self, batch: Batch | None = None) -> None:
+        """commit_steps: the step of the batch in hand is committed; its position and books count from now
+        (`batch`, when given, must be that batch). UncommittedStep when there is none to commit."""
+        if not self.commit_steps:
+            raise ConfigError(NOT_COMMITTING)
+        if self._uncommitted is None:
+            raise UncommittedStep(NOTHING_TO_COMMIT)
+        scheduled, in_hand = self._uncommitted
+        if batch is not None and batch is not in_hand:
+            raise UncommittedStep(f"commit(batch): the batch in hand is epoch {scheduled.epoch} step "
+                                  f"{scheduled.step}, not the one given (epoch {batch.epoch} step {batch.step})")
+        self._uncommitted = None
+        self.source.taken(scheduled)
+        self.source.step_done(scheduled)
+
+    @property
+    def uncommitted(self) -> Batch | None:
+        """commit_steps: the batch given and not yet committed (it comes again), or None."""
+        return self._uncommitted[1] if self._uncommitted is not None else None
 
     def _first_of_pass(self) -> tuple[Scheduled, Batch] | EpochDone | None:
         """Where a new pass begins: past the end of an epoch whose batches an earlier pass took (all of them,
@@ -175,7 +222,8 @@ class Feed:
         self.source.epoch_done(end)
 
     def hand_back(self) -> None:
-        """The step of the batch yielded last is over: its credit and books go back."""
+        """The step of the batch yielded last is over: its credit and books go back (an uncommitted one's
+        do not: it was never stepped, as far as the job's position goes)."""
         if self._pending is not None:
             self.source.step_done(self._pending)
             self._pending = None

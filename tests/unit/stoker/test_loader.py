@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stoker.accel.consumer import Consumer
-from stoker.loader import Loader, LoaderClosed
+from stoker.loader import Loader, LoaderClosed, UncommittedStep
 from stoker.protos.errors import ConfigError
 from tests.unit.stoker.accel.fakes import CONFIG, SAMPLES, rank, send_job
 from tests.unit.stoker.accel.fakes import job as fake_job
@@ -135,3 +135,30 @@ def test_a_device_that_cannot_work_is_refused_at_construction(device, said):
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match=said):
         Loader(rank=0, world_size=1, device=device)
+
+
+def test_with_commit_steps_a_unit_is_acked_and_the_position_moves_only_at_commits(monkeypatch, tmp_path):
+    """A rolled-back step's batch comes again; nothing uncommitted is acked, not even at close."""
+    consumer = rank(monkeypatch, tmp_path, epochs=1)
+    send_job(consumer)
+    loader = Loader.over(consumer, format="numpy", overlap=False, commit_steps=True)
+    fake = loader.consumer.dispatcher
+    first_unit = loader.consumer.plan.rank_units(0, 0)[0]
+    batches = iter(loader)
+    first = next(batches)
+    assert next(batches) is first and loader.state_dict()["step"] == 0  # not committed: the same batch again
+    loader.commit(first)
+    second = next(batches)
+    assert second.step == 1 and fake.acks == [] and loader.state_dict()["step"] == 1
+    loader.commit()
+    assert fake.acks == [(first_unit.unit_id, 2)] and loader.state_dict()["step"] == 2
+    third = next(batches)
+    loader.close()
+    assert len(fake.acks) == 1 and loader.state_dict()["step"] == 2, third.step  # the uncommitted third is not
+
+
+def test_commit_without_commit_steps_or_before_a_batch_is_refused(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="commit_steps=True"):
+        _loader(monkeypatch, tmp_path).commit()
+    with pytest.raises(UncommittedStep, match="no batch is in hand"):
+        Loader(commit_steps=True).commit()

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.accel.feed import Feed
+from stoker.accel.feed import Feed, UncommittedStep
 from stoker.accel.steps import EpochDone, Scheduled
+from stoker.protos.errors import ConfigError
 from tests.unit.stoker.accel.fakes import CONFIG
 
 END = object()
@@ -237,3 +238,54 @@ def test_any_sequence_of_iter_and_next_gives_every_batch_once_in_order(calls, ep
         given_out += [(b.epoch, b.step) for b in feed]
     assert given_out == model.stream
     assert [e for e in source.events if e.startswith("done")] == [f"done {e}.{s}" for e, s in model.stream]
+
+
+def _committing(source: FakeSource, overlap: bool = False) -> Feed:
+    return Feed(source, format="numpy", overlap=overlap, prepare=lambda received: int(received.sample_ids[0]),
+                commit_steps=True)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_with_commit_steps_a_batch_not_committed_comes_again_and_counts_only_at_its_commit(overlap):
+    """torchft's shape: a step whose should_commit() was false is taken again with the same batch; the position
+    and the books move at the commit, never at the yield."""
+    source = FakeSource(epochs=1)
+    feed = _committing(source, overlap)
+    it = iter(feed)
+    first = next(it)
+    assert source.events == [] and source.position == (0, 0)  # given, not yet a step
+    assert next(it) is first and next(it) is first  # rolled back twice: the same batch each time
+    feed.commit(first)
+    assert source.events == ["taken 0.0", "done 0.0"] and source.position == (0, 1)
+    second = next(it)
+    assert second.step == 1 and source.position == (0, 1)
+    feed.commit()
+    last = next(it)
+    assert next(iter(feed)) is last  # a new pass gives the uncommitted batch too, not the epoch's end
+    feed.commit()
+    assert next(it, None) is None and source.position == (1, 0)
+    assert [e for e in source.events if e.startswith("done")] == ["done 0.0", "done 0.1", "done 0.2"]
+
+
+def test_commit_is_refused_without_a_batch_in_hand_twice_for_one_batch_and_for_another_batch():
+    feed = _committing(FakeSource())
+    with pytest.raises(UncommittedStep, match="no batch is in hand"):
+        feed.commit()
+    it = iter(feed)
+    first = next(it)
+    feed.commit()
+    with pytest.raises(UncommittedStep, match="no batch is in hand"):
+        feed.commit(first)  # committed already: a second commit would count it twice
+    next(it)
+    with pytest.raises(UncommittedStep, match="epoch 0 step 1, not the one given .epoch 0 step 0"):
+        feed.commit(first)
+    with pytest.raises(ConfigError, match="commit_steps=True"):
+        _feed(FakeSource()).commit()
+
+
+def test_a_feed_closed_with_its_batch_uncommitted_hands_nothing_back():
+    source = FakeSource()
+    feed = _committing(source)
+    next(iter(feed))
+    feed.hand_back()  # what Loader.close() does
+    assert source.events == [] and feed.uncommitted is not None
