@@ -1,6 +1,7 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
 ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, corrupt_jpegs, data_parallel,
-transform_contract, transform_example, stability, plan_check, foreign, fleet, tokenize_cost, text_peers) or all of them.
+transform_contract, transform_example, stability, plan_check, foreign, fleet, fleet_scale, tokenize_cost, text_peers)
+or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
 alone, never in `all` (about 20 minutes here): `python -m benchmarks soak [RUNS]` or `make soak`; so
@@ -19,6 +20,7 @@ from benchmarks import (
     data_parallel,
     dct_scale,
     fleet,
+    fleet_scale,
     foreign,
     ingest,
     journal_store,
@@ -48,6 +50,7 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
               "transform_example": transform_example.main, "stability": stability.main,
               "plan_check": plan_check.main, "foreign": foreign.main, "fleet": fleet.main,
+              "fleet_scale": fleet_scale.main,
               "tokenize_cost": tokenize_cost.main, "text_peers": text_peers.main}
 
 ALONE = {"soak": soak.main, "repeat": repeat.main,  # never part of `all`

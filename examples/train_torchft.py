@@ -10,7 +10,7 @@
 Each torchft replica group is one rank of a Stoker job whose dispatcher runs apart (`stoker dispatch`),
 so any group may die. The loader is made with `commit_steps=True`: a step counts only when torchft
 commits it (`manager.should_commit()`), and a batch whose step was not committed (a peer died during
-the all-reduce) comes again with the next `next()`. After each commit the group saves the loader's
+the all-reduce) comes again with the next `next()`. Right after each commit the group saves the loader's
 position; a group restarted in place (the same command) loads it and steps the rest of its stream
 once, while the other groups go on. The model's weights come from a live peer (torchft's healing),
 the data position from the group's own file. The model is a stand-in: put yours in its place.
@@ -73,12 +73,12 @@ with loader:
                 print(f"group {args.group}: epoch {batch.epoch} step {batch.step} not committed; it comes again",
                       flush=True)
                 continue
-            optimizer.step()
-            loader.commit(batch)
+            loader.commit(batch)  # first, so the step's window without a saved position is as short as can be
+            state_file.with_suffix(".tmp").write_text(json.dumps(loader.state_dict()))
+            os.replace(state_file.with_suffix(".tmp"), state_file)  # a crash mid-save keeps the last one
             if args.commits:
                 with open(args.commits, "a") as log:
                     log.write(json.dumps({"group": args.group, "pid": os.getpid(), "epoch": batch.epoch,
                                           "step": batch.step, "documents": batch.sample_ids.tolist()}) + "\n")
-            state_file.with_suffix(".tmp").write_text(json.dumps(loader.state_dict()))
-            os.replace(state_file.with_suffix(".tmp"), state_file)  # a crash mid-save keeps the last one
+            optimizer.step()  # a group killed before this heals its weights from a live peer
 manager.shutdown(wait=False)

@@ -359,6 +359,9 @@ class Loader:
         batch in hand; committing twice, or before a batch, is refused (UncommittedStep)."""
         if not self.commit_steps:
             raise ConfigError(NOT_COMMITTING)
+        if self._closed:
+            raise LoaderClosed("commit(): the loader is closed; a batch not committed before close() counts as not "
+                               "stepped (it comes again from the loader's last state_dict())")
         if self._feed is None:
             raise UncommittedStep(NOTHING_TO_COMMIT)
         self._feed.commit(batch)
@@ -418,6 +421,7 @@ class Loader:
             return
         if self._feed is not None:
             self._feed.hand_back()
+            self._feed.close(LoaderClosed("the loader is closed: iterate it inside its `with` (or before close())"))
             self._final_state = self._last_position()
         local, self._local = self._local, None
         finished = self._consumer is not None and self._consumer.dispatcher.finished

@@ -121,6 +121,7 @@ class Feed:
         self.in_hand: int | None = None  # the epoch of the last batch given, until that epoch's end is seen
         self._ended = False  # the stream gave its end
         self._failed: BaseException | None = None  # the error the stream ended with
+        self._closed: BaseException | None = None  # what every iterator raises once its loader is closed
 
     def __iter__(self) -> FeedPass:
         """A pass: the batches left of the epoch in hand, or the next epoch's; nothing once every epoch is done."""
@@ -138,6 +139,8 @@ class Feed:
 
     def next_of(self, feed_pass: FeedPass) -> Batch | None:
         """The pass's next batch, or None at its epoch's end (a later epoch's item stays for the next pass)."""
+        if self._closed is not None:
+            raise self._closed
         if self._uncommitted is not None:  # commit_steps: the step was not committed, so it is given again
             scheduled, batch = self._uncommitted
             if feed_pass.epoch is None or feed_pass.epoch == scheduled.epoch:
@@ -177,6 +180,9 @@ class Feed:
         if self._uncommitted is None:
             raise UncommittedStep(NOTHING_TO_COMMIT)
         scheduled, in_hand = self._uncommitted
+        if batch is not None and not isinstance(batch, Batch):
+            raise UncommittedStep(f"commit(batch): give the Batch the loader gave (or nothing, for the one in hand), "
+                                  f"not a {type(batch).__name__}")
         if batch is not None and batch is not in_hand:
             raise UncommittedStep(f"commit(batch): the batch in hand is epoch {scheduled.epoch} step "
                                   f"{scheduled.step}, not the one given (epoch {batch.epoch} step {batch.step})")
@@ -220,6 +226,11 @@ class Feed:
         self._peeked, self.in_hand = None, None
         self.epoch_steps[end.epoch] = end.steps
         self.source.epoch_done(end)
+
+    def close(self, error: BaseException) -> None:
+        """Its loader is closed: every iterator, old ones included, raises `error` from now on (a batch in hand
+        or prefetched is not given after close)."""
+        self._closed = error
 
     def hand_back(self) -> None:
         """The step of the batch yielded last is over: its credit and books go back (an uncommitted one's

@@ -100,6 +100,11 @@ def fleet_job(manifest, fleet_endpoint: str, epochs: int, rate: float, weight: f
     return Consumer(cfg, job, given(SimulatedAccelerator(rate=rate)))
 
 
+def measured(fleet: Fleet, job: Job) -> bool:
+    """The fleet has heard the job's measured need (until then it is a newcomer: a small start, and idle ones)."""
+    return f"job {job.consumer.job.job_id} now wants" in fleet.output()
+
+
 def hosts(fleet: Fleet, log_dir: Path, count: int, procs: int) -> list[Daemon]:
     return [Daemon(fleet.endpoint, f"host{i}", procs, log_dir, fleet=True) for i in range(count)]
 
@@ -130,10 +135,11 @@ def test_a_weighted_job_takes_processes_from_a_running_one_and_gives_them_back_w
     gets 3 of them, moved under load, and when it ends the first has all 4 again within 10 s."""
     hosts(fleet, log_dir, 1, 4)
     a = Job(fleet_job(manifest, fleet.endpoint, epochs=120, rate=5000), log_dir, start_workers=False)
-    assert wait_for(lambda: fleet.held(a.consumer) == 4, timeout=30), fleet.output()
+    assert wait_for(lambda: fleet.held(a.consumer) == 4 and measured(fleet, a), timeout=60), fleet.output()
     b = Job(fleet_job(manifest, fleet.endpoint, epochs=15, rate=5000, weight=3.0), log_dir, start_workers=False)
     b_id = b.consumer.job.job_id
-    assert wait_for(lambda: fleet.held(b.consumer) == 3 and fleet.held(a.consumer) == 1, timeout=30), fleet.output()
+    assert wait_for(lambda: measured(fleet, b) and fleet.held(b.consumer) == 3 and fleet.held(a.consumer) == 1,
+                    timeout=60), fleet.output()
     metrics = fleet.metrics()
     assert metrics[f"stoker_fleet_job_target{{job={b_id}}}"] == 3
     assert metrics[f"stoker_fleet_job_cores_missing{{job={b_id}}}"] > 0  # the fleet is short, and says by how much
@@ -150,6 +156,30 @@ def test_a_weighted_job_takes_processes_from_a_running_one_and_gives_them_back_w
     assert_exactly_once(finished(a, fleet), manifest.num_samples, 120)
     host_log = "".join(p.read_text() for p in log_dir.glob("host*.log"))
     assert "drained (moved to another job); its units are back with the dispatcher" in host_log
+
+
+def test_a_light_job_not_yet_measured_takes_one_process_from_a_hungry_one_then_only_what_it_measures(
+        manifest, fleet, log_dir):
+    """Issue 50, item 4: a hungry job holds the fleet's 4 processes; a light one starts without an estimate. Until
+    it has measured, the hungry job holds 3 (the newcomer's start is 1 process; before, it took half the fleet
+    for 13 s); once measured, the light job holds what it needs (1) and the hungry one keeps the rest. Both get
+    every sample once, at the default timeouts."""
+    hosts(fleet, log_dir, 1, 4)
+    hungry = Job(fleet_job(manifest, fleet.endpoint, epochs=400, rate=5000), log_dir, start_workers=False)
+    assert wait_for(lambda: fleet.held(hungry.consumer) == 4 and measured(fleet, hungry), timeout=60), fleet.output()
+    light = Job(fleet_job(manifest, fleet.endpoint, epochs=4, rate=40), log_dir, start_workers=False)
+    least, until = 4.0, time.monotonic() + 60
+    while not measured(fleet, light) and time.monotonic() < until:
+        least = min(least, fleet.held(hungry.consumer))
+        time.sleep(0.1)
+    assert measured(fleet, light), fleet.output()
+    assert least >= 3, f"the unmeasured newcomer took {4 - least:.0f} processes from the fed job"
+    assert wait_for(lambda: fleet.held(light.consumer) == 1 and fleet.held(hungry.consumer) == 3, timeout=15), \
+        fleet.output()
+    assert_exactly_once(finished(light, fleet), manifest.num_samples, 4)
+    assert wait_for(lambda: fleet.held(hungry.consumer) == 4, timeout=10), fleet.output()
+    assert hungry.thread.is_alive(), "the hungry job ended before the light one: make it longer"
+    assert_exactly_once(finished(hungry, fleet), manifest.num_samples, 400)
 
 
 def _tree(pid: int) -> list[int]:

@@ -4,7 +4,8 @@ ranks say what they measure with their acks (accel.control.serving.server), and 
 
 What the job asks for (`DemandMeter`): before its device has stepped, the planner's estimate
 (`--fleet-start-cores`: from the calibrated per-core rate and a simulated device's rate, where both
-are known) or, without one, its fair share; then its measured need, from its ranks' bottleneck monitors:
+are known) or, without one, a small start that takes only what no other job wants (accel.fleet.book);
+then its measured need, from its ranks' bottleneck monitors:
 the CPU cores that keep each device from waiting (rows the device takes per step-second over rows
 the workers make per CPU-second, so it holds on a shared host), summed over its ranks, plus HEADROOM.
 The first WARMUP_BEATS measurements are not acted on (they hold the workers' start-up); a need
@@ -125,7 +126,7 @@ def join_fleet(seat: FleetSeat, job: JobConfig, dispatcher: str, need: Callable[
     if not seat.fleet:
         return None
     reason = ("--fleet-start-cores (or the planner's estimate)" if seat.start_cores is not None
-              else "not measured yet: its fair share until its device has stepped")
+              else "not measured yet: a small start until its device has stepped")
     client_keys = ClientKeys.load(keys, seat.key_name, JOB) if keys else None
     return FleetMembership(seat, job.job_id, dispatcher, job.transform, DemandMeter(seat.start_cores, reason), need,
                            client_keys)

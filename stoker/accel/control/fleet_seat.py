@@ -47,7 +47,8 @@ class FleetSeat:
     start_cores: float | None = field(default=None, metadata={
         "help": "with --fleet: the CPU cores to ask for before the job has measured its need (default: the "
                 "planner's estimate, where `stoker calibrate` measured the job's rate and the device's rate is known; "
-                "else its fair share)", "check": "above-zero", "flag": "--fleet-start-cores",
+                "else a small start and the processes no other job wants)", "check": "above-zero",
+        "flag": "--fleet-start-cores",
         "dest": "fleet_start_cores"})
 
     def __post_init__(self) -> None:

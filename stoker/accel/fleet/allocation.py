@@ -16,10 +16,15 @@ from the job furthest above its target to the job furthest below it, so a change
 makes the whole fleet change hands at once and the same asks never move a process back. A job
 above its target while no job is below its own (a fed job whose need fell) gives one process a
 round back to idle: the fleet's holdings meet its targets, so what it offers idle is what it has.
+
+A job that has not measured its need yet (`takes_idle`) asks for a small start; beyond it, it is
+given only the processes no other job wants, so a fed job never loses a process to a newcomer
+beyond that start, and the fleet still leaves nothing idle that someone could use.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from stoker.accel.control.fleet_seat import MAX_WEIGHT, MIN_WEIGHT
@@ -33,6 +38,7 @@ class JobAsk:
     weight: float = 1.0
     min_cores: int = 0
     max_cores: int | None = None
+    takes_idle: bool = False  # not measured yet: beyond `want` (its start) it takes what no other job wants
 
     def __post_init__(self) -> None:
         """Refused at registration with one line (issue 36: invalid weights or limits)."""
@@ -69,17 +75,59 @@ class Allocation:
 def progressive_filling(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
     """Each job's processes: its floor (min cores, cut by weight when the fleet holds too few), then
     progressive filling by the smallest weighted share among jobs short of their cap."""
+    weights = {a.job_id: a.weight for a in asks}
     floors = _floors(capacity, asks)
     targets = dict(floors)
-    left = capacity - sum(floors.values())
-    short = {a.job_id: a for a in asks if targets[a.job_id] < a.cap}
-    while left > 0 and short:
-        job = min(short.values(), key=lambda a: (targets[a.job_id] / a.weight, -a.weight, a.job_id))
-        targets[job.job_id] += 1
-        left -= 1
-        if targets[job.job_id] >= job.cap:
-            del short[job.job_id]
+    left = _fill(capacity - sum(floors.values()), targets, {a.job_id: max(a.cap, targets[a.job_id]) for a in asks},
+                 weights)
+    idle_caps = {a.job_id: capacity if a.max_cores is None else max(a.max_cores, targets[a.job_id])
+                 for a in asks if a.takes_idle}
+    _fill(left, targets, idle_caps, weights)  # what no job wants goes to those not measured yet
     return targets
+
+
+def _fill(left: int, counts: dict[str, int], caps: dict[str, int], weights: dict[str, float]) -> int:
+    """Hand `left` processes out one at a time, each to the job (of `caps`) with the smallest share (count over
+    weight; ties: the larger weight, then the id) still under its cap; returns what is left. The same result
+    as that loop in O(jobs) per level instead of per process: every share below a level found by bisection
+    is handed out at once (what a 1,000-host fleet needs to decide in milliseconds), the last few one by one."""
+    room = {j: caps[j] - counts[j] for j in caps if counts[j] < caps[j]}
+    if left <= 0 or not room:
+        return left
+    if sum(room.values()) <= left:
+        for job, more in room.items():
+            counts[job] += more
+        return left - sum(room.values())
+    low, high = 0.0, max(caps[j] / weights[j] for j in room)  # below `high`, more shares than processes left
+    while True:
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if sum(_shares_below(mid, counts[j], caps[j], weights[j]) for j in room) <= left \
+            else (low, mid)
+    for job in room:
+        given = _shares_below(low, counts[job], caps[job], weights[job])
+        counts[job] += given
+        left -= given
+    short = {j for j in room if counts[j] < caps[j]}
+    while left > 0 and short:
+        job = min(short, key=lambda j: (counts[j] / weights[j], -weights[j], j))
+        counts[job] += 1
+        left -= 1
+        if counts[job] >= caps[job]:
+            short.discard(job)
+    return left
+
+
+def _shares_below(level: float, count: int, cap: int, weight: float) -> int:
+    """How many of a job's next processes (the k-th from `count` up to `cap`) it gets at a share k / weight
+    under `level`: those the one-at-a-time loop hands it before any share of `level` or more."""
+    k = min(max(count, math.ceil(level * weight)), cap)
+    while k > count and (k - 1) / weight >= level:
+        k -= 1
+    while k < cap and k / weight < level:
+        k += 1
+    return k - count
 
 
 def _floors(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
@@ -89,13 +137,7 @@ def _floors(capacity: int, asks: list[JobAsk]) -> dict[str, int]:
     if sum(wanted.values()) <= capacity:
         return wanted
     floors = dict.fromkeys(wanted, 0)
-    left, short = capacity, {a.job_id: a for a in asks if wanted[a.job_id] > 0}
-    while left > 0 and short:
-        job = min(short.values(), key=lambda a: (floors[a.job_id] / a.weight, -a.weight, a.job_id))
-        floors[job.job_id] += 1
-        left -= 1
-        if floors[job.job_id] >= wanted[job.job_id]:
-            del short[job.job_id]
+    _fill(capacity, floors, wanted, {a.job_id: a.weight for a in asks})
     return floors
 
 

@@ -23,6 +23,7 @@ units go back to that job's dispatcher, nothing lost) before it starts another j
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ STALL_TARGET = 0.02  # a job stalling more than this ...
 CONSUMER_BOUND = ("compute", "device_copy")  # ... for a reason on the workers' side earns one process more
 HOST_TIMEOUT_S = 5.0  # a host that has not beaten for this long is gone
 JOB_TIMEOUT_S = 10.0  # a job silent this long (or one a restarted fleet has not heard from yet) frees its processes
+NEWCOMER_PROCESSES = 1  # what a job that has not measured (and has no estimate) is given at others' expense
 ROUND_S = 1.0  # the least time between two rounds of moves: each round moves at most max_moves processes
 
 
@@ -56,7 +58,7 @@ class Job:
     weight: float
     min_cores: int
     max_cores: int | None
-    want_cores: float | None  # None: the job has not measured its demand yet (it gets its fair share)
+    want_cores: float | None  # None: the job has not measured its demand yet (a small start, and idle processes)
     endpoint: str
     want_reason: str = ""
     stall_fraction: float = 0.0
@@ -146,7 +148,7 @@ class FleetBook:
                               f"{MOST_CORES:.0e}")
         known = self.jobs.get(job.job_id)
         decisions = []
-        wants = "its fair share" if job.want_cores is None else f"{job.want_cores:.2f} cores"
+        wants = "a small start (not measured yet)" if job.want_cores is None else f"{job.want_cores:.2f} cores"
         if known is None:
             decisions.append(Decision(
                 f"job {job.job_id} joined (weight {job.weight:g}, min {job.min_cores}, max "
@@ -205,21 +207,26 @@ class FleetBook:
         cores = sum(min(h.cores, h.procs) if h.cores > 0 else h.procs for h in live)
         return cores / procs if procs else 1.0
 
-    def processes_for(self, cores: float) -> int:
-        """The processes that give `cores` at the fleet's cores per process (at most MOST_PROCESSES: what a
-        job misses beyond the fleet is still said, and every figure fits the wire)."""
-        return max(0, min(MOST_PROCESSES, math.ceil(cores / self.cores_per_process() - 1e-9)))
+    def processes_for(self, cores: float, per_process: float | None = None) -> int:
+        """The processes that give `cores` at the fleet's cores per process (`per_process`, when the caller
+        worked it out already; at most MOST_PROCESSES: what a job misses beyond the fleet is still said, and
+        every figure fits the wire)."""
+        per_process = per_process or self.cores_per_process()
+        return max(0, min(MOST_PROCESSES, math.ceil(cores / per_process - 1e-9)))
 
-    def ask_of(self, job: Job, capacity: int) -> JobAsk:
-        """A job's ask in processes; one that has not measured its demand asks for the whole fleet: it gets
-        its fair share."""
-        floor = self.processes_for(job.min_cores)
-        most = None if job.max_cores is None else max(1, math.floor(job.max_cores / self.cores_per_process() + 1e-9))
+    def ask_of(self, job: Job, capacity: int, per_process: float | None = None) -> JobAsk:
+        """A job's ask in processes. One that has not measured its demand (and was given no estimate) asks for
+        NEWCOMER_PROCESSES and the processes nobody else wants: a fed job loses nothing to it beyond that
+        start, and its measured need, a few seconds after its device first steps, says the rest."""
+        per_process = per_process or self.cores_per_process()
+        floor = self.processes_for(job.min_cores, per_process)
+        most = None if job.max_cores is None else max(1, math.floor(job.max_cores / per_process + 1e-9))
         floor = floor if most is None else min(floor, most)
-        want = max(capacity, floor) if job.want_cores is None else self.processes_for(job.want_cores)
+        want = (max(NEWCOMER_PROCESSES, floor) if job.want_cores is None
+                else self.processes_for(job.want_cores, per_process))
         if job.stage and job.stage not in CONSUMER_BOUND and job.stall_fraction > STALL_TARGET:
             want = max(want, min(capacity, self.holding().get(job.job_id, 0) + 1))  # stalled: one more to try
-        return JobAsk(job.job_id, want, job.weight, floor, most)
+        return JobAsk(job.job_id, want, job.weight, floor, most, takes_idle=job.want_cores is None)
 
     def holding(self) -> dict[str, int]:
         held: dict[str, int] = {}
@@ -234,20 +241,22 @@ class FleetBook:
             return []
         self._round_at = now
         capacity = self.capacity()
-        asks = [self.ask_of(job, capacity) for job in self.jobs.values()]
+        per_process = self.cores_per_process()  # once a round: a sum over every host
+        asks = [self.ask_of(job, capacity, per_process) for job in self.jobs.values()]
         holding = {job: n for job, n in self.holding().items() if job in self.jobs}
         self.last = allocate(capacity, asks, holding, self.max_moves)
-        for job_id, job in self.jobs.items():  # its "want" is the whole fleet only as a stand-in: say so
+        for job_id, job in self.jobs.items():  # its small start and the idle processes: say so
             if job.want_cores is None and not self.last.missing.get(job_id):
-                self.last.reasons[job_id] = f"not measured yet: its fair share, {self.last.targets[job_id]} processes"
+                self.last.reasons[job_id] = (f"not measured yet: a start of {NEWCOMER_PROCESSES} and the processes "
+                                             f"no other job wants, {self.last.targets[job_id]} in all")
         decisions = []
         for move in self.last.moves:
-            for _ in range(move.processes):
-                where = self._place(move)
-                if where is None:
-                    break
-                self.moves_total += 1
-                decisions.append(Decision(self._move_text(move, where)))
+            if move.job_from is None and move.job_to is not None:
+                placed = self._place_idle(move.job_to, move.processes)
+            else:
+                placed = [where for where in (self._place(move) for _ in range(move.processes)) if where is not None]
+            self.moves_total += len(placed)
+            decisions += [Decision(self._move_text(move, where)) for where in placed]
         return decisions
 
     def plan_for(self, host_id: str) -> dict[str, tuple[str, int]]:
@@ -255,12 +264,14 @@ class FleetBook:
         return {job: (self.jobs[job].endpoint, n) for job, n in self.assigned.get(host_id, {}).items()
                 if n > 0 and job in self.jobs}
 
-    def share_of(self, job_id: str) -> Share:
+    def share_of(self, job_id: str, held: dict[str, int] | None = None) -> Share:
+        """What the job holds and why; `held`: every job's holding, when the caller has it (it reads every host)."""
         alloc = self.last
         target = alloc.targets.get(job_id, 0) if alloc else 0
         missing = alloc.missing.get(job_id, 0) if alloc else 0
         reason = alloc.reasons.get(job_id, "") if alloc else ""
-        return Share(target, self.holding().get(job_id, 0), missing, self.capacity(), len(self.hosts), reason)
+        held = self.holding() if held is None else held
+        return Share(target, held.get(job_id, 0), missing, self.capacity(), len(self.hosts), reason)
 
     # ---- placing -----------------------------------------------------------------------------
 
@@ -268,19 +279,33 @@ class FleetBook:
         host = self.hosts[host_id]
         return 0 if host.leaving else host.procs - sum(self.assigned.get(host_id, {}).values())
 
+    def _place_idle(self, job_id: str, processes: int) -> list[str]:
+        """Give `job_id` up to `processes` idle processes, each on the host with the most free; of those, one that
+        serves the job already (fewer daemons), then the greatest id. The hosts, one per process placed. One
+        heap for the whole move: a 1,000-host fleet places a joining host's processes without a scan each."""
+        heap = [(-free, -self.assigned.get(h, {}).get(job_id, 0), _Descending(h))
+                for h in self.hosts if (free := self._free(h)) > 0]
+        heapq.heapify(heap)
+        placed: list[str] = []
+        while heap and len(placed) < processes:
+            free, serving, host = heapq.heappop(heap)
+            jobs = self.assigned.setdefault(host.name, {})
+            jobs[job_id] = jobs.get(job_id, 0) + 1
+            placed.append(host.name)
+            if free + 1 < 0:
+                heapq.heappush(heap, (free + 1, serving - 1, host))
+        return placed
+
     def _place(self, move: Move) -> str | None:
-        """Put one process of `move` on a host; returns the host, None when none can take it."""
-        if move.job_from is not None:  # from the host where the giving job runs the most
-            giving = [h for h, jobs in self.assigned.items() if jobs.get(move.job_from, 0) > 0]
-            if not giving:
-                return None
-            host = max(giving, key=lambda h: (self.assigned[h][move.job_from or ""], h))
-            self._take(host, move.job_from, 1)
-        else:  # an idle one: the host with the most free; of those, one that serves the job already (fewer daemons)
-            free = [h for h in self.hosts if self._free(h) > 0]
-            if not free or move.job_to is None:
-                return None
-            host = max(free, key=lambda h: (self._free(h), self.assigned[h].get(move.job_to or "", 0), h))
+        """Move one process of `move` from the host where the giving job runs the most (to `job_to`, or to
+        idle); returns the host, None when the giving job holds none."""
+        if move.job_from is None:
+            return None
+        giving = [h for h, jobs in self.assigned.items() if jobs.get(move.job_from, 0) > 0]
+        if not giving:
+            return None
+        host = max(giving, key=lambda h: (self.assigned[h][move.job_from or ""], h))
+        self._take(host, move.job_from, 1)
         if move.job_to is not None:
             jobs = self.assigned.setdefault(host, {})
             jobs[move.job_to] = jobs.get(move.job_to, 0) + 1
@@ -320,3 +345,13 @@ class FleetBook:
 
 def _jobs_text(jobs: dict[str, int]) -> str:
     return ", ".join(f"{job}: {n}" for job, n in sorted(jobs.items())) or "none"
+
+
+@dataclass(frozen=True)
+class _Descending:
+    """A host id that sorts backwards, so a min-heap pops the greatest id first among equals."""
+
+    name: str
+
+    def __lt__(self, other: _Descending) -> bool:
+        return self.name > other.name

@@ -68,7 +68,8 @@ class FleetMetrics:
         self.job_target = Gauge("stoker_fleet_job_target", "Worker processes the fleet converges to for the job",
                                 job, registry=r)
         self.job_wanted = Gauge("stoker_fleet_job_cores_needed", "CPU cores the job wants: its measured need (plus "
-                                "headroom), its planner estimate until measured, or its fair share without one",
+                                "headroom), its planner estimate until measured, or without one what it "
+                                "holds (a small start and idle processes)",
                                 job, registry=r)
         self.job_missing = Gauge("stoker_fleet_job_cores_missing", "CPU cores the job wants beyond its target", job,
                                  registry=r)
@@ -89,7 +90,7 @@ class FleetMetrics:
         self.hosts.set(len(book.hosts))
         capacity = book.capacity()
         per_process = book.cores_per_process()
-        held = book.holding()
+        held = book.holding()  # once: it reads every host
         self.processes.set(capacity)
         self.cores.set(capacity * per_process)
         self.idle.set(max(0, capacity - sum(held.values())))
@@ -97,7 +98,7 @@ class FleetMetrics:
         self._moves_counted = book.moves_total
         wanted = missing = 0.0
         for job_id, job in book.jobs.items():
-            share = book.share_of(job_id)
+            share = book.share_of(job_id, held)
             want = job.want_cores if job.want_cores is not None else share.target * per_process
             wanted += want
             missing += share.missing * per_process
@@ -138,9 +139,10 @@ class FleetServer:
             except Exception:  # one message, whatever it holds, never takes the fleet down for every job
                 log.exception("a fleet message could not be handled; dropped")
                 self._drops("bad_value", frame_bytes(frames[0]) if frames else b"")
-        self.metrics.update(self.book)
 
     def tick(self) -> None:
+        """Four times a second: lost hosts and jobs, a round when one is due, and the metrics (not after every
+        message: at 1,000 hosts a beat arrives every millisecond, and the metrics read every host)."""
         self._log(self.book.expire(self.clock()) + self.book.rebalance(self.clock()))
         self.metrics.update(self.book)
 

@@ -155,6 +155,10 @@ def test_with_commit_steps_a_unit_is_acked_and_the_position_moves_only_at_commit
     third = next(batches)
     loader.close()
     assert len(fake.acks) == 1 and loader.state_dict()["step"] == 2, third.step  # the uncommitted third is not
+    with pytest.raises(LoaderClosed, match=r"commit\(\): the loader is closed"):
+        loader.commit(third)
+    with pytest.raises(LoaderClosed, match="the loader is closed"):
+        next(batches)  # an iterator made before close() gives nothing after it
 
 
 def test_commit_without_commit_steps_or_before_a_batch_is_refused(monkeypatch, tmp_path):

@@ -279,6 +279,9 @@ def test_commit_is_refused_without_a_batch_in_hand_twice_for_one_batch_and_for_a
     next(it)
     with pytest.raises(UncommittedStep, match="epoch 0 step 1, not the one given .epoch 0 step 0"):
         feed.commit(first)
+    with pytest.raises(UncommittedStep, match="give the Batch the loader gave .or nothing, for the one in hand., not a "
+                                              "int"):
+        feed.commit(1)  # type: ignore[arg-type]  # the step number, as issue 49's `commit(step)` sketch reads
     with pytest.raises(ConfigError, match="commit_steps=True"):
         _feed(FakeSource()).commit()
 
@@ -289,3 +292,12 @@ def test_a_feed_closed_with_its_batch_uncommitted_hands_nothing_back():
     next(iter(feed))
     feed.hand_back()  # what Loader.close() does
     assert source.events == [] and feed.uncommitted is not None
+
+
+def test_a_closed_feed_gives_no_batch_to_an_iterator_made_before():
+    feed = _committing(FakeSource())
+    it = iter(feed)
+    next(it)
+    feed.close(RuntimeError("closed"))
+    with pytest.raises(RuntimeError, match="closed"):
+        next(it)  # not the uncommitted batch again, nor the prefetched next one

@@ -30,16 +30,39 @@ def test_a_host_that_joins_is_given_work_at_once():
     assert "host h1 joined" in _texts(said) and "idle process on h1 -> job a" in _texts(said)
 
 
-def test_idle_processes_go_to_the_host_with_most_free_and_a_job_not_yet_measured_gets_its_fair_share():
+def test_idle_processes_go_to_the_host_with_most_free_and_jobs_not_yet_measured_share_the_idle_ones():
     book = _book()
     book.host_beat("h1", 2, {}, False, now=0.0)
     book.host_beat("h2", 3, {}, False, now=0.0)
-    book.job_beat(_job("a", None, endpoint="tcp://a:1"), now=0.1)  # not measured: the whole fleet is its share
+    book.job_beat(_job("a", None, endpoint="tcp://a:1"), now=0.1)  # not measured: nobody else wants the rest
     assert book.holding() == {"a": 5}
     book.job_beat(_job("b", None, endpoint="tcp://b:1"), now=0.2)
     for t in range(3, 10):
         book.rebalance(now=t)
     assert book.holding() == {"a": 3, "b": 2} or book.holding() == {"a": 2, "b": 3}
+
+
+def test_a_job_not_yet_measured_takes_one_process_from_a_hungry_job_and_only_idle_ones_beside_a_light_one():
+    """Issue 50, item 4: a newcomer without an estimate costs a fed job at most its start (1 process), and
+    what it holds beyond that goes back as soon as it measures less or another job wants more."""
+    book = _book()
+    book.host_beat("h1", 4, {}, False, now=0.0)
+    book.job_beat(_job("hungry", 9.0), now=0.0)
+    book.job_beat(_job("new", None), now=0.1)
+    for t in range(1, 6):
+        book.rebalance(now=t)
+    assert book.holding() == {"hungry": 3, "new": 1}
+    assert "not measured yet: a start of 1 and the processes no other job wants, 1 in all" in \
+        book.last.reasons["new"]
+    book.job_beat(_job("hungry", 2.0), now=6.0)  # its need fell: the idle processes go to the newcomer
+    for t in range(7, 12):
+        book.rebalance(now=t)
+    assert book.holding() == {"hungry": 2, "new": 2}
+    book.job_beat(_job("new", 1.0), now=12.0)  # measured: it needs one
+    book.job_beat(_job("hungry", 3.0), now=12.0)
+    for t in range(13, 18):
+        book.rebalance(now=t)
+    assert book.holding() == {"hungry": 3, "new": 1}
 
 
 def test_a_job_that_leaves_frees_its_processes_for_a_job_that_wants_them():
