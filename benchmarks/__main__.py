@@ -1,6 +1,7 @@
 """`python -m benchmarks NAME`: run one benchmark (spine, text, suite, overlap, ratio, loader,
 ingest, object_storage, control_plane, journal_store, dct_scale, restart_index, corrupt_jpegs, data_parallel,
-transform_contract, transform_example, stability, plan_check, foreign, fleet, fleet_scale, tokenize_cost, text_peers)
+transform_contract, transform_example, stability, plan_check, foreign, photos, fleet, fleet_scale, fleet_price,
+tokenize_cost, text_peers)
 or all of them.
 
 `gpu_check` is not among them: it needs a CUDA GPU (`python -m benchmarks.gpu_check`). `soak` runs
@@ -20,6 +21,7 @@ from benchmarks import (
     data_parallel,
     dct_scale,
     fleet,
+    fleet_price,
     fleet_scale,
     foreign,
     ingest,
@@ -49,14 +51,17 @@ BENCHMARKS = {"spine": spine.main, "text": text.main, "suite": suite.main, "over
               "dct_scale": dct_scale.main, "restart_index": restart_index.main, "corrupt_jpegs": corrupt_jpegs.main,
               "data_parallel": data_parallel.main, "transform_contract": transform_contract.main,
               "transform_example": transform_example.main, "stability": stability.main,
-              "plan_check": plan_check.main, "foreign": foreign.main, "fleet": fleet.main,
+              "plan_check": plan_check.main, "foreign": foreign.main,
+              "photos": lambda rounds=3: foreign.main(rounds, "photos"), "fleet": fleet.main,
               "fleet_scale": fleet_scale.main,
+              "fleet_price": fleet_price.main,
               "tokenize_cost": tokenize_cost.main, "text_peers": text_peers.main}
 
 ALONE = {"soak": soak.main, "repeat": repeat.main,  # never part of `all`
          "repeat_fleet": lambda runs=10: repeat.main(runs, "repeat_fleet"),
          "repeat_hangs": lambda runs=10: repeat.main(runs, "repeat_hangs"),
          "repeat_trainers": lambda runs=10: repeat.main(runs, "repeat_trainers"),
+         "repeat_commits": lambda runs=10: repeat.main(runs, "repeat_commits"),
          "text_elastic": text_elastic.main}
 
 if __name__ == "__main__":

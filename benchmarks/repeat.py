@@ -25,6 +25,11 @@ PyTorch Lightning's two epochs in full (it takes exactly len(loader) batches), i
 daemon, a resume from its mid-epoch checkpoint; an `accelerate launch` of two processes SIGKILLed right
 after a mid-epoch save_state and run again: every sample once per epoch.
 
+A committed position's (`python -m benchmarks repeat_commits [RUNS]`, results in repeat_commits.{json,md}): two
+torchft replica groups each SIGKILLed mid-step, and ranks of a committing job killed right after a unit's last
+commit (twice in a row; and restarted only after the other finished), at the default timeouts: every step committed
+once, every document once, the dispatcher done.
+
 `python -m benchmarks repeat [RUNS]`; results: benchmarks/results/repeat.{json,md}.
 """
 
@@ -73,8 +78,16 @@ TRAINER_GUARANTEES = (  # about 100 s a run
     "tests/integration/test_accelerate.py::"
     "test_accelerate_launch_run_again_after_a_crash_continues_from_load_state_every_sample_once",
 )
+COMMITS = "tests/integration/test_commit_restarts.py::"
+COMMIT_GUARANTEES = (  # a committed position (issue 49): torchft replica groups, and ranks killed where acks die
+    "tests/integration/test_torchft.py::"
+    "test_replica_groups_killed_mid_step_and_restarted_commit_every_document_of_every_epoch_once",
+    COMMITS + "test_a_rank_killed_twice_in_a_row_before_its_second_life_commits_is_fed_by_its_third[default-timeouts]",
+    COMMITS + "test_a_rank_started_again_after_the_other_finished_the_job_completes_and_the_dispatcher_exits"
+              "[default-timeouts]",
+)
 SETS = {"repeat": GUARANTEES, "repeat_fleet": FLEET_GUARANTEES, "repeat_hangs": HANG_GUARANTEES,
-        "repeat_trainers": TRAINER_GUARANTEES}
+        "repeat_trainers": TRAINER_GUARANTEES, "repeat_commits": COMMIT_GUARANTEES}
 RUN_TIMEOUT_S = 900.0
 
 

@@ -75,6 +75,7 @@ class Consumer:
         self.order, self.systemd, self.loop = parts.order, parts.systemd, parts.loop
         self.metrics_port: int | None = None
         self.position = (data.start.epoch, data.start.step)  # (epoch, steps taken in it): what state_dict() saves
+        self._waited_out: dict[int, int] = {}  # rank -> its units counted when a state_dict waited in vain
         self.progress = Totals()  # the training loop's running counters (stall, step, copy, rows, batches)
         self.bottleneck = BottleneckMonitor(self.totals, self.metrics.registry)
         self.fleet: FleetMembership | None = None  # with --fleet, rank 0's seat in it (once started)
@@ -226,7 +227,13 @@ class Consumer:
                                        answer_timeout_s)
             if found is None:
                 raise StateError("stopped before the dispatcher said where the ranks stand")
-            if not found.unsure or time.monotonic() >= settle_by:
+            # a rank whose count was waited for in vain already (dead, or stopped) is not waited for at each step:
+            # the same unit still uncounted is the same number of units counted before it
+            awaited = [r for r in found.unsure if self._waited_out.get(r) != found.ranks[r][0]]
+            if not awaited:
+                break
+            if time.monotonic() >= settle_by:
+                self._waited_out.update({r: found.ranks[r][0] for r in awaited})
                 break
             time.sleep(0.02)  # a text unit's batch count, sent with its first batch, is on its way
         return checkpoint.state(self.job, epoch, step, found.ranks, self.ledger.samples, self.manifest.data_sha256,

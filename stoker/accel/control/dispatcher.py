@@ -26,7 +26,7 @@ from stoker.accel.control.progress import Progress
 from stoker.accel.control.unit_queue import UnitQueue, lease_key
 from stoker.pipeline.plan import EpochPlan
 from stoker.pipeline.units import Unit
-from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED, release_label
+from stoker.protos.leases import HANDED_BACK, SHORT_UNIT, TRADED, UNREACHABLE, release_label
 
 __all__ = ["Dispatcher", "DispatcherStats", "Lease", "RankError"]
 
@@ -106,11 +106,20 @@ class Dispatcher:
     def attach_rank(self, rank: int, data_endpoint: str, consumer_id: str = "", world_size: int = 0) -> None:
         """A rank's data socket: its units can be leased from now on. A rank held by another live
         consumer (heard from within the host timeout), a rank outside the job or another world
-        size is refused with the reason (RankError)."""
+        size is refused with the reason (RankError).
+
+        A new consumer for the rank: what the old one held is gone, and so are the leases made for
+        it. A worker process that sent a unit's last batch to the old consumer holds that unit no
+        more, and the old consumer will never say it arrived: kept, its lease would sit until
+        lease_timeout_s, the unit neither pending nor done, and the new consumer would starve on it.
+        A process still making such a unit for the old address hands it back anyway (UNREACHABLE);
+        one that asks with it in `holding` is not held to it (LeaseTable.held_per_rank)."""
         if self.liveness.claim_rank(rank, consumer_id, world_size):
-            for unit in [u for u in self._received.values() if u.rank == rank]:  # a new consumer for the rank:
-                del self._received[unit.unit_id]  # what the old one held is gone
+            for unit in [u for u in self._received.values() if u.rank == rank]:
+                del self._received[unit.unit_id]
                 self.queue.requeue(unit)
+            for lease in self.leases.of_rank(rank):
+                self.release(lease.host_id, [lease.worker_id], UNREACHABLE, [lease.unit.unit_id], lease.key)
         self.liveness.set_endpoint(rank, data_endpoint)
 
     def rewind_rank(self, rank: int, consumer_id: str, epoch: int, step: int, units: int, batches: int) -> int:
@@ -118,28 +127,44 @@ class Dispatcher:
         `units` units of that epoch and `batches` batches after them (its checkpoint; (0, 0, 0, 0)
         without one). Whatever of that rank's stream is done here past that point was stepped by a
         consumer whose steps are lost (it crashed after its last checkpoint): it goes back to the
-        queue, so the rank gets it again, in order. Applied once per consumer (a re-attach after a
-        reconnect changes nothing). Returns the units put back. RankError when that would need the
-        batch counts of text units of epochs this dispatcher no longer keeps."""
+        queue, so the rank gets it again, in order; whatever before it is not done here counts done
+        (the consumer before stepped it and died before its ack came). Applied once per consumer (a
+        re-attach after a reconnect changes nothing). Returns the units put back. RankError when that
+        would need the batch counts of text units of epochs this dispatcher no longer keeps."""
         if self._started.get(rank) == consumer_id:
             return 0
-        per = self.plan.units_per_epoch
-        if not per or epoch >= self.plan.epochs:
-            self._started[rank] = consumer_id
-            return 0
-        done_below = self.progress.done_below
-        if done_below > (epoch + 1) * per and self.planned_batches is None:
-            raise RankError(f"rank {rank} starts in epoch {epoch}, but this dispatcher has finished epoch "
-                            f"{done_below // per - 1} and no longer knows the batch counts of text units before "
-                            f"it: start the dispatcher again without its journal to continue from the checkpoint")
-        undone = self.progress.undo_rank(epoch, rank, units)
-        self.progress.start_at(epoch, rank, units, step - batches)
-        if undone:
-            self.queue.reload_from(epoch)
+        per, undone = self.plan.units_per_epoch, 0
+        if per and epoch < self.plan.epochs:
+            done_below = self.progress.done_below
+            if done_below > (epoch + 1) * per and self.planned_batches is None:
+                raise RankError(f"rank {rank} starts in epoch {epoch}, but this dispatcher has finished epoch "
+                                f"{done_below // per - 1} and no longer knows the batch counts of text units "
+                                f"before it: start the dispatcher again without its journal to continue from the "
+                                f"checkpoint")
+            undone = self.progress.undo_rank(epoch, rank, units)
+            self.progress.start_at(epoch, rank, units, step - batches)
+            if undone:
+                self.queue.reload_from(epoch)
+        if per:
+            for unit_id in self._consumed_not_acked(rank, epoch, units):
+                self.ack(unit_id)
         self._started[rank] = consumer_id
         if undone and self.journal is not None:
             self.journal.compact(self.snapshot())  # the journal has no event that undoes an ack
         return undone
+
+    def _consumed_not_acked(self, rank: int, epoch: int, units: int) -> list[int]:
+        """The units of `rank`'s stream before a new consumer's start that are not done here: the consumer
+        before it stepped (committed) them all, and died before its ack of the last came. They count as done
+        now, as its ack would have made them; left open, the unit would be leased again for a rank that
+        never asks for it (its start is past it), the job one unit short of finished for ever."""
+        per = self.plan.units_per_epoch
+        out = []
+        for e in range(self.progress.done_below // per, min(epoch + 1, self.plan.epochs)):
+            stream = self.plan.rank_units(e, rank)
+            out += [u.unit_id for u in (stream[:units] if e == epoch else stream)
+                    if not self.progress.is_done(u.unit_id)]
+        return out
 
     # ---- units -------------------------------------------------------------------------
     def lease(self, host_id: str, worker_id: str, request_id: int = 0, key: str = "",

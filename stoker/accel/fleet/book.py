@@ -35,7 +35,8 @@ from stoker.protos.errors import ConfigError
 MOST_HOST_PROCS = 1024  # a host offering more is not a Stoker daemon (one caps itself at 4 a core)
 MOST_PROCESSES = 1_000_000  # what a job's cores become, at most
 STALL_TARGET = 0.02  # a job stalling more than this ...
-CONSUMER_BOUND = ("compute", "device_copy")  # ... for a reason on the workers' side earns one process more
+CONSUMER_BOUND = ("compute", "device_copy")  # ... for a reason on the workers' side earns one process more,
+HOSTS_SHORT = ("contention", "throttled")  # but not where its hosts' cores are short: a process more there shares them
 HOST_TIMEOUT_S = 5.0  # a host that has not beaten for this long is gone
 JOB_TIMEOUT_S = 10.0  # a job silent this long (or one a restarted fleet has not heard from yet) frees its processes
 NEWCOMER_PROCESSES = 1  # what a job that has not measured (and has no estimate) is given at others' expense
@@ -224,7 +225,7 @@ class FleetBook:
         floor = floor if most is None else min(floor, most)
         want = (max(NEWCOMER_PROCESSES, floor) if job.want_cores is None
                 else self.processes_for(job.want_cores, per_process))
-        if job.stage and job.stage not in CONSUMER_BOUND and job.stall_fraction > STALL_TARGET:
+        if job.stage and job.stage not in (*CONSUMER_BOUND, *HOSTS_SHORT) and job.stall_fraction > STALL_TARGET:
             want = max(want, min(capacity, self.holding().get(job.job_id, 0) + 1))  # stalled: one more to try
         return JobAsk(job.job_id, want, job.weight, floor, most, takes_idle=job.want_cores is None)
 

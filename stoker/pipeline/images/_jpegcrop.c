@@ -450,12 +450,84 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- After the resize: Pillow keeps RGB as 4-byte pixels; a batch wants 3. ---- */
+
+/* Each RGBX row written as RGB, mirrored left to right with `flip`: one pass where Pillow's transpose,
+ * tobytes and the copy into the batch took three. Each pixel is stored as 4 bytes at 3 apart: the 4th
+ * lands on the next pixel's first byte, which that pixel then writes; a row's last pixel takes 3. */
+static void pack_row_scalar(const unsigned char *in, unsigned char *out, size_t from, size_t width, int flip) {
+    uint32_t v;
+    for (size_t x = from; x + 1 < width; x++) {
+        memcpy(&v, in + 4 * (flip ? width - 1 - x : x), 4);
+        memcpy(out + 3 * x, &v, 4);
+    }
+    if (from < width) memcpy(out + 3 * (width - 1), in + 4 * (flip ? 0 : width - 1), 3);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define PACK_SIMD 1
+/* Four pixels a step with one byte shuffle (SSSE3): 16 bytes in, 12 out (a 16-byte store whose last 4
+ * the next step overwrites), while a whole store still fits in the row; the rest as above. */
+__attribute__((target("ssse3"))) static void pack_row_ssse3(const unsigned char *in, unsigned char *out,
+                                                            size_t width, int flip) {
+    const __m128i keep = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    const __m128i mirror = _mm_setr_epi8(12, 13, 14, 8, 9, 10, 4, 5, 6, 0, 1, 2, -1, -1, -1, -1);
+    const __m128i order = flip ? mirror : keep;
+    size_t x = 0;
+    for (; x + 6 <= width; x += 4) {
+        const unsigned char *from = in + 4 * (flip ? width - 4 - x : x);
+        __m128i pixels = _mm_loadu_si128((const __m128i *)from);
+        _mm_storeu_si128((__m128i *)(out + 3 * x), _mm_shuffle_epi8(pixels, order));
+    }
+    pack_row_scalar(in, out, x, width, flip);
+}
+#endif
+
+static void pack_rows(const unsigned char *src, unsigned char *dst, size_t width, size_t height, int flip) {
+#ifdef PACK_SIMD
+    int simd = __builtin_cpu_supports("ssse3");
+#endif
+    for (size_t y = 0; y < height; y++) {
+        const unsigned char *in = src + y * width * 4;
+        unsigned char *out = dst + y * width * 3;
+#ifdef PACK_SIMD
+        if (simd) {
+            pack_row_ssse3(in, out, width, flip);
+            continue;
+        }
+#endif
+        pack_row_scalar(in, out, 0, width, flip);
+    }
+}
+
+static PyObject *pack_rgb(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    unsigned int width, height;
+    int flip;
+    if (!PyArg_ParseTuple(args, "y*w*IIp", &src, &dst, &width, &height, &flip)) return NULL;
+    if ((size_t)src.len != (size_t)width * height * 4 || (size_t)dst.len != (size_t)width * height * 3 ||
+        !PyBuffer_IsContiguous(&dst, 'C')) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "pack_rgb: %u x %u needs %zu source and %zu contiguous target bytes",
+                            width, height, (size_t)width * height * 4, (size_t)width * height * 3);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pack_rows((const unsigned char *)src.buf, (unsigned char *)dst.buf, width, height, flip);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"header", header, METH_VARARGS, "header(data) -> (width, height, components, colorspace, progressive)"},
     {"decode", (PyCFunction)(void (*)(void))decode, METH_VARARGS | METH_KEYWORDS,
      "decode(data, denom, left, top, right, bottom[, num[, restarts]], *, strict=False, channels=4) -> (rgbx bytes, "
      "width, height, x, y, path); scale num/denom; strict: refuse a file libjpeg says is corrupt; channels 3: RGB"},
     {"scan", scan, METH_VARARGS, "scan(data) -> None, or why libjpeg says the file is corrupt"},
+    {"pack_rgb", pack_rgb, METH_VARARGS, "pack_rgb(rgbx, target, width, height, flip) -> None: RGBX rows into RGB"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,6 +4,8 @@
 
 from typing import Literal
 
+import numpy as np
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
 LIBJPEG_TURBO_VERSION_NUMBER: int
@@ -21,3 +23,7 @@ def decode(data: Buffer, denom: int, left: int, top: int, right: int, bottom: in
 def scan(data: Buffer, /) -> str | None:
     """None, or why libjpeg says the file is corrupt or truncated (an entropy-only pass at 1/8 scale);
     ValueError when it is not decodable at all."""
+
+def pack_rgb(rgbx: Buffer, target: Buffer | NDArray[np.uint8], width: int, height: int, flip: bool, /) -> None:
+    """Write `rgbx` (width x height 4-byte pixels) into the contiguous `target` as RGB, mirrored left to
+    right with `flip`; ValueError when either size does not fit."""

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
 
 import numpy as np
+import pyarrow as pa
 from PIL import Image
 
 from stoker.pipeline.cpu_clock import stage_clock
@@ -111,6 +112,7 @@ class _CropOnly:
     output is the resized, mirrored crop itself."""
 
     takes: ClassVar[str] = "crop"
+    crop_output: ClassVar[str] = "image"  # the output that is the crop as decoded (batching lends its row)
     size: int
 
     @property
@@ -220,9 +222,11 @@ def decode_augment(
     rng: random.Random | None,
     decoder: str = "auto",
     restarts: bytes | memoryview | None = None,
+    into: np.ndarray | None = None,
 ) -> DecodedSample:
     """Decode a JPEG (only as much and as finely as the crop needs) and apply the transform.
-    `restarts`: the file's restart index (pipeline.store.shards), which only the crop decoder uses."""
+    `restarts`: the file's restart index (pipeline.store.shards), which only the crop decoder uses;
+    `into`: a (size, size, 3) uint8 row the crop decoder writes the crop into (pillow's paths do not)."""
     if decoder not in DECODERS:
         raise ConfigError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
     strict = _strict()
@@ -233,7 +237,7 @@ def decode_augment(
         except ValueError as exc:
             raise DecodeError(str(exc)) from exc
         if colorspace not in ("cmyk", "ycck"):
-            return _decode_window(jpeg, transform, rng, width, height, started, restarts, strict)
+            return _decode_window(jpeg, transform, rng, width, height, started, restarts, strict, into)
     return _decode_pillow(jpeg, transform, rng, draft=decoder != "full", check=strict and restarts is None)
 
 
@@ -284,7 +288,8 @@ def _choose(transform: Transform, width: int, height: int, rng: random.Random | 
 
 
 def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.Random | None, width: int,
-                   height: int, started: float, restarts: bytes | memoryview | None, strict: bool) -> DecodedSample:
+                   height: int, started: float, restarts: bytes | memoryview | None, strict: bool,
+                   into: np.ndarray | None = None) -> DecodedSample:
     crop = _choose(transform, width, height, rng)
     w = crop_window(width, height, crop, transform.crop_size)
     box = w.box
@@ -297,11 +302,19 @@ def _decode_window(jpeg: bytes | memoryview, transform: Transform, rng: random.R
     region = Image.frombuffer("RGBX", (region_w, region_h), pixels, "raw", "RGBX", 0, 1)  # no copy
     out = region.resize((transform.crop_size, transform.crop_size), Image.Resampling.BILINEAR,
                         box=(box[0] - x, box[1] - y, box[2] - x, box[3] - y))
-    if crop.flip:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     side = transform.crop_size
-    array = np.frombuffer(out.tobytes("raw", "RGB"), dtype=np.uint8).reshape(side, side, 3)
+    array = into if into is not None else np.empty((side, side, 3), dtype=np.uint8)
+    _jpegcrop.pack_rgb(_rgbx_of(out), array, side, side, crop.flip)
     return DecodedSample(array, decoded - started, stage_clock() - decoded, path)
+
+
+def _rgbx_of(image: Image.Image) -> memoryview | bytes:
+    """An RGBX image's pixels without a copy (Pillow's Arrow export: one buffer for an image in one
+    memory block, as a crop's always is), else copied out."""
+    try:
+        return memoryview(pa.array(image).buffers()[-1])
+    except ValueError:  # pixels spread over several blocks
+        return image.tobytes("raw", "RGBX")
 
 
 def _decode_pillow(

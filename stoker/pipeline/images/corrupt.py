@@ -19,7 +19,7 @@ from typing import Any
 
 from stoker.pipeline.cpu_clock import stage_clock
 from stoker.pipeline.images.augment import CROP_DECODER_AVAILABLE, corrupt_jpegs, refuse_corrupt
-from stoker.pipeline.images.batching import Prepared, SampleWork, sample_work
+from stoker.pipeline.images.batching import BatchRows, Prepared, SampleWork, sample_work
 from stoker.pipeline.images.layout import DecodeOn
 from stoker.pipeline.job import JobConfig
 from stoker.pipeline.transforms import ImageTransform, Sample
@@ -38,14 +38,15 @@ class CorruptJpegs:
     policy: str = "skip"
     refuse: bool = False
 
-    def prepare(self, sample: Sample, rng: random.Random, restarts: memoryview | None = None) -> Prepared:
+    def prepare(self, sample: Sample, rng: random.Random, restarts: memoryview | None = None,
+                rows: BatchRows | None = None) -> Prepared:
         checked_s = 0.0
         if self.refuse and restarts is None:
             started = stage_clock()
             refuse_corrupt(sample.data)
             checked_s = stage_clock() - started
         with corrupt_jpegs(self.policy):
-            prepared = self.work.prepare(sample, rng, restarts)
+            prepared = self.work.prepare(sample, rng, restarts, rows)
         prepared.decode_s += checked_s
         return prepared
 

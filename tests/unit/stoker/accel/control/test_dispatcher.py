@@ -291,3 +291,60 @@ def test_a_text_job_too_far_ahead_of_the_consumers_start_is_refused_with_what_to
         d.ack(unit.unit_id, 1)
     with pytest.raises(RankError, match="start the dispatcher again without its journal"):
         d.rewind_rank(0, "c2", 0, 0, 0, 0)
+
+
+def _consumers(manifest, clock: Clock) -> Dispatcher:
+    """Two ranks, each attached by its consumer ("c0", "c1"), one unit a batch (images)."""
+    d = Dispatcher(EpochPlan(manifest, 16, 2, 0, 2, 16), clock=clock, planned_batches=lambda unit: 1)
+    for rank in range(2):
+        d.attach_rank(rank, f"tcp://127.0.0.1:{rank + 1}", f"c{rank}")
+    return d
+
+
+def _replace(d: Dispatcher, clock: Clock, rank: int, consumer: str, units: int) -> None:
+    """The rank's consumer died; a new one attaches once the old is silent, starting after `units` units."""
+    clock.now += d.host_timeout_s + 1
+    d.liveness.heartbeat("h")
+    d.attach_rank(rank, "tcp://127.0.0.1:9", consumer)
+    d.rewind_rank(rank, consumer, 0, units, units, 0)
+
+
+def test_a_unit_stepped_by_a_consumer_that_died_before_its_ack_counts_done_when_the_next_starts_past_it(manifest):
+    """Issue 49: a rank committed its first unit's last step and was killed before the ack left; the next
+    consumer starts after that unit (its saved position). The unit is done, never leased again for a rank
+    that will never ask for it, and the job finishes (it stayed one unit short of done, and never exited)."""
+    clock = Clock()
+    d = _consumers(manifest, clock)
+    first = d.lease("h", "w")  # (0, rank 0)
+    stepped = d.lease("h", "w", holding=[first.unit_id])  # (0, rank 1): every batch at its rank, never acked
+    assert stepped.rank == 1
+    d.received(stepped.unit_id)
+    d.ack(first.unit_id, 1)
+    _replace(d, clock, 1, "c1-again", units=1)
+    assert d.progress.is_done(stepped.unit_id)
+    leased = []
+    while (unit := d.lease("h", "w")) is not None:
+        leased.append(unit.unit_id)
+        d.received(unit.unit_id)
+        d.ack(unit.unit_id, 1)
+    assert stepped.unit_id not in leased and d.finished
+
+
+def test_a_unit_sent_whole_to_a_consumer_that_died_before_it_said_so_is_leased_again_for_the_next(manifest):
+    """Issue 49: a worker process sent a unit's last batch to rank 1's consumer, which died before it said the
+    unit arrived; the process (holding none of it now) leased the rank's next unit. The rank's next consumer,
+    starting before both, gets them: neither stays leased to a process that no longer makes it (that stale
+    lease kept the unit from the rank until --lease-timeout, past the stall timeout)."""
+    clock = Clock()
+    d = _consumers(manifest, clock)
+    first = d.lease("h", "w")  # (0, rank 0)
+    sent = d.lease("h", "w", holding=[first.unit_id])  # (0, rank 1), sent whole: the process holds it no more
+    d.ack(first.unit_id, 1)
+    making = d.lease("h", "w", holding=[])  # (1, rank 0)
+    after = d.lease("h", "w", holding=[making.unit_id])  # (1, rank 1), for the consumer that is gone
+    assert (sent.rank, after.rank) == (1, 1) and sent.position < after.position
+    _replace(d, clock, 1, "c1-again", units=0)
+    assert sent.unit_id not in d.leases and after.unit_id not in d.leases
+    again = d.lease("h", "w", holding=[making.unit_id, after.unit_id])  # it still names the old one: not held to it
+    assert again.unit_id == sent.unit_id
+    assert d.lease("h2", "w2").unit_id == after.unit_id

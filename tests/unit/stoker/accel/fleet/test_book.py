@@ -230,6 +230,18 @@ def test_a_job_stalled_for_a_reason_on_the_workers_side_gets_one_more_process_wh
     assert book.holding() == {"a": 1}  # its surplus goes back, one a round
 
 
+@pytest.mark.parametrize("stage", ["throttled", "contention"])
+def test_a_job_stalled_because_its_hosts_cores_are_short_asks_only_what_it_measures(stage: str):
+    """A quota that throttles its workers, or other work on their cores: a process more would share the same
+    cores, and taking it from another job starves that one too (benchmarks/fleet_price.py found a light job
+    throttled beside a hungry one asking for 4 processes, all taken from the hungry job)."""
+    book = _book()
+    book.host_beat("h1", 4, {}, False, now=0.0)
+    for t in range(6):
+        book.job_beat(Job("a", 1.0, 0, None, 0.1, "tcp://a:1", stall_fraction=0.5, stage=stage), now=t)
+    assert book.holding() == {"a": 1}
+
+
 def test_min_cores_are_a_guarantee_even_beyond_what_the_job_measures_it_wants():
     book = _book()
     book.host_beat("h1", 4, {}, False, now=0.0)

@@ -134,3 +134,36 @@ def test_a_call_that_catches_its_interruption_and_returns_late_is_skipped_and_re
     [(sample_id, _, reason)] = batch.skipped
     assert sample_id == swallower and reason.startswith("transform ran past --transform-timeout 0.2 s (it returned")
     assert [(u, s) for u, s, _ in heard] == [(unit.unit_id, swallower)] and heard[0][2] >= 0.2
+
+
+def test_a_crop_decoded_into_its_batch_row_is_its_own_and_a_skipped_sample_leaves_its_row_to_the_next(
+        corrupt_manifest):
+    """The crop decoder writes a built-in's crop straight into the batch row it lends: in the batch with the
+    truncated JPEG (decoded into a lent row, then skipped) every row is still its own sample's image."""
+    manifest, victim = corrupt_manifest
+    reader_of = _readers(manifest)
+    for unit in EpochPlan(manifest, 48, 1, 0).units(0):
+        keys = {sample_id: (shard, row) for shard, row, sample_id in unit.rows(0)}
+        for batch in unit_batches(reader_of, unit, HostTransform(TrainTransform(size=64)), 16, 0):
+            if not any(key == victim for _, key, _ in batch.skipped):
+                continue
+            for row, sample_id in enumerate(batch.sample_ids):
+                reader = reader_of(keys[sample_id][0])
+                at = keys[sample_id][1]
+                expected = decode_augment(reader.jpeg(at), TrainTransform(size=64), sample_random(0, 0, sample_id),
+                                          restarts=reader.restarts(at)).pixels
+                assert np.array_equal(batch.images[row], expected)
+            return
+    raise AssertionError("no batch skipped the truncated JPEG")
+
+
+def test_batch_rows_copy_what_they_did_not_lend_and_only_that():
+    from stoker.pipeline.images.batching import BatchRows
+
+    rows = BatchRows({"image": np.zeros((2, 2, 2, 3), np.uint8)})
+    lent = rows.lend("image")
+    lent[:] = 7  # the decoder writes the row itself
+    rows.put({"image": lent})
+    rows.put({"image": np.full((2, 2, 3), 9, np.uint8)})
+    assert rows.lent is None
+    assert (rows.take()["image"][0] == 7).all() and (rows.take()["image"][1] == 9).all()

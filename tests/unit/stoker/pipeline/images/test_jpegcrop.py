@@ -170,3 +170,29 @@ def _jpeg_from_pillow(manifest) -> bytes:
     Image.open(io.BytesIO(bytes(ShardReader(manifest.shard_uri(0)).jpeg(0)))).convert("RGB").save(out, "JPEG",
                                                                                                     quality=90)
     return out.getvalue()
+
+
+@pytest.mark.parametrize("width", [1, 2, 5, 6, 7, 9, 223, 224, 225])
+@pytest.mark.parametrize("flip", [False, True])
+def test_pack_rgb_writes_each_pixel_once_mirrored_when_asked_and_nothing_past_its_target(width: int,
+                                                                                          flip: bool) -> None:
+    """The SIMD steps store 16 bytes for 12: every width around their step, and a target row followed by
+    guard bytes that must stay untouched."""
+    from stoker.pipeline.images import _jpegcrop
+
+    rgbx = np.random.default_rng(width).integers(0, 256, (3, width, 4), dtype=np.uint8)
+    guarded = np.full(3 * width * 3 + 16, 77, dtype=np.uint8)
+    target = guarded[:3 * width * 3]
+    _jpegcrop.pack_rgb(rgbx, target, width, 3, flip)
+    want = rgbx[:, ::-1, :3] if flip else rgbx[:, :, :3]
+    assert (target.reshape(3, width, 3) == want).all()
+    assert (guarded[3 * width * 3:] == 77).all()
+
+
+def test_pack_rgb_refuses_sizes_that_do_not_fit() -> None:
+    from stoker.pipeline.images import _jpegcrop
+
+    with pytest.raises(ValueError, match="needs 48 source and 36 contiguous target bytes"):
+        _jpegcrop.pack_rgb(bytes(48), np.empty(35, np.uint8), 4, 3, False)
+    with pytest.raises(TypeError, match="read-write bytes-like"):  # a strided view is no contiguous buffer
+        _jpegcrop.pack_rgb(bytes(48), np.empty((3, 8, 3), np.uint8)[:, ::2], 4, 3, False)
