@@ -17,8 +17,11 @@ on hosts that give each process half a core.
 
 Each round (`rebalance`) asks allocation.allocate for the targets and the damped moves, and puts
 each move on a host: idle processes from the host with the most free, a moved one from the host
-where the giving job runs the most. A host told to run fewer processes of a job drains them (their
-units go back to that job's dispatcher, nothing lost) before it starts another job's.
+where the giving job runs the most. Where every host has fewer cores than processes (a CPU quota),
+a host's processes share its quota, so the fleet keeps hosts to one job as far as it can: a light
+job's want is rounded up to a whole host, and processes go to, and move onto, hosts the job runs on.
+A host told to run fewer processes of a job drains them (their units go back to that job's
+dispatcher, nothing lost) before it starts another job's.
 """
 
 from __future__ import annotations
@@ -224,10 +227,25 @@ class FleetBook:
         most = None if job.max_cores is None else max(1, math.floor(job.max_cores / per_process + 1e-9))
         floor = floor if most is None else min(floor, most)
         want = (max(NEWCOMER_PROCESSES, floor) if job.want_cores is None
-                else self.processes_for(job.want_cores, per_process))
+                else self.whole_host(self.processes_for(job.want_cores, per_process)))
         if job.stage and job.stage not in (*CONSUMER_BOUND, *HOSTS_SHORT) and job.stall_fraction > STALL_TARGET:
             want = max(want, min(capacity, self.holding().get(job.job_id, 0) + 1))  # stalled: one more to try
         return JobAsk(job.job_id, want, job.weight, floor, most, takes_idle=job.want_cores is None)
+
+    def short_host_procs(self) -> int:
+        """The processes of the smallest live host when every live host has fewer cores than processes (a CPU
+        quota), else 0. On such hosts a host's processes share one quota, and a job's process beside another
+        job's waits out the quota that job spends: the light job's latency, not the hungry job's rate, pays."""
+        live = [h for h in self.hosts.values() if not h.leaving]
+        short = bool(live) and all(0 < h.cores < h.procs for h in live)
+        return min(h.procs for h in live) if short else 0
+
+    def whole_host(self, want: int) -> int:
+        """A measured want below one host of a short fleet, rounded up to that host: a light job runs alone
+        on a host rather than beside a hungry one (`python -m benchmarks fleet_price`: a light job beside
+        a hungry one was fed 0.76-0.84 of its rate, 0.99 alone; the hungry one gained nothing measurable)."""
+        host = self.short_host_procs()
+        return host if 0 < want < host else want
 
     def holding(self) -> dict[str, int]:
         held: dict[str, int] = {}
@@ -284,17 +302,18 @@ class FleetBook:
         """Give `job_id` up to `processes` idle processes, each on the host with the most free; of those, one that
         serves the job already (fewer daemons), then the greatest id. The hosts, one per process placed. One
         heap for the whole move: a 1,000-host fleet places a joining host's processes without a scan each."""
-        heap = [(-free, -self.assigned.get(h, {}).get(job_id, 0), _Descending(h))
+        together = self.short_host_procs() > 0  # short hosts: a job's processes together, so hosts are not shared
+        heap = [_Slot(-free, -self.assigned.get(h, {}).get(job_id, 0), _Descending(h), together)
                 for h in self.hosts if (free := self._free(h)) > 0]
         heapq.heapify(heap)
         placed: list[str] = []
         while heap and len(placed) < processes:
-            free, serving, host = heapq.heappop(heap)
-            jobs = self.assigned.setdefault(host.name, {})
+            slot = heapq.heappop(heap)
+            jobs = self.assigned.setdefault(slot.host.name, {})
             jobs[job_id] = jobs.get(job_id, 0) + 1
-            placed.append(host.name)
-            if free + 1 < 0:
-                heapq.heappush(heap, (free + 1, serving - 1, host))
+            placed.append(slot.host.name)
+            if slot.free + 1 < 0:
+                heapq.heappush(heap, _Slot(slot.free + 1, slot.serving - 1, slot.host, together))
         return placed
 
     def _place(self, move: Move) -> str | None:
@@ -305,7 +324,11 @@ class FleetBook:
         giving = [h for h, jobs in self.assigned.items() if jobs.get(move.job_from, 0) > 0]
         if not giving:
             return None
-        host = max(giving, key=lambda h: (self.assigned[h][move.job_from or ""], h))
+        if self.short_host_procs() and move.job_to is not None:  # short hosts: one a job, as far as moves can
+            host = max(giving, key=lambda h: (self.assigned[h].get(move.job_to or "", 0),
+                                              -self.assigned[h][move.job_from or ""], h))
+        else:
+            host = max(giving, key=lambda h: (self.assigned[h][move.job_from or ""], h))
         self._take(host, move.job_from, 1)
         if move.job_to is not None:
             jobs = self.assigned.setdefault(host, {})
@@ -346,6 +369,22 @@ class FleetBook:
 
 def _jobs_text(jobs: dict[str, int]) -> str:
     return ", ".join(f"{job}: {n}" for job, n in sorted(jobs.items())) or "none"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A host with free processes in `_place_idle`'s heap (free and serving negated, for a min-heap): the most
+    free first, then one serving the job; on short hosts (`together`) one serving the job first."""
+
+    free: int
+    serving: int
+    host: _Descending
+    together: bool
+
+    def __lt__(self, other: _Slot) -> bool:
+        if self.together:
+            return (self.serving, self.free, self.host) < (other.serving, other.free, other.host)
+        return (self.free, self.serving, self.host) < (other.free, other.serving, other.host)
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,39 @@ def test_min_cores_are_a_guarantee_even_beyond_what_the_job_measures_it_wants():
     book.host_beat("h1", 4, {}, False, now=0.0)
     book.job_beat(_job("a", 0.3, min_cores=2), now=0.0)
     assert book.holding() == {"a": 2}
+
+
+def _lab(cores: float) -> FleetBook:
+    """fleet_price's two jobs on 4 hosts of 2 processes: a hungry job (0.685 cores) and a light one (0.036)."""
+    book = _book()
+    for h in ("h1", "h2", "h3", "h4"):
+        book.host_beat(h, 2, {}, False, now=0.0, cores=cores)
+    book.job_beat(_job("hungry", 0.685 if cores < 2 else 6.85), now=0.1)
+    book.job_beat(_job("light", 0.036 if cores < 2 else 0.36), now=0.2)
+    for t in range(3, 12):
+        book.rebalance(now=t / 10)
+    return book
+
+
+def test_on_hosts_short_of_cores_a_light_job_takes_a_whole_host_and_no_host_serves_two_jobs():
+    """Processes on a host with a CPU quota share it: the light job beside a hungry one waits out the quota the
+    hungry one spends (fleet_price: fed 0.76-0.84 beside it, 0.99 alone)."""
+    book = _lab(cores=0.2)
+    assert book.short_host_procs() == 2 and book.ask_of(book.jobs["light"], 8).want == 2
+    assert book.holding() == {"hungry": 6, "light": 2}
+    assert all(len(jobs) == 1 for jobs in book.assigned.values()), book.assigned
+
+
+def test_on_hosts_with_a_core_a_process_a_light_job_asks_only_what_it_measures():
+    book = _lab(cores=2.0)
+    assert book.short_host_procs() == 0 and book.holding() == {"hungry": 7, "light": 1}
+
+
+def test_on_short_hosts_idle_processes_go_first_to_a_host_the_job_runs_on():
+    book = _book()
+    book.host_beat("h1", 4, {}, False, now=0.0, cores=1.0)
+    book.host_beat("h2", 4, {}, False, now=0.0, cores=1.0)
+    book.job_beat(_job("a", 0.25), now=0.1)  # one process, rounded up to the host: 4, all on one host
+    assert sorted(book.assigned[h].get("a", 0) for h in ("h1", "h2")) == [0, 4]
+    book.job_beat(_job("b", 0.5), now=0.2)  # 2 processes, rounded up to 4: the other host whole
+    assert all(len(jobs) == 1 for jobs in book.assigned.values()), book.assigned
