@@ -263,6 +263,15 @@ class Dispatcher:
     def finished(self) -> bool:
         return self.progress.finished
 
+    def rank_finished(self, rank: int) -> bool:
+        """Whether the rank's stream is done: the last unit of its last epoch with units is (a rank acks its units
+        in stream order, so a rank gone quiet after it waits for nothing)."""
+        for epoch in reversed(range(self.plan.epochs)):
+            units = self.plan.rank_units(epoch, rank)
+            if units:
+                return self.progress.is_done(units[-1].unit_id)
+        return True
+
     def fail(self, reason: str) -> bool:
         """A worker refused the job (it cannot run it as pinned): the job is over. True the first time."""
         if self.failure or self.finished:

@@ -18,7 +18,8 @@ class ControlMetrics:
                                    registry=r)
         self.ranks_silent = Gauge("stoker_dispatcher_ranks_silent",
                                   "Consumer ranks not heard from for longer than the host timeout (their streams "
-                                  "stall; the job cannot finish without them)", registry=r)
+                                  "stall; the job cannot finish without them), a rank whose stream is done not "
+                                  "counted", registry=r)
         self.releases = Counter("stoker_dispatcher_releases", "Work units re-leased after a loss",
                                 ["reason"], registry=r)
         self.auth = Counter("stoker_consumer_auth",

@@ -239,7 +239,8 @@ class ControlServer:
                             worker_id, host_id, count)
         for host in self.dispatcher.expire_hosts():
             log.warning("host %s missed its heartbeats; its units are re-leased", host)
-        self.stalls.silent(self.dispatcher.liveness.silent_ranks(), self.dispatcher.host_timeout_s)
+        self.stalls.silent(self.dispatcher.liveness.silent_ranks(), self.dispatcher.host_timeout_s,
+                           self.dispatcher.rank_finished)
         failure = self.stalls.watch(self.dispatcher)
         if failure is not None:
             self._fail(failure)

@@ -37,20 +37,30 @@ class StallReporter:
         self.metrics = metrics
         self.now = now
         self._silent_reported: set[int] = set()  # ranks said to be silent, until they attach again or speak
+        self._finished: set[int] = set()  # of those, the ones whose streams were done when they fell silent
         self._said_at: float | None = None  # when the stall line was last logged
 
     def attached(self, rank: int) -> None:
         """The rank attached (again): once it falls silent, that is news again."""
         self._silent_reported.discard(rank)
+        self._finished.discard(rank)
 
-    def silent(self, ranks: Iterable[int], timeout_s: float) -> None:
-        """The ranks silent now (Liveness.silent_ranks): each newly silent one is said once."""
+    def silent(self, ranks: Iterable[int], timeout_s: float, finished: Callable[[int], bool] = lambda rank: False,
+               ) -> None:
+        """The ranks silent now (Liveness.silent_ranks): each newly silent one is said once, as an error unless
+        its stream is `finished` (a rank that stepped its last batch and left is quiet, not lost)."""
         silent = set(ranks)
+        self._finished &= silent
         for rank in sorted(silent - self._silent_reported):
-            log.error("rank %d has not been heard from for %.0f s: its batches wait, and the job cannot finish "
-                      "without it (restart every rank from the last state_dict)", rank, timeout_s)
+            if finished(rank):  # asked once a silence: a rank's last unit may be in an epoch not made yet
+                self._finished.add(rank)
+                log.info("rank %d stepped the last batch of its stream and has not been heard from since (%.0f s): "
+                         "nothing waits for it", rank, timeout_s)
+            else:
+                log.error("rank %d has not been heard from for %.0f s: its batches wait, and the job cannot finish "
+                          "without it (restart every rank from the last state_dict)", rank, timeout_s)
         self._silent_reported = silent
-        self.metrics.ranks_silent.set(len(silent))
+        self.metrics.ranks_silent.set(len(silent - self._finished))
 
     def watch(self, d: Dispatcher) -> str | None:
         """Say who holds what a waiting rank needs (pace: once per report bound); the job's failure line once

@@ -19,8 +19,8 @@ class Clock:
         return self.now
 
 
-def _reporter(manifest, clock):
-    dispatcher = Dispatcher(EpochPlan(manifest, 32, 2, 0), clock=clock)
+def _reporter(manifest, clock, world_size: int = 1):
+    dispatcher = Dispatcher(EpochPlan(manifest, 32, 2, 0, world_size), clock=clock)
     dispatcher.attach_rank(0, "tcp://127.0.0.1:1")
     metrics = ControlMetrics()
     reporter = StallReporter(Watchdog(StallBounds(report_s=60, fail_s=300), clock), metrics, clock)
@@ -76,3 +76,22 @@ def test_a_holders_phase_is_a_label_of_a_closed_set():
     assert [phase_label(p) for p in ("transforming", "waiting for credit", "unknown")] == \
         ["transforming", "waiting for credit", "unknown"]
     assert {phase_label(p) for p in ("x" * 100_000, "transforming\n", "Transforming", "")} == {"other"}
+
+
+def test_a_rank_quiet_after_the_last_batch_of_its_stream_is_said_at_info_and_not_counted(manifest, caplog):
+    """A rank that finished ahead of the others is quiet, not lost: no error that the job cannot finish."""
+    dispatcher, metrics, reporter = _reporter(manifest, Clock(), world_size=2)
+    plan = dispatcher.plan
+    last = plan.rank_units(plan.epochs - 1, 0)[-1]
+    assert not dispatcher.rank_finished(0)
+    dispatcher.progress.mark_done(last.unit_id)
+    assert dispatcher.rank_finished(0)
+    with caplog.at_level(logging.INFO, "stoker.dispatcher"):
+        reporter.silent([0, 1], 60.0, dispatcher.rank_finished)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert errors == ["rank 1 has not been heard from for 60 s: its batches wait, and the job cannot finish without "
+                      "it (restart every rank from the last state_dict)"]
+    assert infos == ["rank 0 stepped the last batch of its stream and has not been heard from since (60 s): nothing "
+                     "waits for it"]
+    assert _value(metrics, "stoker_dispatcher_ranks_silent") == 1
