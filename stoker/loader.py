@@ -395,7 +395,8 @@ class Loader:
             start, (epoch, step) = self.consumer.start_position, self.consumer.position
             since = f" and has given batches since (it stands at epoch {epoch} step {step})" \
                 if (epoch, step) != (start.epoch, start.step) else ""
-            raise LoaderClosed(f"load_state_dict() goes before the loader is first used (len(), a property, iter()): "
+            raise LoaderClosed(f"load_state_dict() goes before the loader is first used (entering its `with`, len(), a "
+                               f"property, iter()): "
                                f"this one started from epoch {start.epoch} step {start.step}{since}, and `state` "
                                f"names another position; give the state to a new Loader before using it (Accelerate: "
                                f"load_state before the first batch; Lightning: stoker.lightning.StokerDataModule)")

@@ -65,6 +65,17 @@ def test_state_dict_is_the_data_position_after_the_batches_yielded(monkeypatch, 
     loader.close()
 
 
+def test_state_loaded_inside_the_loaders_with_is_refused_naming_the_with(monkeypatch, tmp_path):
+    """Entering `with` binds and attaches the rank: it is a first use, and the refusal says so."""
+    loader = _loader(monkeypatch, tmp_path, epochs=1)
+    with loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    again = _loader(monkeypatch, tmp_path, epochs=1)
+    with again, pytest.raises(RuntimeError, match="first used \\(entering its `with`, len"):
+        again.load_state_dict(state)
+
+
 def test_an_unknown_format_is_refused_at_once():
     with pytest.raises(ValueError, match="format must be one of torch, numpy, jax"):
         Loader(rank=0, world_size=1, format="arrow")
