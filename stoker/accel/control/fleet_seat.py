@@ -37,10 +37,12 @@ class FleetSeat:
     weight: float = field(default=1.0, metadata={
         "help": "with --fleet: the job's weight when the fleet is short (default %(default)s)", "check": "above-zero"})
     min_cores: int = field(default=0, metadata={
-        "help": "with --fleet: worker processes (one core each) the job is given first (default %(default)s)",
+        "help": "with --fleet: the CPU cores the job is given first, as worker processes at the fleet's cores "
+                "per process (one a core where hosts give a core a process; default %(default)s)",
         "check": "non-negative"})
     max_cores: int | None = field(default=None, metadata={
-        "help": "with --fleet: the most worker processes the job is given (default: no limit)", "check": "positive"})
+        "help": "with --fleet: the most CPU cores the job is given, as worker processes at the fleet's cores per "
+                "process (one a core where hosts give a core a process; default: no limit)", "check": "positive"})
     key_name: str = field(default="job", metadata={
         "help": "with --fleet and --keys: the job's key (stoker keys add DIR NAME --role job; default %(default)s)",
         "flag": "--fleet-key-name", "dest": "fleet_key_name"})

@@ -276,6 +276,8 @@ class FleetBook:
                 placed = [where for where in (self._place(move) for _ in range(move.processes)) if where is not None]
             self.moves_total += len(placed)
             decisions += [Decision(self._move_text(move, where)) for where in placed]
+        if not self.last.moves and self.short_host_procs():
+            decisions += self._swap_apart()
         return decisions
 
     def plan_for(self, host_id: str) -> dict[str, tuple[str, int]]:
@@ -334,6 +336,34 @@ class FleetBook:
             jobs = self.assigned.setdefault(host, {})
             jobs[move.job_to] = jobs.get(move.job_to, 0) + 1
         return host
+
+    def _swap_apart(self) -> list[Decision]:
+        """On short hosts, once the targets are met: one swap a round of job A's process on host Y for job B's on
+        host X, where both run on both and the swap empties one of them of a job (a host freed by a job that
+        left goes one process to each of two jobs that share another). Each job keeps its count; each swap
+        serves one job fewer somewhere, so the swaps end."""
+        shared = {h: jobs for h, jobs in self.assigned.items()
+                  if len(jobs) > 1 and h in self.hosts and not self.hosts[h].leaving}
+        hosts_of: dict[str, set[str]] = {}
+        for host, jobs in shared.items():
+            for job in jobs:
+                hosts_of.setdefault(job, set()).add(host)
+        for x in sorted(shared):  # b's last process on x goes to a; a's on another host y that b shares goes to b
+            for b in sorted(job for job, n in shared[x].items() if n == 1):
+                for a in sorted(set(shared[x]) - {b}):
+                    if others := (hosts_of[a] & hosts_of[b]) - {x}:
+                        return self._swap(a, b, x, min(others))
+        return []
+
+    def _swap(self, a: str, b: str, x: str, y: str) -> list[Decision]:
+        """Job a's process on y becomes job b's, job b's on x job a's (each drains first, as any move)."""
+        self._take(x, b, 1)
+        self._take(y, a, 1)
+        self.assigned[x][a] = self.assigned[x].get(a, 0) + 1
+        self.assigned[y][b] = self.assigned[y].get(b, 0) + 1
+        self.moves_total += 2
+        why = "one job a host where processes share a CPU quota"
+        return [Decision(f"a process of job {b} on {x} -> job {a}, and one of job {a} on {y} -> job {b} ({why})")]
 
     def _take(self, host_id: str, job_id: str, n: int) -> None:
         jobs = self.assigned[host_id]

@@ -283,3 +283,21 @@ def test_on_short_hosts_idle_processes_go_first_to_a_host_the_job_runs_on():
     assert sorted(book.assigned[h].get("a", 0) for h in ("h1", "h2")) == [0, 4]
     book.job_beat(_job("b", 0.5), now=0.2)  # 2 processes, rounded up to 4: the other host whole
     assert all(len(jobs) == 1 for jobs in book.assigned.values()), book.assigned
+
+
+def test_on_short_hosts_a_host_freed_between_two_jobs_that_share_another_ends_with_one_job_a_host():
+    """Job c leaves its host; a and b, sharing the other, each get one of its processes: then a swap (each keeps
+    its count) gives each a host of its own."""
+    book = _book()
+    for h in ("h0", "h1"):
+        book.host_beat(h, 2, {}, False, now=0.0, cores=0.2)
+    for job in ("a", "b", "c"):
+        book.job_beat(_job(job, 0.15), now=0.1)  # 2 processes each: more than the fleet holds
+    book.assigned = {"h0": {"a": 1, "b": 1}, "h1": {"c": 2}}
+    said = _texts(book.job_leaves("c", now=0.2))
+    for t in range(3, 10):
+        said += "\n" + _texts(book.rebalance(now=t / 10))
+    assert book.holding() == {"a": 2, "b": 2}
+    assert sorted(book.assigned.values(), key=str) == [{"a": 2}, {"b": 2}], book.assigned
+    assert "one job a host where processes share a CPU quota" in said
+    assert _texts(book.rebalance(now=2.0)) == ""  # settled: no swap back and forth
