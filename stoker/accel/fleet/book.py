@@ -218,7 +218,8 @@ class FleetBook:
         per_process = per_process or self.cores_per_process()
         return max(0, min(MOST_PROCESSES, math.ceil(cores / per_process - 1e-9)))
 
-    def ask_of(self, job: Job, capacity: int, per_process: float | None = None) -> JobAsk:
+    def ask_of(self, job: Job, capacity: int, per_process: float | None = None,
+               host_procs: int | None = None) -> JobAsk:
         """A job's ask in processes. One that has not measured its demand (and was given no estimate) asks for
         NEWCOMER_PROCESSES and the processes nobody else wants: a fed job loses nothing to it beyond that
         start, and its measured need, a few seconds after its device first steps, says the rest."""
@@ -227,7 +228,7 @@ class FleetBook:
         most = None if job.max_cores is None else max(1, math.floor(job.max_cores / per_process + 1e-9))
         floor = floor if most is None else min(floor, most)
         want = (max(NEWCOMER_PROCESSES, floor) if job.want_cores is None
-                else self.whole_host(self.processes_for(job.want_cores, per_process)))
+                else self.whole_host(self.processes_for(job.want_cores, per_process), host_procs))
         if job.stage and job.stage not in (*CONSUMER_BOUND, *HOSTS_SHORT) and job.stall_fraction > STALL_TARGET:
             want = max(want, min(capacity, self.holding().get(job.job_id, 0) + 1))  # stalled: one more to try
         return JobAsk(job.job_id, want, job.weight, floor, most, takes_idle=job.want_cores is None)
@@ -240,11 +241,11 @@ class FleetBook:
         short = bool(live) and all(0 < h.cores < h.procs for h in live)
         return min(h.procs for h in live) if short else 0
 
-    def whole_host(self, want: int) -> int:
+    def whole_host(self, want: int, host_procs: int | None = None) -> int:
         """A measured want below one host of a short fleet, rounded up to that host: a light job runs alone
         on a host rather than beside a hungry one (`python -m benchmarks fleet_price`: a light job beside
         a hungry one was fed 0.76-0.84 of its rate, 0.99 alone; the hungry one gained nothing measurable)."""
-        host = self.short_host_procs()
+        host = self.short_host_procs() if host_procs is None else host_procs  # a round passes it once for all jobs
         return host if 0 < want < host else want
 
     def holding(self) -> dict[str, int]:
@@ -261,7 +262,8 @@ class FleetBook:
         self._round_at = now
         capacity = self.capacity()
         per_process = self.cores_per_process()  # once a round: a sum over every host
-        asks = [self.ask_of(job, capacity, per_process) for job in self.jobs.values()]
+        host_procs = self.short_host_procs()  # once a round too
+        asks = [self.ask_of(job, capacity, per_process, host_procs) for job in self.jobs.values()]
         holding = {job: n for job, n in self.holding().items() if job in self.jobs}
         self.last = allocate(capacity, asks, holding, self.max_moves)
         for job_id, job in self.jobs.items():  # its small start and the idle processes: say so
@@ -271,12 +273,13 @@ class FleetBook:
         decisions = []
         for move in self.last.moves:
             if move.job_from is None and move.job_to is not None:
-                placed = self._place_idle(move.job_to, move.processes)
+                placed = self._place_idle(move.job_to, move.processes, together=host_procs > 0)
             else:
-                placed = [where for where in (self._place(move) for _ in range(move.processes)) if where is not None]
+                placed = [where for where in (self._place(move, host_procs > 0) for _ in range(move.processes))
+                          if where is not None]
             self.moves_total += len(placed)
             decisions += [Decision(self._move_text(move, where)) for where in placed]
-        if not self.last.moves and self.short_host_procs():
+        if not self.last.moves and host_procs:
             decisions += self._swap_apart()
         return decisions
 
@@ -300,25 +303,29 @@ class FleetBook:
         host = self.hosts[host_id]
         return 0 if host.leaving else host.procs - sum(self.assigned.get(host_id, {}).values())
 
-    def _place_idle(self, job_id: str, processes: int) -> list[str]:
+    def _place_idle(self, job_id: str, processes: int, together: bool) -> list[str]:
         """Give `job_id` up to `processes` idle processes, each on the host with the most free; of those, one that
-        serves the job already (fewer daemons), then the greatest id. The hosts, one per process placed. One
-        heap for the whole move: a 1,000-host fleet places a joining host's processes without a scan each."""
-        together = self.short_host_procs() > 0  # short hosts: a job's processes together, so hosts are not shared
-        heap = [_Slot(-free, -self.assigned.get(h, {}).get(job_id, 0), _Descending(h), together)
+        serves the job already (fewer daemons), then the greatest id; `together` (short hosts): one serving the job
+        first. The hosts, one per process placed. One heap for the whole move: a 1,000-host fleet places a joining
+        host's processes without a scan each."""
+        def entry(free: int, serving: int, host: _Descending) -> tuple[int, int, _Descending, int, int]:
+            """Its place in a min-heap (tuples: compared in C, a 1,000-host heap is built each move)."""
+            return (-serving, -free, host, free, serving) if together else (-free, -serving, host, free, serving)
+
+        heap = [entry(free, self.assigned.get(h, {}).get(job_id, 0), _Descending(h))
                 for h in self.hosts if (free := self._free(h)) > 0]
         heapq.heapify(heap)
         placed: list[str] = []
         while heap and len(placed) < processes:
-            slot = heapq.heappop(heap)
-            jobs = self.assigned.setdefault(slot.host.name, {})
+            *_, host, free, serving = heapq.heappop(heap)
+            jobs = self.assigned.setdefault(host.name, {})
             jobs[job_id] = jobs.get(job_id, 0) + 1
-            placed.append(slot.host.name)
-            if slot.free + 1 < 0:
-                heapq.heappush(heap, _Slot(slot.free + 1, slot.serving - 1, slot.host, together))
+            placed.append(host.name)
+            if free > 1:
+                heapq.heappush(heap, entry(free - 1, serving + 1, host))
         return placed
 
-    def _place(self, move: Move) -> str | None:
+    def _place(self, move: Move, together: bool) -> str | None:
         """Move one process of `move` from the host where the giving job runs the most (to `job_to`, or to
         idle); returns the host, None when the giving job holds none."""
         if move.job_from is None:
@@ -326,7 +333,7 @@ class FleetBook:
         giving = [h for h, jobs in self.assigned.items() if jobs.get(move.job_from, 0) > 0]
         if not giving:
             return None
-        if self.short_host_procs() and move.job_to is not None:  # short hosts: one a job, as far as moves can
+        if together and move.job_to is not None:  # short hosts: one job a host, as far as moves can
             host = max(giving, key=lambda h: (self.assigned[h].get(move.job_to or "", 0),
                                               -self.assigned[h][move.job_from or ""], h))
         else:
@@ -399,22 +406,6 @@ class FleetBook:
 
 def _jobs_text(jobs: dict[str, int]) -> str:
     return ", ".join(f"{job}: {n}" for job, n in sorted(jobs.items())) or "none"
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """A host with free processes in `_place_idle`'s heap (free and serving negated, for a min-heap): the most
-    free first, then one serving the job; on short hosts (`together`) one serving the job first."""
-
-    free: int
-    serving: int
-    host: _Descending
-    together: bool
-
-    def __lt__(self, other: _Slot) -> bool:
-        if self.together:
-            return (self.serving, self.free, self.host) < (other.serving, other.free, other.host)
-        return (self.free, self.serving, self.host) < (other.free, other.serving, other.host)
 
 
 @dataclass(frozen=True)
